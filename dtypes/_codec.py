@@ -1,0 +1,298 @@
+"""encode / decode / quantize-dequantize for every format, in pure jnp.
+
+Everything here runs eagerly and under `jit`, `vmap` and `grad`. The only
+host-side work is the eager check that a scaled encoding gets finite input.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from . import _packing
+from ._encoded import Encoded
+from ._rounding import check_rounding, round_float, round_integer
+from ._scaling import Scaling, group_sizes
+
+if TYPE_CHECKING:
+    from ._formats import FloatFormat, Format, IntFormat
+
+__all__ = ["as_float_array", "decode", "encode", "fake_quantize", "nbytes"]
+
+
+def as_float_array(x: Any) -> jax.Array:
+    """`x` as a floating jax array; integers and bools become float32."""
+    if isinstance(x, jax.Array):
+        arr = x
+    else:
+        np_arr = np.asarray(x)
+        if np_arr.dtype.kind in "OSUVMm":
+            raise TypeError(
+                f"cannot encode an array of dtype {np_arr.dtype} ({type(x).__name__}); "
+                "pass numbers: a float, int or bool array"
+            )
+        arr = np_arr
+    dtype = np.dtype(arr.dtype)
+    if dtype.kind == "c":
+        raise TypeError(
+            f"cannot encode complex values (dtype {dtype}); encode the real and imaginary "
+            "parts separately (jnp.real(x), jnp.imag(x))"
+        )
+    if dtype.kind in "iub":
+        return jnp.asarray(arr, jnp.float32)
+    if dtype.kind != "f":
+        raise TypeError(f"cannot encode values of dtype {dtype}; pass a float array")
+    return jnp.asarray(arr)
+
+
+def _is_tracer(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _check_finite(x: jax.Array, fmt: Format) -> None:
+    """Eagerly refuse NaN/inf in a scaled encoding: they would poison a whole group."""
+    if _is_tracer(x) or bool(jnp.all(jnp.isfinite(x))):
+        return
+    bad = ~np.isfinite(np.asarray(x, np.float64))
+    first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
+    value = np.asarray(x, np.float64)[first] if bad.ndim else float(np.asarray(x))
+    raise ValueError(
+        f"cannot encode {int(bad.sum())} non-finite value(s) into scaled {fmt.name}: the first "
+        f"is {value} at index {first}. A scale computed over them would be NaN; replace them "
+        "first (e.g. jnp.nan_to_num(x)) or encode into an unscaled float format"
+    )
+
+
+def _floor_log2(a: jax.Array) -> jax.Array:
+    """floor(log2(a)) of positive finite float32 values, exactly, from their bits."""
+    u = lax.bitcast_convert_type(a.astype(jnp.float32), jnp.uint32)
+    biased = ((u >> 23) & 0xFF).astype(jnp.int32)
+    mant = u & jnp.uint32(0x7FFFFF)
+    sub = (31 - lax.clz(mant).astype(jnp.int32)) - 149
+    return jnp.where(biased > 0, biased - 127, sub)
+
+
+def _pow2(k: jax.Array) -> jax.Array:
+    """2**k as float32 built from bits (no arithmetic to flush); k clamped to normals."""
+    k = jnp.clip(k, -126, 127)
+    return lax.bitcast_convert_type(((k + 127).astype(jnp.uint32)) << 23, jnp.float32)
+
+
+def _group_absmax(x: jax.Array, scaling: Scaling) -> jax.Array:
+    return scaling.group_reduce(jnp.abs(x), lambda a, axes: jnp.max(a, axis=axes, keepdims=True))
+
+
+def _scales(
+    x: jax.Array, fmt: Format, scaling: Scaling, top: float, top_exponent: int
+) -> tuple[jax.Array, jax.Array]:
+    """Per-group (scale, reciprocal) so that `x * reciprocal` fits in [-top, top].
+
+    Absmax scaling: `scale = absmax / top` and the reciprocal `top / absmax` is
+    computed once per group, so every element is a multiplication (XLA would
+    rewrite a division into that anyway; spelling it out keeps the codes the
+    same on every backend and in a numpy reference). Power-of-two scaling
+    follows OCP MX: `scale = 2**(floor(log2(absmax)) - top_exponent)`.
+    An all-zero group gets scale 1; a group with NaN/inf gets a NaN scale.
+    """
+    absmax = _group_absmax(x, scaling).astype(jnp.float32)
+    if scaling.power_of_two:
+        k = _floor_log2(absmax) - top_exponent
+        scale, inv = _pow2(k), _pow2(-k)
+    else:
+        top32 = np.float32(top)
+        scale = absmax / top32
+        inv = top32 / absmax
+    zero = absmax == 0
+    finite = jnp.isfinite(absmax)
+    scale = jnp.where(zero, jnp.float32(1), jnp.where(finite, scale, jnp.float32(jnp.nan)))
+    inv = jnp.where(zero | ~finite, jnp.float32(0), inv)
+    return scale, inv
+
+
+def _round_values(fmt: FloatFormat, x: jax.Array, rounding: str, key, *, saturate=None):
+    """Round onto fmt's grid in float32/float64 (narrower floats go through float32)."""
+    grid = fmt.grid if saturate is None else fmt.grid._replace(saturate=saturate)
+    dtype = np.dtype(x.dtype)
+    if dtype.itemsize < 4:
+        x = x.astype(jnp.float32)
+    if fmt.exponent_bits == 11 or (fmt.is_full_precision and np.dtype(x.dtype) == np.float32):
+        return x  # every float32 value is on the float32 and float64 grids
+    return round_float(x, grid, rounding, key)
+
+
+def encode(fmt: Format, x: Any, scaling: Scaling | None, rounding: str, key) -> Encoded:
+    check_rounding(rounding, key)
+    x = as_float_array(x)
+    if scaling is None:
+        scaling = fmt.default_scaling()
+    if scaling is not None and not isinstance(scaling, Scaling):
+        raise TypeError(
+            f"scaling must be PerTensor(), PerAxis(axis) or PerBlock(size), got {scaling!r}"
+        )
+    if fmt.kind == "float":
+        return _encode_float(fmt, x, scaling, rounding, key)
+    return _encode_int(fmt, x, scaling, rounding, key)
+
+
+def _encode_float(fmt: FloatFormat, x, scaling, rounding, key) -> Encoded:
+    if fmt.exponent_bits == 11 and not jax.config.read("jax_enable_x64"):
+        raise ValueError(
+            "encoding into float64 needs 64-bit JAX: set jax.config.update('jax_enable_x64', "
+            "True) first, or keep the values in float32"
+        )
+    if scaling is None:
+        data = _round_values(fmt, x, rounding, key).astype(fmt.container)
+        return Encoded(data, None, fmt, None)
+    if x.ndim:
+        scaling.validate(x.shape)
+    _check_finite(x, fmt)
+    x = x.astype(jnp.float32)
+    scale, inv = _scales(x, fmt, scaling, fmt.max, fmt.emax)
+    y = x * scaling.broadcast(inv, x.shape)
+    # The scale is chosen so values fit; saturating keeps float fuzz at the
+    # top of a group (and OCP's power-of-two overshoot) from becoming inf/NaN.
+    data = _round_values(fmt, y, rounding, key, saturate=True).astype(fmt.container)
+    return Encoded(data, scale, fmt, scaling)
+
+
+def _int_codes(fmt: IntFormat, x: jax.Array, scaling: Scaling, rounding: str, key):
+    """(codes as float32, scale, reciprocal, unclipped rounded codes)."""
+    if fmt.binary:
+        total = scaling.group_reduce(
+            jnp.abs(x), lambda a, axes: jnp.sum(a, axis=axes, keepdims=True)
+        )
+        scale = total / group_sizes(scaling, x.shape)
+        # sign(x) with 0 mapping to +1; NaN input gives a NaN scale above.
+        codes = jnp.where(x >= 0, jnp.float32(1), jnp.float32(-1))
+        return codes, scale, None, codes
+    top_exponent = int(math.floor(math.log2(fmt.qmax)))
+    scale, inv = _scales(x, fmt, scaling, fmt.qmax, top_exponent)
+    y = x * scaling.broadcast(inv, x.shape)
+    rounded = round_integer(y, rounding, key)
+    codes = jnp.clip(rounded, -fmt.qmax, fmt.qmax)
+    return codes, scale, inv, rounded
+
+
+def _encode_int(fmt: IntFormat, x, scaling: Scaling, rounding, key) -> Encoded:
+    scalar = x.ndim == 0
+    if scalar:
+        x = x.reshape(1)
+    scaling.validate(x.shape)
+    _check_finite(x, fmt)
+    x = x.astype(jnp.float32)
+    codes, scale, _, _ = _int_codes(fmt, x, scaling, rounding, key)
+    codes = codes.astype(jnp.int8)
+    if scalar:
+        scale = scale.reshape(())
+    if not fmt.packed:
+        return Encoded(codes.reshape(()) if scalar else codes, scale, fmt, scaling)
+    data = _packing.pack(codes, fmt.bits)
+    if scalar:
+        return Encoded(data, scale, fmt, scaling, None)
+    return Encoded(data, scale, fmt, scaling, x.shape[-1])
+
+
+def _codes(fmt: Format, enc: Encoded) -> jax.Array:
+    if fmt.packed:
+        n = enc.shape[-1] if enc.shape else 1
+        codes = _packing.unpack(enc.data, fmt.bits, n)
+        return codes.reshape(enc.shape)
+    return enc.data
+
+
+def decode(fmt: Format, enc: Encoded, dtype: Any = np.float32) -> jax.Array:
+    if not isinstance(enc, Encoded):
+        raise TypeError(f"decode expects an Encoded, got {type(enc).__name__}")
+    if enc.format != fmt:
+        raise ValueError(
+            f"cannot decode a {enc.format.name} encoding as {fmt.name}; "
+            f"call enc.decode() or {enc.format.name}.decode(enc)"
+        )
+    dtype = jnp.dtype(dtype)
+    codes = _codes(fmt, enc)
+    if enc.scale is None:
+        return codes.astype(dtype)
+    shape = enc.shape
+    scale = enc.scale if shape else enc.scale.reshape(())
+    if shape:
+        scale = enc.scaling.broadcast(scale, shape)
+    return (codes.astype(jnp.float32) * scale).astype(dtype)
+
+
+def _qdq(fmt: Format, scaling, rounding: str, x: jax.Array, key):
+    """(quantize-dequantized x in x's dtype, straight-through gradient mask)."""
+    dtype = x.dtype
+    if fmt.kind == "float" and scaling is None:
+        y = _round_values(fmt, x, rounding, key).astype(dtype)
+        mask = jnp.abs(x) <= fmt.max
+        return y, mask
+    if scaling is None:
+        scaling = fmt.default_scaling()
+    scalar = x.ndim == 0
+    xs = x.reshape(1) if scalar else x
+    scaling.validate(xs.shape)
+    xf = xs.astype(jnp.float32)
+    if fmt.kind == "float":
+        scale, inv = _scales(xf, fmt, scaling, fmt.max, fmt.emax)
+        y = xf * scaling.broadcast(inv, xf.shape)
+        q = _round_values(fmt, y, rounding, key, saturate=True).astype(fmt.container)
+        out = q.astype(jnp.float32) * scaling.broadcast(scale, xf.shape)
+        mask = (jnp.abs(y) <= fmt.max) if scaling.power_of_two else jnp.ones(xf.shape, bool)
+    else:
+        codes, scale, _, rounded = _int_codes(fmt, xf, scaling, rounding, key)
+        out = codes * scaling.broadcast(scale, xf.shape)
+        if scaling.power_of_two and not fmt.binary:
+            # Only power-of-two scales can push a code out of range: those
+            # elements were clipped and pass no gradient (clipped STE).
+            mask = jnp.abs(jnp.round(rounded)) <= fmt.qmax
+        else:
+            mask = jnp.ones(xf.shape, bool)
+    if scalar:
+        out, mask = out.reshape(()), mask.reshape(())
+    return out.astype(dtype), mask
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
+def _fake_quantize(fmt, scaling, rounding, x, key):
+    return _qdq(fmt, scaling, rounding, x, key)[0]
+
+
+@_fake_quantize.defjvp
+def _fake_quantize_jvp(fmt, scaling, rounding, primals, tangents):
+    x, key = primals
+    tx = tangents[0]
+    y, mask = _qdq(fmt, scaling, rounding, x, key)
+    return y, jnp.where(mask, tx, jnp.zeros_like(tx))
+
+
+def fake_quantize(fmt: Format, x: Any, scaling: Scaling | None, rounding: str, key) -> jax.Array:
+    check_rounding(rounding, key)
+    x = as_float_array(x)
+    if scaling is not None and not isinstance(scaling, Scaling):
+        raise TypeError(
+            f"scaling must be PerTensor(), PerAxis(axis) or PerBlock(size), got {scaling!r}"
+        )
+    if scaling is not None or fmt.kind == "int":
+        _check_finite(x, fmt)
+    return _fake_quantize(fmt, scaling, rounding, x, key)
+
+
+def nbytes(fmt: Format, shape: tuple[int, ...], scaling: Scaling | None) -> int:
+    if scaling is None:
+        scaling = fmt.default_scaling()
+    if fmt.packed:
+        lead = int(np.prod(shape[:-1], dtype=np.int64)) if shape else 1
+        last = shape[-1] if shape else 1
+        data = lead * _packing.packed_length(last, fmt.bits)
+    else:
+        data = int(np.prod(shape, dtype=np.int64)) * fmt.container.itemsize
+    if scaling is None:
+        return data
+    scale_shape = scaling.scale_shape(shape) if shape else ()
+    return data + 4 * int(np.prod(scale_shape, dtype=np.int64))

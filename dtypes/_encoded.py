@@ -1,0 +1,90 @@
+"""`Encoded`: the storage of one tensor in one format (a pytree)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+if TYPE_CHECKING:
+    from ._formats import Format
+    from ._scaling import Scaling
+
+__all__ = ["Encoded"]
+
+
+@jax.tree_util.register_pytree_node_class
+class Encoded:
+    """Storage arrays of a tensor encoded in `format`.
+
+    A pytree whose children are the arrays actually held (`data`, and `scale`
+    when the encoding is scaled) and whose static part is the format, the
+    scaling and, for packed formats, the logical length of the last axis.
+    The logical shape is derived from `data`, so `vmap` adds batch dimensions
+    correctly.
+
+    Attributes:
+        data: codes in the format's container (packed bytes for int4/int2/int1).
+        scale: float32 scales, shaped like `scaling.scale_shape(shape)`, or None.
+        format: the `Format` the codes are in.
+        scaling: the `Scaling` used, or None for an unscaled float encoding.
+    """
+
+    __slots__ = ("_last", "data", "format", "scale", "scaling")
+
+    def __init__(
+        self,
+        data: jax.Array,
+        scale: jax.Array | None,
+        format: Format,
+        scaling: Scaling | None,
+        last: int | None = None,
+    ):
+        self.data = data
+        self.scale = scale
+        self.format = format
+        self.scaling = scaling
+        self._last = last
+
+    def tree_flatten(self):
+        return (self.data, self.scale), (self.format, self.scaling, self._last)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(children[0], children[1], *aux)
+
+    @property
+    def packed(self) -> bool:
+        """Whether `data` holds several codes per byte."""
+        return self.format.packed
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Logical shape of the encoded tensor."""
+        shape = tuple(self.data.shape)
+        if not self.packed:
+            return shape
+        if self._last is None:
+            return shape[:-1]  # a scalar, stored as one byte
+        return (*shape[:-1], self._last)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays actually held: data plus scales."""
+        n = int(np.prod(self.data.shape, dtype=np.int64)) * np.dtype(self.data.dtype).itemsize
+        if self.scale is not None:
+            n += (
+                int(np.prod(self.scale.shape, dtype=np.int64)) * np.dtype(self.scale.dtype).itemsize
+            )
+        return n
+
+    def decode(self, dtype: Any = np.float32) -> jax.Array:
+        """Logical values (see `Format.decode`)."""
+        return self.format.decode(self, dtype)
+
+    def __repr__(self) -> str:
+        scaling = f", scaling={self.scaling}" if self.scaling is not None else ""
+        return (
+            f"Encoded(shape={self.shape}, format={self.format.name}{scaling}, nbytes={self.nbytes})"
+        )

@@ -1,0 +1,330 @@
+"""Storage formats as frozen value objects: `FloatFormat` and `IntFormat`.
+
+A format says how a number is represented; it never holds data. Equality and
+hashing cover the numbers a format can represent and how it rounds, not its
+display name, so `FloatFormat(8, 7) == bfloat16`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import jax
+import ml_dtypes
+import numpy as np
+
+from . import _codec
+from ._encoded import Encoded
+from ._rounding import Grid
+from ._scaling import Scaling
+
+__all__ = ["FloatFormat", "Format", "IntFormat"]
+
+
+class Format:
+    """Common interface of every storage format.
+
+    Subclasses are frozen dataclasses; see `FloatFormat` and `IntFormat`.
+    """
+
+    kind: ClassVar[str]
+    name: str
+
+    bits: int  # storage bits per value, scales excluded
+
+    # -- numbers ---------------------------------------------------------
+    @property
+    def container(self) -> np.dtype:
+        """numpy dtype of the array that holds the codes."""
+        raise NotImplementedError
+
+    @property
+    def packed(self) -> bool:
+        """Whether several codes share one byte of the container."""
+        return False
+
+    @property
+    def is_full_precision(self) -> bool:
+        """True for float32 and float64, the formats of logical dtypes."""
+        return False
+
+    def default_scaling(self) -> Scaling | None:
+        """The scaling used when `encode` is called with `scaling=None`."""
+        return None
+
+    # -- operations ------------------------------------------------------
+    def encode(
+        self,
+        x: Any,
+        *,
+        scaling: Scaling | None = None,
+        rounding: str = "nearest_even",
+        key: jax.Array | None = None,
+    ) -> Encoded:
+        """Encode `x` (any float array-like) into this format.
+
+        Args:
+            x: values to encode; integer and bool input is read as float32.
+            scaling: a `PerTensor`/`PerAxis`/`PerBlock` scaling, or None for the
+                format's default (unscaled floats, per-tensor integers).
+            rounding: one of `ROUNDING_MODES`.
+            key: a `jax.random` key, required by `rounding="stochastic"`.
+
+        Returns:
+            An `Encoded` pytree holding exactly the bytes the format needs.
+
+        Raises:
+            ValueError: bad rounding mode, missing key, or non-finite values
+                given eagerly to a scaled encoding.
+            TypeError: complex, string or object input.
+        """
+        return _codec.encode(self, x, scaling, rounding, key)
+
+    def decode(self, encoded: Encoded, dtype: Any = np.float32) -> jax.Array:
+        """Logical values of `encoded` as a `dtype` array."""
+        return _codec.decode(self, encoded, dtype)
+
+    def round(
+        self,
+        x: Any,
+        *,
+        scaling: Scaling | None = None,
+        rounding: str = "nearest_even",
+        key: jax.Array | None = None,
+    ) -> jax.Array:
+        """Snap `x` onto this format's grid, keeping `x`'s dtype.
+
+        Equals `decode(encode(x))` (quantize-dequantize). The gradient is
+        straight-through: 1 where the value is representable, 0 where it was
+        clipped to the format's range.
+        """
+        return _codec.fake_quantize(self, x, scaling, rounding, key)
+
+    def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
+        """Exact bytes an encoding of `shape` holds, scales included."""
+        return _codec.nbytes(self, tuple(shape), scaling)
+
+
+# Layouts that ml_dtypes/numpy implement natively, keyed by
+# (exponent bits, mantissa bits, finite, has NaN).
+_NATIVE: dict[tuple[int, int, bool, bool], tuple[str, Any]] = {
+    (11, 52, False, True): ("float64", np.float64),
+    (8, 23, False, True): ("float32", np.float32),
+    (8, 7, False, True): ("bfloat16", ml_dtypes.bfloat16),
+    (5, 10, False, True): ("float16", np.float16),
+    (4, 3, True, True): ("float8_e4m3fn", ml_dtypes.float8_e4m3fn),
+    (5, 2, False, True): ("float8_e5m2", ml_dtypes.float8_e5m2),
+    (4, 3, False, True): ("float8_e4m3", ml_dtypes.float8_e4m3),
+    (3, 4, False, True): ("float8_e3m4", ml_dtypes.float8_e3m4),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class FloatFormat(Format):
+    """A binary floating-point layout: sign, `exponent_bits`, `mantissa_bits`.
+
+    Subnormals are always represented. With `finite=False` (IEEE style) the
+    all-ones exponent holds ±inf and NaN. With `finite=True` there are no
+    infinities and the all-ones exponent holds numbers too; an 8-bit or wider
+    finite format keeps one NaN code (all ones, as `float8_e4m3fn`), a
+    narrower one has none (as OCP's float6/float4). `saturate=True` clamps
+    overflow to ±max in every rounding mode instead of giving ±inf/NaN.
+
+    Args:
+        exponent_bits: 1 to 8 (11 only for float64).
+        mantissa_bits: 0 to 23 (52 only for float64).
+        finite: no infinities (the "fn" formats).
+        nan: override whether a finite format keeps a NaN code.
+        saturate: clamp overflow to ±max.
+        name: display name; derived from the layout when omitted.
+
+    Examples:
+        >>> fmt = FloatFormat(5, 10)
+        >>> fmt.name, fmt.max, fmt == FloatFormat(5, 10, name="half")
+        ('float16', 65504.0, True)
+        >>> FloatFormat(2, 1, finite=True).max
+        6.0
+    """
+
+    exponent_bits: int
+    mantissa_bits: int
+    finite: bool = dataclasses.field(default=False, kw_only=True)
+    nan: bool | None = dataclasses.field(default=None, kw_only=True)
+    saturate: bool = dataclasses.field(default=False, kw_only=True)
+    name: str = dataclasses.field(default="", kw_only=True, compare=False)
+
+    kind: ClassVar[str] = "float"
+
+    def __post_init__(self):
+        e, m = self.exponent_bits, self.mantissa_bits
+        if not (isinstance(e, int) and isinstance(m, int)):
+            raise TypeError(f"FloatFormat needs int bit counts, got ({e!r}, {m!r})")
+        if (e, m) != (11, 52) and not (1 <= e <= 8 and 0 <= m <= 23):
+            raise ValueError(
+                f"FloatFormat({e}, {m}) is not supported: exponent_bits must be in 1..8 and "
+                "mantissa_bits in 0..23 (the layouts a float32 can hold exactly), or (11, 52)"
+            )
+        nan = self.nan
+        if nan is None:
+            nan = (not self.finite) or (1 + e + m >= 8)
+        if not self.finite and not nan:
+            raise ValueError("an IEEE-style (finite=False) format always has NaN")
+        object.__setattr__(self, "nan", bool(nan))
+        if self.finite and self.nan and m == 0:
+            raise ValueError(
+                f"FloatFormat({e}, 0, finite=True) would spend its whole top binade on NaN; "
+                "pass nan=False or give it mantissa bits"
+            )
+        if not self.name:
+            object.__setattr__(self, "name", self._default_name())
+
+    def _default_name(self) -> str:
+        native = _NATIVE.get(self._layout())
+        base = (
+            native[0]
+            if native
+            else f"float{self.bits}_e{self.exponent_bits}m{self.mantissa_bits}"
+            + ("fn" if self.finite else "")
+        )
+        return base + ("_sat" if self.saturate else "")
+
+    def _layout(self) -> tuple[int, int, bool, bool]:
+        return (self.exponent_bits, self.mantissa_bits, self.finite, bool(self.nan))
+
+    # -- numbers ---------------------------------------------------------
+    @property
+    def bits(self) -> int:
+        return 1 + self.exponent_bits + self.mantissa_bits
+
+    @property
+    def bias(self) -> int:
+        """Exponent bias, `2**(exponent_bits - 1) - 1`."""
+        return (1 << (self.exponent_bits - 1)) - 1
+
+    @property
+    def emin(self) -> int:
+        """Unbiased exponent of the smallest normal number."""
+        return 1 - self.bias
+
+    @property
+    def emax(self) -> int:
+        """Unbiased exponent of the largest finite number."""
+        return self.bias + (1 if self.finite else 0)
+
+    @property
+    def max(self) -> float:
+        """Largest finite value."""
+        top_mantissa = (1 << self.mantissa_bits) - (2 if (self.finite and self.nan) else 1)
+        return math.ldexp(1 + top_mantissa / (1 << self.mantissa_bits), self.emax)
+
+    @property
+    def min_normal(self) -> float:
+        """Smallest positive normal value."""
+        return math.ldexp(1.0, self.emin)
+
+    @property
+    def smallest_subnormal(self) -> float:
+        """Smallest positive value."""
+        return math.ldexp(1.0, self.emin - self.mantissa_bits)
+
+    @property
+    def eps(self) -> float:
+        """Distance from 1.0 to the next larger value."""
+        return math.ldexp(1.0, -self.mantissa_bits)
+
+    @property
+    def has_inf(self) -> bool:
+        """Whether ±inf are representable."""
+        return not self.finite
+
+    @property
+    def native_dtype(self) -> np.dtype | None:
+        """The numpy/ml_dtypes type with exactly this layout, if one exists."""
+        native = _NATIVE.get(self._layout())
+        return np.dtype(native[1]) if native else None
+
+    @property
+    def container(self) -> np.dtype:
+        return self.native_dtype or np.dtype(np.float32)
+
+    @property
+    def is_full_precision(self) -> bool:
+        return self._layout() in ((8, 23, False, True), (11, 52, False, True)) and not self.saturate
+
+    @property
+    def grid(self) -> Grid:
+        """What the bit-level rounding needs to know of this format."""
+        return Grid(
+            self.mantissa_bits, self.emin, self.max, self.has_inf, bool(self.nan), self.saturate
+        )
+
+    def __repr__(self) -> str:
+        args = [str(self.exponent_bits), str(self.mantissa_bits)]
+        if self.finite:
+            args.append("finite=True")
+        if self.saturate:
+            args.append("saturate=True")
+        return f"FloatFormat({', '.join(args)}, name={self.name!r})"
+
+
+@dataclasses.dataclass(frozen=True)
+class IntFormat(Format):
+    """A symmetric integer format with a float32 scale per group.
+
+    Codes lie in `[-qmax, qmax]` with `qmax = 2**(bits-1) - 1`; a value is
+    `code * scale`. 4-, 2- and 1-bit codes are packed into bytes.
+
+    `bits=1` is a *binary* format: codes are ±1 (`sign(x)`, with 0 mapping to
+    +1) and the scale is `mean(|x|)` of the group, as in XNOR-style binary
+    networks. This is not ml_dtypes' `int1`, whose two values are {-1, 0}.
+
+    Examples:
+        >>> IntFormat(4).qmax, IntFormat(4).nbytes((1024, 1024))
+        (7, 524292)
+    """
+
+    bits: int
+    name: str = dataclasses.field(default="", kw_only=True, compare=False)
+
+    kind: ClassVar[str] = "int"
+
+    def __post_init__(self):
+        if self.bits not in (1, 2, 4, 8) or isinstance(self.bits, bool):
+            raise ValueError(
+                f"IntFormat({self.bits!r}) is not supported: bits must be 8, 4, 2 or 1"
+            )
+        if not self.name:
+            object.__setattr__(self, "name", f"int{self.bits}")
+
+    @property
+    def qmax(self) -> int:
+        """Largest code magnitude (1 for the binary int1)."""
+        return 1 if self.bits == 1 else (1 << (self.bits - 1)) - 1
+
+    @property
+    def binary(self) -> bool:
+        """True for the ±1 `int1` format."""
+        return self.bits == 1
+
+    @property
+    def max(self) -> float:
+        """Largest code (values are `code * scale`)."""
+        return float(self.qmax)
+
+    @property
+    def container(self) -> np.dtype:
+        return np.dtype(np.int8) if self.bits == 8 else np.dtype(np.uint8)
+
+    @property
+    def packed(self) -> bool:
+        return self.bits < 8
+
+    def default_scaling(self) -> Scaling:
+        from ._scaling import PerTensor
+
+        return PerTensor()
+
+    def __repr__(self) -> str:
+        return f"IntFormat({self.bits}, name={self.name!r})"

@@ -1,0 +1,58 @@
+"""Packing of sub-byte integer codes into bytes.
+
+Layout: codes are packed along the last axis, little end first (int4: two per
+byte, low nibble first; int2: four per byte, bits 0-1 first; int1: eight per
+byte, bit 0 first). The last axis is padded with zero codes to a whole number
+of bytes. int4/int2 codes are stored in two's complement; int1 stores one bit
+per value, 1 for +1 and 0 for -1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["pack", "packed_length", "unpack"]
+
+
+def packed_length(n: int, bits: int) -> int:
+    """Bytes needed along the last axis for `n` codes of `bits` bits."""
+    return math.ceil(n * bits / 8)
+
+
+def pack(codes: jax.Array, bits: int) -> jax.Array:
+    """Pack int8 codes (last axis) into uint8 bytes.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> pack(jnp.array([1, -1, 7], jnp.int8), 4).tolist()
+        [241, 7]
+    """
+    per_byte = 8 // bits
+    n = codes.shape[-1]
+    pad = packed_length(n, bits) * per_byte - n
+    if bits == 1:
+        field = (codes > 0).astype(jnp.uint8)
+    else:
+        field = codes.astype(jnp.uint8) & jnp.uint8((1 << bits) - 1)
+    if pad:
+        field = jnp.pad(field, [(0, 0)] * (codes.ndim - 1) + [(0, pad)])
+    field = field.reshape((*codes.shape[:-1], -1, per_byte))
+    shifts = (jnp.arange(per_byte, dtype=jnp.uint8) * bits).astype(jnp.uint8)
+    # Fields occupy disjoint bits, so a sum is an OR.
+    return jnp.sum(field << shifts, axis=-1, dtype=jnp.uint8)
+
+
+def unpack(data: jax.Array, bits: int, n: int) -> jax.Array:
+    """Inverse of `pack`: uint8 bytes to `n` int8 codes along the last axis."""
+    per_byte = 8 // bits
+    shifts = (jnp.arange(per_byte, dtype=jnp.uint8) * bits).astype(jnp.uint8)
+    field = (data[..., None] >> shifts) & jnp.uint8((1 << bits) - 1)
+    field = field.reshape((*data.shape[:-1], -1))[..., :n]
+    if bits == 1:
+        return field.astype(jnp.int8) * 2 - 1
+    # Sign-extend a `bits`-wide two's complement field.
+    sign = jnp.int8(1 << (bits - 1))
+    return (field.astype(jnp.int8) ^ sign) - sign

@@ -1,0 +1,234 @@
+"""Rounding onto a format's grid with integer bit operations.
+
+Why bits and not float arithmetic: XLA on CPU flushes float32 subnormals to
+zero in arithmetic, so `x * 2**k` tricks lose exactly the values a small
+format must keep; and under `jit` XLA may delete a `convert` round trip
+(`x.astype(bf16).astype(f32)`), so a cast is not a guaranteed rounding. Every
+step below is an integer operation on the input's bit pattern, which the
+compiler can neither flush nor elide.
+
+The scheme: write |x| as `sig * 2**(e - Ms)` (the input's own significand,
+`Ms` its mantissa bits), find the quantum `2**qe` of the target grid at that
+magnitude, split `sig` into a quotient `q` and a remainder `rem` at that
+quantum, decide the increment from the rounding mode, and rebuild the bit
+pattern of `(q + inc) * 2**qe` in the input's own format. Overflow is decided
+on that unbounded-exponent result, exactly as IEEE-754 specifies.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+__all__ = ["ROUNDING_MODES", "check_rounding", "random_bits", "round_float", "round_integer"]
+
+ROUNDING_MODES: tuple[str, ...] = (
+    "nearest_even",
+    "nearest_away",
+    "toward_zero",
+    "up",
+    "down",
+    "stochastic",
+)
+
+
+def check_rounding(rounding: str, key) -> None:
+    """Validate a rounding mode name and its key; raise a precise error."""
+    if rounding not in ROUNDING_MODES:
+        raise ValueError(
+            f"unknown rounding mode {rounding!r}; expected one of {', '.join(ROUNDING_MODES)}"
+        )
+    if rounding == "stochastic" and key is None:
+        raise ValueError(
+            "rounding='stochastic' needs a random key: pass key=jax.random.key(0) "
+            "(split it between calls so each rounding draws fresh bits)"
+        )
+
+
+class _Source(NamedTuple):
+    """Bit layout of the input float type."""
+
+    uint: type
+    width: int
+    mantissa_bits: int
+    bias: int
+
+
+_SOURCES = {
+    np.dtype(np.float32): _Source(np.uint32, 32, 23, 127),
+    np.dtype(np.float64): _Source(np.uint64, 64, 52, 1023),
+}
+
+
+class Grid(NamedTuple):
+    """The target grid: what `round_float` needs to know about a float format."""
+
+    mantissa_bits: int
+    emin: int  # unbiased exponent of the smallest normal
+    max: float  # largest finite value
+    has_inf: bool
+    has_nan: bool
+    saturate: bool
+
+
+def _mix32(h):
+    # A 32-bit avalanche mixer (xorshift-multiply, two rounds): every output bit
+    # depends on every input bit, which is all stochastic rounding needs.
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x7FEB352D)
+    h = h ^ (h >> 15)
+    h = h * jnp.uint32(0x846CA68B)
+    return h ^ (h >> 16)
+
+
+def random_bits(key, shape: tuple[int, ...]) -> jax.Array:
+    """Uniform uint32 bits for `shape` from a counter-based hash of the element index.
+
+    `jax.random.bits` for a whole tensor costs 12-34x a rounding pass on CPU;
+    hashing the element index with two key-derived words fuses into the
+    rounding kernel and costs about one extra pass. Only the two seed words
+    come from `jax.random`, so any key implementation works.
+    """
+    seeds = jax.random.bits(key, (2,), jnp.uint32)
+    index = lax.iota(jnp.uint32, int(np.prod(shape, dtype=np.int64))).reshape(shape)
+    h = _mix32(index * jnp.uint32(0x9E3779B9) + seeds[0])
+    return _mix32(h ^ seeds[1])
+
+
+def _float_bits(value: float, src: _Source) -> int:
+    ftype = np.float32 if src.width == 32 else np.float64
+    return int(np.array(value, ftype).view(src.uint))
+
+
+def round_float(x: jax.Array, grid: Grid, rounding: str, key=None) -> jax.Array:
+    """Round a float32/float64 array onto `grid`; returns the same dtype.
+
+    Every mode returns one of the two grid neighbours of `x`; signed zeros and
+    NaN survive; overflow follows IEEE-754 (see `Grid`).
+    """
+    dtype = np.dtype(x.dtype)
+    src = _SOURCES[dtype]
+    U = src.uint
+    Ms, W = src.mantissa_bits, src.width
+    if grid.mantissa_bits == Ms and grid.emin <= 1 - src.bias and grid.max >= np.finfo(dtype).max:
+        return x  # the grid is the input's own: nothing to round
+
+    u = lax.bitcast_convert_type(x, U)
+    sign_mask = U(1 << (W - 1))
+    exp_mask = U(((1 << (W - 1 - Ms)) - 1) << Ms)
+    frac_mask = U((1 << Ms) - 1)
+    sign = u & sign_mask
+    mag = u & ~sign_mask
+    negative = sign != 0
+
+    biased = (mag >> Ms).astype(jnp.int32)
+    e_eff = jnp.maximum(biased, 1)  # subnormal inputs share the smallest exponent
+    sig = (mag & frac_mask) | jnp.where(biased > 0, U(1 << Ms), U(0))
+    binade = e_eff - src.bias
+    qe = jnp.maximum(binade, grid.emin) - grid.mantissa_bits  # exponent of the target ulp
+    d = qe - (binade - Ms)  # low bits of `sig` below that ulp; always >= 0
+    dc = jnp.minimum(d, W - 1).astype(U)  # sig < 2**(Ms+1), so clamping keeps q and rem exact
+
+    q = sig >> dc
+    rem = sig - (q << dc)
+    half = jnp.where(dc > 0, U(1) << (dc - 1), U(1))
+    odd = (q & 1) != 0
+
+    if rounding == "nearest_even":
+        inc = (rem > half) | ((rem == half) & odd)
+    elif rounding == "nearest_away":
+        inc = rem >= half
+    elif rounding == "toward_zero":
+        inc = jnp.zeros_like(negative)
+    elif rounding == "up":
+        inc = (rem != 0) & ~negative
+    elif rounding == "down":
+        inc = (rem != 0) & negative
+    elif rounding == "stochastic":
+        # Round up with probability rem / 2**d: compare W uniform bits with rem
+        # scaled to W bits. For d > W the probability is below 2**-(W-24) and
+        # resolves to the nearest multiple of 2**-W.
+        bits = random_bits(key, x.shape).astype(U)
+        left = jnp.clip(W - d, 0, W - 1).astype(U)
+        right = jnp.clip(d - W, 0, W - 1).astype(U)
+        threshold = jnp.where(d <= W, rem << left, rem >> right)
+        threshold = jnp.where(d == 0, U(0), threshold)
+        inc = bits < threshold
+    else:
+        raise ValueError(f"unknown rounding mode {rounding!r}")
+
+    r = q + inc.astype(U)
+    out = _compose(r, qe, src)
+
+    # Overflow, decided on the unbounded-exponent result as IEEE-754 does.
+    max_bits = U(_float_bits(grid.max, src))
+    inf_bits = exp_mask
+    is_nan = mag > exp_mask
+    is_inf = mag == exp_mask
+    truncating = {
+        "toward_zero": jnp.ones_like(negative),
+        "up": negative,
+        "down": ~negative,
+    }.get(rounding, jnp.zeros_like(negative))
+    if grid.saturate:
+        over_bits, inf_in_bits = max_bits, max_bits
+    elif grid.has_inf:
+        over_bits, inf_in_bits = jnp.where(truncating, max_bits, inf_bits), inf_bits
+    elif grid.has_nan:
+        # No infinity in the format: where IEEE would give inf, give NaN.
+        nan_bits = exp_mask | U(1 << (Ms - 1))
+        over_bits, inf_in_bits = jnp.where(truncating, max_bits, nan_bits), nan_bits
+    else:
+        # Neither inf nor NaN (e.g. float4_e2m1fn): the only choice is max.
+        over_bits, inf_in_bits = max_bits, max_bits
+    out = jnp.where(out > max_bits, over_bits, out)
+    out = jnp.where(is_inf, inf_in_bits, out)
+    out = jnp.where(is_nan, exp_mask | U(1 << (Ms - 1)), out)  # one quiet NaN, sign kept
+    return lax.bitcast_convert_type(out | sign, dtype)
+
+
+def _compose(r, qe, src: _Source):
+    """Bit pattern (sign excluded) of the value `r * 2**qe` in the source format.
+
+    `r` has at most Ms + 2 significant bits and the value lies inside the
+    source's range (or one binade above its largest finite, which becomes inf).
+    """
+    U = src.uint
+    Ms, W = src.mantissa_bits, src.width
+    n = (W - 1) - lax.clz(r).astype(jnp.int32)  # position of the top set bit (-1 for r == 0)
+    top = qe + n  # unbiased exponent of the result
+    emin = 1 - src.bias
+    normal = top >= emin
+    up = jnp.clip(Ms - n, 0, W - 1).astype(U)
+    down = jnp.clip(n - Ms, 0, W - 1).astype(U)
+    frac = jnp.where(n <= Ms, r << up, r >> down) & U((1 << Ms) - 1)
+    expo = jnp.clip(top + src.bias, 1, (1 << (W - 1 - Ms)) - 1).astype(U)
+    normal_bits = (expo << Ms) | frac
+    sub_shift = jnp.clip(qe - (emin - Ms), 0, W - 1).astype(U)
+    subnormal_bits = r << sub_shift
+    return jnp.where(r == 0, U(0), jnp.where(normal, normal_bits, subnormal_bits))
+
+
+def round_integer(y: jax.Array, rounding: str, key=None) -> jax.Array:
+    """Round float values to integers (still as floats) under `rounding`."""
+    if rounding == "nearest_even":
+        return jnp.round(y)  # jnp.round rounds halves to even
+    if rounding == "toward_zero":
+        return jnp.trunc(y)
+    if rounding == "up":
+        return jnp.ceil(y)
+    if rounding == "down":
+        return jnp.floor(y)
+    if rounding == "nearest_away":
+        t = jnp.trunc(y)
+        # |y - t| is exact, unlike |y| + 0.5, which can round up across a tie.
+        return t + jnp.where(jnp.abs(y - t) >= 0.5, jnp.sign(y), 0.0).astype(y.dtype)
+    if rounding == "stochastic":
+        f = jnp.floor(y)
+        u = (random_bits(key, y.shape) >> 8).astype(jnp.float32) * np.float32(2.0**-24)
+        return f + (u < (y - f)).astype(y.dtype)
+    raise ValueError(f"unknown rounding mode {rounding!r}")

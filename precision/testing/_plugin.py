@@ -1,0 +1,1 @@
+"""pytest plugin entry point of `precision.testing` (fixtures and markers)."""
