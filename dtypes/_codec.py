@@ -171,7 +171,7 @@ def _int_codes(fmt: IntFormat, x: jax.Array, scaling: Scaling, rounding: str, ke
         # sign(x) with 0 mapping to +1; NaN input gives a NaN scale above.
         codes = jnp.where(x >= 0, jnp.float32(1), jnp.float32(-1))
         return codes, scale, None, codes
-    top_exponent = int(math.floor(math.log2(fmt.qmax)))
+    top_exponent = math.floor(math.log2(fmt.qmax))
     scale, inv = _scales(x, fmt, scaling, fmt.qmax, top_exponent)
     y = x * scaling.broadcast(inv, x.shape)
     rounded = round_integer(y, rounding, key)

@@ -146,9 +146,9 @@ class PerBlock(Scaling):
             widths = [(0, 0)] * x.ndim
             widths[a] = (0, pad)
             x = jnp.pad(x, widths)
-        blocked = x.reshape(x.shape[:a] + (nblocks, self.size) + x.shape[a + 1 :])
+        blocked = x.reshape((*x.shape[:a], nblocks, self.size, *x.shape[a + 1 :]))
         return reduce(blocked, (a + 1,)).reshape(
-            self.scale_shape(x.shape[:a] + (n,) + x.shape[a + 1 :])
+            self.scale_shape((*x.shape[:a], n, *x.shape[a + 1 :]))
         )
 
     def broadcast(self, scale, shape):
