@@ -123,6 +123,18 @@ def _round_values(fmt: FloatFormat, x: jax.Array, rounding: str, key, *, saturat
         x = x.astype(jnp.float32)
     if fmt.exponent_bits == 11 or (fmt.is_full_precision and np.dtype(x.dtype) == np.float32):
         return x  # every float32 value is on the float32 and float64 grids
+    if (
+        rounding == "nearest_even"
+        and fmt.exponent_bits == 8
+        and grid.has_inf
+        and not grid.saturate
+        and np.dtype(x.dtype) == np.float32
+    ):
+        # bfloat16 and tf32 share float32's exponent range, where XLA's
+        # reduce_precision gives the same bits as the integer path (checked
+        # against ml_dtypes in the tests) and is one fused op. It is not used
+        # for narrower exponents: there it flushes the target's subnormals.
+        return lax.reduce_precision(x, exponent_bits=8, mantissa_bits=fmt.mantissa_bits)
     return round_float(x, grid, rounding, key)
 
 
@@ -147,6 +159,10 @@ def _encode_float(fmt: FloatFormat, x, scaling, rounding, key) -> Encoded:
             "True) first, or keep the values in float32"
         )
     if scaling is None:
+        if rounding == "nearest_even" and fmt.native_dtype is not None and not fmt.saturate:
+            # A convert *into* the container is a real rounding (only round
+            # trips can be elided), and XLA's matches ml_dtypes bit for bit.
+            return Encoded(x.astype(fmt.container), None, fmt, None)
         data = _round_values(fmt, x, rounding, key).astype(fmt.container)
         return Encoded(data, None, fmt, None)
     if x.ndim:
