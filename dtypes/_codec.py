@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _packing
+from . import _float_codes, _packing
 from ._encoded import Encoded
 from ._rounding import check_rounding, round_float, round_integer
 from ._scaling import Scaling, group_sizes
@@ -163,8 +163,12 @@ def _encode_float(fmt: FloatFormat, x, scaling, rounding, key) -> Encoded:
             # A convert *into* the container is a real rounding (only round
             # trips can be elided), and XLA's matches ml_dtypes bit for bit.
             return Encoded(x.astype(fmt.container), None, fmt, None)
-        data = _round_values(fmt, x, rounding, key).astype(fmt.container)
-        return Encoded(data, None, fmt, None)
+        if fmt.finite and not fmt.nan and not _is_tracer(x) and bool(jnp.any(jnp.isnan(x))):
+            raise ValueError(
+                f"cannot encode NaN into {fmt.name}, which has no NaN code; use a scaled "
+                f"encoding (the group's scale becomes NaN) or a format with NaN"
+            )
+        return _store_float(fmt, _round_values(fmt, x, rounding, key), None, None)
     if x.ndim:
         scaling.validate(x.shape)
     _check_finite(x, fmt)
@@ -173,8 +177,23 @@ def _encode_float(fmt: FloatFormat, x, scaling, rounding, key) -> Encoded:
     y = x * scaling.broadcast(inv, x.shape)
     # The scale is chosen so values fit; saturating keeps float fuzz at the
     # top of a group (and OCP's power-of-two overshoot) from becoming inf/NaN.
-    data = _round_values(fmt, y, rounding, key, saturate=True).astype(fmt.container)
-    return Encoded(data, scale, fmt, scaling)
+    return _store_float(fmt, _round_values(fmt, y, rounding, key, saturate=True), scale, scaling)
+
+
+def _store_float(fmt: FloatFormat, values: jax.Array, scale, scaling) -> Encoded:
+    """Put on-grid float values into the format's container (codes if no native type)."""
+    if fmt.container != np.uint8:
+        return Encoded(values.astype(fmt.container), scale, fmt, scaling)
+    codes = _float_codes.to_codes(fmt, values)
+    if not fmt.packed:
+        return Encoded(codes, scale, fmt, scaling)
+    return _pack(codes, scale, fmt, scaling)
+
+
+def _pack(codes: jax.Array, scale, fmt: Format, scaling) -> Encoded:
+    if codes.ndim == 0:
+        return Encoded(_packing.pack(codes.reshape(1), fmt.code_bits), scale, fmt, scaling, None)
+    return Encoded(_packing.pack(codes, fmt.code_bits), scale, fmt, scaling, codes.shape[-1])
 
 
 def _int_codes(fmt: IntFormat, x: jax.Array, scaling: Scaling, rounding: str, key):
@@ -206,20 +225,23 @@ def _encode_int(fmt: IntFormat, x, scaling: Scaling, rounding, key) -> Encoded:
     codes = codes.astype(jnp.int8)
     if scalar:
         scale = scale.reshape(())
-    if not fmt.packed:
-        return Encoded(codes.reshape(()) if scalar else codes, scale, fmt, scaling)
-    data = _packing.pack(codes, fmt.bits)
     if scalar:
-        return Encoded(data, scale, fmt, scaling, None)
-    return Encoded(data, scale, fmt, scaling, x.shape[-1])
+        codes = codes.reshape(())
+    if not fmt.packed:
+        return Encoded(codes, scale, fmt, scaling)
+    return _pack(codes, scale, fmt, scaling)
 
 
 def _codes(fmt: Format, enc: Encoded) -> jax.Array:
+    """Codes (int formats) or values (float formats) of `enc`, unpacked, logical shape."""
+    data = enc.data
     if fmt.packed:
         n = enc.shape[-1] if enc.shape else 1
-        codes = _packing.unpack(enc.data, fmt.bits, n)
-        return codes.reshape(enc.shape)
-    return enc.data
+        data = _packing.unpack(data, fmt.code_bits, n, signed=fmt.kind == "int")
+        data = data.reshape(enc.shape)
+    if fmt.kind == "float" and fmt.container == np.uint8:
+        return _float_codes.from_codes(fmt, data)
+    return data
 
 
 def decode(fmt: Format, enc: Encoded, dtype: Any = np.float32) -> jax.Array:
@@ -257,8 +279,8 @@ def _qdq(fmt: Format, scaling, rounding: str, x: jax.Array, key):
     if fmt.kind == "float":
         scale, inv = _scales(xf, fmt, scaling, fmt.max, fmt.emax)
         y = xf * scaling.broadcast(inv, xf.shape)
-        q = _round_values(fmt, y, rounding, key, saturate=True).astype(fmt.container)
-        out = q.astype(jnp.float32) * scaling.broadcast(scale, xf.shape)
+        q = _round_values(fmt, y, rounding, key, saturate=True)
+        out = q * scaling.broadcast(scale, xf.shape)
         mask = (jnp.abs(y) <= fmt.max) if scaling.power_of_two else jnp.ones(xf.shape, bool)
     else:
         codes, scale, _, rounded = _int_codes(fmt, xf, scaling, rounding, key)
@@ -305,7 +327,7 @@ def nbytes(fmt: Format, shape: tuple[int, ...], scaling: Scaling | None) -> int:
     if fmt.packed:
         lead = int(np.prod(shape[:-1], dtype=np.int64)) if shape else 1
         last = shape[-1] if shape else 1
-        data = lead * _packing.packed_length(last, fmt.bits)
+        data = lead * _packing.packed_length(last, fmt.code_bits)
     else:
         data = int(np.prod(shape, dtype=np.int64)) * fmt.container.itemsize
     if scaling is None:

@@ -41,9 +41,14 @@ class Format:
         raise NotImplementedError
 
     @property
+    def code_bits(self) -> int:
+        """Width of one value's field in storage (a packed field may exceed `bits`)."""
+        return self.container.itemsize * 8
+
+    @property
     def packed(self) -> bool:
         """Whether several codes share one byte of the container."""
-        return False
+        return self.code_bits < 8
 
     @property
     def is_full_precision(self) -> bool:
@@ -172,6 +177,11 @@ class FloatFormat(Format):
         if not self.finite and not nan:
             raise ValueError("an IEEE-style (finite=False) format always has NaN")
         object.__setattr__(self, "nan", bool(nan))
+        if not self.finite and m == 0:
+            raise ValueError(
+                f"FloatFormat({e}, 0) cannot hold NaN (its top binade is only ±inf); "
+                "give it a mantissa bit or pass finite=True"
+            )
         if self.finite and self.nan and m == 0:
             raise ValueError(
                 f"FloatFormat({e}, 0, finite=True) would spend its whole top binade on NaN; "
@@ -247,7 +257,16 @@ class FloatFormat(Format):
 
     @property
     def container(self) -> np.dtype:
-        return self.native_dtype or np.dtype(np.float32)
+        """The native type if one exists; else uint8 codes (≤ 8 bits) or float32."""
+        if self.native_dtype is not None:
+            return self.native_dtype
+        return np.dtype(np.uint8) if self.bits <= 8 else np.dtype(np.float32)
+
+    @property
+    def code_bits(self) -> int:
+        if self.native_dtype is None and self.bits <= 4:
+            return 2 if self.bits == 2 else 4  # 3-bit layouts take a 4-bit field
+        return self.container.itemsize * 8
 
     @property
     def is_full_precision(self) -> bool:
@@ -318,8 +337,8 @@ class IntFormat(Format):
         return np.dtype(np.int8) if self.bits == 8 else np.dtype(np.uint8)
 
     @property
-    def packed(self) -> bool:
-        return self.bits < 8
+    def code_bits(self) -> int:
+        return self.bits
 
     def default_scaling(self) -> Scaling:
         from ._scaling import PerTensor

@@ -23,7 +23,10 @@ def packed_length(n: int, bits: int) -> int:
 
 
 def pack(codes: jax.Array, bits: int) -> jax.Array:
-    """Pack int8 codes (last axis) into uint8 bytes.
+    """Pack codes (last axis) into uint8 bytes.
+
+    `codes` are int8 two's complement values (int4/int2; with `bits=1`, ±1
+    codes stored as 1/0) or unsigned uint8 float codes.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -45,12 +48,18 @@ def pack(codes: jax.Array, bits: int) -> jax.Array:
     return jnp.sum(field << shifts, axis=-1, dtype=jnp.uint8)
 
 
-def unpack(data: jax.Array, bits: int, n: int) -> jax.Array:
-    """Inverse of `pack`: uint8 bytes to `n` int8 codes along the last axis."""
+def unpack(data: jax.Array, bits: int, n: int, *, signed: bool = True) -> jax.Array:
+    """Inverse of `pack`: uint8 bytes to `n` codes along the last axis.
+
+    Signed fields come back as int8 (two's complement; `bits=1` as ±1), unsigned
+    ones (float codes) as uint8.
+    """
     per_byte = 8 // bits
     shifts = (jnp.arange(per_byte, dtype=jnp.uint8) * bits).astype(jnp.uint8)
     field = (data[..., None] >> shifts) & jnp.uint8((1 << bits) - 1)
     field = field.reshape((*data.shape[:-1], -1))[..., :n]
+    if not signed:
+        return field
     if bits == 1:
         return field.astype(jnp.int8) * 2 - 1
     # Sign-extend a `bits`-wide two's complement field.

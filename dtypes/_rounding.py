@@ -162,7 +162,7 @@ def round_float(x: jax.Array, grid: Grid, rounding: str, key=None) -> jax.Array:
         raise ValueError(f"unknown rounding mode {rounding!r}")
 
     r = q + inc.astype(U)
-    out = _compose(r, qe, src)
+    out = compose_bits(r, qe, src)
 
     # Overflow, decided on the unbounded-exponent result as IEEE-754 does.
     max_bits = U(_float_bits(grid.max, src))
@@ -191,7 +191,7 @@ def round_float(x: jax.Array, grid: Grid, rounding: str, key=None) -> jax.Array:
     return lax.bitcast_convert_type(out | sign, dtype)
 
 
-def _compose(r, qe, src: _Source):
+def compose_bits(r, qe, src: _Source):
     """Bit pattern (sign excluded) of the value `r * 2**qe` in the source format.
 
     `r` has at most Ms + 2 significant bits and the value lies inside the
