@@ -118,6 +118,17 @@ def round_float(x: jax.Array, grid: Grid, rounding: str, key=None) -> jax.Array:
         return x  # the grid is the input's own: nothing to round
 
     u = lax.bitcast_convert_type(x, U)
+    same_range = grid.emin == 1 - src.bias and grid.has_inf and not grid.saturate
+    if rounding == "stochastic" and same_range:
+        # Same exponent range as the input (bfloat16, tf32 from float32): the
+        # ulp is always 2**d input ulps, subnormals included, so adding d
+        # random bits and truncating rounds up with probability rem / 2**d.
+        # A carry into the exponent is exactly IEEE overflow to inf.
+        d = Ms - grid.mantissa_bits
+        noise = random_bits(key, x.shape).astype(U) >> U(W - d)
+        rounded = (u + noise) & ~U((1 << d) - 1)
+        is_nan = (u & ~U(1 << (W - 1))) > U(((1 << (W - 1 - Ms)) - 1) << Ms)
+        return lax.bitcast_convert_type(jnp.where(is_nan, u, rounded), dtype)
     sign_mask = U(1 << (W - 1))
     exp_mask = U(((1 << (W - 1 - Ms)) - 1) << Ms)
     frac_mask = U((1 << Ms) - 1)
