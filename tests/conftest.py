@@ -1,0 +1,46 @@
+"""Suite-wide configuration: hypothesis profiles, strict JAX promotion, eager/jit variants.
+
+Hypothesis profiles live here and nowhere else: `dev` (quick, the default)
+and `ci` (thorough), chosen by the `CI` environment variable (`CI=true`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import jax
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "dev",
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "ci",
+    max_examples=200,
+    deadline=None,
+    derandomize=False,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile("ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev")
+
+# Mixing ranks or dtypes implicitly is refused in the whole suite, so the
+# library cannot rely on it by accident.
+jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+
+@pytest.fixture(params=["eager", "jit"])
+def eager_and_jit(request) -> Callable[[Callable], Callable]:
+    """Run the test body's function eagerly and under `jax.jit` (one test each).
+
+    Usage: `f = eager_and_jit(lambda x: fmt.round(x)); f(x)`.
+    """
+    if request.param == "eager":
+        return lambda f: f
+    return jax.jit
