@@ -138,40 +138,59 @@ def _round_values(fmt: FloatFormat, x: jax.Array, rounding: str, key, *, saturat
     return round_float(x, grid, rounding, key)
 
 
-def encode(fmt: Format, x: Any, scaling: Scaling | None, rounding: str, key) -> Encoded:
-    check_rounding(rounding, key)
-    x = as_float_array(x)
+def _resolve_scaling(fmt: Format, scaling: Scaling | None) -> Scaling | None:
     if scaling is None:
-        scaling = fmt.default_scaling()
-    if scaling is not None and not isinstance(scaling, Scaling):
+        return fmt.default_scaling()
+    if not isinstance(scaling, Scaling):
         raise TypeError(
             f"scaling must be PerTensor(), PerAxis(axis) or PerBlock(size), got {scaling!r}"
         )
+    return scaling
+
+
+def _validate(fmt: Format, x: jax.Array, scaling: Scaling | None) -> None:
+    """Every check that can be made before computing: shapes, and eager values."""
+    if scaling is not None and x.ndim:
+        scaling.validate(x.shape)
+    if scaling is not None:
+        _check_finite(x, fmt)
+    elif fmt.kind == "float" and fmt.finite and not fmt.nan:
+        if not _is_tracer(x) and bool(jnp.any(jnp.isnan(x))):
+            raise ValueError(
+                f"cannot encode NaN into {fmt.name}, which has no NaN code; use a scaled "
+                "encoding (the group's scale becomes NaN) or a format with NaN"
+            )
+    if fmt.kind == "float" and fmt.exponent_bits == 11 and not jax.config.read("jax_enable_x64"):
+        raise ValueError(
+            "encoding into float64 needs 64-bit JAX: set jax.config.update('jax_enable_x64', "
+            "True) first, or keep the values in float32"
+        )
+
+
+def encode(fmt: Format, x: Any, scaling: Scaling | None, rounding: str, key) -> Encoded:
+    check_rounding(rounding, key)
+    x = as_float_array(x)
+    scaling = _resolve_scaling(fmt, scaling)
+    _validate(fmt, x, scaling)
+    return _encode_jit(fmt, scaling, rounding, x, key)
+
+
+# One compiled kernel per (format, scaling, mode, shape): an eager call is a
+# single dispatch instead of dozens, and under an outer `jit` it is inlined.
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _encode_jit(fmt: Format, scaling, rounding: str, x: jax.Array, key) -> Encoded:
     if fmt.kind == "float":
         return _encode_float(fmt, x, scaling, rounding, key)
     return _encode_int(fmt, x, scaling, rounding, key)
 
 
 def _encode_float(fmt: FloatFormat, x, scaling, rounding, key) -> Encoded:
-    if fmt.exponent_bits == 11 and not jax.config.read("jax_enable_x64"):
-        raise ValueError(
-            "encoding into float64 needs 64-bit JAX: set jax.config.update('jax_enable_x64', "
-            "True) first, or keep the values in float32"
-        )
     if scaling is None:
         if rounding == "nearest_even" and fmt.native_dtype is not None and not fmt.saturate:
             # A convert *into* the container is a real rounding (only round
             # trips can be elided), and XLA's matches ml_dtypes bit for bit.
             return Encoded(x.astype(fmt.container), None, fmt, None)
-        if fmt.finite and not fmt.nan and not _is_tracer(x) and bool(jnp.any(jnp.isnan(x))):
-            raise ValueError(
-                f"cannot encode NaN into {fmt.name}, which has no NaN code; use a scaled "
-                f"encoding (the group's scale becomes NaN) or a format with NaN"
-            )
         return _store_float(fmt, _round_values(fmt, x, rounding, key), None, None)
-    if x.ndim:
-        scaling.validate(x.shape)
-    _check_finite(x, fmt)
     x = x.astype(jnp.float32)
     scale, inv = _scales(x, fmt, scaling, fmt.max, fmt.emax)
     y = x * scaling.broadcast(inv, x.shape)
@@ -218,8 +237,6 @@ def _encode_int(fmt: IntFormat, x, scaling: Scaling, rounding, key) -> Encoded:
     scalar = x.ndim == 0
     if scalar:
         x = x.reshape(1)
-    scaling.validate(x.shape)
-    _check_finite(x, fmt)
     x = x.astype(jnp.float32)
     codes, scale, _, _ = _int_codes(fmt, x, scaling, rounding, key)
     codes = codes.astype(jnp.int8)
@@ -252,7 +269,16 @@ def decode(fmt: Format, enc: Encoded, dtype: Any = np.float32) -> jax.Array:
             f"cannot decode a {enc.format.name} encoding as {fmt.name}; "
             f"call enc.decode() or {enc.format.name}.decode(enc)"
         )
-    dtype = jnp.dtype(dtype)
+    if np.dtype(enc.data.dtype) != fmt.container:
+        raise TypeError(
+            f"a {fmt.name} encoding holds {fmt.container} data, got {enc.data.dtype}; "
+            f"build it with {fmt.name}.encode(x)"
+        )
+    return _decode_jit(fmt, enc, jnp.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _decode_jit(fmt: Format, enc: Encoded, dtype) -> jax.Array:
     codes = _codes(fmt, enc)
     if enc.scale is None:
         return codes.astype(dtype)
@@ -273,9 +299,7 @@ def _qdq(fmt: Format, scaling, rounding: str, x: jax.Array, key):
     if scaling is None:
         scaling = fmt.default_scaling()
     scalar = x.ndim == 0
-    xs = x.reshape(1) if scalar else x
-    scaling.validate(xs.shape)
-    xf = xs.astype(jnp.float32)
+    xf = (x.reshape(1) if scalar else x).astype(jnp.float32)
     if fmt.kind == "float":
         scale, inv = _scales(xf, fmt, scaling, fmt.max, fmt.emax)
         y = xf * scaling.broadcast(inv, xf.shape)
@@ -309,16 +333,15 @@ def _fake_quantize_jvp(fmt, scaling, rounding, primals, tangents):
     return y, jnp.where(mask, tx, jnp.zeros_like(tx))
 
 
+_fake_quantize_jit = jax.jit(_fake_quantize, static_argnums=(0, 1, 2))
+
+
 def fake_quantize(fmt: Format, x: Any, scaling: Scaling | None, rounding: str, key) -> jax.Array:
     check_rounding(rounding, key)
     x = as_float_array(x)
-    if scaling is not None and not isinstance(scaling, Scaling):
-        raise TypeError(
-            f"scaling must be PerTensor(), PerAxis(axis) or PerBlock(size), got {scaling!r}"
-        )
-    if scaling is not None or fmt.kind == "int":
-        _check_finite(x, fmt)
-    return _fake_quantize(fmt, scaling, rounding, x, key)
+    scaling = _resolve_scaling(fmt, scaling)
+    _validate(fmt, x, scaling)
+    return _fake_quantize_jit(fmt, scaling, rounding, x, key)
 
 
 def nbytes(fmt: Format, shape: tuple[int, ...], scaling: Scaling | None) -> int:

@@ -22,6 +22,12 @@ def packed_length(n: int, bits: int) -> int:
     return math.ceil(n * bits / 8)
 
 
+def _shifts(per_byte: int, bits: int, ndim: int) -> jax.Array:
+    """Bit offsets of the fields of one byte, shaped to broadcast on the last axis."""
+    shifts = jnp.arange(per_byte, dtype=jnp.uint8) * jnp.uint8(bits)
+    return shifts.reshape((1,) * (ndim - 1) + (per_byte,))
+
+
 def pack(codes: jax.Array, bits: int) -> jax.Array:
     """Pack codes (last axis) into uint8 bytes.
 
@@ -43,7 +49,7 @@ def pack(codes: jax.Array, bits: int) -> jax.Array:
     if pad:
         field = jnp.pad(field, [(0, 0)] * (codes.ndim - 1) + [(0, pad)])
     field = field.reshape((*codes.shape[:-1], -1, per_byte))
-    shifts = (jnp.arange(per_byte, dtype=jnp.uint8) * bits).astype(jnp.uint8)
+    shifts = _shifts(per_byte, bits, field.ndim)
     # Fields occupy disjoint bits, so a sum is an OR.
     return jnp.sum(field << shifts, axis=-1, dtype=jnp.uint8)
 
@@ -55,7 +61,7 @@ def unpack(data: jax.Array, bits: int, n: int, *, signed: bool = True) -> jax.Ar
     ones (float codes) as uint8.
     """
     per_byte = 8 // bits
-    shifts = (jnp.arange(per_byte, dtype=jnp.uint8) * bits).astype(jnp.uint8)
+    shifts = _shifts(per_byte, bits, data.ndim + 1)
     field = (data[..., None] >> shifts) & jnp.uint8((1 << bits) - 1)
     field = field.reshape((*data.shape[:-1], -1))[..., :n]
     if not signed:
