@@ -1,0 +1,259 @@
+"""Distances in units of a format's spacing, and assertions built on them.
+
+These run on the host with numpy (float64 and int64), on concrete values:
+call them on results, not inside `jit`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import dtypes
+from dtypes import FloatFormat, Format, IntFormat
+
+from ._grid import max_code, ordinals
+
+__all__ = ["assert_representable", "assert_ulp_close", "ulp_distance"]
+
+
+def _as_float_array(x: Any, name: str) -> np.ndarray:
+    """`x` (numpy, jax, Tensor, scalar) as a float32 or float64 numpy array."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fiub":
+        raise TypeError(f"`{name}` must hold real numbers, got dtype {arr.dtype}")
+    if arr.dtype in (np.float32, np.float64):
+        return arr
+    return arr.astype(np.float32)  # narrower floats and ints widen exactly enough
+
+
+def _format(fmt: Any) -> Format:
+    return dtypes.get(fmt)
+
+
+def _default_scale(fmt: IntFormat, b: np.ndarray) -> np.ndarray:
+    """The per-tensor scale `fmt` would give `b`: absmax / qmax (int1: mean |b|)."""
+    finite = np.abs(b[np.isfinite(b)].astype(np.float64))
+    if finite.size == 0:
+        return np.float64(1.0)
+    scale = finite.mean() if fmt.binary else finite.max() / fmt.qmax
+    return np.float64(scale) if scale > 0 else np.float64(1.0)
+
+
+def ulp_distance(a: Any, b: Any, fmt: Format | str, *, scale: Any = None) -> np.ndarray:
+    """Distance from `a` to `b` counted in steps of `fmt`'s grid.
+
+    For a float format each value is placed on the grid by its bit pattern:
+    a grid value at index `i` (its magnitude code; ±0 are both index 0) is
+    `i` steps from zero, and a value between two grid neighbours sits the
+    matching fraction of the way between them. The distance counts grid
+    steps between the two positions, so it is exact for subnormals, across
+    zero (`-s` to `+s` for the smallest subnormal `s` is 2) and over binade
+    boundaries, and whole-numbered when both values are on the grid. Past
+    `fmt.max` the grid continues as if the exponent were unbounded.
+
+    For an integer format one step is the scale: `|a - b| / scale`.
+
+    Non-finite values: NaN against NaN is distance 0, NaN against anything
+    else is inf; ±inf against the same infinity is 0, against anything else
+    inf.
+
+    Args:
+        a: values (array-like, a jax array or a `precision.Tensor`).
+        b: values of a shape broadcastable with `a`.
+        fmt: the format whose grid counts the steps (a Format or a name).
+        scale: for scaled data, the scale of each element (broadcastable):
+            the values are divided by it before measuring. Integer formats
+            default to the per-tensor scale `fmt` would give `b`.
+
+    Returns:
+        A float64 array of the broadcast shape.
+
+    Examples:
+        >>> import dtypes
+        >>> tiny = dtypes.bfloat16.smallest_subnormal
+        >>> ulp_distance(-tiny, tiny, dtypes.bfloat16)
+        array(2.)
+        >>> ulp_distance([1.0, 1.0], [1.0078125, 1.001953125], dtypes.bfloat16)
+        array([1.  , 0.25])
+        >>> ulp_distance(1.0, 2.0, "float8_e4m3fn")
+        array(8.)
+    """
+    fmt = _format(fmt)
+    a_arr = _as_float_array(a, "a").astype(np.float64)
+    b_arr = _as_float_array(b, "b").astype(np.float64)
+    a_arr, b_arr = np.broadcast_arrays(a_arr, b_arr)
+    if isinstance(fmt, IntFormat) and scale is None:
+        scale = _default_scale(fmt, b_arr)
+    if scale is not None:
+        s = np.asarray(scale, np.float64)
+        a_arr, b_arr = a_arr / s, b_arr / s
+
+    with np.errstate(invalid="ignore"):
+        if isinstance(fmt, IntFormat):
+            dist = np.abs(a_arr - b_arr)
+        else:
+            dist = _grid_steps(a_arr, b_arr, fmt)
+    nan_a, nan_b = np.isnan(a_arr), np.isnan(b_arr)
+    inf_a, inf_b = np.isinf(a_arr), np.isinf(b_arr)
+    dist = np.where(inf_a | inf_b, np.where(a_arr == b_arr, 0.0, np.inf), dist)
+    dist = np.where(nan_a | nan_b, np.where(nan_a & nan_b, 0.0, np.inf), dist)
+    return np.asarray(dist, np.float64)
+
+
+def _grid_steps(a: np.ndarray, b: np.ndarray, fmt: FloatFormat) -> np.ndarray:
+    neg_a, idx_a, frac_a = ordinals(a, fmt)
+    neg_b, idx_b, frac_b = ordinals(b, fmt)
+    same_side = neg_a == neg_b
+    # Same sign: subtract indices in int64 (exact), then the fractions.
+    within = np.abs((idx_b - idx_a).astype(np.float64) + (frac_b - frac_a))
+    # Opposite signs: the two distances to zero add up.
+    across = (idx_a.astype(np.float64) + frac_a) + (idx_b.astype(np.float64) + frac_b)
+    return np.where(same_side, within, across)
+
+
+def _bits(value: np.ndarray) -> str:
+    """Hex bit pattern of a float32/float64 scalar."""
+    uint = np.uint32 if value.dtype == np.float32 else np.uint64
+    width = 8 if value.dtype == np.float32 else 16
+    return f"0x{int(value.reshape(()).view(uint)):0{width}X}"
+
+
+def _code(value: float, fmt: Format | None) -> str:
+    """The value's bit pattern in `fmt`, or where it falls between two."""
+    if not isinstance(fmt, FloatFormat):
+        return ""
+    digits = -(-fmt.bits // 4)
+    if np.isnan(value):
+        return f", {fmt.name}: NaN"
+    neg, idx, frac = (np.asarray(t).item() for t in ordinals(np.asarray(value), fmt))
+    sign = (1 << (fmt.bits - 1)) if neg else 0
+    if np.isinf(value) or idx > max_code(fmt) or (idx == max_code(fmt) and frac):
+        return f", outside the finite range of {fmt.name}"
+    if frac == 0:
+        return f", {fmt.name} bits 0x{sign | idx:0{digits}X}"
+    return (
+        f", between {fmt.name} bits 0x{sign | idx:0{digits}X} and 0x{sign | (idx + 1):0{digits}X}"
+    )
+
+
+def _describe(x: np.ndarray, index: tuple[int, ...], fmt: Format | None) -> str:
+    v = x[index] if x.ndim else x
+    v = np.asarray(v)
+    return f"{v.item()!r} ({v.dtype} bits {_bits(v)}{_code(float(v), fmt)})"
+
+
+def assert_ulp_close(
+    actual: Any,
+    expected: Any,
+    fmt: Format | str,
+    *,
+    max_ulps: float = 1,
+    scale: Any = None,
+    err_msg: str = "",
+) -> None:
+    """Assert every element of `actual` is within `max_ulps` grid steps of `expected`.
+
+    Distances are `ulp_distance(actual, expected, fmt, scale=scale)`: NaN
+    matches only NaN and an infinity only the same infinity. The failure
+    message names the worst element: its index, both values with their bit
+    patterns (in their own dtype and in `fmt`) and the distance.
+
+    Args:
+        actual: the values under test.
+        expected: reference values (broadcastable with `actual`); they need not
+            lie on the grid, e.g. a float64 exact result.
+        fmt: the format whose grid measures the distance.
+        max_ulps: largest distance allowed.
+        scale: as in `ulp_distance`.
+        err_msg: text put in front of the failure message.
+
+    Raises:
+        AssertionError: some element is farther than `max_ulps`.
+
+    Examples:
+        >>> import dtypes
+        >>> assert_ulp_close([1.0, 2.0], [1.0078125, 2.0], dtypes.bfloat16, max_ulps=1)
+        >>> assert_ulp_close([1.0], [1.015625], "bfloat16", max_ulps=1)
+        Traceback (most recent call last):
+        ...
+        AssertionError: 1 of 1 elements differ by more than 1 ulp of bfloat16
+          worst at index (0,): distance 2 ulps
+          actual   = 1.0 (float64 bits 0x3FF0000000000000, bfloat16 bits 0x3F80)
+          expected = 1.015625 (float64 bits 0x3FF0400000000000, bfloat16 bits 0x3F82)
+    """
+    fmt = _format(fmt)
+    act = _as_float_array(actual, "actual")
+    exp = _as_float_array(expected, "expected")
+    dist = ulp_distance(act, exp, fmt, scale=scale)
+    bad = dist > max_ulps
+    if not bad.any():
+        return
+    act_b, exp_b = np.broadcast_arrays(act, exp)
+    flat = int(np.argmax(dist))
+    index = tuple(int(i) for i in np.unravel_index(flat, dist.shape)) if dist.ndim else ()
+    worst = float(dist.reshape(-1)[flat])
+    shown = f"{int(worst)}" if worst == int(worst) else f"{worst:.6g}"
+    unit = "ulps" if isinstance(fmt, FloatFormat) else "steps of the scale"
+    code = fmt if scale is None else None  # a scaled value's own bits say nothing of its code
+    lines = [
+        f"{int(bad.sum())} of {bad.size} elements differ by more than {max_ulps:g} ulp "
+        f"of {fmt.name}",
+        f"  worst at index {index}: distance {shown} {unit}",
+        f"  actual   = {_describe(act_b, index, code)}",
+        f"  expected = {_describe(exp_b, index, code)}",
+    ]
+    raise AssertionError((err_msg + "\n" if err_msg else "") + "\n".join(lines))
+
+
+def assert_representable(
+    x: Any, fmt: Format | str, *, scaling: dtypes.Scaling | None = None, limit: int = 5
+) -> None:
+    """Assert `x` lies exactly on `fmt`'s grid: `fmt.round(x)` gives `x` back bit for bit.
+
+    NaN counts as representable (rounding keeps it NaN); ±0 must keep their
+    sign. Integer formats are checked under their scaling (default
+    per-tensor), as a whole array.
+
+    Args:
+        x: values (array-like, jax array or `precision.Tensor`).
+        fmt: the format (a Format or a name).
+        scaling: the scaling to check under (None: the format's default).
+        limit: how many offending values the message lists.
+
+    Raises:
+        AssertionError: listing how many values are off the grid and the
+            first `limit` of them with their nearest grid value.
+
+    Examples:
+        >>> import numpy as np
+        >>> import dtypes
+        >>> assert_representable(np.float32([1.0, 0.5, -448.0]), dtypes.float8_e4m3fn)
+        >>> assert_representable(np.float32([1.0, 1.1]), "bfloat16")
+        Traceback (most recent call last):
+        ...
+        AssertionError: 1 of 2 values are not on the bfloat16 grid:
+          at (1,): 1.100000023841858 (float32 bits 0x3F8CCCCD) rounds to 1.1015625 (0x3F8D0000)
+          round them onto the grid first: dtypes.get('bfloat16').round(x)
+    """
+    fmt = _format(fmt)
+    arr = _as_float_array(x, "x")
+    rounded = np.asarray(fmt.round(arr, scaling=scaling), arr.dtype)
+    uint = np.uint32 if arr.dtype == np.float32 else np.uint64
+    same = (arr.view(uint) == rounded.view(uint)) | (np.isnan(arr) & np.isnan(rounded))
+    if same.all():
+        return
+    bad = np.argwhere(~same) if arr.ndim else np.zeros((1, 0), int)
+    lines = [f"{int((~same).sum())} of {same.size} values are not on the {fmt.name} grid:"]
+    for row in bad[:limit]:
+        i = tuple(int(k) for k in row)
+        v, r = np.asarray(arr[i]), np.asarray(rounded[i])
+        lines.append(
+            f"  at {i}: {v.item()!r} ({v.dtype} bits {_bits(v)}) rounds to "
+            f"{r.item()!r} ({_bits(r)})"
+        )
+    if len(bad) > limit:
+        lines.append(f"  … and {len(bad) - limit} more")
+    lines.append(f"  round them onto the grid first: dtypes.get({fmt.name!r}).round(x)")
+    raise AssertionError("\n".join(lines))
