@@ -1,0 +1,202 @@
+"""mkdocs hooks: the format table comes from the registry, and the API reference is complete.
+
+Registered in mkdocs.yml under `hooks:`. Two jobs:
+
+* `on_page_markdown` replaces the marker `<!-- format-table -->` with a table
+  built from `dtypes.FORMATS`, so the docs cannot drift from the code.
+* `on_post_page` checks that the rendered API reference has an entry for every
+  name in `dtypes.__all__`, `precision.__all__` and `precision.testing.__all__`;
+  a missing one is a warning, which `mkdocs build --strict` turns into a failure.
+"""
+
+from __future__ import annotations
+
+import decimal
+import html
+import importlib
+import logging
+import math
+import re
+
+import numpy as np
+
+import dtypes
+
+MARKER = "<!-- format-table -->"
+MX_MARKER = "<!-- mx-table -->"
+API_PAGE = "api.md"
+PUBLIC_MODULES = ("dtypes", "precision", "precision.testing")
+
+log = logging.getLogger("mkdocs.plugins.precision")
+
+COLUMNS = (
+    "name",
+    "aliases",
+    "kind",
+    "bits",
+    "container",
+    "max",
+    "min_normal",
+    "smallest_subnormal",
+    "eps / qmax",
+    "notes",
+)
+
+
+def number(value: float) -> str:
+    """A table cell for a float: exact when short, else a power of two or 4 digits."""
+    if math.isinf(value):
+        return "inf"
+    if value == int(value) and abs(value) < 1e7:
+        return f"{int(value)}"
+    mantissa, exponent = math.frexp(value)
+    if mantissa == 0.5:  # a power of two: the exponent says more than the digits
+        exact = repr(value)
+        if len(exact) <= 8 and decimal.Decimal(exact) == decimal.Decimal(value):
+            return f"2^{exponent - 1} = {exact}"
+        return f"2^{exponent - 1} ≈ {value:.3g}"
+    text = repr(value)
+    return text if len(text) <= 10 else f"{value:.4g}"
+
+
+def notes(fmt: dtypes.Format) -> str:
+    """What sets the format apart, derived from its attributes."""
+    if fmt.kind == "int":
+        if fmt.binary:
+            return "binary ±1 codes (0 → +1), scale mean(\\|x\\|) per group; 8 codes per byte"
+        text = f"symmetric codes in [-{fmt.qmax}, {fmt.qmax}], scale absmax/{fmt.qmax} per group"
+        if fmt.packed:
+            text += f"; {8 // fmt.bits} codes per byte"
+        return text
+    parts = []
+    if fmt.is_full_precision:
+        parts.append("full precision (a logical dtype)")
+    if fmt.native_dtype is None:
+        if fmt.container == np.float32:
+            low = 23 - fmt.mantissa_bits
+            parts.append(f"no native dtype: float32 container, low {low} mantissa bits zero")
+        elif fmt.packed:
+            parts.append(f"no native dtype: own bit codes, {8 // fmt.code_bits} per byte")
+        else:
+            parts.append(f"no native dtype: own bit codes, one per {fmt.container.name}")
+    parts.append("±inf and NaN" if fmt.has_inf else ("NaN, no inf" if fmt.nan else "no inf/NaN"))
+    if fmt.saturate:
+        parts.append("saturates to ±max")
+    return "; ".join(parts)
+
+
+def rows() -> list[tuple[str, ...]]:
+    """One row of cells per registered format, in registry order."""
+    aliases: dict[str, list[str]] = {}
+    for alias, name in dtypes.ALIASES.items():
+        aliases.setdefault(name, []).append(alias)
+    out = []
+    for name, fmt in dtypes.FORMATS.items():
+        container = fmt.container.name + (" (packed)" if fmt.packed else "")
+        if fmt.kind == "float":
+            numbers = (
+                number(fmt.max),
+                number(fmt.min_normal),
+                number(fmt.smallest_subnormal),
+                number(fmt.eps),
+            )
+        else:
+            numbers = (f"{fmt.qmax} × scale", "–", "–", f"qmax = {fmt.qmax}")
+        out.append(
+            (
+                f"`{name}`",
+                ", ".join(f"`{a}`" for a in aliases.get(name, [])),
+                fmt.kind,
+                str(fmt.bits),
+                f"`{container}`",
+                *numbers,
+                notes(fmt),
+            )
+        )
+    return out
+
+
+def format_table() -> str:
+    """The Markdown table of every registered format."""
+    lines = [
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "|".join("---" for _ in COLUMNS) + "|",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in rows()]
+    return "\n".join(lines)
+
+
+#: The OCP microscaling compositions: an element format and power-of-two scales per 32.
+MX = {
+    "MXFP8 (E4M3)": "float8_e4m3fn",
+    "MXFP8 (E5M2)": "float8_e5m2",
+    "MXFP6 (E3M2)": (3, 2),
+    "MXFP6 (E2M3)": (2, 3),
+    "MXFP4": (2, 1),
+    "MXINT8": "int8",
+}
+MX_SHAPE = (1024, 1024)
+
+
+def mx_formats() -> dict[str, dtypes.Format]:
+    """The element format of each MX composition."""
+    return {
+        name: dtypes.get(spec) if isinstance(spec, str) else dtypes.FloatFormat(*spec, finite=True)
+        for name, spec in MX.items()
+    }
+
+
+def mx_table() -> str:
+    """Markdown table of the MX compositions and their real footprint, from `nbytes`."""
+    scaling = dtypes.PerBlock(32, power_of_two=True)
+    n = MX_SHAPE[0] * MX_SHAPE[1]
+    lines = [
+        "| composition | element format | container | bytes of a 1024×1024 tensor "
+        "| bits per value, scales included |",
+        "|---|---|---|---|---|",
+    ]
+    for name, fmt in mx_formats().items():
+        nbytes = fmt.nbytes(MX_SHAPE, scaling)
+        container = fmt.container.name + (" (packed)" if fmt.packed else "")
+        lines.append(f"| {name} | `{fmt!r}` | `{container}` | {nbytes:,} | {nbytes * 8 / n:g} |")
+    return "\n".join(lines)
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    if MARKER in markdown:
+        markdown = markdown.replace(MARKER, format_table())
+    if MX_MARKER in markdown:
+        markdown = markdown.replace(MX_MARKER, mx_table())
+    return markdown
+
+
+def public_names() -> dict[str, list[str]]:
+    """`__all__` of each public module that can be imported."""
+    names = {}
+    for module_name in PUBLIC_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            log.warning(f"cannot import {module_name} to check its API reference: {error}")
+            continue
+        names[module_name] = list(getattr(module, "__all__", []))
+    return names
+
+
+def missing_from_api(rendered_html: str) -> list[str]:
+    """Public names with no anchor (`id="module.name"`) in the rendered API page."""
+    ids = set(re.findall(r'id="([^"]+)"', rendered_html))
+    ids = {html.unescape(i) for i in ids}
+    return [
+        f"{module}.{name}"
+        for module, names in public_names().items()
+        for name in names
+        if f"{module}.{name}" not in ids
+    ]
+
+
+def on_post_page(output: str, page, config) -> str:
+    if page.file.src_uri == API_PAGE:
+        for qualified in missing_from_api(output):
+            log.warning(f"API reference has no entry for public name {qualified}")
+    return output
