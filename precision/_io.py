@@ -25,12 +25,13 @@ dtype and shape) and the CRC-32 of every tensor.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
 import tempfile
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import jax
@@ -444,7 +445,7 @@ class Reader:
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
-        self._file = open(self.path, "rb")  # noqa: SIM115 - closed by close()
+        self._file = open(self.path, "rb")
         try:
             self._parse()
         except BaseException:
@@ -489,7 +490,9 @@ class Reader:
                 raise ValueError("the header does not start with '{'")
             header = _parse_json(text)
         except (ValueError, RecursionError) as exc:
-            raise self.error(f"not a safetensors file: the header is not valid JSON ({exc})") from None
+            raise self.error(
+                f"not a safetensors file: the header is not valid JSON ({exc})"
+            ) from None
         if not isinstance(header, dict):
             raise self.error("the header is not a JSON object")
         self.data_start = 8 + n
@@ -538,9 +541,8 @@ class Reader:
                 f"tensor {name!r}: shape {shape} of {dtype_name} needs {expected} bytes but "
                 f"data_offsets {offsets} hold {offsets[1] - offsets[0]}"
             )
-        return Entry(
-            name, dtype_name, tuple(shape), self.data_start + offsets[0], self.data_start + offsets[1]
-        )
+        begin, end = self.data_start + offsets[0], self.data_start + offsets[1]
+        return Entry(name, dtype_name, tuple(shape), begin, end)
 
     def _check_layout(self) -> None:
         position = self.data_start
@@ -555,8 +557,7 @@ class Reader:
         if position != self.size:
             if position > self.size:
                 raise self.error(
-                    f"truncated: the header describes {position} bytes but the file has "
-                    f"{self.size}"
+                    f"truncated: the header describes {position} bytes but the file has {self.size}"
                 )
             raise self.error(
                 f"{self.size - position} bytes after the last tensor (the header describes "
@@ -734,8 +735,9 @@ def encoded(leaf: Leaf, data: np.ndarray, scale: np.ndarray | None) -> Encoded:
     """The `Encoded` storage of a tensor leaf from its arrays."""
     assert leaf.format is not None
     last = (leaf.shape[-1] if leaf.shape else None) if leaf.format.packed else None
+    jdata = jax.device_put(data.view(leaf.container))
     jscale = None if scale is None else jax.device_put(scale)
-    return Encoded(jax.device_put(data.view(leaf.container)), jscale, leaf.format, leaf.scaling, last)
+    return Encoded(jdata, jscale, leaf.format, leaf.scaling, last)
 
 
 def materialize(leaf: Leaf, data: np.ndarray, scale: np.ndarray | None, as_arrays: bool) -> Any:
@@ -801,18 +803,120 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+_LINKABLE: dict[int, bool] = {}
+
+
+def _link_fd(fd: int, name: str) -> None:
+    """Give the unnamed file open as `fd` the name `name`."""
+    try:
+        os.link(f"/proc/self/fd/{fd}", name, follow_symlinks=True)
+        return
+    except OSError as exc:
+        first = exc
+    # Some kernels refuse the /proc route (EXDEV); linkat(AT_EMPTY_PATH) needs
+    # CAP_DAC_READ_SEARCH but works there.
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, at_empty_path = -100, 0x1000
+    if libc.linkat(fd, b"", at_fdcwd, os.fsencode(name), at_empty_path) != 0:
+        raise first
+
+
+def _can_link(directory: str, device: int) -> bool:
+    """Whether unnamed files on `device` can be given a name (probed once)."""
+    if device not in _LINKABLE:
+        ok = False
+        probe = os.path.join(directory, f".precision-probe.{os.getpid()}.tmp")
+        try:
+            fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY, 0o600)
+            try:
+                _link_fd(fd, probe)
+                os.unlink(probe)
+                ok = True
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+        _LINKABLE[device] = ok
+    return _LINKABLE[device]
+
+
+class _TempFile:
+    """The file a checkpoint is written to before it is renamed into place.
+
+    On Linux it is an unnamed `O_TMPFILE` inode in the destination directory:
+    if the process dies (even by SIGKILL) the kernel discards it, so no
+    partial file is ever left behind. It gets a name only once its bytes are
+    on disk, for the atomic rename. Elsewhere it is a hidden `mkstemp` file
+    that an error removes.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.directory = os.path.dirname(os.path.abspath(path))
+        self.name: str | None = None
+        try:
+            self.fd = self._open_unnamed()
+            if self.fd is None:
+                self.fd, self.name = tempfile.mkstemp(
+                    prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=self.directory
+                )
+                os.fchmod(self.fd, 0o644)
+        except OSError as exc:
+            raise type(exc)(
+                exc.errno,
+                f"cannot write {path}: no file can be created in {self.directory} ({exc.strerror})",
+            ) from None
+
+    def _open_unnamed(self) -> int | None:
+        if not hasattr(os, "O_TMPFILE"):
+            return None
+        try:
+            fd = os.open(self.directory, os.O_TMPFILE | os.O_WRONLY, 0o644)
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                return None  # the filesystem has no unnamed files: use a named one
+            raise
+        if _can_link(self.directory, os.fstat(fd).st_dev):
+            return fd
+        os.close(fd)
+        return None
+
+    def commit(self) -> None:
+        """fsync the bytes, rename the file over `path`, fsync the directory."""
+        os.fsync(self.fd)
+        if self.name is None:
+            name = os.path.join(
+                self.directory, f".{os.path.basename(self.path)}.{os.getpid()}.{id(self):x}.tmp"
+            )
+            _link_fd(self.fd, name)
+            self.name = name
+        os.replace(self.name, self.path)
+        self.name = None
+        _fsync_dir(self.directory)
+
+    def discard(self) -> None:
+        """Remove whatever was written (an unnamed file vanishes on close)."""
+        if self.name is not None:
+            try:
+                os.unlink(self.name)
+            except FileNotFoundError:
+                pass
+            self.name = None
+
+
 def write(
     path: str | os.PathLike,
     leaves: list[Leaf],
     produce: Iterable[tuple[str, np.ndarray]],
     *,
     overwrite: bool,
-    after_each: Callable[[str], None] | None = None,
 ) -> int:
     """Atomically write a checkpoint of `leaves`, whose arrays `produce` yields in order.
 
-    `produce` is consumed lazily, so a caller can compute one tensor at a time.
-    Returns the size of the file written.
+    `produce` is consumed lazily, so a caller can compute one tensor at a time
+    and peak memory stays at about one tensor. Returns the bytes written.
 
     Raises:
         FileExistsError: `path` exists and `overwrite` is False.
@@ -826,21 +930,11 @@ def write(
         )
     check_names(leaves)
     arrays = [a for leaf in leaves for a in leaf.arrays()]
-    names = [name for name, _, _ in arrays]
-    crc = dict.fromkeys(names, 0)
+    crc = {name: 0 for name, _, _ in arrays}
     header = _header_bytes(arrays, _metadata(leaves, crc))
-    directory = os.path.dirname(os.path.abspath(path))
+    temp = _TempFile(path)
     try:
-        fd, tmp = tempfile.mkstemp(
-            prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory
-        )
-    except OSError as exc:
-        raise type(exc)(
-            exc.errno, f"cannot write {path}: no temporary file can be created in {directory} "
-            f"({exc.strerror})"
-        ) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(temp.fd, "wb", closefd=False) as f:
             f.write(header)
             produced = iter(produce)
             for name, dtype, shape in arrays:
@@ -854,23 +948,17 @@ def write(
                 crc[name] = zlib.crc32(view)
                 f.write(view)
                 del view, arr
-                if after_each is not None:
-                    after_each(name)
             final = _header_bytes(arrays, _metadata(leaves, crc))
             assert len(final) == len(header)  # fixed-width CRCs: same length
             f.seek(0)
             f.write(final)
-            f.flush()
-            os.fsync(f.fileno())
             size = f.seek(0, os.SEEK_END)
-        os.replace(tmp, path)
+        temp.commit()
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        temp.discard()
         raise
-    _fsync_dir(directory)
+    finally:
+        os.close(temp.fd)
     return size
 
 
