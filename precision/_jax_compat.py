@@ -1,0 +1,80 @@
+"""Everything that depends on how this JAX version spells jaxprs and primitives.
+
+Written against jax 0.10.2. Only `jax.extend.core` (the public extension API)
+is imported; what may move between releases is the set of equation parameters
+read here (`jaxpr`, `call_jaxpr`, `branches`, scan's and while's counts) and
+the primitive names. When upgrading JAX, this is the one module to re-check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax.extend import core as jex
+from jax.extend.core import primitives as prims
+
+__all__ = [
+    "ClosedJaxpr",
+    "Jaxpr",
+    "Literal",
+    "Primitive",
+    "bind_eqn",
+    "closed",
+    "is_tracer",
+    "prims",
+]
+
+JAX_VERSION_TESTED = "0.10.2"
+
+ClosedJaxpr = jex.ClosedJaxpr
+Jaxpr = jex.Jaxpr
+Literal = jex.Literal
+Primitive = jex.Primitive
+
+
+def is_tracer(x: Any) -> bool:
+    """Whether `x` is an abstract value of some JAX transformation."""
+    return isinstance(x, jax.core.Tracer)
+
+
+def closed(jaxpr: Any) -> tuple[Any, list[Any]]:
+    """(open jaxpr, consts) from a `ClosedJaxpr` or an open `Jaxpr`."""
+    if isinstance(jaxpr, jex.ClosedJaxpr):
+        return jaxpr.jaxpr, list(jaxpr.consts)
+    return jaxpr, []
+
+
+def bind_eqn(eqn: Any, *invals: Any) -> list[Any]:
+    """Evaluate one equation exactly as JAX's own jaxpr evaluator does.
+
+    `get_bind_params` turns stored sub-jaxprs back into the callables the
+    primitive's `bind` expects (custom_jvp/custom_vjp keep their rules). In
+    jax 0.10 it returns one dict, the callables under `subfuns`; older
+    releases returned `(subfuns, params)`.
+    """
+    params = eqn.primitive.get_bind_params(eqn.params)
+    if isinstance(params, tuple):  # jax < 0.7
+        subfuns, params = params
+        out = eqn.primitive.bind(*subfuns, *invals, **params)
+    else:
+        out = eqn.primitive.bind(*invals, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def inner_jaxpr(eqn: Any) -> Any:
+    """The body of a call-like equation (`jit`, `closed_call`, `call`, `remat`)."""
+    for name in ("jaxpr", "call_jaxpr"):
+        if name in eqn.params:
+            return eqn.params[name]
+    raise KeyError(f"equation {eqn.primitive.name} holds no jaxpr")
+
+
+# Call-like primitives whose body is evaluated inline by the interpreter.
+CALLS = frozenset(p for p in (prims.jit_p, prims.closed_call_p, prims.call_p) if p is not None)
+REMAT = prims.remat_p
+CUSTOM_JVP = prims.custom_jvp_call_p
+CUSTOM_VJP = prims.custom_vjp_call_p
+COND = prims.cond_p
+SCAN = prims.scan_p
+WHILE = prims.while_p

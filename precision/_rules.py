@@ -1,0 +1,257 @@
+"""The precision rules: one table keyed by primitive name.
+
+Every value the interpreter handles carries a *state*: `None` for a weak value
+(a Python scalar, a constant made inside the function, anything derived only
+from those) or for a non-floating value, else a `State` naming the format the
+value lives in. A rule receives `(value, state)` pairs for one equation and
+returns them for its outputs; the default rule is: all formatted inputs share
+one format (else `PrecisionMismatchError`), weak inputs adopt it, the
+primitive runs on the logical values, and each floating output is rounded
+onto the format's grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import dtypes
+
+from ._errors import PrecisionMismatchError
+from ._jax_compat import bind_eqn
+
+__all__ = [
+    "RULES",
+    "State",
+    "adopt",
+    "common_state",
+    "fit_scaling",
+    "join",
+    "round_to",
+    "rule_for",
+]
+
+
+class State(NamedTuple):
+    """Where a floating value lives: its format, the scaling valid for its shape,
+    and whether it descends from a Tensor (else from a raw array argument)."""
+
+    format: dtypes.Format
+    scaling: dtypes.Scaling | None
+    tensor: bool
+
+
+Val = tuple[Any, State | None]
+
+
+def dtype_of(x: Any) -> np.dtype:
+    dt = getattr(x, "dtype", None)
+    return np.dtype(dt) if dt is not None else np.asarray(x).dtype
+
+
+def is_float(x: Any) -> bool:
+    return bool(jnp.issubdtype(dtype_of(x), jnp.floating))
+
+
+def _name(state: State) -> str:
+    return state.format.name
+
+
+def mismatch(op: str, a: State, b: State) -> PrecisionMismatchError:
+    """The error for two formats meeting in one operation."""
+    if not a.tensor or not b.tensor:
+        arr, ten = (a, b) if not a.tensor else (b, a)
+        return PrecisionMismatchError(
+            f"cannot combine a full-precision {_name(arr)} array and a {_name(ten)} tensor in "
+            f"`{op}`: a raw array argument is full precision and formats never mix silently; "
+            f'wrap it explicitly, e.g. precision.Tensor(x).to_reduced_precision("{_name(ten)}"), '
+            "or convert the tensor with t.to_full_precision()"
+        )
+    return PrecisionMismatchError(
+        f"cannot combine {_name(a)} and {_name(b)} tensors in `{op}`; convert one explicitly, "
+        f'e.g. b.to_reduced_precision("{_name(a)}") or a.to_full_precision()'
+    )
+
+
+def join(op: str, a: State | None, b: State | None) -> State | None:
+    """The common state of two values, or raise when their formats differ."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if a.format != b.format:
+        raise mismatch(op, a, b)
+    return a if a.tensor or not b.tensor else a._replace(tensor=True)
+
+
+def common_state(op: str, vals: list[Val]) -> tuple[State | None, tuple[int, ...]]:
+    """(shared state of the floating inputs, shape of the first formatted input)."""
+    state, shape = None, ()
+    for v, s in vals:
+        if s is None or not is_float(v):
+            continue
+        if state is None:
+            state, shape = s, np.shape(v)
+        else:
+            state = join(op, state, s)
+    return state, shape
+
+
+def fit_scaling(
+    scaling: dtypes.Scaling | None, in_shape: tuple[int, ...], out_shape: tuple[int, ...]
+) -> dtypes.Scaling | None:
+    """The scaling an output keeps: the input's when shapes agree, else per-tensor."""
+    if scaling is None or isinstance(scaling, dtypes.PerTensor) or in_shape == out_shape:
+        return scaling
+    return dtypes.PerTensor(power_of_two=scaling.power_of_two)
+
+
+def round_to(value: Any, state: State) -> Any:
+    """`value` snapped onto the state's format (identity for full precision)."""
+    fmt = state.format
+    if fmt.is_full_precision or not is_float(value):
+        return value
+    return fmt.round(value, scaling=state.scaling)
+
+
+def adopt(value: Any, state: State | None) -> Any:
+    """A weak value meeting `state` takes its format.
+
+    Like a Python scalar meeting a narrow JAX array, a weak value is rounded
+    onto an unscaled float format's grid. A scaled format has no single grid a
+    lone constant could be put on, so weak values stay as they are there.
+    """
+    if state is None or state.scaling is not None or state.format.kind != "float":
+        return value
+    if state.format.is_full_precision or not is_float(value):
+        return value
+    return state.format.round(jnp.asarray(value))
+
+
+# Ops whose floating outputs are input elements moved, selected or negated:
+# an element keeps its exact value, so a value on the format's grid stays on
+# it (rounding would be the identity) and, for scaled formats, re-scaling
+# waits until a Tensor is finally stored.
+MOVES = frozenset(
+    {
+        "reshape",
+        "transpose",
+        "broadcast_in_dim",
+        "squeeze",
+        "expand_dims",
+        "slice",
+        "dynamic_slice",
+        "dynamic_update_slice",
+        "gather",
+        "concatenate",
+        "rev",
+        "copy",
+        "copy_p",
+        "select_n",
+        "pad",
+        "neg",
+        "abs",
+        "max",
+        "min",
+        "reduce_max",
+        "reduce_min",
+        "cummax",
+        "cummin",
+        "sort",
+        "stop_gradient",
+        "sharding_constraint",
+        "device_put",
+        "optimization_barrier",
+        "clamp",
+    }
+)
+
+# Ops that map a value on a binary float grid to a value on the same grid
+# (integers below 2**(mantissa+1) are on every such grid, larger grid values
+# are integers already); for unscaled float formats rounding is the identity.
+GRID_PRESERVING = frozenset({"sign", "floor", "ceil", "round", "reduce_precision"})
+
+
+def default_rule(eqn, vals: list[Val]) -> list[Val]:
+    op = eqn.primitive.name
+    state, in_shape = common_state(op, vals)
+    if state is None:
+        return [(o, None) for o in bind_eqn(eqn, *(v for v, _ in vals))]
+    inputs = [adopt(v, state) if s is None else v for v, s in vals]
+    outs = bind_eqn(eqn, *inputs)
+    return _finish(op, outs, state, in_shape)
+
+
+def _finish(op: str, outs: list[Any], state: State, in_shape) -> list[Val]:
+    result = []
+    for o in outs:
+        if not is_float(o):
+            result.append((o, None))
+            continue
+        s = state._replace(scaling=fit_scaling(state.scaling, in_shape, np.shape(o)))
+        if _keeps_grid(op, s, o):
+            result.append((o, s))
+        else:
+            result.append((round_to(o, s), s))
+    return result
+
+
+def _keeps_grid(op: str, state: State, out: Any) -> bool:
+    if op in MOVES:
+        return True
+    if op == "convert_element_type":
+        # Widening to float32/float64 is exact; every format's grid fits in float32.
+        return dtype_of(out).itemsize >= 4
+    return op in GRID_PRESERVING and state.scaling is None and state.format.kind == "float"
+
+
+def _native_path(fmt: dtypes.Format, state: State) -> np.dtype | None:
+    """The container to hand XLA directly on accelerators, if the format has one."""
+    if jax.default_backend() == "cpu" or fmt.kind != "float" or state.scaling is not None:
+        return None
+    native = fmt.native_dtype
+    if native is None or fmt.is_full_precision or native.itemsize >= 4:
+        return None
+    return native
+
+
+def contraction_rule(eqn, vals: list[Val]) -> list[Val]:
+    """dot_general / conv_general_dilated: accumulate in the logical dtype.
+
+    On CPU the inputs are already decoded to float32 and XLA multiplies in
+    float32 (faster there than its bf16 kernels); products of two values of at
+    most 12 significant bits are exact in float32, so this equals the native
+    path's contract. On GPU/TPU the narrow container goes to XLA as it is, with
+    `preferred_element_type` set to the logical dtype. tf32 inputs are on the
+    tf32 grid already, so a float32 product at HIGHEST precision emulates it.
+    """
+    op = eqn.primitive.name
+    state, in_shape = common_state(op, vals)
+    if state is None or state.format.is_full_precision:
+        return default_rule(eqn, vals)
+    a, b = (adopt(v, state) if s is None else v for v, s in vals)
+    out_dtype = eqn.outvars[0].aval.dtype
+    native = _native_path(state.format, state)
+    params = dict(eqn.params)
+    if native is not None:
+        a, b = a.astype(native), b.astype(native)
+        params["preferred_element_type"] = out_dtype
+    elif state.format == dtypes.tf32:
+        params["precision"] = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+    out = eqn.primitive.bind(a, b, **params)
+    return _finish(op, [out], state, in_shape)
+
+
+RULES: dict[str, Callable[[Any, list[Val]], list[Val]]] = {
+    "dot_general": contraction_rule,
+    "conv_general_dilated": contraction_rule,
+}
+
+
+def rule_for(name: str) -> Callable[[Any, list[Val]], list[Val]]:
+    """The rule of a primitive (the default one unless the table names it)."""
+    return RULES.get(name, default_rule)

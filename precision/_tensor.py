@@ -1,0 +1,554 @@
+"""`Tensor`: logical values of a floating dtype, stored in any `dtypes` format."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import dtypes
+
+from ._context import get_default_format, resolve_format
+from ._errors import DeviceMismatchError
+from ._jax_compat import is_tracer
+
+__all__ = ["Tensor", "decode_storage", "device_put", "encode_values", "full_format"]
+
+_LOGICAL = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def full_format(dtype: Any) -> dtypes.Format:
+    """The format a floating numpy dtype is itself (float32 -> dtypes.float32)."""
+    return dtypes.get(np.dtype(dtype).name)
+
+
+def _x64() -> bool:
+    return bool(jax.config.read("jax_enable_x64"))
+
+
+def _logical_dtype(dtype: Any, given: Any) -> np.dtype:
+    if dtype is None:
+        return np.dtype(np.float64 if given == np.float64 and _x64() else np.float32)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
+    if dt not in _LOGICAL:
+        raise TypeError(
+            f"a Tensor's logical dtype must be float32 or float64, got {dt.name}; to store "
+            f"values in {dt.name}, keep dtype=float32 and call "
+            f".to_reduced_precision({dt.name!r})"
+        )
+    if dt == np.float64 and not _x64():
+        raise TypeError(
+            "a float64 Tensor needs 64-bit JAX: set jax.config.update('jax_enable_x64', True) "
+            "first, or use dtype=float32"
+        )
+    return dt
+
+
+def _as_array(x: Any) -> tuple[Any, np.dtype]:
+    """(array-like, its dtype) after refusing non-numeric input with a precise message."""
+    if isinstance(x, jax.Array | np.ndarray) or is_tracer(x):
+        dt = np.dtype(x.dtype)
+    else:
+        try:
+            arr = np.asarray(x)
+        except (ValueError, TypeError) as err:
+            raise TypeError(f"cannot make a Tensor from {type(x).__name__}: {err}") from None
+        x, dt = arr, arr.dtype
+    if dt.kind in "OSUVMm":
+        raise TypeError(
+            f"cannot make a Tensor from {type(x).__name__} of dtype {dt}: a Tensor holds "
+            "numbers; pass a float, int or bool array (e.g. np.asarray(values, np.float32))"
+        )
+    if dt.kind == "c":
+        raise TypeError(
+            f"cannot make a Tensor from complex values (dtype {dt}): the logical dtype is a "
+            "real float; make two Tensors from jnp.real(x) and jnp.imag(x)"
+        )
+    if dt.kind not in "iubf" and dt.name not in ("bfloat16",) and "float" not in dt.name:
+        raise TypeError(f"cannot make a Tensor from values of dtype {dt}; pass a float array")
+    return x, dt
+
+
+def decode_storage(fmt: dtypes.Format, data, scale, scaling, last, dtype) -> jax.Array:
+    """Logical values from storage arrays (the one decode every path shares)."""
+    if scale is None and not fmt.packed:
+        return data if data.dtype == dtype else data.astype(dtype)
+    return fmt.decode(dtypes.Encoded(data, scale, fmt, scaling, last), dtype)
+
+
+def encode_values(fmt: dtypes.Format, x, scaling, rounding="nearest_even", key=None):
+    """(data, scale, scaling, last) storing `x` in `fmt`.
+
+    Unscaled float formats round with `fmt.round` and cast to the container:
+    the cast of an on-grid value is exact, and `fmt.round` is straight-through,
+    so the conversion is differentiable. Scaled and integer formats go through
+    `fmt.encode`, whose integer codes carry no gradient.
+    """
+    if fmt.kind == "float" and scaling is None:
+        if fmt.is_full_precision and np.dtype(x.dtype) == fmt.container:
+            return x, None, None, None
+        y = fmt.round(x, rounding=rounding, key=key)
+        return y.astype(fmt.container), None, None, None
+    enc = fmt.encode(x, scaling=scaling, rounding=rounding, key=key)
+    last = enc.shape[-1] if (fmt.packed and enc.shape) else None
+    return enc.data, enc.scale, enc.scaling, last
+
+
+def _device_set(x) -> frozenset | None:
+    if is_tracer(x) or not isinstance(x, jax.Array):
+        return None
+    try:
+        return frozenset(x.sharding.device_set)
+    except Exception:  # deleted or donated buffers have no sharding to compare
+        return None
+
+
+def _describe_devices(devs: frozenset) -> str:
+    names = sorted(str(d) for d in devs)
+    return names[0] if len(names) == 1 else "{" + ", ".join(names) + "}"
+
+
+def check_devices(leaves: list[Any]) -> None:
+    """Raise `DeviceMismatchError` if concrete Tensors sit on different devices."""
+    seen = None
+    for leaf in leaves:
+        if not isinstance(leaf, Tensor):
+            continue
+        devs = _device_set(leaf._data)
+        if devs is None:
+            continue
+        if seen is None:
+            seen = (devs, leaf)
+        elif devs != seen[0]:
+            raise DeviceMismatchError(
+                f"tensors on different devices: {_describe_devices(seen[0])} and "
+                f"{_describe_devices(devs)}; nothing is moved implicitly, move one first, "
+                f"e.g. b.to_device(a.device)"
+            )
+
+
+@jax.tree_util.register_pytree_with_keys_class
+class Tensor:
+    """Logical values of a float dtype stored in a (possibly reduced) format.
+
+    A Tensor is an immutable pytree: its children are the storage arrays (the
+    codes and, for scaled formats, the float32 scales); the format, scaling,
+    logical dtype and packed length are static. `jit`, `grad`, `vmap`,
+    `device_put` and `tree_map` therefore see the real storage, and a jitted
+    function retraces when a format changes, never when values do.
+
+    Args:
+        x: numbers (numpy or jax array, tracer, list, scalar). Integer and bool
+            input becomes float32; bfloat16/float16/float8 input keeps its
+            format as storage (the values are exact) with logical float32.
+        dtype: logical dtype, float32 (default) or float64 (needs x64).
+
+    Raises:
+        TypeError: complex, string or object input, or a non-float `dtype`.
+
+    Examples:
+        >>> import numpy as np
+        >>> from precision import Tensor
+        >>> t = Tensor(np.array([1.0, 2.5, 3.14159]))
+        >>> r = t.to_reduced_precision()
+        >>> r.dtype, r.format.name, r.is_reduced_precision
+        (dtype('float32'), 'bfloat16', True)
+        >>> np.asarray(r)
+        array([1.     , 2.5    , 3.140625], dtype=float32)
+        >>> r.nbytes, t.nbytes
+        (6, 12)
+    """
+
+    __slots__ = ("_data", "_dtype", "_format", "_last", "_scale", "_scaling")
+
+    def __init__(self, x: Any, dtype: Any = None):
+        if isinstance(x, Tensor):
+            logical = x._dtype if dtype is None else _logical_dtype(dtype, x._dtype)
+            self._set(x._data, x._scale, x._format, x._scaling, logical, x._last)
+            if logical != x._dtype and not x.is_reduced_precision:
+                self._set(x._data.astype(logical), None, full_format(logical), None, logical, None)
+            return
+        arr, given = _as_array(x)
+        logical = _logical_dtype(dtype, given)
+        if (given.kind == "f" and given.itemsize < 4) or given.name == "bfloat16":
+            fmt = full_format(given)  # a narrow float array is exact storage as it is
+            self._set(jnp.asarray(arr), None, fmt, None, logical, None)
+            return
+        if not isinstance(arr, jax.Array) and not is_tracer(arr):
+            arr = np.asarray(arr, logical)
+        self._set(jnp.asarray(arr, logical), None, full_format(logical), None, logical, None)
+
+    def _set(self, data, scale, fmt, scaling, dtype, last):
+        object.__setattr__(self, "_data", data)
+        object.__setattr__(self, "_scale", scale)
+        object.__setattr__(self, "_format", fmt)
+        object.__setattr__(self, "_scaling", scaling)
+        object.__setattr__(self, "_dtype", dtype)
+        object.__setattr__(self, "_last", last)
+
+    @classmethod
+    def _make(cls, data, scale, fmt, scaling, dtype, last) -> Tensor:
+        """A Tensor from storage, unchecked (pytree unflattening and the interpreter)."""
+        t = object.__new__(cls)
+        t._set(data, scale, fmt, scaling, dtype, last)
+        return t
+
+    @classmethod
+    def from_encoded(cls, enc: dtypes.Encoded, dtype: Any = jnp.float32) -> Tensor:
+        """A Tensor over existing storage (no re-encoding).
+
+        Examples:
+            >>> import dtypes
+            >>> enc = dtypes.int8.encode([0.5, -1.0])
+            >>> Tensor.from_encoded(enc).format.name
+            'int8'
+        """
+        if not isinstance(enc, dtypes.Encoded):
+            raise TypeError(f"from_encoded expects a dtypes.Encoded, got {type(enc).__name__}")
+        logical = _logical_dtype(dtype, None)
+        last = enc.shape[-1] if (enc.format.packed and enc.shape) else None
+        return cls._make(enc.data, enc.scale, enc.format, enc.scaling, logical, last)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Tensor is immutable; cannot set {name!r}")
+
+    # -- pytree -------------------------------------------------------------
+    def tree_flatten_with_keys(self):
+        keys = jax.tree_util.GetAttrKey
+        children = ((keys("data"), self._data), (keys("scale"), self._scale))
+        return children, (self._format, self._scaling, self._dtype, self._last)
+
+    def tree_flatten(self):
+        return (self._data, self._scale), (self._format, self._scaling, self._dtype, self._last)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls._make(children[0], children[1], *aux)
+
+    # -- properties ---------------------------------------------------------
+    @property
+    def dtype(self) -> np.dtype:
+        """The logical dtype (float32 or float64), whatever the storage."""
+        return self._dtype
+
+    @property
+    def format(self) -> dtypes.Format:
+        """The storage format; the logical dtype's own format when full precision."""
+        return self._format
+
+    @property
+    def scaling(self) -> dtypes.Scaling | None:
+        """The scaling of the storage, or None for an unscaled float format."""
+        return self._scaling
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Logical shape (derived from the storage, so batching stays correct)."""
+        shape = tuple(self._data.shape)
+        if not self._format.packed:
+            return shape
+        if self._last is None:
+            return shape[:-1]
+        return (*shape[:-1], self._last)
+
+    @property
+    def ndim(self) -> int:
+        """Number of logical dimensions."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of logical elements."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d Tensor")
+        return self.shape[0]
+
+    @property
+    def device(self):
+        """The device holding the storage; its sharding when spread over several."""
+        if is_tracer(self._data):
+            return None
+        devs = self._data.sharding.device_set
+        return next(iter(devs)) if len(devs) == 1 else self._data.sharding
+
+    @property
+    def sharding(self):
+        """The sharding of the data array (None while traced)."""
+        return None if is_tracer(self._data) else self._data.sharding
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of storage really held: codes plus scales."""
+        n = self._data.size * np.dtype(self._data.dtype).itemsize
+        if self._scale is not None:
+            n += self._scale.size * np.dtype(self._scale.dtype).itemsize
+        return int(n)
+
+    @property
+    def is_reduced_precision(self) -> bool:
+        """Whether the storage format differs from the logical dtype's own format."""
+        return self._format != full_format(self._dtype)
+
+    isReducedPrecision = is_reduced_precision
+
+    @property
+    def encoded(self) -> dtypes.Encoded:
+        """The storage as a `dtypes.Encoded` (scale None when unscaled)."""
+        return dtypes.Encoded(self._data, self._scale, self._format, self._scaling, self._last)
+
+    # -- values ---------------------------------------------------------------
+    def _values(self) -> jax.Array:
+        return decode_storage(
+            self._format, self._data, self._scale, self._scaling, self._last, self._dtype
+        )
+
+    def numpy(self) -> np.ndarray:
+        """Logical values as a numpy array."""
+        return np.asarray(self._values())
+
+    def __array__(self, dtype=None, copy=None):
+        out = np.asarray(self._values())
+        return out if dtype is None else out.astype(dtype)
+
+    def __jax_array__(self) -> jax.Array:
+        return self._values()
+
+    def item(self) -> float:
+        """The single logical value as a Python float."""
+        return self.numpy().item()
+
+    def __float__(self) -> float:
+        return float(self.numpy())
+
+    def __bool__(self) -> bool:
+        return bool(self.numpy())
+
+    # -- conversions ------------------------------------------------------------
+    def to_reduced_precision(
+        self,
+        format: str | dtypes.Format | None = None,
+        *,
+        scaling: dtypes.Scaling | None = None,
+        rounding: str = "nearest_even",
+        key: jax.Array | None = None,
+    ) -> Tensor:
+        """Re-encode the logical values in `format` (default: bfloat16 or the context's).
+
+        Converting a reduced Tensor re-encodes from its logical values. The
+        conversion is straight-through for gradients in unscaled float formats.
+
+        Args:
+            format: a format name or `dtypes.Format`; None uses
+                `precision.get_default_format()`.
+            scaling: `dtypes.PerTensor()`, `PerAxis(axis)`, `PerBlock(size)`; integer
+                formats default to per-tensor.
+            rounding: one of `dtypes.ROUNDING_MODES`.
+            key: a `jax.random` key, required for `rounding="stochastic"`.
+
+        Raises:
+            FormatError: an unknown format name.
+            ValueError: a bad rounding mode, a missing key, or non-finite values
+                given to a scaled format.
+
+        Examples:
+            >>> import dtypes
+            >>> t = Tensor([0.1, -2.0, 3.0]).to_reduced_precision("int8")
+            >>> t.format.name, t.scaling
+            ('int8', PerTensor(power_of_two=False))
+        """
+        fmt = get_default_format() if format is None else resolve_format(format)
+        x = self._values()
+        if fmt == full_format(self._dtype) and scaling is None:
+            return Tensor._make(x, None, fmt, None, self._dtype, None)
+        data, scale, scaling, last = encode_values(fmt, x, scaling, rounding, key)
+        return Tensor._make(data, scale, fmt, scaling, self._dtype, last)
+
+    def to_full_precision(self) -> Tensor:
+        """The same logical values stored in the logical dtype's own format."""
+        if not self.is_reduced_precision:
+            return self
+        return Tensor._make(self._values(), None, full_format(self._dtype), None, self._dtype, None)
+
+    toReducedPrecision = to_reduced_precision
+    toFullPrecision = to_full_precision
+
+    def astype(self, format: str | dtypes.Format, **kwargs: Any) -> Tensor:
+        """Alias of `to_reduced_precision(format, ...)`: change the storage format."""
+        return self.to_reduced_precision(format, **kwargs)
+
+    def to_device(self, device_or_sharding: Any) -> Tensor:
+        """The Tensor with its storage placed on a device or sharding.
+
+        Scales follow the data: under a `NamedSharding` each scale dimension is
+        split like the data dimension it belongs to when it is as long as it,
+        and replicated otherwise.
+        """
+        target = device_or_sharding
+        data = jax.device_put(self._data, target)
+        scale = self._scale
+        if scale is not None:
+            scale = jax.device_put(scale, _scale_sharding(target, self._data, scale))
+        return Tensor._make(data, scale, self._format, self._scaling, self._dtype, self._last)
+
+    # -- display ------------------------------------------------------------------
+    def __repr__(self) -> str:
+        fmt = self._format.name
+        if self._scaling is not None:
+            fmt += f", scaling={self._scaling.describe()}"
+        head = f"shape={self.shape}, dtype={self._dtype.name}, format={fmt}"
+        if is_tracer(self._data):
+            return f"Tensor({head}, traced)"
+        values = np.array2string(
+            self.numpy(), threshold=8, edgeitems=2, precision=4, separator=", "
+        ).replace("\n", "\n       ")
+        return f"Tensor({head}, device={self.device},\n       {values})"
+
+    def __hash__(self):
+        raise TypeError("Tensor is not hashable (it holds array values)")
+
+    # Operators and methods are attached in _ops (they are calls of `apply`).
+    __array_priority__ = 100
+
+
+def _scale_sharding(target, data, scale):
+    """A sharding for `scale` consistent with `target` for `data`."""
+    if not isinstance(target, jax.sharding.NamedSharding):
+        return target
+    spec = list(target.spec) + [None] * (data.ndim - len(target.spec))
+    out = []
+    for dim, name in enumerate(spec[: scale.ndim]):
+        if name is None or scale.shape[dim] == 1:
+            out.append(None)
+            continue
+        names = name if isinstance(name, tuple) else (name,)
+        n = int(np.prod([target.mesh.shape[a] for a in names]))
+        out.append(name if scale.shape[dim] % n == 0 else None)
+    return jax.sharding.NamedSharding(target.mesh, jax.sharding.PartitionSpec(*out))
+
+
+def device_put(tree: Any, device_or_sharding: Any) -> Any:
+    """Move every Tensor and array leaf of `tree` to a device or sharding.
+
+    Examples:
+        >>> import jax
+        >>> from precision import Tensor, device_put
+        >>> tree = {"w": Tensor([1.0, 2.0]).to_reduced_precision(), "n": 3}
+        >>> device_put(tree, jax.devices()[0])["w"].device == jax.devices()[0]
+        True
+    """
+
+    def move(leaf):
+        if isinstance(leaf, Tensor):
+            return leaf.to_device(device_or_sharding)
+        if isinstance(leaf, jax.Array | np.ndarray):
+            return jax.device_put(leaf, device_or_sharding)
+        return leaf
+
+    return jax.tree_util.tree_map(move, tree, is_leaf=lambda x: isinstance(x, Tensor))
+
+
+# -- operators and methods: thin calls of `apply` ------------------------------------
+def install_operators(apply) -> None:
+    """Attach operators and methods to Tensor as calls of `apply` (done once by
+    `_interpreter` at import, which breaks the Tensor <-> apply import cycle)."""
+
+    def _binary(fn, name: str):
+        op = apply(fn)
+
+        def method(self, other):
+            return op(self, other)
+
+        method.__name__ = name
+        return method
+
+    def _reflected(fn, name: str):
+        op = apply(lambda a, b: fn(b, a))
+
+        def method(self, other):
+            return op(self, other)
+
+        method.__name__ = name
+        return method
+
+    def _unary(fn, name: str):
+        op = apply(fn)
+
+        def method(self):
+            return op(self)
+
+        method.__name__ = name
+        return method
+
+    for _name, _fn in {
+        "add": jnp.add,
+        "sub": jnp.subtract,
+        "mul": jnp.multiply,
+        "truediv": jnp.true_divide,
+        "floordiv": jnp.floor_divide,
+        "mod": jnp.mod,
+        "pow": jnp.power,
+        "matmul": jnp.matmul,
+    }.items():
+        setattr(Tensor, f"__{_name}__", _binary(_fn, f"__{_name}__"))
+        setattr(Tensor, f"__r{_name}__", _reflected(_fn, f"__r{_name}__"))
+    for _name, _fn in {
+        "lt": jnp.less,
+        "le": jnp.less_equal,
+        "gt": jnp.greater,
+        "ge": jnp.greater_equal,
+        "eq": jnp.equal,
+        "ne": jnp.not_equal,
+    }.items():
+        setattr(Tensor, f"__{_name}__", _binary(_fn, f"__{_name}__"))
+    Tensor.__neg__ = _unary(jnp.negative, "__neg__")
+    Tensor.__pos__ = _unary(jnp.positive, "__pos__")
+    Tensor.__abs__ = _unary(jnp.abs, "__abs__")
+    Tensor.__hash__ = None  # comparisons are elementwise, as for arrays
+
+    _getitem = apply(lambda x, idx: x[idx])
+    _reshape = apply(lambda x, shape: x.reshape(shape))
+    _transpose = apply(lambda x, axes: x.transpose(axes))
+    _reductions = {
+        name: apply(getattr(jnp, name))
+        for name in ("sum", "mean", "max", "min", "argmax", "argmin")
+    }
+
+    def _getitem_method(self, idx):
+        return _getitem(self, idx)
+
+    def _reshape_method(self, *shape):
+        """The Tensor with a new logical shape (codes move; values are unchanged)."""
+        if len(shape) == 1 and isinstance(shape[0], tuple | list):
+            shape = tuple(shape[0])
+        return _reshape(self, tuple(shape))
+
+    def _transpose_method(self, *axes):
+        """Axes permuted (reversed when none are given)."""
+        if len(axes) == 1 and isinstance(axes[0], tuple | list):
+            axes = tuple(axes[0])
+        return _transpose(self, tuple(axes) if axes else None)
+
+    def _reduction(name: str):
+        op = _reductions[name]
+
+        def method(self, axis=None, keepdims=False):
+            return op(self, axis=axis, keepdims=keepdims)
+
+        method.__name__ = name
+        method.__doc__ = f"`jnp.{name}` over the logical values, under the precision rules."
+        return method
+
+    Tensor.__getitem__ = _getitem_method
+    Tensor.reshape = _reshape_method
+    Tensor.transpose = _transpose_method
+    Tensor.T = property(lambda self: _transpose(self, None), doc="Axes reversed.")
+    for _name in _reductions:
+        setattr(Tensor, _name, _reduction(_name))
