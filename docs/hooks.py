@@ -44,19 +44,23 @@ COLUMNS = (
 
 
 def number(value: float) -> str:
-    """A table cell for a float: exact when short, else a power of two or 4 digits."""
-    if math.isinf(value):
-        return "inf"
-    if value == int(value) and abs(value) < 1e7:
-        return f"{int(value)}"
-    mantissa, exponent = math.frexp(value)
-    if mantissa == 0.5:  # a power of two: the exponent says more than the digits
-        exact = repr(value)
-        if len(exact) <= 8 and decimal.Decimal(exact) == decimal.Decimal(value):
-            return f"2^{exponent - 1} = {exact}"
+    """A table cell for a positive float, exact before any `≈`.
+
+    Short exact decimals stay as they are (`448`, `0.125`); powers of two become
+    `2^-126 ≈ 1.18e-38`; the largest value of a wide format becomes
+    `(2 - 2^-7) × 2^127 ≈ 3.39e+38`.
+    """
+    exact = repr(value)
+    if len(exact) <= 8 and decimal.Decimal(exact) == decimal.Decimal(value):
+        return exact[:-2] if exact.endswith(".0") else exact
+    mantissa, exponent = math.frexp(value)  # value = mantissa * 2**exponent, 0.5 <= mantissa < 1
+    if mantissa == 0.5:
         return f"2^{exponent - 1} ≈ {value:.3g}"
-    text = repr(value)
-    return text if len(text) <= 10 else f"{value:.4g}"
+    gap = 2.0 - 2 * mantissa  # the significand is 2 - gap
+    k = -math.frexp(gap)[1] + 1
+    if gap == math.ldexp(1.0, -k):
+        return f"(2 - 2^-{k}) × 2^{exponent - 1} ≈ {value:.4g}"
+    return f"{value:.6g}"
 
 
 def notes(fmt: dtypes.Format) -> str:

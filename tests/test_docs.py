@@ -1,0 +1,192 @@
+"""The documentation cannot drift from the code.
+
+- The format table on docs/formats.md is built from the registry by docs/hooks.py;
+  its numbers are checked here against ml_dtypes and exact powers of two.
+- The MX footprint table is checked against byte counts worked out by hand.
+- Every `>>>` example in the README and in the pages this suite owns runs.
+- The README's first screen holds the two one-line commands.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+import math
+import re
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import yaml
+
+import dtypes
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+MAIN_COMMAND = (
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[demo]' && precision demo"
+)
+TEST_COMMAND = "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[dev]' && pytest"
+EXAMPLE_PAGES = ["README.md", "docs/getting-started.md", "docs/formats.md"]
+
+
+def _load_hooks():
+    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+hooks = _load_hooks()
+
+
+def _table(markdown: str) -> list[dict[str, str]]:
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split(" | ")]
+    assert set(lines[1].replace("|", "")) == {"-"}
+    return [
+        dict(zip(head, (c.strip() for c in line.strip("|").split(" | ")), strict=True))
+        for line in lines[2:]
+    ]
+
+
+def _value(cell: str) -> float:
+    """A numeric cell: `65504`, `2^-126 ≈ 1.18e-38`, `(2 - 2^-7) × 2^127 ≈ 3.39e+38`."""
+    cell = cell.split(" ≈ ")[0]
+    if m := re.fullmatch(r"2\^(-?\d+)", cell):
+        return math.ldexp(1.0, int(m[1]))
+    if m := re.fullmatch(r"\(2 - 2\^(-\d+)\) × 2\^(\d+)", cell):
+        return math.ldexp(2.0 - math.ldexp(1.0, int(m[1])), int(m[2]))
+    return float(cell)
+
+
+def test_formats_page_has_the_marker_and_the_hook_fills_it():
+    source = (DOCS / "formats.md").read_text()
+    assert source.count(hooks.MARKER) == 1
+    assert source.count(hooks.MX_MARKER) == 1
+    rendered = hooks.on_page_markdown(source, page=None, config=None, files=None)
+    assert hooks.MARKER not in rendered
+    assert hooks.MX_MARKER not in rendered
+    assert hooks.format_table() in rendered
+    assert hooks.mx_table() in rendered
+
+
+def test_format_table_lists_the_registry_in_order():
+    rows = _table(hooks.format_table())
+    assert [row["name"].strip("`") for row in rows] == list(dtypes.FORMATS)
+    for row in rows:
+        fmt = dtypes.FORMATS[row["name"].strip("`")]
+        aliases = {a for a, name in dtypes.ALIASES.items() if name == fmt.name}
+        assert set(re.findall(r"`([^`]+)`", row["aliases"])) == aliases
+        assert row["kind"] == fmt.kind
+        assert int(row["bits"]) == fmt.bits
+        assert row["container"].strip("`").split(" ")[0] == fmt.container.name
+        assert ("packed" in row["container"]) == fmt.packed
+
+
+@pytest.mark.parametrize(
+    "name", [n for n, f in dtypes.FORMATS.items() if f.kind == "float" and f.native_dtype]
+)
+def test_format_table_numbers_match_ml_dtypes(name):
+    row = next(r for r in _table(hooks.format_table()) if r["name"] == f"`{name}`")
+    info = ml_dtypes.finfo(dtypes.FORMATS[name].native_dtype)
+    assert _value(row["max"]) == float(info.max)
+    assert _value(row["min_normal"]) == float(info.smallest_normal)
+    assert _value(row["smallest_subnormal"]) == float(info.smallest_subnormal)
+    assert _value(row["eps / qmax"]) == float(info.eps)
+
+
+def test_format_table_numbers_of_tf32():
+    # tf32: float32's exponent range with 10 mantissa bits.
+    row = next(r for r in _table(hooks.format_table()) if r["name"] == "`tf32`")
+    assert _value(row["max"]) == (2 - 2**-10) * 2.0**127
+    assert _value(row["min_normal"]) == 2.0**-126
+    assert _value(row["smallest_subnormal"]) == 2.0**-136
+    assert _value(row["eps / qmax"]) == 2.0**-10
+
+
+def test_format_table_integer_rows():
+    for row in _table(hooks.format_table()):
+        fmt = dtypes.FORMATS[row["name"].strip("`")]
+        if fmt.kind == "int":
+            qmax = 1 if fmt.bits == 1 else 2 ** (fmt.bits - 1) - 1
+            assert row["eps / qmax"] == f"qmax = {qmax}"
+
+
+def test_mx_table_bytes():
+    # 1024*1024 values in blocks of 32, one float32 scale per block.
+    n, scale_bytes = 1024 * 1024, 1024 * 1024 // 32 * 4
+    element_bytes = {  # bytes per value of the element format's storage
+        "MXFP8 (E4M3)": 1,
+        "MXFP8 (E5M2)": 1,
+        "MXFP6 (E3M2)": 1,
+        "MXFP6 (E2M3)": 1,
+        "MXFP4": 0.5,
+        "MXINT8": 1,
+    }
+    rows = _table(hooks.mx_table())
+    assert [row["composition"] for row in rows] == list(element_bytes)
+    for row in rows:
+        expected = int(n * element_bytes[row["composition"]]) + scale_bytes
+        assert int(row["bytes of a 1024×1024 tensor"].replace(",", "")) == expected
+
+
+def test_mx_compositions_encode_with_power_of_two_block_scales():
+    x = np.linspace(-3, 5, 64, dtype=np.float32).reshape(2, 32)
+    mx = dtypes.PerBlock(32, power_of_two=True)
+    for fmt in hooks.mx_formats().values():
+        enc = fmt.encode(x, scaling=mx)
+        scale = np.asarray(enc.scale)
+        assert scale.shape == (2, 1)
+        mantissa, _ = np.frexp(scale)
+        assert np.all(mantissa == 0.5), f"{fmt.name} MX scales are not powers of two: {scale}"
+        assert enc.nbytes == fmt.nbytes(x.shape, mx)
+
+
+def test_readme_first_screen_has_the_two_commands():
+    first = (ROOT / "README.md").read_text().splitlines()[:40]
+    assert MAIN_COMMAND in first
+    assert TEST_COMMAND in first
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[dev]'" in ci
+    assert "mkdocs build --strict" in ci
+
+
+def test_nav_pages_exist():
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    pages = [next(iter(entry.values())) for entry in config["nav"]]
+    assert [p for p in pages if not (DOCS / p).is_file()] == []
+    titles = [next(iter(entry)) for entry in config["nav"]]
+    assert titles == [
+        "Home",
+        "Getting started",
+        "Concepts",
+        "Formats",
+        "Training",
+        "Models",
+        "Testing",
+        "Command line",
+        "Benchmarks",
+        "API reference",
+    ]
+
+
+def _examples(path: Path) -> str:
+    blocks = re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.DOTALL)
+    return "\n".join(block for block in blocks if ">>>" in block)
+
+
+@pytest.mark.parametrize("page", EXAMPLE_PAGES)
+def test_examples_run(page):
+    source = _examples(ROOT / page)
+    test = doctest.DocTestParser().get_doctest(source, {}, page, page, 0)
+    assert test.examples, f"{page} has no >>> examples"
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    failures = []
+    runner.run(test, out=failures.append)
+    assert runner.failures == 0, "".join(failures)

@@ -1,0 +1,129 @@
+"""The public surface: frozen, documented, in the API reference, and only re-exported.
+
+Docstrings are read the way the docs site reads them (griffe, statically), so a
+module-level constant counts as documented only with an attribute docstring,
+exactly when the API reference can show it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from pathlib import Path
+
+import griffe
+import pytest
+
+import dtypes
+
+ROOT = Path(__file__).resolve().parents[1]
+API_PAGE = ROOT / "docs" / "api.md"
+PUBLIC_MODULES = ("dtypes", "precision", "precision.testing")
+
+DTYPES_ALL = [
+    "ALIASES",
+    "FORMATS",
+    "ROUNDING_MODES",
+    "Encoded",
+    "FloatFormat",
+    "Format",
+    "IntFormat",
+    "PerAxis",
+    "PerBlock",
+    "PerTensor",
+    "Scaling",
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float16",
+    "float32",
+    "float64",
+    "get",
+    "int1",
+    "int2",
+    "int4",
+    "int8",
+    "tf32",
+]
+
+
+def test_dtypes_all_is_frozen():
+    # A change here is an API change: update the docs and this list together.
+    assert dtypes.__all__ == DTYPES_ALL
+
+
+@pytest.mark.parametrize("module_name", PUBLIC_MODULES)
+def test_all_has_no_repeats(module_name):
+    # Its order is ruff's (RUF022, isort-style), checked by the linter.
+    names = importlib.import_module(module_name).__all__
+    assert len(set(names)) == len(names), f"{module_name}.__all__ repeats a name"
+
+
+@pytest.mark.parametrize("module_name", PUBLIC_MODULES)
+def test_every_public_name_resolves(module_name):
+    module = importlib.import_module(module_name)
+    missing = [name for name in module.__all__ if not hasattr(module, name)]
+    assert not missing, f"{module_name}.__all__ lists names it does not define: {missing}"
+
+
+def _griffe_package(module_name: str) -> griffe.Object:
+    top = module_name.split(".")[0]
+    package = griffe.load(top, search_paths=[str(ROOT)], resolve_aliases=True)
+    return package if module_name == top else package[module_name.split(".", 1)[1]]
+
+
+@pytest.mark.parametrize("module_name", PUBLIC_MODULES)
+def test_every_public_name_has_a_docstring(module_name):
+    module = importlib.import_module(module_name)
+    static = _griffe_package(module_name)
+    undocumented = []
+    for name in module.__all__:
+        obj = static[name]
+        docstring = obj.docstring.value.strip() if obj.docstring else ""
+        if not docstring:
+            undocumented.append(f"{module_name}.{name}")
+    assert not undocumented, (
+        f"public names without a docstring (a constant needs a string literal on the line after "
+        f"its assignment): {undocumented}"
+    )
+
+
+def _api_directives() -> list[str]:
+    return re.findall(r"^::: ([\w.]+)\s*$", API_PAGE.read_text(), flags=re.MULTILINE)
+
+
+def test_api_page_covers_every_public_module():
+    # `::: module` renders every name in that module's __all__; docs/hooks.py checks the
+    # rendered page has an entry for each one when the site is built.
+    directives = _api_directives()
+    for module_name in PUBLIC_MODULES:
+        names = importlib.import_module(module_name).__all__
+        uncovered = [
+            name
+            for name in names
+            if module_name not in directives and f"{module_name}.{name}" not in directives
+        ]
+        assert not uncovered, f"{API_PAGE.name} has no ::: directive covering {uncovered}"
+
+
+@pytest.mark.parametrize("module_name", PUBLIC_MODULES)
+def test_init_only_reexports(module_name):
+    static = _griffe_package(module_name)
+    defined_here = [
+        name
+        for name, member in static.members.items()
+        if not member.is_alias and not member.is_module and name in static.exports
+    ]
+    assert not defined_here, (
+        f"{module_name}/__init__.py defines {defined_here} itself; define them in a private "
+        "module and re-export them"
+    )
+    module = importlib.import_module(module_name)
+    package = module_name.split(".")[0]
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert obj.__module__.startswith(f"{package}."), (
+                f"{module_name}.{name} comes from {obj.__module__}, outside the package"
+            )
