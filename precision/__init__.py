@@ -10,20 +10,42 @@ from ._interpreter import apply as apply
 from ._io import CheckpointError as CheckpointError
 from ._io import load as load
 from ._io import save as save
+from ._loss_scale import DynamicLossScale as DynamicLossScale
+from ._loss_scale import NoOpLossScale as NoOpLossScale
+from ._loss_scale import StaticLossScale as StaticLossScale
+from ._loss_scale import all_finite as all_finite
+from ._loss_scale import select_tree as select_tree
+from ._policy import Policy as Policy
 from ._tensor import Tensor as Tensor
 from ._tensor import device_put as device_put
+from ._tree import is_reduced_precision as is_reduced_precision
+from ._tree import to_full_precision as to_full_precision
+from ._tree import to_reduced_precision as to_reduced_precision
+from ._tree import tree_nbytes as tree_nbytes
+from ._updates import apply_updates as apply_updates
 
 __all__ = [
     "CheckpointError",
     "DeviceMismatchError",
+    "DynamicLossScale",
     "FormatError",
+    "NoOpLossScale",
+    "Policy",
     "PrecisionError",
     "PrecisionMismatchError",
+    "StaticLossScale",
     "Tensor",
+    "all_finite",
     "apply",
+    "apply_updates",
     "default_format",
     "device_put",
     "get_default_format",
+    "is_reduced_precision",
     "load",
     "save",
+    "select_tree",
+    "to_full_precision",
+    "to_reduced_precision",
+    "tree_nbytes",
 ]

@@ -1,0 +1,627 @@
+"""`precision demo`: train the seed's CNN once per precision mode and print one table.
+
+The model is a plain JAX function of (params, images). Each mode only changes
+what the parameters and activations are stored and computed in:
+
+- mixed modes convert float32 master weights to reduced Tensors inside the
+  loss and run the model through `precision.apply`, so every op rounds its
+  output to the compute format; gradients reach the float32 masters
+  straight through;
+- quantization-aware modes snap the kernels to an integer grid (per output
+  channel) in the forward pass, straight-through in the backward pass;
+- pure modes store the parameters themselves in bfloat16 and apply each SGD
+  update with `precision.apply_updates`, rounding to nearest or
+  stochastically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import dtypes
+
+__all__ = ["MODES", "Dataset", "Mode", "Row", "load_data", "main", "run"]
+
+Params = dict[str, dict[str, jax.Array]]
+
+
+# -- data --------------------------------------------------------------------
+
+
+class Dataset(NamedTuple):
+    """Images as float32 in [0, 1], shaped (N, H, W, 1); labels as int32."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    name: str
+
+
+_NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def load_data(path: str | None = None, *, split_seed: int = 0) -> Dataset:
+    """The handwritten digits shipped with scikit-learn, or an MNIST-layout `.npz`.
+
+    Digits: 1797 8x8 images with pixel values 0..16, split 80/20 (1437 train,
+    360 test) by a permutation drawn from `split_seed`, scaled to [0, 1].
+
+    `.npz`: arrays `x_train`, `y_train`, `x_test`, `y_test` as in the
+    MNIST/Fashion-MNIST files: images (N, H, W) uint8 (0..255), labels (N,)
+    integers in 0..9.
+
+    Raises:
+        ValueError: the file lacks a key, or an array has the wrong shape or
+            dtype; the message names the key, what it holds and what is needed.
+    """
+    if path is None:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        x = (digits.images / 16.0).astype(np.float32)[..., None]
+        y = digits.target.astype(np.int32)
+        order = np.random.default_rng(split_seed).permutation(len(x))
+        n_train = int(0.8 * len(x))
+        tr, te = order[:n_train], order[n_train:]
+        return Dataset(x[tr], y[tr], x[te], y[te], "digits (scikit-learn, 8x8)")
+    with np.load(path) as f:
+        missing = [k for k in _NPZ_KEYS if k not in f.files]
+        if missing:
+            raise ValueError(
+                f"{path}: missing array(s) {', '.join(missing)}; an MNIST-layout .npz holds "
+                f"{', '.join(_NPZ_KEYS)} (found: {', '.join(f.files) or 'nothing'})"
+            )
+        arrays = {k: f[k] for k in _NPZ_KEYS}
+    for split in ("train", "test"):
+        xs, ys = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if xs.ndim != 3 or xs.shape[0] == 0:
+            raise ValueError(
+                f"{path}: x_{split} has shape {xs.shape}; expected (N, height, width) images"
+            )
+        if xs.dtype != np.uint8:
+            raise ValueError(
+                f"{path}: x_{split} has dtype {xs.dtype}; expected uint8 pixels in 0..255"
+            )
+        if ys.shape != (xs.shape[0],):
+            raise ValueError(
+                f"{path}: y_{split} has shape {ys.shape}; expected ({xs.shape[0]},), one label "
+                f"per image of x_{split}"
+            )
+        if ys.dtype.kind not in "iu" or ys.min() < 0 or ys.max() > 9:
+            raise ValueError(f"{path}: y_{split} must hold integer labels 0..9")
+    if arrays["x_train"].shape[1:] != arrays["x_test"].shape[1:]:
+        raise ValueError(
+            f"{path}: train images are {arrays['x_train'].shape[1:]} but test images are "
+            f"{arrays['x_test'].shape[1:]}; they must match"
+        )
+
+    def images(a):
+        return (a.astype(np.float32) / 255.0)[..., None]
+
+    h, w = arrays["x_train"].shape[1:]
+    return Dataset(
+        images(arrays["x_train"]),
+        arrays["y_train"].astype(np.int32),
+        images(arrays["x_test"]),
+        arrays["y_test"].astype(np.int32),
+        f"{os.path.basename(path)} ({h}x{w})",
+    )
+
+
+# -- model -------------------------------------------------------------------
+
+LAYERS = ("conv1", "conv2", "dense1", "dense2", "dense3")
+
+
+def init_params(key: jax.Array, image_shape: tuple[int, int, int]) -> Params:
+    """He-normal kernels and zero biases for the seed's CNN."""
+    h, w, c = image_shape
+    flat = (h // 2) * (w // 2) * 32
+    shapes = {
+        "conv1": (3, 3, c, 32),
+        "conv2": (3, 3, 32, 32),
+        "dense1": (flat, 512),
+        "dense2": (512, 512),
+        "dense3": (512, 10),
+    }
+    params = {}
+    for k, (name, shape) in zip(jax.random.split(key, len(shapes)), shapes.items(), strict=True):
+        fan_in = math.prod(shape[:-1])
+        gain = 1.0 if name == "dense3" else 2.0
+        kernel = jax.random.normal(k, shape, jnp.float32) * np.float32(math.sqrt(gain / fan_in))
+        params[name] = {"kernel": kernel, "bias": jnp.zeros(shape[-1], jnp.float32)}
+    return params
+
+
+def cnn(params: Params, images: jax.Array) -> jax.Array:
+    """The seed's CNN as a plain JAX function: logits of shape (N, 10).
+
+    conv 3x3x32 + ReLU, conv 3x3x32 + ReLU, 2x2 max-pool, flatten,
+    dense 512 + ReLU, dense 512 + ReLU, dense 10.
+    """
+
+    def conv(x, p):
+        y = lax.conv_general_dilated(
+            x, p["kernel"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+        return jax.nn.relu(y + p["bias"])
+
+    x = conv(images, params["conv1"])
+    x = conv(x, params["conv2"])
+    n, h, w, c = x.shape
+    x = x[:, : h // 2 * 2, : w // 2 * 2, :].reshape(n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
+    x = x.reshape(n, -1)
+    x = jax.nn.relu(x @ params["dense1"]["kernel"] + params["dense1"]["bias"])
+    x = jax.nn.relu(x @ params["dense2"]["kernel"] + params["dense2"]["bias"])
+    return x @ params["dense3"]["kernel"] + params["dense3"]["bias"]
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Mean softmax cross-entropy, computed in float32."""
+    logits = logits.astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+
+# -- modes -------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """One way of training the CNN.
+
+    Attributes:
+        name: the name used by `--modes` and in the table.
+        summary: one line for the table's footnotes.
+        compute: format every op of the forward pass rounds to (None: float32).
+        weights: integer format the kernels are quantized to (QAT), or None.
+        skip_ends: keep the first and last layers in float32 (binary nets).
+        loss_scaling: use a dynamic loss scale (for float16).
+        storage: format the parameters themselves are stored in, or None for
+            float32 master weights.
+        rounding: how updates are rounded into `storage`.
+    """
+
+    name: str
+    summary: str
+    compute: str | None = None
+    weights: str | None = None
+    skip_ends: bool = False
+    loss_scaling: bool = False
+    storage: str | None = None
+    rounding: str = "nearest_even"
+
+
+MODES: dict[str, Mode] = {
+    m.name: m
+    for m in (
+        Mode("fp32", "float32 everywhere"),
+        Mode("bf16-mixed", "bfloat16 compute, float32 master weights", compute="bfloat16"),
+        Mode(
+            "fp16-loss-scale",
+            "float16 compute and gradients, dynamic loss scale, float32 masters",
+            compute="float16",
+            loss_scaling=True,
+        ),
+        Mode("tf32", "tf32 compute (10-bit mantissa), float32 masters", compute="tf32"),
+        Mode("int8-qat", "int8 kernels per output channel (STE), float32 masters", weights="int8"),
+        Mode("int4-qat", "int4 kernels per output channel (STE), float32 masters", weights="int4"),
+        Mode(
+            "int1-qat",
+            "binary ±mean|w| kernels except first and last layer (STE)",
+            weights="int1",
+            skip_ends=True,
+        ),
+        Mode(
+            "bf16-pure-nearest",
+            "bfloat16 parameters and compute, updates rounded to nearest",
+            compute="bfloat16",
+            storage="bfloat16",
+        ),
+        Mode(
+            "bf16-pure-stochastic",
+            "bfloat16 parameters and compute, updates rounded stochastically",
+            compute="bfloat16",
+            storage="bfloat16",
+            rounding="stochastic",
+        ),
+    )
+}
+
+
+def _rounder(fmt: dtypes.Format) -> Callable[[jax.Array], jax.Array]:
+    """Round values onto `fmt` in the forward pass and their cotangents in the backward.
+
+    This emulates a forward *and* backward pass computed in `fmt`: a float16
+    gradient below 2**-24 becomes zero here, which is what loss scaling is for.
+    """
+
+    @jax.custom_vjp
+    def q(x):
+        return fmt.round(x)
+
+    def fwd(x):
+        return fmt.round(x), None
+
+    def bwd(_, g):
+        return (fmt.round(g),)
+
+    q.defvjp(fwd, bwd)
+    return q
+
+
+def _forward(mode: Mode) -> Callable[[Params, jax.Array], jax.Array]:
+    """The mode's forward pass: (float32 params, images) -> float32 logits."""
+    qat = dtypes.get(mode.weights) if mode.weights else None
+
+    def quantize_kernels(params: Params) -> Params:
+        if qat is None:
+            return params
+        ends = {LAYERS[0], LAYERS[-1]} if mode.skip_ends else set()
+        out = {}
+        for name, p in params.items():
+            kernel = p["kernel"]
+            if name not in ends:
+                kernel = qat.round(kernel, scaling=dtypes.PerAxis(kernel.ndim - 1))
+            out[name] = {"kernel": kernel, "bias": p["bias"]}
+        return out
+
+    if mode.compute is None:
+        return lambda params, x: cnn(quantize_kernels(params), x)
+    q = _rounder(dtypes.get(mode.compute))
+
+    def forward(params, x):
+        params = jax.tree_util.tree_map(q, quantize_kernels(params))
+        return _cnn_rounded(params, q(x), q)
+
+    return forward
+
+
+def _cnn_rounded(params: Params, images: jax.Array, q) -> jax.Array:
+    """`cnn` with every op's output rounded by `q`."""
+
+    def conv(x, p):
+        y = q(
+            lax.conv_general_dilated(
+                x, p["kernel"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+            )
+        )
+        return jax.nn.relu(q(y + p["bias"]))
+
+    def dense(x, p):
+        return q(q(x @ p["kernel"]) + p["bias"])
+
+    x = conv(images, params["conv1"])
+    x = conv(x, params["conv2"])
+    n, h, w, c = x.shape
+    x = x[:, : h // 2 * 2, : w // 2 * 2, :].reshape(n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
+    x = x.reshape(n, -1)
+    x = jax.nn.relu(dense(x, params["dense1"]))
+    x = jax.nn.relu(dense(x, params["dense2"]))
+    return dense(x, params["dense3"])
+
+
+# -- training ----------------------------------------------------------------
+
+
+class Row(NamedTuple):
+    """One line of the table."""
+
+    mode: str
+    accuracy: float  # fraction of test images classified correctly
+    loss: float  # mean training loss over the last epoch
+    step_ms: float  # wall time per training step, compilation excluded
+    param_bytes: int  # bytes of the parameters as this mode keeps/deploys them
+    updates_applied: float  # sum |change of stored params| / sum |intended update|
+
+
+def _stored_bytes(mode: Mode, params: Params) -> int:
+    """Bytes of the parameters as the mode stores (or, for QAT, deploys) them."""
+    total = 0
+    ends = {LAYERS[0], LAYERS[-1]} if mode.skip_ends else set()
+    for name, p in params.items():
+        for kind, leaf in p.items():
+            if mode.storage:
+                total += dtypes.get(mode.storage).nbytes(leaf.shape)
+            elif mode.weights and kind == "kernel" and name not in ends:
+                fmt = dtypes.get(mode.weights)
+                total += fmt.nbytes(leaf.shape, dtypes.PerAxis(leaf.ndim - 1))
+            else:
+                total += leaf.size * 4
+    return total
+
+
+def _l1(tree) -> jax.Array:
+    return sum(jnp.sum(jnp.abs(x.astype(jnp.float32))) for x in jax.tree_util.tree_leaves(tree))
+
+
+def train(
+    mode: Mode,
+    data: Dataset,
+    *,
+    epochs: int,
+    seed: int = 0,
+    batch_size: int = 128,
+    lr: float = 0.1,
+    steps: int | None = None,
+    progress: bool = True,
+) -> Row:
+    """Train the CNN in `mode` and evaluate it on the test split."""
+    from ._loss_scale import DynamicLossScale, NoOpLossScale, all_finite, select_tree
+
+    forward = _forward(mode)
+    key = jax.random.key(seed)
+    init_key, data_key, round_key = jax.random.split(key, 3)
+    params = init_params(init_key, data.x_train.shape[1:])
+    storage = dtypes.get(mode.storage) if mode.storage else None
+    if storage is not None:
+        params = jax.tree_util.tree_map(storage.round, params)
+    loss_scale = (
+        DynamicLossScale(jnp.float32(2.0**15), period=200) if mode.loss_scaling else NoOpLossScale()
+    )
+
+    x_train = jnp.asarray(data.x_train)
+    y_train = jnp.asarray(data.y_train)
+    n = len(data.x_train)
+    per_epoch = n // batch_size
+    if per_epoch == 0:
+        raise ValueError(f"batch size {batch_size} exceeds the {n} training images")
+    if steps is not None:
+        per_epoch = max(1, min(per_epoch, steps))
+
+    def loss_fn(p, x, y, ls):
+        loss = cross_entropy(forward(p, x), y)
+        return ls.scale(loss), loss
+
+    def step(carry, idx):
+        p, ls, k, moved, intended = carry
+        x, y = x_train[idx], y_train[idx]
+        grads, loss = jax.grad(loss_fn, has_aux=True)(p, x, y, ls)
+        grads = ls.unscale(grads)
+        finite = all_finite(grads)
+        update = jax.tree_util.tree_map(lambda g: -lr * g, grads)
+        if storage is not None:
+            k, sub = jax.random.split(k)
+            leaves, treedef = jax.tree_util.tree_flatten(p)
+            ups = treedef.flatten_up_to(update)
+            keys = jax.random.split(sub, len(leaves))
+            new = treedef.unflatten(
+                [
+                    storage.round(a + u, rounding=mode.rounding, key=kk)
+                    for a, u, kk in zip(leaves, ups, keys, strict=True)
+                ]
+            )
+        else:
+            new = jax.tree_util.tree_map(jnp.add, p, update)
+        new = select_tree(finite, new, p)
+        moved = moved + _l1(jax.tree_util.tree_map(jnp.subtract, new, p))
+        intended = intended + jnp.where(finite, _l1(update), 0.0)
+        return (new, ls.adjust(finite), k, moved, intended), loss
+
+    carry = (params, loss_scale, round_key, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+    # A Python loop over a jitted step, not lax.scan: XLA:CPU runs convolutions
+    # inside a while loop an order of magnitude slower than at top level.
+    rng = np.random.default_rng(np.asarray(jax.random.key_data(data_key)).ravel())
+    orders = [rng.permutation(n)[: per_epoch * batch_size] for _ in range(epochs)]
+    step_fn = (
+        jax.jit(step, donate_argnums=0).lower(carry, jnp.asarray(orders[0][:batch_size])).compile()
+    )
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(
+        total=epochs * per_epoch,
+        desc=f"{mode.name:>20}",
+        unit="step",
+        file=sys.stderr,
+        disable=not progress,
+        leave=False,
+    )
+    elapsed = 0.0
+    loss = float("nan")
+    with bar:
+        for e in range(epochs):
+            batches = jnp.asarray(orders[e].reshape(per_epoch, batch_size))
+            losses = []
+            start = time.perf_counter()
+            for i in range(per_epoch):
+                carry, step_loss = step_fn(carry, batches[i])
+                losses.append(step_loss)
+            loss = float(jnp.mean(jnp.stack(losses)))  # waits for the epoch to finish
+            elapsed += time.perf_counter() - start
+            bar.update(per_epoch)
+            bar.set_postfix(loss=f"{loss:.4f}")
+    params, _, _, moved, intended = carry
+    accuracy = evaluate(forward, params, data)
+    return Row(
+        mode=mode.name,
+        accuracy=accuracy,
+        loss=loss,
+        step_ms=1000 * elapsed / (epochs * per_epoch),
+        param_bytes=_stored_bytes(mode, params),
+        updates_applied=float(moved / intended) if float(intended) > 0 else float("nan"),
+    )
+
+
+def evaluate(forward, params: Params, data: Dataset, chunk: int = 1000) -> float:
+    """Fraction of test images whose argmax logit is the label."""
+    predict = jax.jit(lambda p, x: jnp.argmax(forward(p, x), axis=-1))
+    correct = 0
+    for i in range(0, len(data.x_test), chunk):
+        pred = predict(params, jnp.asarray(data.x_test[i : i + chunk]))
+        correct += int(jnp.sum(pred == jnp.asarray(data.y_test[i : i + chunk])))
+    return correct / len(data.x_test)
+
+
+# -- table and command line -------------------------------------------------
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """The results as an aligned text table with footnotes."""
+    header = ("mode", "test acc", "final loss", "ms/step", "param bytes", "updates kept")
+    lines = [
+        (
+            r.mode,
+            f"{100 * r.accuracy:.2f}%",
+            f"{r.loss:.4f}",
+            f"{r.step_ms:.2f}",
+            f"{r.param_bytes:,}",
+            f"{100 * r.updates_applied:.1f}%",
+        )
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+
+    def fmt(cells):
+        first = cells[0].ljust(widths[0])
+        rest = (c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))
+        return "  ".join((first, *rest))
+
+    out = [fmt(header), "  ".join("-" * w for w in widths), *(fmt(line) for line in lines)]
+    out.append("")
+    out.append(
+        "updates kept: sum of |change of the stored parameters| over sum of |SGD update| across "
+        "training; rounding to nearest drops every update below half a bfloat16 ulp."
+    )
+    return "\n".join(out)
+
+
+def _write_json(path: str, rows: Sequence[Row]) -> None:
+    payload = [
+        {
+            "mode": r.mode,
+            "accuracy": r.accuracy,
+            "loss": r.loss,
+            "step_ms": r.step_ms,
+            "param_bytes": r.param_bytes,
+            "updates_applied": r.updates_applied,
+        }
+        for r in rows
+    ]
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".demo-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def run(
+    modes: Sequence[str] | None = None,
+    *,
+    epochs: int = 30,
+    seed: int = 0,
+    data: str | None = None,
+    batch_size: int = 128,
+    lr: float = 0.1,
+    steps: int | None = None,
+    progress: bool = True,
+) -> list[Row]:
+    """Train every mode in `modes` (default: all) and return the table's rows."""
+    dataset = load_data(data)
+    names = list(MODES) if modes is None else list(modes)
+    return [
+        train(
+            MODES[name],
+            dataset,
+            epochs=epochs,
+            seed=seed,
+            batch_size=batch_size,
+            lr=lr,
+            steps=steps,
+            progress=progress,
+        )
+        for name in names
+    ]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="precision demo",
+        description="Train the seed's CNN once per precision mode and print one table.",
+    )
+    p.add_argument(
+        "--modes",
+        default="all",
+        help=f"comma-separated modes, or 'all' (default): {', '.join(MODES)}",
+    )
+    p.add_argument("--epochs", type=int, default=30, help="epochs per mode (default 30)")
+    p.add_argument("--seed", type=int, default=0, help="seed of init, batches, rounding")
+    p.add_argument("--data", metavar="PATH.npz", help="MNIST-layout .npz instead of digits")
+    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
+    p.add_argument("--steps", type=int, help="at most this many steps per epoch (quick runs)")
+    p.add_argument("--batch-size", type=int, default=128, help="batch size (default 128)")
+    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `precision demo`; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.modes == "all":
+        modes = list(MODES)
+    else:
+        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        unknown = [m for m in modes if m not in MODES]
+        if unknown or not modes:
+            parser.error(
+                f"unknown mode(s) {', '.join(unknown) or '(none given)'}; "
+                f"choose from {', '.join(MODES)}"
+            )
+    for name in ("epochs", "batch_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.steps is not None and args.steps < 1:
+        parser.error("--steps must be at least 1")
+    if not (args.lr > 0):
+        parser.error("--lr must be positive")
+    try:
+        dataset = load_data(args.data)
+    except (OSError, ValueError) as e:
+        print(f"precision demo: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"{dataset.name}: {len(dataset.x_train)} train / {len(dataset.x_test)} test images; "
+        f"{args.epochs} epochs, batch {args.batch_size}, SGD lr {args.lr}, seed {args.seed}; "
+        f"{jax.devices()[0].platform}",
+        file=sys.stderr,
+    )
+    rows = []
+    for name in modes:
+        rows.append(
+            train(
+                MODES[name],
+                dataset,
+                epochs=args.epochs,
+                seed=args.seed,
+                batch_size=args.batch_size,
+                lr=args.lr,
+                steps=args.steps,
+                progress=not args.no_progress,
+            )
+        )
+    print(format_table(rows))
+    if args.json:
+        _write_json(args.json, rows)
+    return 0

@@ -1,0 +1,186 @@
+"""`Policy`: which format parameters are kept in, computed in, and returned in.
+
+A mixed-precision training step keeps float32 *master* parameters, casts them
+to a cheaper *compute* format inside the loss, and hands the result back in
+an *output* format (usually float32, so the loss and its softmax stay
+accurate). A policy names those three formats and casts whole pytrees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import dtypes
+
+from ._context import resolve_format
+from ._errors import FormatError
+from ._tree import is_floating, is_tensor, to_full_precision, to_reduced_precision
+
+__all__ = ["Policy"]
+
+_FIELDS = {
+    "params": "params",
+    "param": "params",
+    "p": "params",
+    "compute": "compute",
+    "c": "compute",
+    "output": "output",
+    "o": "output",
+}
+
+_NAMED = {
+    "mixed_bfloat16": ("float32", "bfloat16", "float32"),
+    "mixed_float16": ("float32", "float16", "float32"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """The formats of parameters, computation and outputs.
+
+    A full-precision format (float32, float64) means plain arrays of that
+    dtype; any other format means `precision.Tensor`s stored in it, so a
+    compute format of `int8` yields int8 Tensors.
+
+    Args:
+        params: format the parameters are kept in (format or name).
+        compute: format the forward pass runs in; defaults to `params`.
+        output: format results are returned in; defaults to `params`.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> policy = Policy.parse("mixed_bfloat16")
+        >>> policy.params.name, policy.compute.name, policy.output.name
+        ('float32', 'bfloat16', 'float32')
+        >>> x = policy.cast_to_compute({"w": jnp.ones(3)})
+        >>> x["w"].format.name
+        'bfloat16'
+        >>> policy.cast_to_output(x)["w"].dtype
+        dtype('float32')
+    """
+
+    params: dtypes.Format = dtypes.float32
+    compute: dtypes.Format | None = None
+    output: dtypes.Format | None = None
+
+    def __post_init__(self):
+        params = resolve_format(self.params)
+        object.__setattr__(self, "params", params)
+        for name in ("compute", "output"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, params if value is None else resolve_format(value))
+
+    def cast_to_param(self, tree: Any) -> Any:
+        """`tree`'s floating leaves in the params format."""
+        return _cast(tree, self.params)
+
+    def cast_to_compute(self, tree: Any) -> Any:
+        """`tree`'s floating leaves in the compute format."""
+        return _cast(tree, self.compute)
+
+    def cast_to_output(self, tree: Any) -> Any:
+        """`tree`'s floating leaves in the output format."""
+        return _cast(tree, self.output)
+
+    def with_output(self, output: str | dtypes.Format) -> Policy:
+        """A copy with another output format."""
+        return dataclasses.replace(self, output=output)
+
+    def __str__(self) -> str:
+        return f"params={self.params.name},compute={self.compute.name},output={self.output.name}"
+
+    # The grammar of `parse`:
+    #
+    #   policy := NAME | field ("," field)*
+    #   NAME   := "mixed_bfloat16" | "mixed_float16" | FORMAT
+    #   field  := KEY "=" FORMAT
+    #   KEY    := "params" | "param" | "p" | "compute" | "c" | "output" | "o"
+    #   FORMAT := any name `dtypes.get` accepts: float32, f32, bfloat16, bf16,
+    #             float16, fp16, tf32, e4m3, int8, int4, ...
+    #
+    # Spaces around tokens are ignored and case does not matter. A missing
+    # params field is float32; a missing compute or output field is params.
+    # A bare FORMAT is all three fields in that format.
+    @classmethod
+    def parse(cls, text: str) -> Policy:
+        """Build a policy from a string (see the grammar in the source above).
+
+        Raises:
+            ValueError: the text does not follow the grammar; the message
+                says what was expected where.
+
+        Examples:
+            >>> str(Policy.parse("p=f32,c=bf16"))
+            'params=float32,compute=bfloat16,output=float32'
+            >>> str(Policy.parse("params=float32, compute=int8, output=float32"))
+            'params=float32,compute=int8,output=float32'
+            >>> Policy.parse("compute=bf16,compute=fp16")
+            Traceback (most recent call last):
+            ...
+            ValueError: policy 'compute=bf16,compute=fp16': field 'compute' given twice
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"Policy.parse expects a string, got {type(text).__name__}")
+        source = text
+        text = text.strip().lower()
+        expected_fields = "params=FORMAT, compute=FORMAT, output=FORMAT (or p=, c=, o=)"
+        if not text:
+            raise ValueError(
+                f"empty policy; expected a name ({', '.join(_NAMED)}, or a format) or "
+                f"comma-separated fields {expected_fields}"
+            )
+        if "=" not in text:
+            if text in _NAMED:
+                return cls(*_NAMED[text])
+            try:
+                fmt = resolve_format(text)
+            except FormatError:
+                raise ValueError(
+                    f"policy {source!r}: unknown name; expected {', '.join(_NAMED)}, a format "
+                    f"name ({', '.join(dtypes.FORMATS)}) or fields {expected_fields}"
+                ) from None
+            return cls(fmt, fmt, fmt)
+        fields: dict[str, dtypes.Format] = {}
+        for part in text.split(","):
+            part = part.strip()
+            if part.count("=") != 1:
+                raise ValueError(
+                    f"policy {source!r}: cannot read {part!r}; expected KEY=FORMAT with KEY one "
+                    f"of {', '.join(_FIELDS)}"
+                )
+            key, value = (s.strip() for s in part.split("="))
+            if key not in _FIELDS:
+                raise ValueError(
+                    f"policy {source!r}: unknown field {key!r}; expected one of "
+                    f"{', '.join(_FIELDS)}"
+                )
+            name = _FIELDS[key]
+            if name in fields:
+                raise ValueError(f"policy {source!r}: field {name!r} given twice")
+            try:
+                fields[name] = resolve_format(value)
+            except FormatError:
+                raise ValueError(
+                    f"policy {source!r}: unknown format {value!r} for {name}; expected one of "
+                    f"{', '.join(dtypes.FORMATS)} or an alias ({', '.join(dtypes.ALIASES)})"
+                ) from None
+        return cls(**fields)
+
+
+def _cast(tree: Any, fmt: dtypes.Format) -> Any:
+    """Floating leaves as plain arrays of a full-precision format, or as Tensors in `fmt`."""
+    if not fmt.is_full_precision:
+        return to_reduced_precision(tree, fmt)
+    dtype = fmt.container
+    tree = to_full_precision(tree)
+
+    def one(x):
+        if not is_floating(x) or x.dtype == dtype:
+            return x
+        return jnp.asarray(x).astype(dtype)
+
+    return jax.tree_util.tree_map(one, tree, is_leaf=is_tensor)

@@ -1,0 +1,263 @@
+"""Whole pytrees at once: convert, restore, inspect and measure models and optimizer states.
+
+A model's parameters, an Equinox module or an Optax state is a pytree whose
+floating leaves are arrays (or Tensors already). These functions walk such a
+tree with `jax.tree_util`, treating each `Tensor` as one leaf, and leave every
+other leaf (step counters, integer labels, static fields) untouched.
+
+Selecting leaves: `where` is either a predicate `where(path, leaf) -> bool`
+or a regular expression searched in the leaf's key-path string, as
+`jax.tree_util.keystr` writes it (`"['params']['Dense_0']['kernel']"` for
+a Flax tree, `".layers[0].weight"` for an Equinox module). `exclude` is a
+regular expression whose matches are skipped. So "everything but norms and
+biases" is `exclude="bias|norm|scale"`, and "only matrices" is
+`where=lambda path, leaf: leaf.ndim > 1`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import dtypes
+
+from ._context import get_default_format, resolve_format
+from ._tensor import Tensor
+
+__all__ = [
+    "is_reduced_precision",
+    "is_tensor",
+    "to_full_precision",
+    "to_reduced_precision",
+    "tree_nbytes",
+]
+
+Where = Callable[[tuple[Any, ...], Any], bool] | str | None
+
+
+def is_tensor(x: Any) -> bool:
+    """Whether `x` is a `precision.Tensor` (the `is_leaf` for tree walks)."""
+    return isinstance(x, Tensor)
+
+
+def is_floating(leaf: Any) -> bool:
+    """Whether `leaf` is a Tensor or an array (numpy/jax, traced or not) of a float dtype."""
+    if isinstance(leaf, Tensor):
+        return True
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is None or not hasattr(leaf, "shape"):
+        return False
+    return np.issubdtype(np.dtype(dtype), np.floating)
+
+
+def _path_str(path: tuple[Any, ...]) -> str:
+    return jax.tree_util.keystr(path) or "<root>"
+
+
+def _selector(where: Where, exclude: str | None) -> Callable[[tuple[Any, ...], Any], bool]:
+    """One predicate from `where` (callable or regex) and `exclude` (regex)."""
+    if where is None:
+        include = lambda path, leaf: True
+    elif isinstance(where, str):
+        pattern = _compile(where, "where")
+        include = lambda path, leaf: pattern.search(jax.tree_util.keystr(path)) is not None
+    elif callable(where):
+        include = where
+    else:
+        raise TypeError(
+            f"`where` must be a predicate (path, leaf) -> bool or a regex string, got "
+            f"{type(where).__name__} {where!r}"
+        )
+    if exclude is None:
+        return include
+    if not isinstance(exclude, str):
+        raise TypeError(f"`exclude` must be a regex string, got {type(exclude).__name__}")
+    skip = _compile(exclude, "exclude")
+    return lambda path, leaf: (
+        skip.search(jax.tree_util.keystr(path)) is None and bool(include(path, leaf))
+    )
+
+
+def _compile(pattern: str, name: str) -> re.Pattern:
+    try:
+        return re.compile(pattern)
+    except re.error as err:
+        raise ValueError(
+            f"`{name}` is not a valid regular expression: {pattern!r} ({err})"
+        ) from None
+
+
+def _raise_collected(errors: list[tuple[str, Exception]], action: str) -> None:
+    """Raise one error naming every offending leaf (of the first error's type)."""
+    if not errors:
+        return
+    first = errors[0][1]
+    lines = "\n".join(f"  {path}: {err}" for path, err in errors)
+    noun = "leaf" if len(errors) == 1 else "leaves"
+    message = f"{len(errors)} {noun} could not be {action}:\n{lines}"
+    kind = type(first) if isinstance(first, TypeError | ValueError) else ValueError
+    try:
+        err = kind(message)
+    except Exception:  # an exception class with a different constructor
+        err = (TypeError if isinstance(first, TypeError) else ValueError)(message)
+    raise err from first
+
+
+def to_reduced_precision(
+    tree: Any,
+    format: str | dtypes.Format | None = None,
+    *,
+    scaling: dtypes.Scaling | None = None,
+    rounding: str = "nearest_even",
+    key: jax.Array | None = None,
+    where: Where = None,
+    exclude: str | None = None,
+) -> Any:
+    """Convert the floating leaves of any pytree into reduced-precision Tensors.
+
+    Each selected leaf, array or Tensor, becomes
+    `Tensor(leaf).to_reduced_precision(format, scaling=..., rounding=..., key=...)`.
+    Leaves that are not floating (integer counters, labels, strings, static
+    fields) and leaves the filters reject come back unchanged.
+
+    Args:
+        tree: any pytree: a dict of arrays, Flax params, an Equinox module,
+            an Optax state.
+        format: target format (name or `dtypes.Format`); None uses
+            `precision.get_default_format()` (bfloat16 unless changed).
+        scaling: scaling for every converted leaf (e.g. `dtypes.PerAxis(-1)`).
+        rounding: one of `dtypes.ROUNDING_MODES`.
+        key: `jax.random` key for `rounding="stochastic"`; it is split so
+            each converted leaf draws its own bits.
+        where: a predicate `where(path, leaf) -> bool` or a regex searched in
+            `jax.tree_util.keystr(path)`; only matching leaves are converted.
+        exclude: a regex; leaves whose key path matches are left alone.
+
+    Returns:
+        A tree of the same structure.
+
+    Raises:
+        FormatError: an unknown format name.
+        ValueError, TypeError: a leaf cannot be converted (e.g. a scaling that
+            does not fit its shape); one error names every offending path.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import precision
+        >>> params = {"dense": {"kernel": jnp.ones((4, 3)), "bias": jnp.zeros(3)},
+        ...           "step": jnp.int32(7)}
+        >>> small = precision.to_reduced_precision(params, "int8", exclude="bias")
+        >>> small["dense"]["kernel"].format.name, type(small["dense"]["bias"]).__name__
+        ('int8', 'ArrayImpl')
+        >>> int(small["step"])
+        7
+        >>> matrices = precision.to_reduced_precision(params, where=lambda p, x: x.ndim > 1)
+        >>> matrices["dense"]["kernel"].format.name
+        'bfloat16'
+    """
+    fmt = get_default_format() if format is None else resolve_format(format)
+    if rounding not in dtypes.ROUNDING_MODES:
+        raise ValueError(
+            f"unknown rounding mode {rounding!r}; expected one of "
+            f"{', '.join(dtypes.ROUNDING_MODES)}"
+        )
+    if rounding == "stochastic" and key is None:
+        raise ValueError(
+            "rounding='stochastic' needs a random key: pass key=jax.random.key(0); it is "
+            "split so each leaf draws its own bits"
+        )
+    select = _selector(where, exclude)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_tensor)
+    chosen = [i for i, (path, leaf) in enumerate(flat) if is_floating(leaf) and select(path, leaf)]
+    keys = (
+        list(jax.random.split(key, len(chosen)))
+        if key is not None and chosen
+        else [None] * len(chosen)
+    )
+    out = [leaf for _, leaf in flat]
+    errors: list[tuple[str, Exception]] = []
+    for i, k in zip(chosen, keys, strict=True):
+        path, leaf = flat[i]
+        try:
+            t = leaf if isinstance(leaf, Tensor) else Tensor(leaf)
+            out[i] = t.to_reduced_precision(fmt, scaling=scaling, rounding=rounding, key=k)
+        except (TypeError, ValueError) as err:
+            errors.append((_path_str(path), err))
+    _raise_collected(errors, f"converted to {fmt.name}")
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def to_full_precision(tree: Any) -> Any:
+    """Every Tensor leaf of `tree` as a plain `jax.Array` of its logical values.
+
+    The result is an ordinary tree again, ready for code that knows nothing of
+    Tensors (a Flax `apply`, an Optax optimizer, a checkpoint writer). The
+    values are the rounded ones: converting to reduced precision and back
+    loses what the format could not hold. Other leaves are unchanged.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import precision
+        >>> small = precision.to_reduced_precision({"w": jnp.array([1.0, 1.001])})
+        >>> precision.to_full_precision(small)["w"].tolist()
+        [1.0, 1.0]
+    """
+    return jax.tree_util.tree_map(
+        lambda x: jnp.asarray(x) if isinstance(x, Tensor) else x,
+        tree,
+        is_leaf=is_tensor,
+    )
+
+
+def is_reduced_precision(tree: Any) -> bool:
+    """Whether any leaf of `tree` is a Tensor stored in a reduced format.
+
+    "Any" makes the common checks one call: after a filtered conversion
+    (norms and biases kept in float32) the tree *is* reduced, and after
+    `to_full_precision` it is not. To ask whether every floating leaf is
+    reduced, map `lambda x: isinstance(x, Tensor) and x.is_reduced_precision`
+    over the tree instead.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import precision
+        >>> params = {"w": jnp.ones((2, 2)), "b": jnp.zeros(2)}
+        >>> precision.is_reduced_precision(params)
+        False
+        >>> precision.is_reduced_precision(precision.to_reduced_precision(params, where="w"))
+        True
+    """
+    return any(
+        isinstance(leaf, Tensor) and leaf.is_reduced_precision
+        for leaf in jax.tree_util.tree_leaves(tree, is_leaf=is_tensor)
+    )
+
+
+def tree_nbytes(tree: Any) -> int:
+    """Bytes of storage held by the array and Tensor leaves of `tree`.
+
+    A Tensor counts its codes and scales (`Tensor.nbytes`: a packed int4
+    tensor counts half a byte a value plus its scales); an array counts
+    `size * itemsize`. Python numbers and static fields count nothing.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import precision
+        >>> params = {"w": jnp.ones((256, 256)), "b": jnp.zeros(256)}
+        >>> precision.tree_nbytes(params)
+        263168
+        >>> precision.tree_nbytes(precision.to_reduced_precision(params, "int4", where="w"))
+        33796
+    """
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(tree, is_leaf=is_tensor):
+        if isinstance(leaf, Tensor):
+            total += leaf.nbytes
+        elif hasattr(leaf, "dtype") and hasattr(leaf, "shape"):
+            total += int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+    return total
