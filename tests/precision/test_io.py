@@ -1,0 +1,295 @@
+"""precision.save / precision.load: bit-exact round trips and safetensors compatibility.
+
+The file format is checked against an independent implementation (the
+`safetensors` package) in both directions, and the header is parsed here by
+hand with `struct` and `json` to pin the documented metadata layout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy
+from safetensors import safe_open
+
+import dtypes
+import precision
+from precision import CheckpointError, Tensor
+
+RNG = np.random.default_rng(20261122)
+X = RNG.standard_normal((6, 40)).astype(np.float32) * 3
+
+# Every built-in format (float64 needs 64-bit JAX) plus custom layouts: the
+# MXFP4 element type (packed 4-bit codes), an IEEE-style e4m3 (ml_dtypes'
+# float8_e4m3, which has no safetensors dtype), a 6-bit layout and a
+# saturating bfloat16 (stored by parameters, not by name).
+FORMATS = [f for name, f in dtypes.FORMATS.items() if name != "float64"] + [
+    dtypes.FloatFormat(2, 1, finite=True),
+    dtypes.FloatFormat(4, 3),
+    dtypes.FloatFormat(3, 2, finite=True),
+    dtypes.FloatFormat(8, 7, saturate=True),
+]
+SCALINGS = {
+    "default": None,
+    "per-tensor": dtypes.PerTensor(),
+    "per-axis-0": dtypes.PerAxis(0),
+    "per-axis-1-pow2": dtypes.PerAxis(1, power_of_two=True),
+    "per-block-16": dtypes.PerBlock(16),
+    "per-block-32-pow2": dtypes.PerBlock(32, power_of_two=True),
+}
+
+
+def _bits(a) -> np.ndarray:
+    a = np.asarray(a)
+    return a.view(np.uint8) if a.dtype.itemsize == 1 else a.view(f"u{a.dtype.itemsize}")
+
+
+def assert_same_storage(a: Tensor, b: Tensor) -> None:
+    ea, eb = a.encoded, b.encoded
+    assert (ea.format, ea.scaling, ea.shape, a.dtype) == (eb.format, eb.scaling, eb.shape, b.dtype)
+    assert ea.format.name == eb.format.name
+    assert np.asarray(ea.data).dtype == np.asarray(eb.data).dtype
+    np.testing.assert_array_equal(_bits(ea.data), _bits(eb.data))
+    assert (ea.scale is None) == (eb.scale is None)
+    if ea.scale is not None:
+        np.testing.assert_array_equal(_bits(ea.scale), _bits(eb.scale))
+
+
+def header(path) -> tuple[dict, int]:
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n)), n
+
+
+# Each format unscaled (its default) and with one of the scalings, in turn, so
+# every format and every scaling is covered without the full product.
+_SCALED = list(SCALINGS.items())[1:]
+CASES = [pytest.param(f, None, id=f"{f.name}-default") for f in FORMATS] + [
+    pytest.param(f, _SCALED[i % len(_SCALED)][1], id=f"{f.name}-{_SCALED[i % len(_SCALED)][0]}")
+    for i, f in enumerate(FORMATS)
+]
+
+
+def encoded_tensor(x, fmt, scaling=None, **kw) -> Tensor:
+    """A Tensor over the storage `dtypes` itself produces (the library's own encode)."""
+    return Tensor.from_encoded(fmt.encode(x, scaling=scaling, **kw))
+
+
+@pytest.mark.parametrize(("fmt", "scaling"), CASES)
+def test_round_trip_is_bit_exact(tmp_path, fmt, scaling):
+    if scaling is None and fmt.kind == "float" and fmt.packed:
+        scaling = dtypes.PerBlock(32, power_of_two=True)  # as MXFP4 uses it
+    t = encoded_tensor(X, fmt, scaling)
+    path = tmp_path / "t.safetensors"
+    precision.save(path, {"w": t})
+    loaded = precision.load(path)["w"]
+    assert isinstance(loaded, Tensor)
+    assert_same_storage(t, loaded)
+    logical = precision.load(path, as_arrays=True)["w"]
+    np.testing.assert_array_equal(np.asarray(logical), np.asarray(t.encoded.decode()))
+
+
+@pytest.mark.parametrize(
+    "shape", [(), (1,), (7,), (3, 9), (2, 3, 17), (0, 5)], ids=lambda s: f"shape{s}"
+)
+@pytest.mark.parametrize("fmt", ["int4", "int1", "float8_e4m3fn", "bfloat16", "float32"])
+def test_round_trip_shapes(tmp_path, shape, fmt):
+    fmt = dtypes.get(fmt)
+    if fmt.kind == "int" and 0 in shape:
+        shape = (1, 5)  # dtypes cannot scale an empty tensor (no absmax)
+    t = encoded_tensor(RNG.standard_normal(shape).astype(np.float32), fmt)
+    precision.save(tmp_path / "s.safetensors", t)
+    assert_same_storage(t, precision.load(tmp_path / "s.safetensors"))
+
+
+def test_stochastic_rounding_round_trip(tmp_path):
+    t = encoded_tensor(
+        X, dtypes.int2, dtypes.PerAxis(0), rounding="stochastic", key=jax.random.key(3)
+    )
+    precision.save(tmp_path / "s.safetensors", [t])
+    assert_same_storage(t, precision.load(tmp_path / "s.safetensors")[0])
+
+
+def test_tree_structure_and_plain_arrays(tmp_path):
+    tree = {
+        "params": {
+            "dense": {"kernel": Tensor(X).to_reduced_precision("int8"), "bias": Tensor(X[0])},
+            "layers": [Tensor(X).to_reduced_precision("bf16"), np.arange(4, dtype=np.int32)],
+        },
+        "step": np.int64(7),
+        "by_id": {3: jax.numpy.ones((2,), jax.numpy.bfloat16)},
+    }
+    path = tmp_path / "tree.safetensors"
+    precision.save(path, tree)
+    out = precision.load(path)
+    assert set(out) == {"params", "step", "by_id"}
+    assert_same_storage(out["params"]["dense"]["kernel"], tree["params"]["dense"]["kernel"])
+    assert_same_storage(out["params"]["dense"]["bias"], tree["params"]["dense"]["bias"])
+    assert isinstance(out["params"]["layers"], list)
+    assert_same_storage(out["params"]["layers"][0], tree["params"]["layers"][0])
+    np.testing.assert_array_equal(out["params"]["layers"][1], np.arange(4))
+    assert out["params"]["layers"][1].dtype == np.int32
+    assert out["step"].dtype == np.int64
+    assert int(out["step"]) == 7
+    assert out["by_id"][3].dtype == ml_dtypes.bfloat16
+    names = set(header(path)[0]) - {"__metadata__"}
+    assert names == {
+        "params.dense.kernel",
+        "params.dense.kernel:scale",
+        "params.dense.bias",
+        "params.layers.0",
+        "params.layers.1",
+        "step",
+        "by_id.3",
+    }
+
+
+def test_tuples_and_custom_nodes_come_back_as_lists_and_dicts(tmp_path):
+    Point = __import__("collections").namedtuple("Point", "x y")
+    tree = (Point(np.float32(1), np.float32(2)), [np.float32(3)])
+    precision.save(tmp_path / "t.safetensors", tree)
+    out = precision.load(tmp_path / "t.safetensors", as_arrays=True)
+    assert out == [{"x": 1.0, "y": 2.0}, [3.0]] or out == [[1.0, 2.0], [3.0]]
+
+
+def test_metadata_layout_is_as_documented(tmp_path):
+    t = Tensor(X).to_reduced_precision("int4", scaling=dtypes.PerBlock(16))
+    custom = encoded_tensor(X, dtypes.FloatFormat(3, 2, finite=True))
+    path = tmp_path / "m.safetensors"
+    precision.save(path, {"a": {"w": t}, "c": custom, "n": np.zeros(3, np.float16)})
+    head, n = header(path)
+    assert (8 + n) % 8 == 0
+    assert head["a.w"] == {"dtype": "U8", "shape": [6, 20], "data_offsets": [0, 120]}
+    assert head["a.w:scale"]["dtype"] == "F32"
+    assert head["a.w:scale"]["shape"] == [6, 3]
+    doc = json.loads(head["__metadata__"]["precision"])
+    assert doc["version"] == 1
+    by_name = {leaf["name"]: leaf for leaf in doc["tensors"]}
+    assert by_name["a.w"] == {
+        "name": "a.w",
+        "path": [["key", "a"], ["key", "w"]],
+        "kind": "tensor",
+        "format": "int4",
+        "scaling": {"type": "per-block", "size": 16, "axis": -1, "power_of_two": False},
+        "dtype": "float32",
+        "shape": [6, 40],
+        "scale": "a.w:scale",
+    }
+    assert by_name["c"]["format"] == {
+        "kind": "float",
+        "exponent_bits": 3,
+        "mantissa_bits": 2,
+        "finite": True,
+        "nan": False,
+        "saturate": False,
+        "name": "float6_e3m2fn",
+    }
+    assert by_name["n"]["kind"] == "array"
+    assert by_name["n"]["format"] is None
+    import zlib
+
+    with open(path, "rb") as f:
+        raw = f.read()
+    for name, info in head.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        assert int(doc["crc32"][name], 16) == zlib.crc32(raw[8 + n + begin : 8 + n + end])
+
+
+def test_independent_reader_sees_our_arrays(tmp_path):
+    t = Tensor(X).to_reduced_precision("float8_e5m2")
+    q = Tensor(X).to_reduced_precision("int8", scaling=dtypes.PerAxis(0))
+    path = tmp_path / "ours.safetensors"
+    precision.save(path, {"f8": t, "q": q, "bf": np.asarray(X, ml_dtypes.bfloat16)})
+    with safe_open(path, framework="numpy") as f:
+        assert set(f.keys()) == {"f8", "q", "q:scale", "bf"}
+        assert "precision" in f.metadata()
+        np.testing.assert_array_equal(f.get_tensor("q"), np.asarray(q.encoded.data))
+        np.testing.assert_array_equal(f.get_tensor("q:scale"), np.asarray(q.encoded.scale))
+        np.testing.assert_array_equal(
+            _bits(f.get_tensor("bf")), _bits(X.astype(ml_dtypes.bfloat16))
+        )
+    # ml_dtypes is the reference for what the fp8 codes are.
+    head, n = header(path)
+    begin, end = head["f8"]["data_offsets"]
+    raw = np.fromfile(path, np.uint8, count=end - begin, offset=8 + n + begin)
+    np.testing.assert_array_equal(raw.reshape(X.shape), _bits(X.astype(ml_dtypes.float8_e5m2)))
+
+
+def test_foreign_file_loads_as_tensors_keyed_by_name(tmp_path):
+    arrays = {
+        "model.embed.weight": X,
+        "model.norm.weight": X[0].astype(np.float16),
+        "lm_head.weight": X.astype(ml_dtypes.bfloat16),
+        "position_ids": np.arange(5, dtype=np.int64),
+        "mask": np.array([True, False]),
+    }
+    path = tmp_path / "foreign.safetensors"
+    safetensors.numpy.save_file(arrays, str(path), metadata={"format": "np"})
+    out = precision.load(path)
+    assert set(out) == set(arrays)
+    embed = out["model.embed.weight"]
+    assert isinstance(embed, Tensor)
+    assert embed.format == dtypes.float32
+    assert not embed.is_reduced_precision
+    np.testing.assert_array_equal(np.asarray(embed), X)
+    assert out["model.norm.weight"].format == dtypes.float16
+    assert out["lm_head.weight"].format == dtypes.bfloat16
+    assert out["lm_head.weight"].dtype == np.float32
+    np.testing.assert_array_equal(
+        _bits(out["lm_head.weight"].encoded.data), _bits(arrays["lm_head.weight"])
+    )
+    np.testing.assert_array_equal(out["position_ids"], np.arange(5))
+    np.testing.assert_array_equal(out["mask"], [True, False])
+    logical = precision.load(path, as_arrays=True)
+    assert logical["lm_head.weight"].dtype == np.float32
+    np.testing.assert_array_equal(
+        np.asarray(logical["lm_head.weight"]),
+        arrays["lm_head.weight"].astype(np.float32),
+    )
+
+
+def test_save_refuses_to_replace_without_overwrite(tmp_path):
+    path = tmp_path / "x.safetensors"
+    precision.save(path, {"a": X})
+    before = path.read_bytes()
+    with pytest.raises(FileExistsError, match=r"already exists; pass overwrite=True"):
+        precision.save(path, {"a": X[:1]})
+    assert path.read_bytes() == before
+    precision.save(path, {"a": X[:1]}, overwrite=True)
+    np.testing.assert_array_equal(precision.load(path, as_arrays=True)["a"], X[:1])
+    assert sorted(os.listdir(tmp_path)) == ["x.safetensors"]
+
+
+@pytest.mark.parametrize(
+    ("tree", "error", "match"),
+    [
+        ({"a.b": X, "a": {"b": X}}, ValueError, r"two leaves would be stored under the name 'a.b'"),
+        ({"w": Tensor(X).to_reduced_precision("int8"), "w:scale": X}, ValueError, r"'w:scale'"),
+        ({"s": "text"}, TypeError, r"cannot save leaf 's'"),
+        ({"c": np.ones(2, np.complex64)}, TypeError, r"dtype complex64"),
+        ({(1, 2): X}, TypeError, r"dict key \(1, 2\)"),
+    ],
+    ids=["dotted-collision", "scale-collision", "string", "complex", "tuple-key"],
+)
+def test_save_refuses_unstorable_trees(tmp_path, tree, error, match):
+    with pytest.raises(error, match=match):
+        precision.save(tmp_path / "bad.safetensors", tree)
+    assert os.listdir(tmp_path) == []
+
+
+def test_load_missing_file_is_an_os_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        precision.load(tmp_path / "absent.safetensors")
+
+
+def test_checkpoint_error_is_a_value_error():
+    assert issubclass(CheckpointError, ValueError)
+    assert issubclass(CheckpointError, precision.PrecisionError)
