@@ -197,10 +197,14 @@ def assert_ulp_close(
     shown = f"{int(worst)}" if worst == int(worst) else f"{worst:.6g}"
     unit = "ulps" if isinstance(fmt, FloatFormat) else "steps of the scale"
     code = fmt if scale is None else None  # a scaled value's own bits say nothing of its code
+    if dist.ndim:
+        head = f"{int(bad.sum())} of {bad.size} elements differ"
+        where = f"  worst at index {index}: distance {shown} {unit}"
+    else:
+        head, where = "the value differs", f"  distance {shown} {unit}"
     lines = [
-        f"{int(bad.sum())} of {bad.size} elements differ by more than {max_ulps:g} ulp "
-        f"of {fmt.name}",
-        f"  worst at index {index}: distance {shown} {unit}",
+        f"{head} by more than {max_ulps:g} ulp of {fmt.name}",
+        where,
         f"  actual   = {_describe(act_b, index, code)}",
         f"  expected = {_describe(exp_b, index, code)}",
     ]

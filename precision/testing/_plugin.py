@@ -1,1 +1,163 @@
-"""pytest plugin entry point of `precision.testing` (fixtures and markers)."""
+"""pytest plugin of `precision.testing`: the `fmt` and `run` fixtures and the `formats` marker.
+
+pytest loads this module in every session of an environment where
+`precision` is installed (entry point `pytest11`), so at import it needs
+nothing but pytest: the registry, JAX and numpy load only when a collected
+test asks for `fmt` or `run`.
+
+- A test that takes an argument named `fmt` runs once per registered format
+  (ids are the format names). `@pytest.mark.formats(...)` narrows the set.
+- `run(f, *args)` calls `f` eagerly and under `jax.jit` and checks the two
+  results agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+_MARKER_HELP = (
+    "formats(*names, kinds=('float', 'int'), min_bits=1, max_bits=64): run a test that takes "
+    "the `fmt` fixture over only these formats (precision.testing)"
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", _MARKER_HELP)
+
+
+def _ours(metafunc: pytest.Metafunc) -> bool:
+    """Whether `fmt` resolves to this plugin's fixture (a conftest may define its own)."""
+    defs = getattr(metafunc, "_arg2fixturedefs", {}).get("fmt")
+    if not defs:
+        return True
+    func = getattr(defs[-1], "func", None)
+    return getattr(func, "__module__", __name__) == __name__
+
+
+def _parametrized(metafunc: pytest.Metafunc, name: str) -> bool:
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0] if mark.args else mark.kwargs.get("argnames", "")
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",")]
+        if name in names:
+            return True
+    return False
+
+
+def selected_formats(
+    *names: Any,
+    kinds: str | tuple[str, ...] = ("float", "int"),
+    min_bits: int = 1,
+    max_bits: int = 64,
+) -> list[Any]:
+    """The registry formats a `formats` marker with these arguments selects."""
+    import dtypes
+
+    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    bad = [k for k in kinds if k not in ("float", "int")]
+    if bad:
+        raise ValueError(f"@pytest.mark.formats(kinds={kinds!r}): each kind is 'float' or 'int'")
+    pool = [dtypes.get(n) for n in names] if names else list(dtypes.FORMATS.values())
+    chosen = [f for f in pool if f.kind in kinds and min_bits <= f.bits <= max_bits]
+    if not chosen:
+        raise ValueError(
+            f"@pytest.mark.formats({', '.join(map(repr, names))}{', ' if names else ''}"
+            f"kinds={kinds!r}, min_bits={min_bits}, max_bits={max_bits}) selects no format"
+        )
+    return chosen
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "fmt" not in metafunc.fixturenames or not _ours(metafunc):
+        return
+    if _parametrized(metafunc, "fmt"):
+        return  # the test chose its own formats
+    marker = metafunc.definition.get_closest_marker("formats")
+    args, kwargs = (marker.args, marker.kwargs) if marker else ((), {})
+    chosen = selected_formats(*args, **kwargs)
+    metafunc.parametrize("fmt", chosen, ids=[f.name for f in chosen], indirect=True)
+
+
+@pytest.fixture
+def fmt(request: pytest.FixtureRequest) -> Any:
+    """Each registered `dtypes` format in turn (narrow with `@pytest.mark.formats(...)`).
+
+    A test that takes `fmt` is collected once per format, with the format's
+    name as its id: `test_round[bfloat16]`, `test_round[int4]`, ...
+    """
+    return request.param
+
+
+class EagerAndJit:
+    """Calls a function eagerly and under `jax.jit` and compares the results.
+
+    `run(f, *args, **kwargs)` returns the eager result after checking that
+    the jitted one has the same tree structure, dtypes, shapes and bits
+    (NaNs compare equal to NaNs). Positional arguments are traced; keyword
+    arguments are bound as static. `run.both(f, *args)` returns the pair
+    without comparing.
+    """
+
+    def both(self, f: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        import jax
+
+        g = functools.partial(f, **kwargs) if kwargs else f
+        with jax.disable_jit():
+            eager = g(*args)
+        jitted = jax.jit(g)(*args)
+        return eager, jitted
+
+    def __call__(self, f: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        eager, jitted = self.both(f, *args, **kwargs)
+        _assert_same(eager, jitted, getattr(f, "__name__", repr(f)))
+        return eager
+
+
+def _assert_same(eager: Any, jitted: Any, name: str) -> None:
+    import jax
+    import numpy as np
+
+    left, tree_l = jax.tree_util.tree_flatten_with_path(eager)
+    right, tree_r = jax.tree_util.tree_flatten_with_path(jitted)
+    if tree_l != tree_r:
+        raise AssertionError(
+            f"{name}: eager and jitted results differ in structure:\n  eager: {tree_l}\n"
+            f"  jit:   {tree_r}"
+        )
+    for (path, a), (_, b) in zip(left, right, strict=True):
+        where = f"{name}{jax.tree_util.keystr(path)}"
+        a, b = np.asarray(a), np.asarray(b)
+        if a.dtype != b.dtype or a.shape != b.shape:
+            raise AssertionError(
+                f"{where}: eager gives {a.dtype}{list(a.shape)}, jit gives {b.dtype}{list(b.shape)}"
+            )
+        if a.dtype.kind == "c":
+            same = (a == b) | (np.isnan(a) & np.isnan(b))
+        elif a.dtype.kind in "fV":  # V: ml_dtypes' bfloat16, float8, int4...
+            uint = np.dtype(f"u{a.dtype.itemsize}")
+            same = (a.view(uint) == b.view(uint)) | (
+                np.isnan(a.astype(np.float64)) & np.isnan(b.astype(np.float64))
+            )
+        else:
+            same = a == b
+        if not np.all(same):
+            first = tuple(int(i) for i in np.argwhere(~same)[0]) if a.ndim else ()
+            raise AssertionError(
+                f"{where}: eager and jitted results differ in {int(np.sum(~same))} of "
+                f"{same.size} elements; first at index {first}: eager {a[first]!r}, "
+                f"jit {b[first]!r}. A difference only under jit usually means XLA "
+                "simplified a rounding away (e.g. an astype round trip) or fused arithmetic."
+            )
+
+
+@pytest.fixture
+def run() -> EagerAndJit:
+    """Run a function eagerly and under `jax.jit`, assert equal bits, return the result.
+
+    Examples: `y = run(fmt.round, x)`; `y = run(f, x, axis=0)` (keywords static).
+    """
+    return EagerAndJit()

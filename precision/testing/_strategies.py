@@ -26,7 +26,7 @@ from hypothesis.extra import numpy as hnp
 import dtypes
 from dtypes import FloatFormat, Format, IntFormat, PerAxis, PerBlock, PerTensor, Scaling
 
-from ._grid import data_grid, decode_magnitude, max_code
+from ._grid import data_grid, decode_magnitude, max_code, ordinals
 
 if TYPE_CHECKING:
     import jax
@@ -193,17 +193,47 @@ def scalings(
 
 # -- scalar values ------------------------------------------------------------
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
 
 def _f32(v: float) -> np.float32:
     return np.float32(v)
 
 
-_F32_MAX = float(np.finfo(np.float32).max)
-
-
 def _is_f32(v: float) -> bool:
     # Range check first: casting a larger value to float32 warns about overflow.
     return abs(v) <= _F32_MAX and float(np.float32(v)) == v
+
+
+class _Bounds:
+    """The closed interval [lo, hi] a strategy's values must lie in."""
+
+    def __init__(self, min_value: float | None, max_value: float | None):
+        self.lo = -math.inf if min_value is None else float(min_value)
+        self.hi = math.inf if max_value is None else float(max_value)
+        self.given = min_value is not None or max_value is not None
+        if math.isnan(self.lo) or math.isnan(self.hi) or self.lo > self.hi:
+            raise ValueError(f"min_value={min_value!r} and max_value={max_value!r} bound no value")
+
+    def __contains__(self, v: float) -> bool:
+        return math.isnan(v) or self.lo <= v <= self.hi
+
+    def clamp(self, v: float) -> float:
+        return v if math.isnan(v) else min(max(v, self.lo), self.hi)
+
+    def f32_range(self, lo: float, hi: float) -> tuple[float, float] | None:
+        """[max(lo, self.lo), min(hi, self.hi)] shrunk to float32 end points, or None."""
+        a, b = max(lo, self.lo), min(hi, self.hi)
+        a32 = np.float32(np.clip(a, -_F32_MAX, _F32_MAX)) if math.isfinite(a) else np.float32(a)
+        b32 = np.float32(np.clip(b, -_F32_MAX, _F32_MAX)) if math.isfinite(b) else np.float32(b)
+        if float(a32) < a:
+            a32 = np.nextafter(a32, np.float32(np.inf))
+        if float(b32) > b:
+            b32 = np.nextafter(b32, np.float32(-np.inf))
+        return (float(a32), float(b32)) if a32 <= b32 else None
+
+
+_NO_BOUNDS = _Bounds(None, None)
 
 
 def _float_specials(
@@ -216,18 +246,17 @@ def _float_specials(
     # The float32 values on either side of the smallest normal and of max.
     for v in (g.min_normal, top):
         for direction in (np.inf, 0.0):
-            out.append(float(np.nextafter(f32(v), f32(direction))))
+            w = float(np.nextafter(f32(v), f32(direction)))
+            out += [w, -w]
     # Just beyond max: the rounding boundary max + ulp/2 (where round-to-nearest
     # overflows) and the float32 values beside it, plus one binade up.
     half_ulp = math.ldexp(1.0, g.emax - g.mantissa_bits - 1)
-    boundary = top + half_ulp
-    for v in (boundary, 2.0 * top):
+    for v in (top + half_ulp, 2.0 * top):
         if _is_f32(v):
-            out.append(v)
-            out.append(float(np.nextafter(f32(v), f32(0.0))))
-            nxt = float(np.nextafter(f32(v), f32(np.inf)))
-            if math.isfinite(nxt):
-                out.append(nxt)
+            beside = [v, float(np.nextafter(f32(v), f32(0.0)))]
+            above = float(np.nextafter(f32(v), f32(np.inf)))
+            beside += [above] if math.isfinite(above) else []
+            out += [w for u in beside for w in (u, -u)]
     if g.mantissa_bits > 0 and allow_subnormal:
         largest_sub = decode_magnitude(g, (1 << g.mantissa_bits) - 1)
         out += [g.smallest_subnormal, -g.smallest_subnormal, largest_sub, -largest_sub]
@@ -244,76 +273,120 @@ def _float_specials(
     return unique
 
 
-def _signed(magnitudes: st.SearchStrategy[float]) -> st.SearchStrategy[float]:
-    return st.tuples(magnitudes, st.booleans()).map(lambda t: -t[0] if t[1] else t[0])
+def _position(g: FloatFormat, magnitude: float) -> float:
+    """Where a magnitude sits on `g`'s code line (code + fraction); inf for inf."""
+    if math.isinf(magnitude):
+        return math.inf
+    _, index, frac = ordinals(np.float64(magnitude), g)
+    return float(index) + float(frac)
 
 
-def _grid_magnitudes(g: FloatFormat, allow_subnormal: bool) -> st.SearchStrategy[float]:
-    """Non-negative grid values from their codes; code 0 (the value 0) first."""
-    first = 0 if allow_subnormal else 1 << g.mantissa_bits
-    top = max_code(g)
-    if first == 0:
-        return st.integers(0, top).map(lambda c: decode_magnitude(g, c))
-    # Without subnormals: 0, then the normal codes.
-    return st.integers(first - 1, top).map(
-        lambda c: 0.0 if c == first - 1 else decode_magnitude(g, c)
-    )
+def _coded(
+    g: FloatFormat, first: int, last: int, bounds: _Bounds, *, tie: bool = False
+) -> st.SearchStrategy[float] | None:
+    """Values decoded from magnitude codes first..last, both signs, inside `bounds`.
+
+    With `tie=True` a code c stands for the midpoint between codes c and c+1,
+    or (a second draw) the float32 value just below or above it. Codes grow
+    with the magnitude and the positive side comes first, so shrinking goes
+    toward small positive values.
+    """
+    offset = 0.5 if tie else 0.0
+
+    def side(mag_lo: float, mag_hi: float, sign: float):
+        c_lo = max(first, math.ceil(_position(g, mag_lo) - offset))
+        pos_hi = _position(g, mag_hi)
+        c_hi = last if math.isinf(pos_hi) else min(last, math.floor(pos_hi - offset))
+        if c_lo > c_hi:
+            return None
+        codes = st.integers(c_lo, c_hi)
+        if not tie:
+            return codes.map(lambda c: sign * decode_magnitude(g, c))
+
+        def build(c: int, step: int) -> float:
+            mid = np.float32((decode_magnitude(g, c) + decode_magnitude(g, c + 1)) / 2)
+            if step:  # the float32 neighbours of the (exact) midpoint
+                mid = np.nextafter(mid, np.float32(np.inf if step > 0 else 0.0))
+            return bounds.clamp(sign * float(mid))
+
+        return st.tuples(codes, st.sampled_from((0, 1, -1))).map(lambda t: build(*t))
+
+    sides = []
+    if bounds.hi >= 0:
+        sides.append(side(max(bounds.lo, 0.0), bounds.hi, 1.0))
+    if bounds.lo < 0:
+        sides.append(side(max(-bounds.hi, 0.0), -bounds.lo, -1.0))
+    sides = [s for s in sides if s is not None]
+    return st.one_of(sides) if sides else None
 
 
-def _ties(g: FloatFormat, allow_subnormal: bool) -> st.SearchStrategy[float]:
-    """Midpoints between grid neighbours, and the float32 values just beside them."""
-    first = 0 if allow_subnormal else 1 << g.mantissa_bits
-    codes = st.integers(first, max_code(g) - 1)
-    nudge = st.sampled_from((0, 1, -1))  # exactly on the tie first
-
-    def build(code: int, step: int) -> float:
-        lo, hi = decode_magnitude(g, code), decode_magnitude(g, code + 1)
-        tie = np.float32((lo + hi) / 2)  # exact: one bit below the format's mantissa
-        if step:
-            tie = np.nextafter(tie, np.float32(np.inf if step > 0 else 0.0))
-        return float(tie)
-
-    return _signed(st.builds(build, codes, nudge))
+def _code_of_power(g: FloatFormat, k: int) -> int:
+    """Magnitude code of 2**k, with k clamped to the normal exponents of `g`."""
+    k = min(max(k, g.emin), g.emax)
+    return min((k + g.bias) << g.mantissa_bits, max_code(g))
 
 
-def _subnormals(g: FloatFormat) -> st.SearchStrategy[float]:
-    n = (1 << g.mantissa_bits) - 1
-    return _signed(st.integers(1, n).map(lambda k: math.ldexp(k, g.emin - g.mantissa_bits)))
-
-
-def _flush_small(g: FloatFormat, allow_subnormal: bool):
-    if allow_subnormal:
-        return lambda v: v
-    return lambda v: math.copysign(0.0, v) if 0 < abs(v) < g.min_normal else v
+# "Ordinary" magnitudes, 2**-4 to 2**8: where most real data lives, and where
+# arithmetic bugs (lost low-order terms, double rounding) show up between
+# values of similar size rather than between 1e-38 and 1e38.
+_ORDINARY_EXPONENTS = (-4, 8)
 
 
 def _float_values(
-    fmt: FloatFormat, allow_nan: bool, allow_infinity: bool, allow_subnormal: bool
+    fmt: FloatFormat,
+    allow_nan: bool,
+    allow_infinity: bool,
+    allow_subnormal: bool,
+    bounds: _Bounds,
 ) -> st.SearchStrategy[np.float32]:
     g = data_grid(fmt)
-    flush = _flush_small(g, allow_subnormal)
-    branches: list[st.SearchStrategy[float]] = [
-        st.sampled_from(_float_specials(g, allow_nan, allow_infinity, allow_subnormal)),
+    m, top = g.mantissa_bits, max_code(g)
+    first = 0 if allow_subnormal else 1 << m
+    specials = _float_specials(g, allow_nan and not bounds.given, allow_infinity, allow_subnormal)
+    branches: list[st.SearchStrategy[float] | None] = [
+        st.sampled_from([v for v in specials if v in bounds] or [bounds.clamp(0.0)]),
     ]
-    if allow_subnormal and g.mantissa_bits > 0:
-        branches.append(_subnormals(g))
-    if g.mantissa_bits < 23:  # a float32 holds every midpoint of a narrower grid
-        branches.append(_ties(g, allow_subnormal))
-    branches += [
-        _signed(_grid_magnitudes(g, allow_subnormal)),
-        st.floats(-g.max, g.max, width=32).map(flush),
-        st.floats(
-            width=32,
-            allow_nan=allow_nan,
-            allow_infinity=allow_infinity,
-            allow_subnormal=allow_subnormal,
-        ).map(flush),
-    ]
-    return st.one_of(branches).map(_f32)
+    if allow_subnormal and m > 0:
+        branches.append(_coded(g, 1, (1 << m) - 1, bounds))
+    if m < 23:  # a float32 holds every midpoint of a narrower grid
+        branches.append(_coded(g, first, top - 1, bounds, tie=True))
+    lo, hi = (_code_of_power(g, k) for k in _ORDINARY_EXPONENTS)
+    ordinary = [_coded(g, lo, hi, bounds)]
+    if m < 23 and lo < hi:
+        ordinary.append(_coded(g, lo, hi - 1, bounds, tie=True))
+    ordinary = [s for s in ordinary if s is not None]
+    branches.append(st.one_of(ordinary) if ordinary else None)
+    branches.append(_coded(g, first, top, bounds))
+
+    def flush(v: float) -> float:
+        if not allow_subnormal and 0 < abs(v) < g.min_normal:
+            return bounds.clamp(math.copysign(0.0, v))
+        return v
+
+    in_range = bounds.f32_range(-g.max, g.max)
+    if in_range is not None:
+        branches.append(st.floats(*in_range, width=32).map(flush))
+    anywhere = bounds.f32_range(-math.inf, math.inf)
+    if anywhere is not None:
+        branches.append(
+            st.floats(
+                *anywhere,
+                width=32,
+                allow_nan=allow_nan and not bounds.given,
+                allow_infinity=allow_infinity and not all(map(math.isfinite, anywhere)),
+                allow_subnormal=allow_subnormal,
+            ).map(flush)
+        )
+    return st.one_of([b for b in branches if b is not None]).map(_f32)
 
 
 def _int_values(
-    fmt: IntFormat, k: int, allow_nan: bool, allow_infinity: bool, allow_subnormal: bool
+    fmt: IntFormat,
+    k: int,
+    allow_nan: bool,
+    allow_infinity: bool,
+    allow_subnormal: bool,
+    bounds: _Bounds,
 ) -> st.SearchStrategy[np.float32]:
     """Data for an integer format at the scale `s = 2**k`.
 
@@ -324,7 +397,7 @@ def _int_values(
     specials = [0.0, -0.0, q * s, -q * s]
     if allow_infinity:
         specials += [math.inf, -math.inf]
-    if allow_nan:
+    if allow_nan and not bounds.given:
         specials.append(math.nan)
 
     def tie(c: int, step: int) -> float:
@@ -333,19 +406,21 @@ def _int_values(
             t = np.nextafter(t, np.float32(np.inf if step > 0 else -np.inf))
         return float(t)
 
+    anywhere = st.floats(
+        width=32,
+        allow_nan=allow_nan and not bounds.given,
+        allow_infinity=allow_infinity,
+        allow_subnormal=allow_subnormal,
+    )
     branches: list[st.SearchStrategy[float]] = [
-        st.sampled_from(specials),
-        st.builds(tie, st.integers(-q, q - 1), st.sampled_from((0, 1, -1))),
-        _signed(st.integers(0, q).map(lambda c: c * s)),
+        st.sampled_from([v for v in specials if v in bounds] or [bounds.clamp(0.0)]),
+        st.tuples(st.integers(-q, q - 1), st.sampled_from((0, 1, -1))).map(lambda t: tie(*t)),
+        st.tuples(st.integers(0, q), st.booleans()).map(lambda t: -t[0] * s if t[1] else t[0] * s),
         st.floats(-q * s, q * s, width=32, allow_subnormal=allow_subnormal),
-        st.floats(
-            width=32,
-            allow_nan=allow_nan,
-            allow_infinity=allow_infinity,
-            allow_subnormal=allow_subnormal,
-        ),
+        anywhere,
     ]
-    return st.one_of(branches).map(_f32)
+    # Integer data is relative to a scale: bounds clamp rather than reshape it.
+    return st.one_of(branches).map(bounds.clamp).map(_f32)
 
 
 def _check_format(fmt: Any, where: str) -> Format:
@@ -361,29 +436,36 @@ def _check_format(fmt: Any, where: str) -> Format:
 def values(
     fmt: Format | str,
     *,
+    min_value: float | None = None,
+    max_value: float | None = None,
     allow_nan: bool = True,
     allow_infinity: bool = True,
     allow_subnormal: bool = True,
 ) -> st.SearchStrategy[np.float32]:
     """float32 scalars weighted toward the hard cases of `fmt`.
 
-    For a float format, about two draws in three come from its hard cases:
-    ±0; its subnormals (smallest, largest, any); the smallest normal; ±max;
-    just beyond max (the overflow boundary `max + ulp/2`, the float32 values
-    beside it, `2 * max`); exact ties between neighbouring grid values and
-    the float32 values just beside them (`np.nextafter`); grid values; NaN
-    and ±inf. The rest are general float32 values, in range and anywhere.
-    Formats wider than float32 (float64) use float32's own hard cases.
+    For a float format, most draws come from its hard cases: ±0; its
+    subnormals (smallest, largest, any); the smallest normal and the float32
+    values beside it; ±max and just beyond (the overflow boundary
+    `max + ulp/2`, the float32 values beside it, `2 * max`); exact ties
+    between neighbouring grid values and the float32 values just beside them
+    (`np.nextafter`); grid values, both over the whole range and at ordinary
+    magnitudes (2**-4 to 2**8); NaN and ±inf. The rest are general float32
+    values, in range and anywhere. Formats wider than float32 (float64) use
+    float32's own hard cases.
 
     For an integer format a draw picks a power-of-two scale `s` and gives
     ±0, ±qmax·s (a group's absmax, which fixes its scale at exactly `s`),
     exact code ties `(c + 1/2)·s` and their float32 neighbours, codes `c·s`,
     and general values.
 
-    Shrinks toward 0.0.
+    Shrinks toward 0.0 (or the bound nearest to it).
 
     Args:
         fmt: a `dtypes.Format` or a format name.
+        min_value: smallest value to draw (inclusive); with a bound, NaN is
+            never drawn and ±inf only if the bound allows it.
+        max_value: largest value to draw (inclusive).
         allow_nan: include NaN.
         allow_infinity: include ±inf.
         allow_subnormal: include the format's subnormal range (nonzero
@@ -393,6 +475,9 @@ def values(
 
     Returns:
         A strategy of `numpy.float32` scalars.
+
+    Raises:
+        ValueError: the bounds hold no value.
 
     Examples:
         >>> import numpy as np
@@ -406,12 +491,16 @@ def values(
         >>> test_rounding_twice_changes_nothing()
     """
     fmt = _check_format(fmt, "values()")
+    return _values(fmt, allow_nan, allow_infinity, allow_subnormal, _Bounds(min_value, max_value))
+
+
+def _values(fmt: Format, allow_nan, allow_infinity, allow_subnormal, bounds: _Bounds):
     if isinstance(fmt, IntFormat):
         lo, hi = _INT_SCALE_EXPONENTS
         return st.integers(lo, hi).flatmap(
-            lambda k: _int_values(fmt, k, allow_nan, allow_infinity, allow_subnormal)
+            lambda k: _int_values(fmt, k, allow_nan, allow_infinity, allow_subnormal, bounds)
         )
-    return _float_values(fmt, allow_nan, allow_infinity, allow_subnormal)
+    return _float_values(fmt, allow_nan, allow_infinity, allow_subnormal, bounds)
 
 
 def representable(fmt: Format | str, *, allow_subnormal: bool = True) -> st.SearchStrategy[Any]:
@@ -442,13 +531,20 @@ def representable(fmt: Format | str, *, allow_subnormal: bool = True) -> st.Sear
     fmt = _check_format(fmt, "representable()")
     if isinstance(fmt, IntFormat):
         lo, hi = _INT_SCALE_EXPONENTS
-        anchors = _signed(st.integers(lo, hi).map(lambda k: fmt.qmax * math.ldexp(1.0, k)))
-        return st.one_of(st.just(0.0), anchors).map(_f32)
+        anchor = st.tuples(st.integers(lo, hi), st.booleans()).map(
+            lambda t: (-1 if t[1] else 1) * fmt.qmax * math.ldexp(1.0, t[0])
+        )
+        return st.one_of(st.just(0.0), anchor).map(_f32)
     return _on_grid(fmt, allow_subnormal)
 
 
 def _on_grid(fmt: FloatFormat, allow_subnormal: bool) -> st.SearchStrategy[np.float32]:
-    return _signed(_grid_magnitudes(data_grid(fmt), allow_subnormal)).map(_f32)
+    g = data_grid(fmt)
+    if allow_subnormal:
+        grid = _coded(g, 0, max_code(g), _NO_BOUNDS)
+    else:  # zero, then the normal codes
+        grid = st.one_of(st.just(0.0), _coded(g, 1 << g.mantissa_bits, max_code(g), _NO_BOUNDS))
+    return grid.map(_f32)
 
 
 # -- arrays and tensors -------------------------------------------------------
@@ -465,10 +561,29 @@ def _shapes(shape: Shape | st.SearchStrategy[tuple[int, ...]] | None):
 
 
 def _fill(elements: st.SearchStrategy[Any], shape: tuple[int, ...]) -> st.SearchStrategy:
+    """Arrays of `shape`: every element its own draw, or one repeated value with a few others.
+
+    The second kind (a quarter of the elements or fewer drawn apart from a
+    common fill value) is what exposes reductions: many equal small terms
+    meeting one large one is the classic way an accumulator loses them.
+    """
     n = math.prod(shape)
-    return st.lists(elements, min_size=n, max_size=n).map(
-        lambda xs: np.asarray(xs, np.float32).reshape(shape)
-    )
+
+    def as_array(xs: list[Any]) -> np.ndarray:
+        return np.asarray(xs, np.float32).reshape(shape)
+
+    independent = st.lists(elements, min_size=n, max_size=n).map(as_array)
+    if n < 2:
+        return independent
+
+    def filled(fill: Any, updates: list[tuple[int, Any]]) -> np.ndarray:
+        xs = [fill] * n
+        for i, v in updates:
+            xs[i] = v
+        return as_array(xs)
+
+    updates = st.lists(st.tuples(st.integers(0, n - 1), elements), max_size=max(1, n // 4))
+    return st.one_of(independent, st.tuples(elements, updates).map(lambda t: filled(*t)))
 
 
 def _representable_int_array(fmt: IntFormat, shape: tuple[int, ...]):
@@ -489,7 +604,8 @@ def _representable_int_array(fmt: IntFormat, shape: tuple[int, ...]):
             c[i] = math.copysign(q, c[i])
         return np.asarray(c * math.ldexp(1.0, k), np.float32).reshape(shape)
 
-    return st.builds(build, st.integers(lo, hi), st.lists(code, min_size=n, max_size=n))
+    codes = st.lists(code, min_size=n, max_size=n)
+    return st.tuples(st.integers(lo, hi), codes).map(lambda t: build(*t))
 
 
 def arrays(
@@ -497,23 +613,28 @@ def arrays(
     shape: Shape | st.SearchStrategy[tuple[int, ...]] | None = None,
     *,
     representable: bool = False,
+    min_value: float | None = None,
+    max_value: float | None = None,
     allow_nan: bool = True,
     allow_infinity: bool = True,
     allow_subnormal: bool = True,
 ) -> st.SearchStrategy[np.ndarray]:
-    """numpy float32 arrays whose elements are drawn independently from `values(fmt)`.
+    """numpy float32 arrays of `values(fmt)` (or `representable(fmt)`) elements.
 
-    Unlike a fill-based array strategy, every element is its own draw, so a
-    64-element array holds about forty hard cases. For an integer format one
-    power-of-two scale is drawn per array, so code ties are ties of that array.
+    Half the draws make every element its own draw, so a 64-element array
+    holds dozens of hard cases; the other half repeat one value with a few
+    others set apart, the shape that exposes accumulation bugs. For an
+    integer format one power-of-two scale is drawn per array, so code ties
+    are ties of that array's scale.
 
     Args:
         fmt: a `dtypes.Format` or a format name.
         shape: an int, a tuple, or a strategy of tuples; by default rank 1
             or 2 with sides up to 8 (shrinking toward small shapes).
-        representable: draw only values on `fmt`'s grid (`representable`
-            elements; for integer formats the array as a whole round-trips
-            under the default per-tensor scaling).
+        representable: draw only values on `fmt`'s grid (for integer formats,
+            arrays that round-trip as a whole under per-tensor scaling).
+        min_value: as in `values`.
+        max_value: as in `values`.
         allow_nan: as in `values`.
         allow_infinity: as in `values`.
         allow_subnormal: as in `values`.
@@ -529,7 +650,8 @@ def arrays(
         >>> test_round_trip()
     """
     fmt = _check_format(fmt, "arrays()")
-    flags = (allow_nan, allow_infinity, allow_subnormal)
+    bounds = _Bounds(min_value, max_value)
+    flags = (allow_nan, allow_infinity, allow_subnormal, bounds)
 
     def for_shape(shp: tuple[int, ...]) -> st.SearchStrategy[np.ndarray]:
         if isinstance(fmt, IntFormat):
