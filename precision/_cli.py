@@ -28,10 +28,15 @@ from ._errors import PrecisionError
 __all__ = ["main"]
 
 PROG = "precision"
+_DEFAULT = object()  # --scaling not given: the format's own default
 
 
 class _DataError(Exception):
     """A problem with the data (exit status 1), reported as one line."""
+
+
+class _UsageError(Exception):
+    """Flags that cannot go together (exit status 2), reported as one line."""
 
 
 # --------------------------------------------------------------------------
@@ -122,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--scaling",
         type=_scaling_arg,
-        default="default",
+        default=_DEFAULT,
         help=(
             "per-tensor, per-axis:AXIS, per-block:SIZE (add :pow2 for power-of-two scales) or "
             "none; default: per-tensor for integer formats, none for float formats"
@@ -266,11 +271,20 @@ class _Plan:
     reason: str | None  # why it is copied unchanged, or None when converted
 
 
+def _target_scaling(args: argparse.Namespace) -> dtypes.Scaling | None:
+    fmt: dtypes.Format = args.to
+    scaling = fmt.default_scaling() if args.scaling is _DEFAULT else args.scaling
+    if fmt.kind == "int" and scaling is None:
+        raise _UsageError(
+            f"{fmt.name} always needs a scaling; use --scaling per-tensor, per-axis:AXIS or "
+            "per-block:SIZE"
+        )
+    return scaling
+
+
 def _plan(reader: _io.Reader, args: argparse.Namespace) -> list[_Plan]:
     fmt: dtypes.Format = args.to
-    scaling = fmt.default_scaling() if args.scaling == "default" else args.scaling
-    if fmt.kind == "int" and scaling is None:
-        raise _DataError(f"{fmt.name} needs a scaling; use --scaling per-tensor, per-axis:N or …")
+    scaling = _target_scaling(args)
     plans = []
     for leaf in reader.leaves:
         reason = None
@@ -350,6 +364,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     import jax
 
     src, dst = args.input, args.output
+    _target_scaling(args)
     if os.path.exists(dst) and os.path.exists(src) and os.path.samefile(src, dst):
         if not args.overwrite:
             raise _DataError(
@@ -585,8 +600,13 @@ def _plot(errors: dict[str, np.ndarray], rows: list[dict[str, Any]], path: str) 
     if shown:
         ax.legend(fontsize="small")
     names = [r["name"] for r in rows]
-    sqnr = [min(r["sqnr_db"], 300.0) for r in rows]
-    bx.barh(range(len(rows)), sqnr)
+    top = max([r["sqnr_db"] for r in rows if math.isfinite(r["sqnr_db"])] + [1.0]) * 1.1
+    sqnr = [min(max(r["sqnr_db"], 0.0), top) for r in rows]
+    bars = bx.barh(range(len(rows)), sqnr)
+    for bar, r in zip(bars, rows, strict=True):
+        if not math.isfinite(r["sqnr_db"]):
+            bar.set_hatch("//")
+            bx.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " exact", va="center")
     bx.set_yticks(range(len(rows)), names, fontsize="small")
     bx.invert_yaxis()
     bx.set_xlabel("SQNR (dB)")
@@ -629,6 +649,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         return args.func(args)
+    except _UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     except (_DataError, PrecisionError, ValueError, OSError) as exc:
         print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
         return 1

@@ -24,6 +24,7 @@ dtype and shape) and the CRC-32 of every tensor.
 
 from __future__ import annotations
 
+import binascii
 import dataclasses
 import errno
 import json
@@ -582,8 +583,15 @@ class Reader:
             doc = _parse_json(text)
         except (ValueError, RecursionError) as exc:
             raise self.error(f"the precision metadata is not valid JSON ({exc})") from None
-        if not isinstance(doc, dict) or set(doc) != {"version", "tensors", "crc32"}:
-            raise self.error("the precision metadata needs exactly version, tensors and crc32")
+        if not isinstance(doc, dict) or set(doc) != {
+            "version",
+            "tensors",
+            "tensors_crc32",
+            "crc32",
+        }:
+            raise self.error(
+                "the precision metadata needs exactly version, tensors, tensors_crc32 and crc32"
+            )
         if doc["version"] != VERSION:
             raise self.error(
                 f"precision metadata version {doc['version']!r} is not supported (this library "
@@ -591,6 +599,10 @@ class Reader:
             )
         if not isinstance(doc["tensors"], list):
             raise self.error("the precision metadata's tensors is not a list")
+        if doc["tensors_crc32"] != _tensors_crc(doc["tensors"]):
+            raise self.error(
+                "the precision metadata does not match its CRC-32 (the header is corrupted)"
+            )
         leaves = [self._leaf(item) for item in doc["tensors"]]
         try:
             check_names(leaves)
@@ -638,6 +650,8 @@ class Reader:
             )
         ):
             raise bad(f"bad key path {path!r:.200}")
+        if path_name(tuple((p[0], p[1]) for p in path)) != name:
+            raise bad(f"key path {path!r:.200} does not give the name {name!r}")
         shape = item["shape"]
         if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
             raise bad(f"bad shape {shape!r}")
@@ -781,10 +795,17 @@ def _header_bytes(
     return len(text).to_bytes(8, "little") + text
 
 
+def _tensors_crc(tensors: list[Any]) -> str:
+    """CRC-32 of the leaf descriptions in their compact JSON form."""
+    return f"{binascii.crc32(json.dumps(tensors, separators=(',', ':')).encode()):08x}"
+
+
 def _metadata(leaves: list[Leaf], crc: dict[str, int]) -> dict[str, str]:
+    tensors = [leaf.to_json() for leaf in leaves]
     doc = {
         "version": VERSION,
-        "tensors": [leaf.to_json() for leaf in leaves],
+        "tensors": tensors,
+        "tensors_crc32": _tensors_crc(tensors),
         "crc32": {name: f"{value:08x}" for name, value in crc.items()},
     }
     return {METADATA_KEY: json.dumps(doc, separators=(",", ":"))}
