@@ -7,11 +7,32 @@ and `ci` (thorough), chosen by the `CI` environment variable (`CI=true`).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 
 import jax
 import pytest
 from hypothesis import HealthCheck, settings
+
+
+def _import_real_packages() -> None:
+    """Import `dtypes` and `precision` themselves before their test folders shadow them.
+
+    tests/ mirrors the packages without `__init__.py` files, and pytest puts
+    tests/ on sys.path to import this file; `import dtypes` would then find
+    tests/dtypes as a namespace package ahead of the editable install.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    try:
+        import dtypes  # noqa: F401
+        import precision  # noqa: F401
+    finally:
+        sys.path[:] = saved
+
+
+_import_real_packages()
 
 settings.register_profile(
     "dev",

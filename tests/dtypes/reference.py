@@ -20,6 +20,7 @@ import numpy as np
 __all__ = [
     "MODES",
     "Layout",
+    "code_values",
     "float_scaled",
     "grid",
     "input_set",
@@ -99,6 +100,30 @@ def grid(layout: Layout, *, signed: bool = False) -> np.ndarray:
     if not signed:
         return pos
     return np.concatenate([-pos[:0:-1], pos])
+
+
+def code_values(layout: Layout) -> np.ndarray:
+    """Value of every bit code `0 .. 2**(1+e+m) - 1` of `layout`, as float64.
+
+    Sign bit on top, then the exponent field, then the mantissa field; the
+    all-ones exponent holds ±inf/NaN (IEEE layouts) or numbers, with the
+    all-ones code NaN (finite layouts with a NaN).
+    """
+    e, m = layout.e, layout.m
+    codes = np.arange(2 ** (1 + e + m), dtype=np.int64)
+    sign = codes >> (e + m)
+    E = (codes >> m) & (2**e - 1)
+    M = codes & (2**m - 1)
+    mag = np.ldexp(
+        np.where(E == 0, M, M + 2**m).astype(np.float64),
+        np.where(E == 0, layout.emin, E - layout.bias) - m,
+    )
+    top = E == 2**e - 1
+    if not layout.finite:
+        mag = np.where(top, np.where(M == 0, np.inf, np.nan), mag)
+    elif layout.nan:
+        mag = np.where(top & (M == 2**m - 1), np.nan, mag)
+    return np.where(sign == 1, -mag, mag)
 
 
 def max_value(layout: Layout) -> float:
