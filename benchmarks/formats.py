@@ -75,6 +75,11 @@ def allocator() -> str:
     )
 
 
+def load() -> str:
+    """1-minute load average: above the core count, timings include waiting for a core."""
+    return f"{os.getloadavg()[0]:.1f}"
+
+
 class Table:
     def __init__(self):
         self.rows: list[tuple[str, float, str, float | None, str]] = []
@@ -169,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     n, repeat = (2**20, 3) if args.quick else (args.n, args.repeat)
 
+    load_at_start = load()
     x_np = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
     x = jax.device_put(x_np)
     table = Table()
@@ -207,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
           f"best of {repeat} after a warm-up")  # fmt: skip
     print(f"machine:   {machine()}")
     print(f"allocator: {allocator()}")
+    print(f"load avg:  {load_at_start} at start, {load()} at end (other processes share the CPU)")
     print()
     print(table.render())
 
