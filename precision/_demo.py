@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,12 @@ import numpy as np
 from jax import lax
 
 import dtypes
+
+from ._interpreter import apply
+from ._loss_scale import DynamicLossScale, NoOpLossScale, all_finite, select_tree
+from ._tensor import Tensor
+from ._tree import to_full_precision, to_reduced_precision, tree_nbytes
+from ._updates import apply_updates
 
 __all__ = ["MODES", "Dataset", "Mode", "Row", "load_data", "main", "run"]
 
@@ -159,16 +165,19 @@ def cnn(params: Params, images: jax.Array) -> jax.Array:
         y = lax.conv_general_dilated(
             x, p["kernel"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
         )
-        return jax.nn.relu(y + p["bias"])
+        return jax.nn.relu(y + p["bias"].reshape(1, 1, 1, -1))
+
+    def dense(x, p):
+        return x @ p["kernel"] + p["bias"].reshape(1, -1)
 
     x = conv(images, params["conv1"])
     x = conv(x, params["conv2"])
     n, h, w, c = x.shape
     x = x[:, : h // 2 * 2, : w // 2 * 2, :].reshape(n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
     x = x.reshape(n, -1)
-    x = jax.nn.relu(x @ params["dense1"]["kernel"] + params["dense1"]["bias"])
-    x = jax.nn.relu(x @ params["dense2"]["kernel"] + params["dense2"]["bias"])
-    return x @ params["dense3"]["kernel"] + params["dense3"]["bias"]
+    x = jax.nn.relu(dense(x, params["dense1"]))
+    x = jax.nn.relu(dense(x, params["dense2"]))
+    return dense(x, params["dense3"])
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -244,76 +253,60 @@ MODES: dict[str, Mode] = {
 }
 
 
-def _rounder(fmt: dtypes.Format) -> Callable[[jax.Array], jax.Array]:
-    """Round values onto `fmt` in the forward pass and their cotangents in the backward.
+def _kernel_filter(mode: Mode) -> Callable[[tuple[Any, ...], Any], bool]:
+    """Selects the kernels a QAT mode quantizes (binary nets keep both ends in float32)."""
+    ends = (LAYERS[0], LAYERS[-1]) if mode.skip_ends else ()
 
-    This emulates a forward *and* backward pass computed in `fmt`: a float16
-    gradient below 2**-24 becomes zero here, which is what loss scaling is for.
+    def where(path, leaf):
+        keys = [getattr(k, "key", None) for k in path]
+        return keys[-1] == "kernel" and keys[0] not in ends
+
+    return where
+
+
+def _fake_quantize(mode: Mode) -> Callable[[Params], Params]:
+    """Kernels snapped to the QAT format's grid, per output channel, straight-through.
+
+    `Format.round` is quantize-dequantize with a straight-through gradient:
+    the forward pass sees the integer grid, the float32 master weights get
+    the full gradient.
     """
+    if mode.weights is None:
+        return lambda params: params
+    fmt = dtypes.get(mode.weights)
+    select = _kernel_filter(mode)
 
-    @jax.custom_vjp
-    def q(x):
-        return fmt.round(x)
+    def quantize(params: Params) -> Params:
+        def one(path, leaf):
+            if not select(path, leaf):
+                return leaf
+            return fmt.round(leaf, scaling=dtypes.PerAxis(leaf.ndim - 1))
 
-    def fwd(x):
-        return fmt.round(x), None
+        return jax.tree_util.tree_map_with_path(one, params)
 
-    def bwd(_, g):
-        return (fmt.round(g),)
-
-    q.defvjp(fwd, bwd)
-    return q
+    return quantize
 
 
 def _forward(mode: Mode) -> Callable[[Params, jax.Array], jax.Array]:
-    """The mode's forward pass: (float32 params, images) -> float32 logits."""
-    qat = dtypes.get(mode.weights) if mode.weights else None
+    """The mode's forward pass: (float32 params, images) -> float32 logits.
 
-    def quantize_kernels(params: Params) -> Params:
-        if qat is None:
-            return params
-        ends = {LAYERS[0], LAYERS[-1]} if mode.skip_ends else set()
-        out = {}
-        for name, p in params.items():
-            kernel = p["kernel"]
-            if name not in ends:
-                kernel = qat.round(kernel, scaling=dtypes.PerAxis(kernel.ndim - 1))
-            out[name] = {"kernel": kernel, "bias": p["bias"]}
-        return out
-
+    With a compute format F, parameters and images become F Tensors (a
+    straight-through conversion, so gradients reach the float32 masters)
+    and the plain-JAX `cnn` runs through `precision.apply`, which rounds the
+    result of every operation onto F's grid.
+    """
+    quantize = _fake_quantize(mode)
     if mode.compute is None:
-        return lambda params, x: cnn(quantize_kernels(params), x)
-    q = _rounder(dtypes.get(mode.compute))
+        return lambda params, x: cnn(quantize(params), x)
+    fmt = dtypes.get(mode.compute)
+    model = apply(cnn)
 
     def forward(params, x):
-        params = jax.tree_util.tree_map(q, quantize_kernels(params))
-        return _cnn_rounded(params, q(x), q)
+        params = to_reduced_precision(quantize(params), fmt)
+        logits = model(params, Tensor(x).to_reduced_precision(fmt))
+        return jnp.asarray(logits)  # logical float32 values of the fmt-rounded logits
 
     return forward
-
-
-def _cnn_rounded(params: Params, images: jax.Array, q) -> jax.Array:
-    """`cnn` with every op's output rounded by `q`."""
-
-    def conv(x, p):
-        y = q(
-            lax.conv_general_dilated(
-                x, p["kernel"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
-            )
-        )
-        return jax.nn.relu(q(y + p["bias"]))
-
-    def dense(x, p):
-        return q(q(x @ p["kernel"]) + p["bias"])
-
-    x = conv(images, params["conv1"])
-    x = conv(x, params["conv2"])
-    n, h, w, c = x.shape
-    x = x[:, : h // 2 * 2, : w // 2 * 2, :].reshape(n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
-    x = x.reshape(n, -1)
-    x = jax.nn.relu(dense(x, params["dense1"]))
-    x = jax.nn.relu(dense(x, params["dense2"]))
-    return dense(x, params["dense3"])
 
 
 # -- training ----------------------------------------------------------------
@@ -330,24 +323,18 @@ class Row(NamedTuple):
     updates_applied: float  # sum |change of stored params| / sum |intended update|
 
 
-def _stored_bytes(mode: Mode, params: Params) -> int:
-    """Bytes of the parameters as the mode stores (or, for QAT, deploys) them."""
-    total = 0
-    ends = {LAYERS[0], LAYERS[-1]} if mode.skip_ends else set()
-    for name, p in params.items():
-        for kind, leaf in p.items():
-            if mode.storage:
-                total += dtypes.get(mode.storage).nbytes(leaf.shape)
-            elif mode.weights and kind == "kernel" and name not in ends:
-                fmt = dtypes.get(mode.weights)
-                total += fmt.nbytes(leaf.shape, dtypes.PerAxis(leaf.ndim - 1))
-            else:
-                total += leaf.size * 4
-    return total
+def _stored(mode: Mode, params: Params) -> Any:
+    """The parameters as the mode keeps them (QAT: as it deploys them)."""
+    if mode.weights is not None:
+        return to_reduced_precision(
+            params, mode.weights, scaling=dtypes.PerAxis(-1), where=_kernel_filter(mode)
+        )
+    return params
 
 
 def _l1(tree) -> jax.Array:
-    return sum(jnp.sum(jnp.abs(x.astype(jnp.float32))) for x in jax.tree_util.tree_leaves(tree))
+    leaves = jax.tree_util.tree_leaves(tree)
+    return sum(jnp.sum(jnp.abs(x.astype(jnp.float32))) for x in leaves)
 
 
 def train(
@@ -362,16 +349,13 @@ def train(
     progress: bool = True,
 ) -> Row:
     """Train the CNN in `mode` and evaluate it on the test split."""
-    from ._loss_scale import DynamicLossScale, NoOpLossScale, all_finite, select_tree
-
     forward = _forward(mode)
     key = jax.random.key(seed)
-    init_key, data_key, round_key = jax.random.split(key, 3)
-    params = init_params(init_key, data.x_train.shape[1:])
-    storage = dtypes.get(mode.storage) if mode.storage else None
-    if storage is not None:
-        params = jax.tree_util.tree_map(storage.round, params)
-    loss_scale = (
+    init_key, round_key = jax.random.split(key)
+    params: Any = init_params(init_key, data.x_train.shape[1:])
+    if mode.storage is not None:
+        params = to_reduced_precision(params, mode.storage)
+    loss_scale: Any = (
         DynamicLossScale(jnp.float32(2.0**15), period=200) if mode.loss_scaling else NoOpLossScale()
     )
 
@@ -389,34 +373,28 @@ def train(
         return ls.scale(loss), loss
 
     def step(carry, idx):
-        p, ls, k, moved, intended = carry
+        stored, ls, k, moved, intended = carry
         x, y = x_train[idx], y_train[idx]
-        grads, loss = jax.grad(loss_fn, has_aux=True)(p, x, y, ls)
+        # Differentiate with respect to the float32 view of what is stored.
+        grads, loss = jax.grad(loss_fn, has_aux=True)(to_full_precision(stored), x, y, ls)
         grads = ls.unscale(grads)
         finite = all_finite(grads)
         update = jax.tree_util.tree_map(lambda g: -lr * g, grads)
-        if storage is not None:
-            k, sub = jax.random.split(k)
-            leaves, treedef = jax.tree_util.tree_flatten(p)
-            ups = treedef.flatten_up_to(update)
-            keys = jax.random.split(sub, len(leaves))
-            new = treedef.unflatten(
-                [
-                    storage.round(a + u, rounding=mode.rounding, key=kk)
-                    for a, u, kk in zip(leaves, ups, keys, strict=True)
-                ]
-            )
-        else:
-            new = jax.tree_util.tree_map(jnp.add, p, update)
-        new = select_tree(finite, new, p)
-        moved = moved + _l1(jax.tree_util.tree_map(jnp.subtract, new, p))
+        k, sub = jax.random.split(k)
+        key = sub if mode.rounding == "stochastic" else None
+        new = apply_updates(stored, update, rounding=mode.rounding, key=key)
+        new = select_tree(finite, new, stored)
+        change = jax.tree_util.tree_map(
+            jnp.subtract, to_full_precision(new), to_full_precision(stored)
+        )
+        moved = moved + _l1(change)
         intended = intended + jnp.where(finite, _l1(update), 0.0)
         return (new, ls.adjust(finite), k, moved, intended), loss
 
     carry = (params, loss_scale, round_key, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
     # A Python loop over a jitted step, not lax.scan: XLA:CPU runs convolutions
     # inside a while loop an order of magnitude slower than at top level.
-    rng = np.random.default_rng(np.asarray(jax.random.key_data(data_key)).ravel())
+    rng = np.random.default_rng(seed)
     orders = [rng.permutation(n)[: per_epoch * batch_size] for _ in range(epochs)]
     step_fn = (
         jax.jit(step, donate_argnums=0).lower(carry, jnp.asarray(orders[0][:batch_size])).compile()
@@ -446,14 +424,15 @@ def train(
             elapsed += time.perf_counter() - start
             bar.update(per_epoch)
             bar.set_postfix(loss=f"{loss:.4f}")
-    params, _, _, moved, intended = carry
+    stored, _, _, moved, intended = carry
+    params = to_full_precision(stored)
     accuracy = evaluate(forward, params, data)
     return Row(
         mode=mode.name,
         accuracy=accuracy,
         loss=loss,
         step_ms=1000 * elapsed / (epochs * per_epoch),
-        param_bytes=_stored_bytes(mode, params),
+        param_bytes=tree_nbytes(_stored(mode, stored)),
         updates_applied=float(moved / intended) if float(intended) > 0 else float("nan"),
     )
 
