@@ -626,7 +626,10 @@ def _demo(argv: list[str]) -> int:
     except ImportError as exc:
         print(f"{PROG}: error: the demo is not available ({exc})", file=sys.stderr)
         return 1
-    return int(_demo.main(argv))
+    try:
+        return int(_demo.main(argv))
+    except SystemExit as exc:  # the demo's own --help or usage error
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,362 @@
+"""The `precision` command line, run as a subprocess and in-process.
+
+Inputs are written with the `safetensors` package (an independent writer);
+converted values are compared with the library's own `Format.encode`, report
+numbers with `precision.testing.error_report`, plots with matplotlib's reader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import matplotlib.image
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy
+from safetensors import safe_open
+
+import dtypes
+import precision
+from precision import Tensor, _cli
+from precision.testing._metrics import error_report, sqnr_db
+
+RNG = np.random.default_rng(11)
+INPUT = {
+    "encoder.weight": RNG.standard_normal((6, 40)).astype(np.float32),
+    "encoder.bias": RNG.standard_normal(40).astype(np.float32) * 0.1,
+    "head.weight": RNG.standard_normal((4, 32)).astype(ml_dtypes.bfloat16),
+    "position_ids": np.arange(7, dtype=np.int64),
+}
+FLOATS = ["encoder.weight", "encoder.bias", "head.weight"]
+PYTHON = [sys.executable, "-m", "precision"]
+SCRIPT = os.path.join(os.path.dirname(sys.executable), "precision")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "model.safetensors"
+    safetensors.numpy.save_file(INPUT, str(path))
+    return path
+
+
+def run(*args: str, cmd=PYTHON) -> subprocess.CompletedProcess:
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
+
+
+def raw_arrays(path) -> dict[str, np.ndarray]:
+    with safe_open(str(path), framework="numpy") as f:
+        return {name: f.get_tensor(name) for name in f.keys()}
+
+
+def assert_encoded_like_library(t: Tensor, x: np.ndarray, fmt: dtypes.Format, scaling=None):
+    """`t` holds exactly the storage `fmt.encode` produces for the float32 values `x`."""
+    if fmt.is_full_precision and scaling is None:
+        assert t.format == dtypes.float32
+        np.testing.assert_array_equal(np.asarray(t.encoded.data), x)
+        return
+    expected = fmt.encode(jnp.asarray(x), scaling=scaling)
+    got = t.encoded
+    assert (got.format, got.scaling, got.shape) == (fmt, expected.scaling, expected.shape)
+    np.testing.assert_array_equal(
+        np.asarray(got.data).view(np.uint8), np.asarray(expected.data).view(np.uint8)
+    )
+    if expected.scale is None:
+        assert got.scale is None
+    else:
+        np.testing.assert_array_equal(np.asarray(got.scale), np.asarray(expected.scale))
+
+
+# --------------------------------------------------------------------------
+# entry points and help
+
+
+def test_console_script_and_module_print_the_format_table():
+    by_script, by_module = run("formats", cmd=[SCRIPT]), run("formats")
+    assert by_script.returncode == by_module.returncode == 0
+    assert by_script.stdout == by_module.stdout
+    rows = {line.split()[0]: line for line in by_script.stdout.splitlines()[2:] if line.strip()}
+    for name, fmt in dtypes.FORMATS.items():
+        assert name in rows
+        assert f"{fmt.max:.6g}" in rows[name].split()
+    assert "bf16" in rows["bfloat16"]
+
+
+def test_formats_json(capsys):
+    assert _cli.main(["formats", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == list(dtypes.FORMATS)
+    assert {r["name"]: r["bits"] for r in rows} == {n: f.bits for n, f in dtypes.FORMATS.items()}
+
+
+@pytest.mark.parametrize("command", [[], ["formats"], ["convert"], ["report"]])
+def test_help_on_every_subcommand(capsys, command):
+    assert _cli.main([*command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: precision {' '.join(command)}".rstrip())
+
+
+def test_demo_help_is_the_demos_own(capsys):
+    assert _cli.main(["demo", "--help"]) == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+def test_demo_forwards_its_arguments(monkeypatch):
+    import precision._demo
+
+    seen = []
+    monkeypatch.setattr(precision._demo, "main", lambda argv: seen.append(argv) or 3)
+    assert _cli.main(["demo", "--modes", "fp32", "--epochs", "1"]) == 3
+    assert seen == [["--modes", "fp32", "--epochs", "1"]]
+
+
+def test_demo_missing_is_a_one_line_error(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "precision._demo", None)  # import now fails
+    monkeypatch.delattr(precision, "_demo", raising=False)
+    assert _cli.main(["demo"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("precision: error: the demo is not available")
+    assert err.count("\n") == 1
+
+
+# --------------------------------------------------------------------------
+# convert
+
+
+def check_converted(out, fmt: dtypes.Format) -> None:
+    loaded = precision.load(out)
+    for tensor in FLOATS:
+        assert_encoded_like_library(loaded[tensor], np.asarray(INPUT[tensor], np.float32), fmt)
+    np.testing.assert_array_equal(loaded["position_ids"], INPUT["position_ids"])
+
+
+def test_convert_in_subprocesses(checkpoint, tmp_path):
+    runs = {"int4": [SCRIPT], "float8_e5m2": PYTHON, "tf32": PYTHON}
+    procs = {}
+    for name, cmd in runs.items():  # side by side: each pays for starting Python and JAX
+        out = tmp_path / f"{name}.safetensors"
+        args = [*cmd, "convert", str(checkpoint), "-o", str(out), "--to", name]
+        procs[name] = (out, subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    for name, (out, proc) in procs.items():
+        stdout, stderr = proc.communicate(timeout=180)
+        assert proc.returncode == 0, stderr.decode()
+        assert f"converted 3 tensor(s) to {name}" in stdout.decode()
+        assert stderr == b""  # no progress bar when stderr is not a terminal
+        check_converted(out, dtypes.get(name))
+
+
+@pytest.mark.parametrize("name", [n for n in dtypes.FORMATS if n != "float64"])
+def test_convert_to_every_format(checkpoint, tmp_path, capsys, name):
+    out = tmp_path / "out.safetensors"
+    assert _cli.main(["convert", str(checkpoint), "-o", str(out), "--to", name, "-q"]) == 0
+    assert f"converted 3 tensor(s) to {name}" in capsys.readouterr().out
+    check_converted(out, dtypes.get(name))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "flag", "scaling"),
+    [
+        ("int4", "per-axis:0", dtypes.PerAxis(0)),
+        ("int8", "per-block:16:pow2", dtypes.PerBlock(16, power_of_two=True)),
+        ("e4m3", "per-tensor", dtypes.PerTensor()),
+        ("int1", "per-axis:-1", dtypes.PerAxis(-1)),
+    ],
+)
+def test_convert_with_scaling(checkpoint, tmp_path, capsys, fmt, flag, scaling):
+    out = tmp_path / "out.safetensors"
+    args = ["convert", str(checkpoint), "-o", str(out), "--to", fmt, "--scaling", flag]
+    assert _cli.main([*args, "--exclude", "bias"]) == 0
+    loaded = precision.load(out)
+    for tensor in ["encoder.weight", "head.weight"]:
+        x = np.asarray(INPUT[tensor], np.float32)
+        assert_encoded_like_library(loaded[tensor], x, dtypes.get(fmt), scaling)
+    assert "kept 1: excluded" in capsys.readouterr().out
+
+
+def test_scaling_that_does_not_fit_keeps_the_tensor(checkpoint, tmp_path, capsys):
+    out = tmp_path / "out.safetensors"
+    args = ["convert", str(checkpoint), "-o", str(out), "--to", "int8"]
+    assert _cli.main([*args, "--scaling", "per-axis:1"]) == 0
+    assert "kept 1: per-axis 1 does not fit shape [40]" in capsys.readouterr().out
+    assert precision.load(out)["encoder.bias"].format == dtypes.float32
+
+
+def test_include_and_exclude_copy_other_tensors_byte_for_byte(checkpoint, tmp_path, capsys):
+    out = tmp_path / "out.safetensors"
+    args = ["convert", str(checkpoint), "-o", str(out), "--to", "int2"]
+    assert _cli.main([*args, "--include", r"^encoder\.", "--exclude", "bias$"]) == 0
+    stdout = capsys.readouterr().out
+    assert "converted 1 tensor(s) to int2" in stdout
+    assert "kept 1: excluded" in stdout
+    assert "kept 2: not included" in stdout  # head.weight and position_ids
+    before, after = raw_arrays(checkpoint), raw_arrays(out)
+    for name in ["encoder.bias", "head.weight", "position_ids"]:
+        assert after[name].dtype == before[name].dtype
+        assert after[name].tobytes() == before[name].tobytes()
+    assert precision.load(out)["encoder.weight"].format == dtypes.int2
+
+
+def test_summary_reports_bytes_and_worst_sqnr(checkpoint, tmp_path, capsys):
+    out = tmp_path / "out.safetensors"
+    assert _cli.main(["convert", str(checkpoint), "-o", str(out), "--to", "int4"]) == 0
+    stdout = capsys.readouterr().out
+    size_in, size_out = os.path.getsize(checkpoint), os.path.getsize(out)
+    assert f"({size_out / size_in:.1%})" in stdout
+    loaded = precision.load(out, as_arrays=True)
+    expected = min(
+        (sqnr_db(np.asarray(INPUT[n], np.float32), np.asarray(loaded[n])), n) for n in FLOATS
+    )
+    db, name = re.search(r"worst SQNR: (\S+) dB \((\S+)\)", stdout).groups()
+    assert name == expected[1]
+    assert float(db) == pytest.approx(expected[0], abs=0.01)
+
+
+def test_stochastic_rounding_is_seeded(checkpoint, tmp_path):
+    outs = [tmp_path / f"{i}.safetensors" for i in range(3)]
+    for out, seed in zip(outs, ["1", "1", "2"], strict=True):
+        args = ["convert", str(checkpoint), "-o", str(out), "--to", "int4"]
+        assert _cli.main([*args, "--rounding", "stochastic", "--seed", seed, "-q"]) == 0
+    a, b, c = (raw_arrays(o)["encoder.weight"] for o in outs)
+    assert a.tobytes() == b.tobytes()
+    assert a.tobytes() != c.tobytes()
+
+
+def test_convert_onto_itself_needs_overwrite(checkpoint, tmp_path, capsys):
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(checkpoint.read_bytes())
+    assert _cli.main(["convert", str(path), "-o", str(path), "--to", "bf16"]) == 1
+    assert "refusing to convert" in capsys.readouterr().err
+    assert path.read_bytes() == checkpoint.read_bytes()
+    assert _cli.main(["convert", str(path), "-o", str(path), "--to", "bf16", "--overwrite"]) == 0
+    assert precision.load(path)["encoder.weight"].format == dtypes.bfloat16
+    assert os.listdir(tmp_path) == ["m.safetensors"]
+
+
+# --------------------------------------------------------------------------
+# report
+
+
+def test_report_json_matches_error_report(checkpoint, tmp_path, capsys):
+    out = tmp_path / "int8.safetensors"
+    assert _cli.main(["convert", str(checkpoint), "-o", str(out), "--to", "int8", "-q"]) == 0
+    capsys.readouterr()
+    assert _cli.main(["report", str(checkpoint), str(out), "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == set(FLOATS)
+    approx = precision.load(out, as_arrays=True)
+    with safe_open(str(out), framework="numpy") as f:
+        sizes = {n: f.get_slice(n).get_shape() for n in f.keys()}
+    for name in FLOATS:
+        rep = error_report(np.asarray(INPUT[name], np.float32), np.asarray(approx[name]))
+        row = rows[name]
+        assert row["format"] == "int8"
+        assert row["max_rel_error"] == rep.max_rel_error
+        assert row["mean_rel_error"] == rep.mean_rel_error
+        assert row["max_abs_error"] == rep.max_abs_error
+        assert row["sqnr_db"] == rep.sqnr_db
+        codes = int(np.prod(sizes[name]))
+        assert row["bytes"] == codes + 4 * int(np.prod(sizes[name + ":scale"]))
+
+
+def test_report_table_and_plot(checkpoint, tmp_path):
+    out = tmp_path / "bf16.safetensors"
+    png = tmp_path / "errors.png"
+    assert run("convert", str(checkpoint), "-o", str(out), "--to", "bf16", "-q").returncode == 0
+    result = run("report", str(checkpoint), str(out), "--plot", str(png))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == "tensor format bytes max rel err mean rel err SQNR dB".split()
+    table = {line.split()[0]: line.split() for line in lines[2:5]}
+    assert table["encoder.weight"][1] == "bfloat16"
+    assert table["encoder.weight"][2] == str(6 * 40 * 2)
+    assert table["head.weight"][-1] == "inf"  # was bfloat16 already: exact
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    image = matplotlib.image.imread(png)
+    assert image.ndim == 3
+    assert image.shape[0] > 100
+    assert image.shape[1] > 100
+
+
+def test_report_shape_mismatch_is_a_data_error(checkpoint, tmp_path, capsys):
+    other = tmp_path / "other.safetensors"
+    precision.save(other, {"encoder.weight": np.zeros((40, 6), np.float32)})
+    assert _cli.main(["report", str(checkpoint), str(other)]) == 1
+    err = capsys.readouterr().err
+    assert "'encoder.weight' has shape [6, 40] in REF but [40, 6] in OTHER" in err
+
+
+# --------------------------------------------------------------------------
+# errors: exit codes and one-line messages
+
+USAGE_ERRORS = {
+    "no command": [],
+    "unknown command": ["frobnicate"],
+    "unknown format": ["convert", "IN", "-o", "OUT", "--to", "float7"],
+    "bad scaling": ["convert", "IN", "-o", "OUT", "--to", "int8", "--scaling", "per-row"],
+    "bad block": ["convert", "IN", "-o", "OUT", "--to", "int8", "--scaling", "per-block:x"],
+    "bad regex": ["convert", "IN", "-o", "OUT", "--to", "int8", "--exclude", "("],
+    "bad rounding": ["convert", "IN", "-o", "OUT", "--to", "int8", "--rounding", "random"],
+    "missing output": ["convert", "IN", "--to", "int8"],
+    "int unscaled": ["convert", "IN", "-o", "OUT", "--to", "int8", "--scaling", "none"],
+    "report one file": ["report", "A"],
+}
+
+
+@pytest.mark.parametrize("argv", USAGE_ERRORS.values(), ids=USAGE_ERRORS.keys())
+def test_usage_errors_exit_2(capsys, argv):
+    assert _cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err
+    assert "Traceback" not in err
+
+
+def test_usage_error_in_a_subprocess():
+    result = run("convert", "in.safetensors", "-o", "out.safetensors", "--to", "float7")
+    assert result.returncode == 2
+    assert "unknown format 'float7'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _data_error_cases(tmp_path, checkpoint):
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(checkpoint.read_bytes()[:100])
+    existing = tmp_path / "existing.safetensors"
+    existing.write_bytes(b"keep me")
+    nan_input = tmp_path / "nan.safetensors"
+    safetensors.numpy.save_file({"w": np.array([1.0, np.nan], np.float32)}, str(nan_input))
+    out = str(tmp_path / "out.safetensors")
+    return {
+        "missing input": (["convert", str(tmp_path / "absent"), "-o", out, "--to", "int8"],
+                          "No such file or directory"),
+        "corrupt input": (["convert", str(corrupt), "-o", out, "--to", "int8"], "truncated"),
+        "output exists": (["convert", str(checkpoint), "-o", str(existing), "--to", "int8"],
+                          "already exists; pass --overwrite"),
+        "nan in scaled": (["convert", str(nan_input), "-o", out, "--to", "int8"],
+                          "tensor 'w' holds NaN or inf"),
+        "report corrupt": (["report", str(checkpoint), str(corrupt)], "truncated"),
+        "not safetensors": (["report", str(existing), str(checkpoint)], "not a safetensors file"),
+    }  # fmt: skip
+
+
+def test_data_errors_exit_1_with_one_line(tmp_path, checkpoint, capsys):
+    for name, (argv, message) in _data_error_cases(tmp_path, checkpoint).items():
+        assert _cli.main(argv) == 1, name
+        err = capsys.readouterr().err
+        assert err.startswith("precision: error: "), name
+        assert message in err, (name, err)
+        assert err.count("\n") == 1, name
+    assert (tmp_path / "existing.safetensors").read_bytes() == b"keep me"
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_data_error_in_a_subprocess(tmp_path):
+    result = run("report", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1
+    assert "No such file or directory" in result.stderr
