@@ -31,24 +31,21 @@ def as_float_array(x: Any) -> jax.Array:
     if isinstance(x, jax.Array):
         arr = x
     else:
-        np_arr = np.asarray(x)
-        if np_arr.dtype.kind in "OSUVMm":
-            raise TypeError(
-                f"cannot encode an array of dtype {np_arr.dtype} ({type(x).__name__}); "
-                "pass numbers: a float, int or bool array"
-            )
-        arr = np_arr
+        arr = np.asarray(x)
     dtype = np.dtype(arr.dtype)
-    if dtype.kind == "c":
+    if jnp.issubdtype(dtype, jnp.complexfloating):
         raise TypeError(
             f"cannot encode complex values (dtype {dtype}); encode the real and imaginary "
             "parts separately (jnp.real(x), jnp.imag(x))"
         )
-    if dtype.kind in "iub":
+    if jnp.issubdtype(dtype, jnp.floating):  # ml_dtypes floats included
+        return jnp.asarray(arr)
+    if jnp.issubdtype(dtype, jnp.integer) or dtype == np.bool_:
         return jnp.asarray(arr, jnp.float32)
-    if dtype.kind != "f":
-        raise TypeError(f"cannot encode values of dtype {dtype}; pass a float array")
-    return jnp.asarray(arr)
+    raise TypeError(
+        f"cannot encode an array of dtype {dtype} (from {type(x).__name__}); "
+        "pass numbers: a float, int or bool array"
+    )
 
 
 def _is_tracer(x) -> bool:
