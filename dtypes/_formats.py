@@ -177,6 +177,11 @@ class FloatFormat(Format):
         if not self.finite and not nan:
             raise ValueError("an IEEE-style (finite=False) format always has NaN")
         object.__setattr__(self, "nan", bool(nan))
+        if not self.finite and e == 1:
+            raise ValueError(
+                f"FloatFormat(1, {m}) with infinities has no normal numbers (its only "
+                "exponent binade above the subnormals holds inf/NaN); pass finite=True"
+            )
         if not self.finite and m == 0:
             raise ValueError(
                 f"FloatFormat({e}, 0) cannot hold NaN (its top binade is only ±inf); "
