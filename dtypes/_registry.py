@@ -26,18 +26,28 @@ __all__ = [
 ]
 
 float64 = FloatFormat(11, 52)
+"""float64: IEEE double; a full-precision format (the logical dtype of 64-bit JAX)."""
 float32 = FloatFormat(8, 23)
+"""float32: IEEE single; the full-precision format of float32 tensors."""
 bfloat16 = FloatFormat(8, 7)
+"""bfloat16: 8 exponent and 7 mantissa bits; float32's range with about 3 significant digits."""
 float16 = FloatFormat(5, 10)
+"""float16: IEEE half, 5 exponent and 10 mantissa bits; max 65504."""
 tf32 = FloatFormat(8, 10, name="tf32")
+"""tf32: 8 exponent and 10 mantissa bits, in a float32 container (low 13 mantissa bits zero)."""
 float8_e4m3fn = FloatFormat(4, 3, finite=True)
+"""float8_e4m3fn: OCP FP8 E4M3; no infinities, one NaN code, max 448."""
 float8_e5m2 = FloatFormat(5, 2)
+"""float8_e5m2: OCP FP8 E5M2; IEEE-style with ±inf and NaN, max 57344."""
 int8 = IntFormat(8)
+"""int8: symmetric 8-bit integer codes in [-127, 127] with float32 scales."""
 int4 = IntFormat(4)
+"""int4: symmetric 4-bit codes in [-7, 7], two per byte, with float32 scales."""
 int2 = IntFormat(2)
+"""int2: ternary codes {-1, 0, 1}, four per byte, with float32 scales."""
 int1 = IntFormat(1)
+"""int1: binary ±1 codes (sign, 0 maps to +1), eight per byte, scale mean(|x|) per group."""
 
-#: Every built-in format, by canonical name, in table order.
 FORMATS: dict[str, Format] = {
     f.name: f
     for f in (
@@ -54,8 +64,8 @@ FORMATS: dict[str, Format] = {
         int1,
     )
 }
+"""Every built-in format, by canonical name, in table order."""
 
-#: Other spellings people type, mapped to canonical names.
 ALIASES: dict[str, str] = {
     "f64": "float64",
     "fp64": "float64",
@@ -76,6 +86,7 @@ ALIASES: dict[str, str] = {
     "fp8_e5m2": "float8_e5m2",
     "binary": "int1",
 }
+"""Other spellings people type, mapped to canonical names (matched case-insensitively)."""
 
 
 def get(name: str | Format) -> Format:

@@ -34,6 +34,7 @@ ROUNDING_MODES: tuple[str, ...] = (
     "down",
     "stochastic",
 )
+"""The rounding modes every format accepts; `nearest_even` is the default."""
 
 
 def check_rounding(rounding: str, key) -> None:
