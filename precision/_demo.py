@@ -318,6 +318,7 @@ class Row(NamedTuple):
     mode: str
     accuracy: float  # fraction of test images classified correctly
     loss: float  # mean training loss over the last epoch
+    first_loss: float  # training loss of the very first step, before any update
     step_ms: float  # wall time per training step, compilation excluded
     param_bytes: int  # bytes of the parameters as this mode keeps/deploys them
     updates_applied: float  # sum |change of stored params| / sum |intended update|
@@ -411,7 +412,7 @@ def train(
         leave=False,
     )
     elapsed = 0.0
-    loss = float("nan")
+    loss = first_loss = float("nan")
     with bar:
         for e in range(epochs):
             batches = jnp.asarray(orders[e].reshape(per_epoch, batch_size))
@@ -421,6 +422,8 @@ def train(
                 carry, step_loss = step_fn(carry, batches[i])
                 losses.append(step_loss)
             loss = float(jnp.mean(jnp.stack(losses)))  # waits for the epoch to finish
+            if e == 0:
+                first_loss = float(losses[0])
             elapsed += time.perf_counter() - start
             bar.update(per_epoch)
             bar.set_postfix(loss=f"{loss:.4f}")
@@ -431,6 +434,7 @@ def train(
         mode=mode.name,
         accuracy=accuracy,
         loss=loss,
+        first_loss=first_loss,
         step_ms=1000 * elapsed / (epochs * per_epoch),
         param_bytes=tree_nbytes(_stored(mode, stored)),
         updates_applied=float(moved / intended) if float(intended) > 0 else float("nan"),
@@ -474,8 +478,13 @@ def format_table(rows: Sequence[Row]) -> str:
     out = [fmt(header), "  ".join("-" * w for w in widths), *(fmt(line) for line in lines)]
     out.append("")
     out.append(
-        "updates kept: sum of |change of the stored parameters| over sum of |SGD update| across "
-        "training; rounding to nearest drops every update below half a bfloat16 ulp."
+        "param bytes: the parameters as each mode keeps them; QAT rows count the deployed "
+        "model (packed integer kernels, one float32 scale per output channel)."
+    )
+    out.append(
+        "updates kept: sum |change of the stored parameters| / sum |SGD update| over training. "
+        "Rounded to nearest, a bfloat16 parameter ignores every update below half its spacing "
+        "(2^-9 to 2^-8 of its magnitude); stochastic rounding keeps them on average."
     )
     return "\n".join(out)
 
@@ -486,6 +495,7 @@ def _write_json(path: str, rows: Sequence[Row]) -> None:
             "mode": r.mode,
             "accuracy": r.accuracy,
             "loss": r.loss,
+            "first_loss": r.first_loss,
             "step_ms": r.step_ms,
             "param_bytes": r.param_bytes,
             "updates_applied": r.updates_applied,

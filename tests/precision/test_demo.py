@@ -1,0 +1,188 @@
+"""The demo in a shortened form (every mode, a few steps), its data loading and its CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from precision import _demo
+
+MODES = [
+    "fp32",
+    "bf16-mixed",
+    "fp16-loss-scale",
+    "tf32",
+    "int8-qat",
+    "int4-qat",
+    "int1-qat",
+    "bf16-pure-nearest",
+    "bf16-pure-stochastic",
+]
+
+
+def _expected_param_bytes(h: int, w: int) -> dict[str, int]:
+    """Bytes of the seed's CNN per mode, counted by hand from the layer shapes."""
+    kernels = {
+        "conv1": (9, 32),  # (values per output channel, output channels)
+        "conv2": (9 * 32, 32),
+        "dense1": ((h // 2) * (w // 2) * 32, 512),
+        "dense2": (512, 512),
+        "dense3": (512, 10),
+    }
+    biases = sum(out for _, out in kernels.values())
+    weights = sum(n * out for n, out in kernels.values())
+    f32 = 4 * (weights + biases)
+
+    def quantized(bits: int, skip: tuple[str, ...] = ()) -> int:
+        total = 4 * biases
+        for name, (n, out) in kernels.items():
+            if name in skip:
+                total += 4 * n * out
+            else:
+                # Packed along the output-channel axis: ceil(out * bits / 8) bytes per
+                # row, plus one float32 scale per output channel.
+                total += n * math.ceil(out * bits / 8) + 4 * out
+        return total
+
+    return {
+        "fp32": f32,
+        "bf16-mixed": f32,
+        "fp16-loss-scale": f32,
+        "tf32": f32,
+        "int8-qat": quantized(8),
+        "int4-qat": quantized(4),
+        "int1-qat": quantized(1, skip=("conv1", "dense3")),
+        "bf16-pure-nearest": 2 * (weights + biases),
+        "bf16-pure-stochastic": 2 * (weights + biases),
+    }
+
+
+def test_modes_are_named_as_documented():
+    assert list(_demo.MODES) == MODES
+
+
+def test_short_demo_every_mode(tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    argv = ["--epochs", "2", "--steps", "4", "--batch-size", "64", "--no-progress"]
+    assert _demo.main([*argv, "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    for mode in MODES:
+        assert f"\n{mode} " in table
+    rows = json.loads(out.read_text())
+    assert [r["mode"] for r in rows] == MODES
+    expected_bytes = _expected_param_bytes(8, 8)
+    for r in rows:
+        assert {"mode", "accuracy", "loss", "step_ms", "param_bytes"} <= set(r)
+        assert 0.0 <= r["accuracy"] <= 1.0
+        assert r["step_ms"] > 0
+        assert r["param_bytes"] == expected_bytes[r["mode"]], r["mode"]
+        # A few steps of SGD reduce the loss in every mode.
+        assert math.isfinite(r["loss"])
+        assert r["loss"] < r["first_loss"] - 0.1, r["mode"]
+    by_mode = {r["mode"]: r for r in rows}
+    # Float32 masters keep every update; nearest-rounded bfloat16 parameters lose some.
+    assert by_mode["fp32"]["updates_applied"] == pytest.approx(1.0, abs=1e-3)
+    assert by_mode["bf16-pure-nearest"]["updates_applied"] < 0.99
+    assert by_mode["bf16-pure-stochastic"]["updates_applied"] == pytest.approx(1.0, abs=0.05)
+
+
+def _write_npz(path, **arrays):
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def _mnist_like(n_train=256, n_test=64, size=28):
+    rng = np.random.default_rng(0)
+    return {
+        "x_train": rng.integers(0, 256, (n_train, size, size), dtype=np.uint8),
+        "y_train": rng.integers(0, 10, n_train).astype(np.uint8),
+        "x_test": rng.integers(0, 256, (n_test, size, size), dtype=np.uint8),
+        "y_test": rng.integers(0, 10, n_test).astype(np.int64),
+    }
+
+
+def test_mnist_layout_npz(tmp_path, capsys):
+    path = _write_npz(tmp_path / "mnist.npz", **_mnist_like())
+    data = _demo.load_data(path)
+    assert data.x_train.shape == (256, 28, 28, 1)
+    assert data.x_train.dtype == np.float32
+    assert 0.0 <= data.x_train.min()
+    assert data.x_train.max() <= 1.0
+    out = tmp_path / "rows.json"
+    argv = ["--data", path, "--modes", "fp32", "--epochs", "1", "--steps", "1", "--no-progress"]
+    assert _demo.main([*argv, "--json", str(out), "--batch-size", "32"]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["param_bytes"] == _expected_param_bytes(28, 28)["fp32"]
+
+
+def test_digits_split_is_fixed():
+    a, b = _demo.load_data(), _demo.load_data()
+    assert (len(a.x_train), len(a.x_test)) == (1437, 360)
+    np.testing.assert_array_equal(a.y_test, b.y_test)
+    assert a.x_train.shape[1:] == (8, 8, 1)
+    assert a.x_train.max() == 1.0
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"x_test": None}, r"missing array\(s\) x_test"),
+        ({"x_train": np.zeros((4, 784), np.uint8)}, r"x_train has shape \(4, 784\)"),
+        ({"x_train": np.zeros((4, 28, 28), np.float32)}, "x_train has dtype float32"),
+        ({"y_train": np.zeros(3, np.int64)}, r"y_train has shape \(3,\); expected \(256,\)"),
+        ({"y_test": np.full(64, 10)}, "labels 0..9"),
+        ({"x_test": np.zeros((64, 14, 14), np.uint8)}, "must match"),
+    ],
+)
+def test_npz_validation_names_the_problem(tmp_path, capsys, change, match):
+    arrays = _mnist_like()
+    for key, value in change.items():
+        if value is None:
+            del arrays[key]
+        else:
+            arrays[key] = value
+    path = _write_npz(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ValueError, match=match):
+        _demo.load_data(path)
+    assert _demo.main(["--data", path, "--no-progress"]) == 2
+    assert "precision demo:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--modes", "fp32,fp8"], "unknown mode.*fp8.*bf16-pure-stochastic"),
+        (["--epochs", "0"], "--epochs must be at least 1"),
+        (["--steps", "0"], "--steps must be at least 1"),
+        (["--lr", "-1"], "--lr must be positive"),
+    ],
+)
+def test_bad_arguments_exit_with_usage(argv, match, capsys):
+    with pytest.raises(SystemExit) as info:
+        _demo.main(argv)
+    assert info.value.code == 2
+    assert re.search(match, capsys.readouterr().err)
+
+
+def test_python_dash_m_precision_demo_help():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root}
+    result = subprocess.run(
+        [sys.executable, "-m", "precision", "demo", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    for flag in ("--modes", "--epochs", "--seed", "--data", "--json", "--steps", "--no-progress"):
+        assert flag in result.stdout
