@@ -82,6 +82,10 @@ def _pow2(k: jax.Array) -> jax.Array:
 
 
 def _group_absmax(x: jax.Array, scaling: Scaling) -> jax.Array:
+    # Scales are treated as constants by autodiff (straight-through): the
+    # gradient of decode(encode(x)) is 1, not the sensitivity of the
+    # rounding error to the group's absmax.
+    x = lax.stop_gradient(x)
     return scaling.group_reduce(jnp.abs(x), lambda a, axes: jnp.max(a, axis=axes, keepdims=True))
 
 
@@ -132,7 +136,19 @@ def _round_values(fmt: FloatFormat, x: jax.Array, rounding: str, key, *, saturat
         # against ml_dtypes in the tests) and is one fused op. It is not used
         # for narrower exponents: there it flushes the target's subnormals.
         return lax.reduce_precision(x, exponent_bits=8, mantissa_bits=fmt.mantissa_bits)
+    return _round_float_ste(grid, rounding, x, key)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def _round_float_ste(grid, rounding: str, x, key):
+    """`round_float` with derivative 1: integer bit operations have none of their own."""
     return round_float(x, grid, rounding, key)
+
+
+@_round_float_ste.defjvp
+def _round_float_ste_jvp(grid, rounding, primals, tangents):
+    x, key = primals
+    return round_float(x, grid, rounding, key), tangents[0]
 
 
 def _resolve_scaling(fmt: Format, scaling: Scaling | None) -> Scaling | None:
@@ -147,6 +163,12 @@ def _resolve_scaling(fmt: Format, scaling: Scaling | None) -> Scaling | None:
 
 def _validate(fmt: Format, x: jax.Array, scaling: Scaling | None) -> None:
     """Every check that can be made before computing: shapes, and eager values."""
+    if scaling is not None and fmt.kind == "float" and fmt.emax >= 127:
+        raise ValueError(
+            f"{fmt.name} already has float32's exponent range, so scaling cannot help it and "
+            f"its scales would be float32 subnormals (flushed to zero by XLA on CPU); encode "
+            f"without scaling, or scale into a narrower format such as float8_e4m3fn"
+        )
     if scaling is not None and x.ndim:
         scaling.validate(x.shape)
     if scaling is not None:
@@ -216,7 +238,7 @@ def _int_codes(fmt: IntFormat, x: jax.Array, scaling: Scaling, rounding: str, ke
     """(codes as float32, scale, reciprocal, unclipped rounded codes)."""
     if fmt.binary:
         total = scaling.group_reduce(
-            jnp.abs(x), lambda a, axes: jnp.sum(a, axis=axes, keepdims=True)
+            jnp.abs(lax.stop_gradient(x)), lambda a, axes: jnp.sum(a, axis=axes, keepdims=True)
         )
         scale = total / group_sizes(scaling, x.shape)
         # sign(x) with 0 mapping to +1; NaN input gives a NaN scale above.
