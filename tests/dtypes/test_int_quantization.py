@@ -1,0 +1,266 @@
+"""Integer formats against the numpy reference of DESIGN §2, and packing bit by bit."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from checks import fid
+from reference import int_quantize, pack, unpack
+
+import dtypes
+from dtypes import Encoded, PerAxis, PerBlock, PerTensor
+
+INTS = [f for f in dtypes.FORMATS.values() if f.kind == "int"]
+MULTIBIT = [f for f in INTS if not f.binary]
+PACKED = [f for f in INTS if f.packed]
+DETERMINISTIC = ("nearest_even", "nearest_away", "toward_zero", "up", "down")
+
+
+def _data(shape=(8, 100), seed=0) -> np.ndarray:
+    """Normal float32 values with varied magnitudes, an all-zero row and exact ties."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x *= np.float32(2.0) ** rng.integers(-6, 6, (*shape[:-1], 1)).astype(np.float32)
+    if shape[0] > 2:
+        x[1] = 0.0  # an all-zero row (and all-zero blocks)
+        # row 2: absmax 127 and 7 so that x * (qmax / absmax) hits exact .5 ties for int8
+        x[2] = rng.integers(-126, 127, shape[-1]) + 0.5
+        x[2, 0] = 127.0
+    return x
+
+
+SCALINGS = [
+    ("tensor", PerTensor(), {}),
+    ("axis0", PerAxis(0), {"kind": "axis", "axis": 0}),
+    ("axis1", PerAxis(1), {"kind": "axis", "axis": 1}),
+    ("axis-1", PerAxis(-1), {"kind": "axis", "axis": -1}),
+    ("block32", PerBlock(32), {"kind": "block", "axis": -1, "size": 32}),  # 100 = 3*32 + 4
+    ("block3-axis0", PerBlock(3, axis=0), {"kind": "block", "axis": 0, "size": 3}),  # 8 = 2*3+2
+    ("pow2-tensor", PerTensor(power_of_two=True), {"power_of_two": True}),
+    (
+        "pow2-block32",
+        PerBlock(32, power_of_two=True),
+        {"kind": "block", "axis": -1, "size": 32, "power_of_two": True},
+    ),
+    (
+        "pow2-axis0",
+        PerAxis(0, power_of_two=True),
+        {"kind": "axis", "axis": 0, "power_of_two": True},
+    ),
+]
+
+
+def _codes_and_scale(enc: Encoded) -> tuple[np.ndarray, np.ndarray]:
+    """Codes (decoded with scale 1) and the per-element scale of an int encoding."""
+    fmt = enc.format
+    ones = Encoded(
+        enc.data, jnp.ones_like(enc.scale), fmt, enc.scaling, enc.shape[-1] if fmt.packed else None
+    )
+    codes = np.asarray(fmt.decode(ones))
+    scale = np.asarray(enc.scaling.broadcast(enc.scale, enc.shape))
+    return codes, scale
+
+
+# int1 scales by mean|x|: power-of-two absmax scaling does not apply to it
+INT_CASES = [
+    pytest.param(fmt, *case, id=f"{fmt.name}-{case[0]}")
+    for fmt in INTS
+    for case in SCALINGS
+    if not (fmt.binary and case[1].power_of_two)
+]
+
+
+@pytest.mark.parametrize(("fmt", "name", "scaling", "ref_kw"), INT_CASES)
+def test_codes_and_scales_match_numpy_reference(fmt, name, scaling, ref_kw, eager_and_jit):
+    x = _data()
+    enc = eager_and_jit(lambda v: fmt.encode(v, scaling=scaling))(jnp.asarray(x))
+    assert enc.scale.shape == scaling.scale_shape(x.shape)
+    assert enc.scale.dtype == jnp.float32
+    assert enc.shape == x.shape
+    codes, scale = _codes_and_scale(enc)
+    ref_codes, ref_scale = int_quantize(x, fmt.qmax, binary=fmt.binary, **ref_kw)
+    np.testing.assert_array_equal(codes, ref_codes)
+    # within an ulp here; bit-exactness of the scale is its own test below
+    np.testing.assert_allclose(scale, ref_scale, rtol=4e-7 * np.log2(x.size), atol=0)
+
+
+@pytest.mark.parametrize(("name", "scaling", "ref_kw"), SCALINGS, ids=[s[0] for s in SCALINGS])
+@pytest.mark.parametrize("fmt", MULTIBIT, ids=fid)
+def test_scales_are_bit_exact_absmax_over_qmax(fmt, name, scaling, ref_kw):
+    """DESIGN §2: the stored scale is `absmax / qmax` in float32 (correctly rounded)."""
+    x = _data()
+    enc = jax.jit(lambda v: fmt.encode(v, scaling=scaling))(jnp.asarray(x))
+    _, scale = _codes_and_scale(enc)
+    _, ref_scale = int_quantize(x, fmt.qmax, **ref_kw)
+    np.testing.assert_array_equal(scale, ref_scale)
+
+
+@pytest.mark.parametrize("mode", DETERMINISTIC)
+@pytest.mark.parametrize("fmt", MULTIBIT, ids=fid)
+def test_every_deterministic_mode_matches_numpy_reference(fmt, mode, eager_and_jit):
+    x = _data(seed=1)
+    scaling = PerAxis(0)
+    enc = eager_and_jit(lambda v: fmt.encode(v, scaling=scaling, rounding=mode))(jnp.asarray(x))
+    codes, _ = _codes_and_scale(enc)
+    ref_codes, _ = int_quantize(x, fmt.qmax, kind="axis", axis=0, mode=mode)
+    np.testing.assert_array_equal(codes, ref_codes)
+
+
+@pytest.mark.parametrize("fmt", MULTIBIT, ids=fid)
+def test_nearest_error_is_at_most_half_a_scale(fmt, eager_and_jit):
+    x = _data(seed=2)
+    for scaling in (PerTensor(), PerAxis(0), PerBlock(32)):
+        for mode in ("nearest_even", "nearest_away"):
+            y = eager_and_jit(lambda v, s=scaling, m=mode: fmt.round(v, scaling=s, rounding=m))(
+                jnp.asarray(x)
+            )
+            scale = np.asarray(scaling.broadcast(fmt.encode(x, scaling=scaling).scale, x.shape))
+            err = np.abs(np.asarray(y, np.float64) - x)
+            # one float32 rounding in x * (qmax/absmax) and one in code * scale
+            bound = scale / 2 * (1 + 2**-20) + np.abs(x) * 2**-23
+            assert np.all(err <= bound), f"{scaling} {mode}: worst {np.max(err / bound)}"
+
+
+@pytest.mark.parametrize("fmt", INTS, ids=fid)
+def test_stochastic_codes_are_floor_or_ceil_and_unbiased(fmt, eager_and_jit):
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, 64).astype(np.float32)
+    x[0] = 1.0  # absmax 1: y = x * qmax
+    n = 2000
+    keys = jax.random.split(jax.random.key(11), n)
+    out = eager_and_jit(
+        lambda ks, v: jax.vmap(lambda k: fmt.round(v, rounding="stochastic", key=k))(ks)
+    )(keys, jnp.asarray(x))
+    out = np.asarray(out, np.float64)
+    if fmt.binary:
+        # binary codes are sign(x): stochastic rounding has nothing to choose
+        np.testing.assert_array_equal(out, np.broadcast_to(np.asarray(fmt.round(x)), out.shape))
+        return
+    y = x.astype(np.float64) * fmt.qmax  # exact codes before rounding (scale is 1/qmax)
+    scale = 1.0 / fmt.qmax
+    lo, hi = np.floor(y) * scale, np.ceil(y) * scale
+    tol = 1e-6
+    near_lo, near_hi = np.abs(out - lo) < tol, np.abs(out - hi) < tol
+    assert np.all(near_lo | near_hi), "a stochastic code is neither floor nor ceil"
+    p = y - np.floor(y)
+    freq = near_hi.mean(axis=0)
+    freq = np.where(p == 0, 1 - near_lo.mean(axis=0), freq)
+    sigma = np.sqrt(p * (1 - p) / n)
+    assert np.all(np.abs(freq - p) <= 5 * sigma + 1e-12), (x, p, freq)
+    # unbiased: the mean of the decoded values is x within 5 sigma
+    mean_err = np.abs(out.mean(axis=0) - x)
+    assert np.all(mean_err <= 5 * sigma * scale + 1e-6)
+
+
+@pytest.mark.parametrize("fmt", INTS, ids=fid)
+def test_stochastic_same_key_same_codes(fmt):
+    x = jnp.asarray(_data(seed=4))
+    a = fmt.encode(x, rounding="stochastic", key=jax.random.key(0))
+    b = fmt.encode(x, rounding="stochastic", key=jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
+    if not fmt.binary:
+        c = fmt.encode(x, rounding="stochastic", key=jax.random.key(1))
+        assert np.any(np.asarray(a.data) != np.asarray(c.data))
+
+
+def test_binary_codes_and_zero_maps_to_plus_one():
+    fmt = dtypes.int1
+    assert fmt.binary
+    x = np.array([[0.0, -0.0, 2.0, -3.0, 1.0, -1.0, 0.5, 0.0]], np.float32)
+    enc = fmt.encode(x)
+    codes, scale = _codes_and_scale(enc)
+    np.testing.assert_array_equal(codes, [[1, 1, 1, -1, 1, -1, 1, 1]])
+    np.testing.assert_allclose(scale, np.mean(np.abs(x)), rtol=1e-7)
+    assert fmt.qmax == 1
+
+
+@pytest.mark.parametrize("fmt", MULTIBIT, ids=fid)  # int1 has no zero code
+def test_all_zero_group_gets_scale_one_and_code_zero(fmt):
+    x = np.zeros((3, 40), np.float32)
+    x[0] = np.linspace(-1, 1, 40)
+    enc = fmt.encode(x, scaling=PerAxis(0))
+    expected = [np.float32(1) / np.float32(fmt.qmax), 1.0, 1.0]
+    np.testing.assert_array_equal(np.asarray(enc.scale).ravel(), expected)
+    codes, _ = _codes_and_scale(enc)
+    np.testing.assert_array_equal(codes[1:], 0)
+
+
+# -- packing ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 8, 9, 33])
+@pytest.mark.parametrize("fmt", PACKED, ids=fid)
+def test_pack_matches_reference_for_every_code_and_odd_lengths(fmt, n, eager_and_jit):
+    valid = np.array([-1, 1]) if fmt.binary else np.arange(-fmt.qmax, fmt.qmax + 1)
+    rng = np.random.default_rng(n)
+    codes = np.stack([np.resize(np.roll(valid, r), n) for r in range(len(valid))])
+    codes = np.concatenate([codes, rng.choice(valid, (3, n))])
+    codes[:, 0] = fmt.qmax  # absmax qmax: scale 1, so the codes are the values
+    x = codes.astype(np.float32)
+    enc = eager_and_jit(lambda v: fmt.encode(v))(jnp.asarray(x))
+    assert enc.data.dtype == jnp.uint8
+    np.testing.assert_array_equal(np.asarray(enc.data), pack(codes, fmt.bits))
+    assert enc.shape == x.shape
+    got, _ = _codes_and_scale(eager_and_jit(lambda e: e)(enc))
+    np.testing.assert_array_equal(got, codes)
+
+
+@pytest.mark.parametrize("fmt", PACKED, ids=fid)
+def test_unpack_of_every_byte_matches_reference(fmt, eager_and_jit):
+    data = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    per = 8 // fmt.bits
+    for n in (16 * per, 16 * per - 1, 1):  # whole bytes, one padding field, a single field
+        nb = -(-n // per)
+        d = data[:, :nb]
+        enc = Encoded(jnp.asarray(d), jnp.ones((1, 1), jnp.float32), fmt, PerTensor(), n)
+        assert enc.shape == (16, n)
+        got = np.asarray(eager_and_jit(lambda e: e.decode())(enc))
+        np.testing.assert_array_equal(got, unpack(d, fmt.bits, n))
+
+
+@pytest.mark.parametrize("fmt", INTS, ids=fid)
+def test_scalar_round_trip(fmt):
+    for v in (0.75, -2.5, 0.0):
+        enc = fmt.encode(np.float32(v))
+        assert enc.shape == ()
+        # a scalar is its own absmax: code ±qmax (int1: sign, scale |v|), decoding to v
+        assert float(enc.decode()) == pytest.approx(v, rel=1e-6)
+
+
+# -- nbytes ---------------------------------------------------------------
+
+
+def _held_bytes(enc: Encoded) -> int:
+    return sum(np.asarray(a).nbytes for a in jax.tree_util.tree_leaves(enc))
+
+
+@pytest.mark.parametrize("scaling", [None, PerAxis(0), PerBlock(32), PerBlock(7, axis=0)], ids=str)
+@pytest.mark.parametrize("shape", [(1,), (5,), (3, 17), (2, 3, 33), (8, 64)], ids=str)
+@pytest.mark.parametrize("fmt", [*INTS, dtypes.bfloat16, dtypes.float8_e4m3fn], ids=fid)
+def test_nbytes_equals_bytes_held(fmt, shape, scaling):
+    if isinstance(scaling, PerBlock) and scaling.axis == 0 and len(shape) < 2:
+        scaling = PerBlock(7)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    enc = fmt.encode(x, scaling=scaling)
+    assert enc.nbytes == _held_bytes(enc) == fmt.nbytes(shape, scaling)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "data_bytes"),
+    [
+        (dtypes.int8, 1024 * 1024),
+        (dtypes.int4, 512 * 1024),
+        (dtypes.int2, 256 * 1024),
+        (dtypes.int1, 128 * 1024),
+    ],
+    ids=lambda v: getattr(v, "name", str(v)),
+)
+def test_megapixel_footprint(fmt, data_bytes):
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((1024, 1024), np.float32))
+    enc = fmt.encode(x)
+    assert enc.nbytes == data_bytes + 4  # one float32 scale
+    assert _held_bytes(enc) == data_bytes + 4
+    assert fmt.nbytes((1024, 1024)) == data_bytes + 4
+    assert fmt.nbytes((1024, 1024), PerAxis(0)) == data_bytes + 4 * 1024
