@@ -26,7 +26,7 @@ CUSTOM_FLOATS = [
     FloatFormat(3, 4),
     FloatFormat(5, 2, saturate=True),
     FloatFormat(4, 0, finite=True, nan=False),
-    FloatFormat(1, 2),
+    FloatFormat(1, 2, finite=True),
     FloatFormat(6, 9),
     FloatFormat(8, 4),
 ]
