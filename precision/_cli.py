@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 import dtypes
+from dtypes import Encoded
 
 from . import _io
 from ._errors import PrecisionError
@@ -327,25 +329,120 @@ def _fits(scaling: dtypes.Scaling, shape: tuple[int, ...]) -> bool:
     return True
 
 
-def _converter(fmt: dtypes.Format, scaling: dtypes.Scaling | None, rounding: str):
-    """A jitted (x, key) -> (data, scale, all finite, signal energy, noise energy).
+_CHUNK = 1 << 18  # values per slice of the error statistics (1 MiB of float32)
 
-    One fused XLA computation per tensor shape, so the only full-size buffers
-    are the input and the output codes: this is what keeps `convert` at about
-    one tensor of extra memory.
+
+class _Converter:
+    """The library's own encode of one tensor at a time, and its error energy.
+
+    Memory is what this is built around. XLA fuses an encode into one pass
+    from the float32 input to the output codes (plus a reduction for the
+    scales), so the only full-size buffers are the input and the output; the
+    error statistics are computed apart, in slices of `_CHUNK` values (fused
+    into the encode they made XLA materialize two float32 copies of the
+    tensor). Everything is compiled for a tensor's shape *before* the tensor
+    is read (`prepare`), so the compiler's own transient memory never adds
+    to a tensor's.
     """
-    import jax
-    import jax.numpy as jnp
 
-    def convert(x, key):
-        enc = fmt.encode(x, scaling=scaling, rounding=rounding, key=key)
-        y = enc.decode(jnp.float32)
-        finite = jnp.isfinite(x)
-        signal = jnp.sum(jnp.where(finite, jnp.square(x), 0), dtype=jnp.float32)
-        noise = jnp.sum(jnp.where(finite, jnp.square(x - y), 0), dtype=jnp.float32)
-        return enc.data, enc.scale, jnp.all(finite), signal, noise
+    def __init__(self, fmt: dtypes.Format, scaling: dtypes.Scaling | None, rounding: str):
+        import jax
+        import jax.numpy as jnp
 
-    return jax.jit(convert)
+        self.fmt, self.scaling = fmt, scaling
+
+        def encode(x, key):
+            enc = fmt.encode(x, scaling=scaling, rounding=rounding, key=key)
+            return enc.data, enc.scale
+
+        def decode(data, scale, last):
+            return Encoded(data, scale, fmt, scaling, last).decode(jnp.float32)
+
+        self._encode = jax.jit(encode)
+        self._decode = jax.jit(decode, static_argnums=2)
+        self._key_spec = (
+            jax.eval_shape(lambda: jax.random.key(0)) if rounding == "stochastic" else None
+        )
+        self._compiled: dict[tuple, Any] = {}
+
+    @staticmethod
+    def _pieces(out: _io.Leaf) -> list[slice | None]:
+        """Row slices of the error statistics (None: the whole tensor at once)."""
+        shape, scale_shape = out.shape, out.scale_shape
+        if len(shape) < 2 or (scale_shape is not None and scale_shape[0] not in (1, shape[0])):
+            return [None]  # groups span the first axis, or nothing to slice
+        step = max(1, _CHUNK // max(int(np.prod(shape[1:], dtype=np.int64)), 1))
+        return [slice(r, min(r + step, shape[0])) for r in range(0, shape[0], step)] or [None]
+
+    def _specs(self, out: _io.Leaf, piece: slice | None):
+        import jax
+
+        data_shape, scale_shape = out.data_shape, out.scale_shape
+        if piece is not None:
+            n = piece.stop - piece.start
+            data_shape = (n, *data_shape[1:])
+            if scale_shape is not None and scale_shape[0] != 1:
+                scale_shape = (n, *scale_shape[1:])
+        data = jax.ShapeDtypeStruct(data_shape, out.container)
+        scale = None if scale_shape is None else jax.ShapeDtypeStruct(scale_shape, np.float32)
+        return data, scale
+
+    def _last(self, out: _io.Leaf) -> int | None:
+        return (out.shape[-1] if out.shape else None) if out.format.packed else None
+
+    def prepare(self, out: _io.Leaf) -> None:
+        """Compile the encode and the sliced decodes for `out`'s shape."""
+        import jax
+
+        key = ("encode", out.shape)
+        if key not in self._compiled:
+            x = jax.ShapeDtypeStruct(out.shape, np.float32)
+            self._compiled[key] = self._encode.lower(x, self._key_spec).compile()
+        for piece in self._pieces(out):
+            data, scale = self._specs(out, piece)
+            key = ("decode", out.shape, data.shape, None if scale is None else scale.shape)
+            if key not in self._compiled:
+                lowered = self._decode.lower(data, scale, self._last(out))
+                self._compiled[key] = lowered.compile()
+
+    def encode(self, out: _io.Leaf, x, key) -> tuple[Any, Any]:
+        return self._compiled[("encode", out.shape)](x, key)
+
+    def energy(self, out: _io.Leaf, x: np.ndarray, data, scale) -> tuple[bool, float, float]:
+        """(all finite, Σ x², Σ (x - decoded)²) over the finite values of `x`, in float64."""
+        finite, signal, noise = True, 0.0, 0.0
+        for piece in self._pieces(out):
+            spec_d, spec_s = self._specs(out, piece)
+            shapes = (spec_d.shape, None if spec_s is None else spec_s.shape)
+            decode = self._compiled[("decode", out.shape, *shapes)]
+            d, s, xc = data, scale, x
+            if piece is not None:
+                d, xc = data[piece], x[piece]
+                s = scale if scale is None or scale.shape[0] == 1 else scale[piece]
+            y = np.asarray(decode(d, s), np.float64)
+            xc = np.asarray(xc, np.float64)
+            ok = np.isfinite(xc)
+            finite = finite and bool(ok.all())
+            xc = np.where(ok, xc, 0.0)
+            diff = np.where(ok, xc - y, 0.0)
+            signal += float(np.dot(xc.ravel(), xc.ravel()))
+            noise += float(np.dot(diff.ravel(), diff.ravel()))
+        return finite, signal, noise
+
+
+def _release_memory() -> None:
+    """Hand freed heap memory back to the system (glibc keeps it otherwise).
+
+    Between tensors the process holds nothing large, but glibc's allocator
+    keeps the pages that XLA's compiler and the statistics freed; without
+    this the resident size creeps up by tens of MiB per tensor.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)  # glibc only
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def _logical(leaf: _io.Leaf, data: np.ndarray, scale: np.ndarray | None):
@@ -377,7 +474,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     with _io.Reader(src) as reader:
         plans = _plan(reader, args)
         scaling = next((p.out.scaling for p in plans if p.reason is None), None)
-        convert = _converter(fmt, scaling, args.rounding)
+        converter = _Converter(fmt, scaling, args.rounding)
         key = jax.random.key(args.seed) if args.rounding == "stochastic" else None
         worst: list[tuple[float, str]] = []
         total_in = sum(e.nbytes for e in reader.entries.values())
@@ -386,6 +483,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         def produce() -> Iterator[tuple[str, np.ndarray]]:
             for i, plan in enumerate(plans):
                 progress.set_postfix_str(plan.leaf.name, refresh=False)
+                if plan.reason is None:
+                    converter.prepare(plan.out)  # compile before the tensor is in memory
+                    _release_memory()
                 data, scale = reader.read_leaf(plan.leaf)
                 nbytes = data.nbytes + (0 if scale is None else scale.nbytes)
                 if plan.reason is not None:
@@ -395,10 +495,15 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                     progress.update(nbytes)
                     continue
                 x = _logical(plan.leaf, data, scale)
-                del data, scale
                 k = None if key is None else jax.random.fold_in(key, i)
-                out_data, out_scale, finite, signal, noise = convert(x, k)
-                del x
+                out_data, out_scale = converter.encode(plan.out, x, k)
+                finite, signal, noise = converter.energy(
+                    plan.out, np.asarray(x), out_data, out_scale
+                )
+                del x, data, scale
+                # A jax array aliasing a numpy buffer sits in a reference
+                # cycle: collect it now, or the input tensor outlives its turn.
+                gc.collect()
                 if plan.out.scaling is not None and not bool(finite):
                     raise _DataError(
                         f"tensor {plan.leaf.name!r} holds NaN or inf, which a scaled "
@@ -411,6 +516,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                 del arr, out_data
                 if out_scale is not None:
                     yield plan.out.scale, np.asarray(out_scale)
+                del out_scale
+                _release_memory()
                 progress.update(nbytes)
 
         try:
