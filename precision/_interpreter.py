@@ -267,6 +267,11 @@ def _is_tensor(x: Any) -> bool:
     return isinstance(x, Tensor)
 
 
+@functools.cache
+def _positional_treedef(n: int):
+    return jax.tree_util.tree_structure(((0,) * n, {}))
+
+
 def _static_key(leaf: Any) -> Any:
     if isinstance(leaf, slice):
         return ("slice", leaf.start, leaf.stop, leaf.step)
@@ -396,37 +401,32 @@ def apply(f: Callable) -> Callable:
 
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
-        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
+        if not kwargs and all(type(a) is Tensor for a in args):
+            # Fast path (operators): positional Tensors need no tree walk.
+            leaves, treedef = args, _positional_treedef(len(args))
+        else:
+            leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
         kinds, key, dyn = [], [treedef], []
         for leaf in leaves:
             if isinstance(leaf, Tensor):
                 kinds.append(_TENSOR)
-                data, scale = leaf._data, leaf._scale
-                dyn.append(data)
-                if scale is not None:
-                    dyn.append(scale)
-                key.append(
-                    (
-                        leaf._format,
-                        leaf._scaling,
-                        leaf._dtype,
-                        leaf._last,
-                        data.shape,
-                        scale is not None and scale.shape,
-                    )
-                )
+                dyn.append(leaf._data)
+                if leaf._scale is not None:
+                    dyn.append(leaf._scale)
+                key.append(leaf.signature())
             elif isinstance(leaf, jax.Array | np.ndarray) or compat.is_tracer(leaf):
                 kinds.append(_ARRAY)
                 dyn.append(leaf)
                 key.append((leaf.shape, leaf.dtype))
-            elif isinstance(leaf, float | np.floating) and not isinstance(leaf, bool):
+            elif isinstance(leaf, float | np.floating):
                 kinds.append(_WEAK)
                 dyn.append(float(leaf))
                 key.append(_WEAK)
             else:
                 kinds.append(_STATIC)
                 key.append(_static_key(leaf))
-        check_devices(leaves)
+        if len(dyn) > 1:
+            check_devices(leaves)
         key = tuple(key)
         entry = cache.get(key)
         if entry is None:

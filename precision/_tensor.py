@@ -116,10 +116,17 @@ def _describe_devices(devs: frozenset) -> str:
 def check_devices(leaves: list[Any]) -> None:
     """Raise `DeviceMismatchError` if concrete Tensors sit on different devices."""
     seen = None
+    first_sharding = None
     for leaf in leaves:
         if not isinstance(leaf, Tensor):
             continue
-        devs = _device_set(leaf._data)
+        data = leaf._data
+        if first_sharding is None:
+            if isinstance(data, jax.Array) and not is_tracer(data):
+                first_sharding = data.sharding
+        elif isinstance(data, jax.Array) and data.sharding is first_sharding:
+            continue  # the common case: results of one computation share it
+        devs = _device_set(data)
         if devs is None:
             continue
         if seen is None:
@@ -164,7 +171,7 @@ class Tensor:
         (6, 12)
     """
 
-    __slots__ = ("_data", "_dtype", "_format", "_last", "_scale", "_scaling")
+    __slots__ = ("_data", "_dtype", "_format", "_last", "_scale", "_scaling", "_sig")
 
     def __init__(self, x: Any, dtype: Any = None):
         if isinstance(x, Tensor):
@@ -184,12 +191,16 @@ class Tensor:
         self._set(jnp.asarray(arr, logical), None, full_format(logical), None, logical, None)
 
     def _set(self, data, scale, fmt, scaling, dtype, last):
-        object.__setattr__(self, "_data", data)
-        object.__setattr__(self, "_scale", scale)
-        object.__setattr__(self, "_format", fmt)
-        object.__setattr__(self, "_scaling", scaling)
-        object.__setattr__(self, "_dtype", dtype)
-        object.__setattr__(self, "_last", last)
+        # Immutability is by interface: public attributes are read-only
+        # properties and __slots__ forbids new ones; plain stores keep the
+        # constructor fast (it runs for every result of every operation).
+        self._data = data
+        self._scale = scale
+        self._format = fmt
+        self._scaling = scaling
+        self._dtype = dtype
+        self._last = last
+        self._sig = None
 
     @classmethod
     def _make(cls, data, scale, fmt, scaling, dtype, last) -> Tensor:
@@ -214,8 +225,21 @@ class Tensor:
         last = enc.shape[-1] if (enc.format.packed and enc.shape) else None
         return cls._make(enc.data, enc.scale, enc.format, enc.scaling, logical, last)
 
-    def __setattr__(self, name, value):
-        raise AttributeError(f"Tensor is immutable; cannot set {name!r}")
+    def signature(self) -> tuple:
+        """Static description keying compiled evaluators (cached; ids are kept
+        alive by the cache entries that hold the formats)."""
+        sig = self._sig
+        if sig is None:
+            scale = self._scale
+            sig = self._sig = (
+                id(self._format),
+                id(self._scaling),
+                self._dtype,
+                self._last,
+                self._data.shape,
+                None if scale is None else scale.shape,
+            )
+        return sig
 
     # -- pytree -------------------------------------------------------------
     def tree_flatten_with_keys(self):

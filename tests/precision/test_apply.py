@@ -1,0 +1,463 @@
+"""Op semantics through `precision.apply`: each result is F.round(op(decoded inputs)).
+
+Expected values never come from the code under test: the op runs in numpy or
+in plain `jnp` on the decoded float32 inputs, and the rounding onto the format
+is ml_dtypes' cast (or an integer bit-manipulation reference for tf32).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import operator
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from jax import lax
+
+import dtypes
+import precision
+import precision.numpy as pnp
+from precision import Tensor
+
+FLOAT_FORMATS = ["bfloat16", "float16", "tf32", "float8_e4m3fn", "float8_e5m2"]
+INT_FORMATS = ["int8", "int4", "int2", "int1"]
+MODES = ["eager", "jit"]
+
+
+def _tf32_round(x: np.ndarray) -> np.ndarray:
+    """Round float32 onto the tf32 grid (10 mantissa bits), nearest-even, on bits."""
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    lsb = (bits >> 13) & 1
+    out = ((bits + 0xFFF + lsb) & ~np.uint64(0x1FFF)).astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(x), x, out)
+
+
+def reference_round(x: np.ndarray, name: str) -> np.ndarray:
+    """float32 values snapped onto format `name` by an independent implementation."""
+    x = np.asarray(x, np.float32)
+    if name == "tf32":
+        return _tf32_round(x)
+    native = {
+        "bfloat16": ml_dtypes.bfloat16,
+        "float16": np.float16,
+        "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+        "float8_e5m2": ml_dtypes.float8_e5m2,
+    }[name]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return x.astype(native).astype(np.float32)
+
+
+@functools.cache
+def run(mode: str, f):
+    """`f` itself or its jitted version (one per function, so hypothesis
+    examples reuse the compiled code)."""
+    return jax.jit(f) if mode == "jit" else f
+
+
+def assert_same_bits(actual, expected):
+    a = np.asarray(actual, np.float32)
+    e = np.asarray(expected, np.float32)
+    assert a.shape == e.shape
+    both_nan = np.isnan(a) & np.isnan(e)
+    same = (a.view(np.uint32) == e.view(np.uint32)) | both_nan
+    assert same.all(), f"{a[~same][:5]} != {e[~same][:5]} at {np.argwhere(~same)[:5].tolist()}"
+
+
+# Shapes are fixed so each test compiles once; hypothesis varies the values.
+N = 16
+
+
+def arrays(name, shape, *, allow_nan=True, allow_infinity=True, allow_subnormal=False):
+    """float32 arrays mixing general values with values at the format's scale."""
+    fmt = dtypes.get(name)
+    general = st.floats(
+        width=32, allow_nan=allow_nan, allow_infinity=allow_infinity, allow_subnormal=False
+    )
+    top = min(2 * fmt.max, float(np.finfo(np.float32).max)) if fmt.kind == "float" else 1e3
+    low = fmt.min_normal if fmt.kind == "float" else 1e-3
+    at_scale = st.floats(
+        min_value=-top, max_value=top, width=32, allow_subnormal=allow_subnormal
+    ).filter(lambda v: v == 0 or abs(v) >= low)
+    elements = st.one_of(general, at_scale) if fmt.kind == "float" else at_scale
+    return hnp.arrays(np.float32, shape, elements=elements)
+
+
+def _draw_pair(data, name):
+    a = data.draw(arrays(name, (N,), allow_subnormal=False), label="a")
+    b = data.draw(arrays(name, (N,), allow_subnormal=False), label="b")
+    return a, b
+
+
+BINARY = {
+    "add": (operator.add, np.add),
+    "sub": (operator.sub, np.subtract),
+    "mul": (operator.mul, np.multiply),
+    "div": (operator.truediv, np.divide),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op", list(BINARY))
+@pytest.mark.parametrize("name", FLOAT_FORMATS)
+@given(data=st.data())
+def test_binary_ops_round_exact_result(name, op, mode, data):
+    a, b = _draw_pair(data, name)
+    ta = Tensor(a).to_reduced_precision(name)
+    tb = Tensor(b).to_reduced_precision(name)
+    fn, ref = BINARY[op]
+    out = run(mode, fn)(ta, tb)
+    assert isinstance(out, Tensor)
+    assert out.format == dtypes.get(name)
+    da, db = np.asarray(ta), np.asarray(tb)
+    with np.errstate(all="ignore"):
+        exact = ref(da.astype(np.float64), db.astype(np.float64)).astype(np.float32)
+    expected = reference_round(exact, name)
+    # XLA on CPU flushes float32 subnormal results to zero: compare elsewhere.
+    normal = ~(np.abs(exact) < np.finfo(np.float32).tiny) | (exact == 0)
+    assert_same_bits(np.asarray(out)[normal], expected[normal])
+
+
+UNARY = {"sqrt": jnp.sqrt, "exp": jnp.exp, "tanh": jnp.tanh}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op", list(UNARY))
+@pytest.mark.parametrize("name", FLOAT_FORMATS)
+@given(data=st.data())
+def test_unary_ops_round_the_logical_result(name, op, mode, data):
+    a = data.draw(arrays(name, (N,), allow_subnormal=False), label="a")
+    ta = Tensor(a).to_reduced_precision(name)
+    out = run(mode, getattr(pnp, op))(ta)
+    assert out.format == dtypes.get(name)
+    # op computed by plain jnp on the decoded float32 values (the logical
+    # dtype), then rounded by ml_dtypes: the interpreter must add nothing else.
+    with jax.default_matmul_precision("highest"):
+        exact = np.asarray(UNARY[op](jnp.asarray(np.asarray(ta))))
+    assert_same_bits(np.asarray(out), reference_round(exact, name))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", FLOAT_FORMATS)
+@given(data=st.data())
+def test_matmul_within_accumulation_tolerance(name, mode, data):
+    k = 5
+    finite = {"allow_nan": False, "allow_infinity": False, "allow_subnormal": False}
+    a = data.draw(arrays(name, (3, k), **finite), label="a")
+    b = data.draw(arrays(name, (k, 2), **finite), label="b")
+    fmt = dtypes.get(name)
+    # keep products finite in float32 and the sum away from the format's overflow
+    a = np.clip(a, -16, 16)
+    b = np.clip(b, -16, 16)
+    ta, tb = Tensor(a).to_reduced_precision(name), Tensor(b).to_reduced_precision(name)
+    out = run(mode, operator.matmul)(ta, tb)
+    assert out.format == fmt
+    exact = np.asarray(ta, np.float64) @ np.asarray(tb, np.float64)
+    # float32 accumulation error plus one rounding onto the format
+    acc = (
+        k
+        * np.finfo(np.float32).eps
+        * (np.abs(np.asarray(ta, np.float64)) @ np.abs(np.asarray(tb, np.float64)))
+    )
+    got = np.asarray(out, np.float64)
+    finite = np.isfinite(got)
+    bound = acc + np.abs(exact) * fmt.eps / 2 + fmt.smallest_subnormal + np.finfo(np.float32).tiny
+    assert (np.abs(got - exact)[finite] <= bound[finite] * 1.0001).all()
+    assert (np.abs(exact[~finite]) >= fmt.max).all()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", INT_FORMATS)
+@given(data=st.data())
+def test_integer_format_ops_keep_format_within_quantization_bound(name, mode, data):
+    a = data.draw(arrays(name, (N,), allow_nan=False, allow_infinity=False), label="a")
+    b = data.draw(arrays(name, (N,), allow_nan=False, allow_infinity=False), label="b")
+    fmt = dtypes.get(name)
+    ta, tb = Tensor(a).to_reduced_precision(name), Tensor(b).to_reduced_precision(name)
+    out = run(mode, operator.add)(ta, tb)
+    assert out.format == fmt
+    assert isinstance(out.scaling, dtypes.PerTensor)
+    exact = np.asarray(ta, np.float64) + np.asarray(tb, np.float64)
+    absmax = np.max(np.abs(exact))
+    got = np.asarray(out, np.float64)
+    if fmt.binary:
+        # binary codes: every value is ±mean|exact| with the sign of exact
+        scale = np.mean(np.abs(exact))
+        np.testing.assert_allclose(np.abs(got), scale, rtol=1e-5, atol=1e-30)
+    else:
+        # absmax scaling: at most half a quantum (absmax / qmax) from the exact
+        # sum, plus the float32 rounding of the sum, the scale and the codes
+        quantum = absmax / fmt.qmax
+        slack = 8 * absmax * np.finfo(np.float32).eps
+        assert (np.abs(got - exact) <= quantum / 2 + slack).all()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_int8_matmul_close_to_float_reference(mode):
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=(5, 7)).astype(np.float32), rng.normal(size=(7, 3)).astype(np.float32)
+    ta, tb = Tensor(a).to_reduced_precision("int8"), Tensor(b).to_reduced_precision("int8")
+    out = run(mode, operator.matmul)(ta, tb)
+    assert out.format == dtypes.int8
+    exact = np.asarray(ta, np.float64) @ np.asarray(tb, np.float64)
+    quantum = np.max(np.abs(exact)) / 127
+    assert np.max(np.abs(np.asarray(out) - exact)) <= quantum / 2 * 1.0001
+
+
+def test_weak_scalar_adopts_format():
+    t = Tensor([1.0, 3.0]).to_reduced_precision("bfloat16")
+    out = t + 0.1
+    assert out.format == dtypes.bfloat16
+    point_one = np.float32(ml_dtypes.bfloat16(0.1))
+    expected = reference_round(np.asarray(t) + point_one, "bfloat16")
+    assert_same_bits(out, expected)
+    assert (2.0 * t).format == dtypes.bfloat16
+    assert (1.0 - t).numpy().tolist() == [0.0, -2.0]
+
+
+def test_repeated_eager_calls_do_not_retrace():
+    traces = []
+
+    def f(x, y):
+        traces.append(1)
+        return jnp.tanh(x) * y
+
+    g = precision.apply(f)
+    a = Tensor(np.ones(4, np.float32)).to_reduced_precision()
+    for v in (1.0, 2.0, 3.0):
+        g(a, Tensor(np.full(4, v, np.float32)).to_reduced_precision())
+    assert len(traces) == 1
+    g(a.to_reduced_precision("float16"), a.to_reduced_precision("float16"))
+    assert len(traces) == 2
+
+
+# -- operators and methods, eager and jit ---------------------------------------------
+X = np.array([[0.5, -1.25, 3.0], [2.0, 0.0, -0.75]], np.float32)
+
+OPS = {
+    "neg": (lambda t: -t, lambda x: -x),
+    "abs": (abs, np.abs),
+    "pow": (lambda t: t**2, lambda x: x**2),
+    "rpow": (lambda t: 2.0**t, lambda x: 2.0**x),
+    "radd": (lambda t: 1.5 + t, lambda x: 1.5 + x),
+    "rsub": (lambda t: 1.5 - t, lambda x: 1.5 - x),
+    "rmul": (lambda t: 3.0 * t, lambda x: 3.0 * x),
+    "rdiv": (lambda t: 1.0 / (t + 2.0), lambda x: 1.0 / (x + 2.0)),
+    "getitem": (lambda t: t[1, 1:], lambda x: x[1, 1:]),
+    "getitem_ellipsis": (lambda t: t[..., None, 0], lambda x: x[..., None, 0]),
+    "reshape": (lambda t: t.reshape(3, 2), lambda x: x.reshape(3, 2)),
+    "reshape_tuple": (lambda t: t.reshape((6,)), lambda x: x.reshape((6,))),
+    "transpose": (lambda t: t.transpose(), lambda x: x.T),
+    "T": (lambda t: t.T, lambda x: x.T),
+    "sum": (lambda t: t.sum(), lambda x: x.sum()),
+    "sum_axis": (lambda t: t.sum(axis=0), lambda x: x.sum(axis=0)),
+    "mean": (lambda t: t.mean(axis=1), lambda x: x.mean(axis=1)),
+    "max": (lambda t: t.max(), lambda x: x.max()),
+    "min": (lambda t: t.min(axis=0), lambda x: x.min(axis=0)),
+    "matmul": (lambda t: t @ t.T, lambda x: x @ x.T),
+    "tanh": (pnp.tanh, np.tanh),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op", list(OPS))
+def test_operator(op, mode):
+    fn, ref = OPS[op]
+    t = Tensor(X).to_reduced_precision("bfloat16")
+    out = run(mode, fn)(t)
+    assert isinstance(out, Tensor)
+    assert out.format == dtypes.bfloat16
+    expected = reference_round(ref(np.asarray(t).astype(np.float64)).astype(np.float32), "bfloat16")
+    np.testing.assert_array_equal(np.asarray(out), expected)
+
+
+COMPARISONS = {
+    "lt": (lambda a, b: a < b, np.less),
+    "le": (lambda a, b: a <= b, np.less_equal),
+    "gt": (lambda a, b: a > b, np.greater),
+    "ge": (lambda a, b: a >= b, np.greater_equal),
+    "eq": (lambda a, b: a == b, np.equal),
+    "ne": (lambda a, b: a != b, np.not_equal),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op", list(COMPARISONS))
+def test_comparisons_return_plain_bool_arrays(op, mode):
+    fn, ref = COMPARISONS[op]
+    a = Tensor(X).to_reduced_precision()
+    b = Tensor(np.full_like(X, 0.5)).to_reduced_precision()
+    out = run(mode, fn)(a, b)
+    assert isinstance(out, jax.Array)
+    assert out.dtype == jnp.bool_
+    np.testing.assert_array_equal(np.asarray(out), ref(np.asarray(a), np.asarray(b)))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_argmax_is_plain_int(mode):
+    t = Tensor(X).to_reduced_precision()
+    out = run(mode, lambda t: t.argmax(axis=1))(t)
+    assert isinstance(out, jax.Array)
+    assert jnp.issubdtype(out.dtype, jnp.integer)
+    np.testing.assert_array_equal(np.asarray(out), X.argmax(axis=1))
+
+
+def test_full_precision_tensors_give_full_precision_results():
+    t = Tensor(X)
+    out = t * t + 1.0
+    assert out.format == dtypes.float32
+    assert not out.is_reduced_precision
+    np.testing.assert_array_equal(np.asarray(out), X * X + 1)
+
+
+def test_raw_arrays_only_give_arrays():
+    out = precision.apply(lambda a: a * 2)(jnp.asarray(X))
+    assert isinstance(out, jax.Array)
+
+
+# -- models through apply: bf16 close to f32 -----------------------------------------
+def _mlp(params, x):
+    for w, b in params[:-1]:
+        x = jax.nn.relu(x @ w + b[None, :])
+    w, b = params[-1]
+    return jax.nn.log_softmax(x @ w + b[None, :])
+
+
+def _init(key, sizes):
+    params = []
+    for i, (m, n) in enumerate(itertools.pairwise(sizes)):
+        k = jax.random.fold_in(key, i)
+        params.append((jax.random.normal(k, (m, n)) / np.sqrt(m), jnp.zeros(n)))
+    return params
+
+
+def _bf16(tree):
+    return jax.tree.map(lambda a: Tensor(a).to_reduced_precision("bfloat16"), tree)
+
+
+def _close(a, b, rtol):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+    assert err < rtol, err
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mlp_close_to_float32(mode):
+    key = jax.random.key(0)
+    params = _init(key, [16, 32, 32, 10])
+    x = jax.random.normal(jax.random.key(1), (8, 16))
+    out = run(mode, precision.apply(_mlp))(_bf16(params), _bf16(x))
+    assert out.format == dtypes.bfloat16
+    _close(out, _mlp(params, x), 2e-2)
+
+
+def _cnn(params, x):
+    w1, w2, wd = params
+    dn = ("NHWC", "HWIO", "NHWC")
+    x = jax.nn.relu(lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dn))
+    x = jax.nn.relu(lax.conv_general_dilated(x, w2, (1, 1), "SAME", dimension_numbers=dn))
+    x = lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+    return x.reshape(x.shape[0], -1) @ wd
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cnn_close_to_float32(mode):
+    ks = jax.random.split(jax.random.key(2), 4)
+    params = (
+        jax.random.normal(ks[0], (3, 3, 1, 4)) / 3,
+        jax.random.normal(ks[1], (3, 3, 4, 4)) / 6,
+        jax.random.normal(ks[2], (4 * 4 * 4, 10)) / 8,
+    )
+    x = jax.random.normal(ks[3], (2, 8, 8, 1))
+    out = run(mode, precision.apply(_cnn))(_bf16(params), _bf16(x))
+    assert out.format == dtypes.bfloat16
+    _close(out, _cnn(params, x), 2e-2)
+
+
+def _layer_norm(x, g, b):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / jnp.sqrt(var + 1e-5) * g[None, :] + b[None, :]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_layer_norm_and_softmax_close_to_float32(mode):
+    x = jax.random.normal(jax.random.key(3), (4, 32)) * 3 + 1
+    g, b = jnp.ones(32) * 1.5, jnp.full(32, 0.25)
+    out = run(mode, precision.apply(_layer_norm))(*_bf16((x, g, b)))
+    _close(out, _layer_norm(x, g, b), 1e-2)
+    sm = run(mode, precision.apply(jax.nn.softmax))(_bf16(x))
+    assert sm.format == dtypes.bfloat16
+    _close(sm, jax.nn.softmax(x), 1e-2)
+
+
+def _rnn(w, u, xs):
+    def step(h, x):
+        h = jnp.tanh(h @ w + x @ u)  # both (16,)
+        return h, h.sum()
+
+    h, ys = lax.scan(step, jnp.zeros(w.shape[0]), xs)
+    return h, ys
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_scan_rnn_close_to_float32(mode):
+    ks = jax.random.split(jax.random.key(4), 3)
+    w = jax.random.normal(ks[0], (16, 16)) / 4
+    u = jax.random.normal(ks[1], (8, 16)) / 3
+    xs = jax.random.normal(ks[2], (12, 8))
+    h, ys = run(mode, precision.apply(_rnn))(*_bf16((w, u, xs)))
+    assert h.format == dtypes.bfloat16
+    assert ys.format == dtypes.bfloat16
+    h32, ys32 = _rnn(w, u, xs)
+    _close(h, h32, 3e-2)
+    _close(ys, ys32, 3e-2)
+
+
+def test_scan_carry_stays_on_format_grid():
+    w = Tensor(np.eye(3, dtype=np.float32) * 0.3).to_reduced_precision("float8_e4m3fn")
+
+    def f(w):
+        def step(h, _):
+            h = jnp.tanh(h @ w + 1.0)
+            return h, h
+
+        return lax.scan(step, jnp.zeros(3), None, length=4)[1]
+
+    ys = precision.apply(f)(w)
+    assert ys.format == dtypes.float8_e4m3fn
+    v = np.asarray(ys)
+    np.testing.assert_array_equal(v, reference_round(v, "float8_e4m3fn"))
+
+
+def test_cond_and_while_keep_format():
+    t = Tensor(X).to_reduced_precision("float16")
+
+    def f(x):
+        y = lax.cond(x.sum() > 0, lambda a: a * 3.0, lambda a: a - 1.0, x)
+        _n, z = lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 1.1), (0, y))
+        return z
+
+    out = precision.apply(f)(t)
+    assert out.format == dtypes.float16
+    assert X.sum() > 0  # the cond takes its first branch
+    ref = reference_round(np.asarray(t) * 3.0, "float16")
+    for _ in range(3):
+        ref = reference_round(ref * np.float32(np.float16(1.1)), "float16")
+    np.testing.assert_array_equal(np.asarray(out), ref)
+
+
+def test_precision_numpy_wraps_jax_numpy():
+    t = Tensor(X).to_reduced_precision()
+    out = pnp.concatenate([t, t], axis=0)
+    assert out.shape == (4, 3)
+    assert out.format == dtypes.bfloat16
+    assert pnp.pi == np.pi
+    with pytest.raises(AttributeError, match="no_such_function"):
+        pnp.no_such_function
