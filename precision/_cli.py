@@ -281,6 +281,14 @@ def _target_scaling(args: argparse.Namespace) -> dtypes.Scaling | None:
             f"{fmt.name} always needs a scaling; use --scaling per-tensor, per-axis:AXIS or "
             "per-block:SIZE"
         )
+    if scaling is not None and fmt.kind == "float":
+        # Ask the format itself whether it takes this scaling at all (float
+        # formats with float32's exponent range refuse every scaling).
+        probe = np.ones((1,) * (abs(getattr(scaling, "axis", 0)) + 1), np.float32)
+        try:
+            fmt.encode(probe, scaling=scaling)
+        except ValueError as exc:
+            raise _UsageError(f"--scaling {scaling}: {exc}") from None
     return scaling
 
 

@@ -304,6 +304,7 @@ USAGE_ERRORS = {
     "bad rounding": ["convert", "IN", "-o", "OUT", "--to", "int8", "--rounding", "random"],
     "missing output": ["convert", "IN", "--to", "int8"],
     "int unscaled": ["convert", "IN", "-o", "OUT", "--to", "int8", "--scaling", "none"],
+    "bf16 scaled": ["convert", "IN", "-o", "OUT", "--to", "bf16", "--scaling", "per-tensor"],
     "report one file": ["report", "A"],
 }
 

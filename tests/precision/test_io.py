@@ -70,9 +70,11 @@ def header(path) -> tuple[dict, int]:
 # Each format unscaled (its default) and with one of the scalings, in turn, so
 # every format and every scaling is covered without the full product.
 _SCALED = list(SCALINGS.items())[1:]
+# Float formats with float32's exponent range take no scaling (dtypes refuses it).
+_SCALABLE = [f for f in FORMATS if f.kind == "int" or f.emax < 127]
 CASES = [pytest.param(f, None, id=f"{f.name}-default") for f in FORMATS] + [
     pytest.param(f, _SCALED[i % len(_SCALED)][1], id=f"{f.name}-{_SCALED[i % len(_SCALED)][0]}")
-    for i, f in enumerate(FORMATS)
+    for i, f in enumerate(_SCALABLE)
 ]
 
 
