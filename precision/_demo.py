@@ -196,7 +196,7 @@ class Mode:
 
     Attributes:
         name: the name used by `--modes` and in the table.
-        summary: one line for the table's footnotes.
+        summary: one line for `--help`.
         compute: format every op of the forward pass rounds to (None: float32).
         weights: integer format the kernels are quantized to (QAT), or None.
         skip_ends: keep the first and last layers in float32 (binary nets).
@@ -223,7 +223,7 @@ MODES: dict[str, Mode] = {
         Mode("bf16-mixed", "bfloat16 compute, float32 master weights", compute="bfloat16"),
         Mode(
             "fp16-loss-scale",
-            "float16 compute and gradients, dynamic loss scale, float32 masters",
+            "float16 compute, dynamic loss scale, float32 masters",
             compute="float16",
             loss_scaling=True,
         ),
@@ -401,7 +401,7 @@ def train(
         jax.jit(step, donate_argnums=0).lower(carry, jnp.asarray(orders[0][:batch_size])).compile()
     )
 
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     bar = tqdm(
         total=epochs * per_epoch,
@@ -544,9 +544,13 @@ def run(
 
 
 def _parser() -> argparse.ArgumentParser:
+    width = max(len(name) for name in MODES)
+    modes = "\n".join(f"  {m.name:<{width}}  {m.summary}" for m in MODES.values())
     p = argparse.ArgumentParser(
         prog="precision demo",
         description="Train the seed's CNN once per precision mode and print one table.",
+        epilog=f"modes:\n{modes}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--modes",

@@ -116,8 +116,12 @@ def test_mnist_layout_npz(tmp_path, capsys):
     assert 0.0 <= data.x_train.min()
     assert data.x_train.max() <= 1.0
     out = tmp_path / "rows.json"
-    argv = ["--data", path, "--modes", "fp32", "--epochs", "1", "--steps", "1", "--no-progress"]
+    argv = ["--data", path, "--modes", "fp32", "--epochs", "1", "--steps", "1"]
     assert _demo.main([*argv, "--json", str(out), "--batch-size", "32"]) == 0
+    err = capsys.readouterr().err
+    assert "mnist.npz (28x28): 256 train / 64 test images" in err
+    assert "fp32" in err  # the progress bar, on stderr
+    assert "1/1" in err
     (row,) = json.loads(out.read_text())
     assert row["param_bytes"] == _expected_param_bytes(28, 28)["fp32"]
 
