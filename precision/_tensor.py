@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -59,18 +60,18 @@ def _as_array(x: Any) -> tuple[Any, np.dtype]:
         except (ValueError, TypeError) as err:
             raise TypeError(f"cannot make a Tensor from {type(x).__name__}: {err}") from None
         x, dt = arr, arr.dtype
-    if dt.kind in "OSUVMm":
-        raise TypeError(
-            f"cannot make a Tensor from {type(x).__name__} of dtype {dt}: a Tensor holds "
-            "numbers; pass a float, int or bool array (e.g. np.asarray(values, np.float32))"
-        )
+    if jnp.issubdtype(dt, jnp.floating):  # ml_dtypes floats have numpy kind "V"
+        return x, dt
     if dt.kind == "c":
         raise TypeError(
             f"cannot make a Tensor from complex values (dtype {dt}): the logical dtype is a "
             "real float; make two Tensors from jnp.real(x) and jnp.imag(x)"
         )
-    if dt.kind not in "iubf" and dt.name not in ("bfloat16",) and "float" not in dt.name:
-        raise TypeError(f"cannot make a Tensor from values of dtype {dt}; pass a float array")
+    if dt.kind not in "iub":
+        raise TypeError(
+            f"cannot make a Tensor from {type(x).__name__} of dtype {dt}: a Tensor holds "
+            "numbers; pass a float, int or bool array (e.g. np.asarray(values, np.float32))"
+        )
     return x, dt
 
 
@@ -97,6 +98,51 @@ def encode_values(fmt: dtypes.Format, x, scaling, rounding="nearest_even", key=N
     enc = fmt.encode(x, scaling=scaling, rounding=rounding, key=key)
     last = enc.shape[-1] if (fmt.packed and enc.shape) else None
     return enc.data, enc.scale, enc.scaling, last
+
+
+def check_rounding(rounding: str, key: Any) -> None:
+    """Refuse an unknown rounding mode, or stochastic rounding without a key."""
+    if rounding not in dtypes.ROUNDING_MODES:
+        raise ValueError(
+            f"unknown rounding mode {rounding!r}; expected one of "
+            f"{', '.join(dtypes.ROUNDING_MODES)}"
+        )
+    if rounding == "stochastic" and key is None:
+        raise ValueError(
+            "rounding='stochastic' needs a random key: pass key=jax.random.key(0) "
+            "(split it between calls so each conversion draws fresh bits)"
+        )
+
+
+@functools.cache
+def _encoder(fmt: dtypes.Format, scaling, rounding: str):
+    """A jitted `x, key -> (data, scale)` for one static encoding (eager calls of
+    the bit-level rounding would otherwise dispatch dozens of small ops)."""
+
+    def enc(x, key):
+        data, scale, _, _ = encode_values(fmt, x, scaling, rounding, key)
+        return data, scale
+
+    return jax.jit(enc)
+
+
+@functools.cache
+def _decoder(fmt: dtypes.Format, scaling, last, dtype):
+    return jax.jit(lambda data, scale: decode_storage(fmt, data, scale, scaling, last, dtype))
+
+
+def _check_finite(x, fmt: dtypes.Format) -> None:
+    """Eagerly refuse NaN/inf for a scaled encoding (one NaN poisons a whole group)."""
+    if is_tracer(x) or bool(jnp.all(jnp.isfinite(x))):
+        return
+    values = np.asarray(x)
+    bad = ~np.isfinite(values)
+    first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
+    raise ValueError(
+        f"cannot encode {int(bad.sum())} non-finite value(s) into scaled {fmt.name}: the "
+        f"first is {values[first] if bad.ndim else values} at index {first}; replace them "
+        "first (e.g. jnp.nan_to_num(x)) or use an unscaled float format"
+    )
 
 
 def _device_set(x) -> frozenset | None:
@@ -226,14 +272,13 @@ class Tensor:
         return cls._make(enc.data, enc.scale, enc.format, enc.scaling, logical, last)
 
     def signature(self) -> tuple:
-        """Static description keying compiled evaluators (cached; ids are kept
-        alive by the cache entries that hold the formats)."""
+        """Static description keying compiled evaluators (cached per Tensor)."""
         sig = self._sig
         if sig is None:
             scale = self._scale
             sig = self._sig = (
-                id(self._format),
-                id(self._scaling),
+                self._format,
+                self._scaling,
                 self._dtype,
                 self._last,
                 self._data.shape,
@@ -330,9 +375,11 @@ class Tensor:
 
     # -- values ---------------------------------------------------------------
     def _values(self) -> jax.Array:
-        return decode_storage(
-            self._format, self._data, self._scale, self._scaling, self._last, self._dtype
-        )
+        data, fmt = self._data, self._format
+        if self._scale is None and not fmt.packed:
+            return data if data.dtype == self._dtype else data.astype(self._dtype)
+        decode = _decoder(fmt, self._scaling, self._last, self._dtype)
+        return decode(data, self._scale)
 
     def numpy(self) -> np.ndarray:
         """Logical values as a numpy array."""
@@ -392,7 +439,20 @@ class Tensor:
         x = self._values()
         if fmt == full_format(self._dtype) and scaling is None:
             return Tensor._make(x, None, fmt, None, self._dtype, None)
-        data, scale, scaling, last = encode_values(fmt, x, scaling, rounding, key)
+        check_rounding(rounding, key)
+        if scaling is not None and not isinstance(scaling, dtypes.Scaling):
+            raise TypeError(
+                "scaling must be dtypes.PerTensor(), PerAxis(axis) or PerBlock(size), "
+                f"got {scaling!r}"
+            )
+        if scaling is None:
+            scaling = fmt.default_scaling()
+        if scaling is not None:
+            if x.ndim:
+                scaling.validate(x.shape)
+            _check_finite(x, fmt)
+        data, scale = _encoder(fmt, scaling, rounding)(x, key)
+        last = x.shape[-1] if (fmt.packed and x.ndim) else None
         return Tensor._make(data, scale, fmt, scaling, self._dtype, last)
 
     def to_full_precision(self) -> Tensor:
