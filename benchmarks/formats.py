@@ -45,6 +45,21 @@ def best_of(fn: Callable[[], Any], repeat: int) -> float:
     return best
 
 
+def best_of_pair(fn: Callable[[], Any], ref: Callable[[], Any], repeat: int) -> tuple[float, float]:
+    """Best times of `fn` and `ref`, run alternately so both see the same machine load."""
+    jax.block_until_ready(fn())
+    jax.block_until_ready(ref())
+    best = [float("inf"), float("inf")]
+    for _ in range(repeat):
+        for i, f in enumerate((fn, ref)):
+            start = time.perf_counter()
+            out = f()
+            jax.block_until_ready(out)
+            best[i] = min(best[i], time.perf_counter() - start)
+            del out
+    return best[0], best[1]
+
+
 def machine() -> str:
     cpu = platform.processor() or "unknown cpu"
     try:
@@ -110,8 +125,8 @@ class Table:
 def copy_rows(table: Table, x: jax.Array, x_np: np.ndarray, repeat: int) -> None:
     """The memory ceiling: the cheapest jitted pass that reads and writes float32."""
     scale2 = jax.jit(lambda v: v * 2)
-    t_copy = best_of(lambda: scale2(x), repeat)
-    table.add("copy x*2 (fresh output)", t_copy, "numpy x*2", best_of(lambda: x_np * 2, repeat))
+    t_copy, t_np = best_of_pair(lambda: scale2(x), lambda: x_np * 2, repeat)
+    table.add("copy x*2 (fresh output)", t_copy, "numpy x*2", t_np)
     donated = jax.jit(lambda v: v * 2, donate_argnums=0)
     holder = [jnp.array(x)]
 
@@ -133,16 +148,14 @@ def decode_fn(enc: dtypes.Encoded) -> Callable[[], Any]:
     return lambda: f(enc)
 
 
-def native_rows(table, fmt, x, x_np, repeat, target) -> float:
-    """Encode and decode against ml_dtypes `astype`; returns the jitted encode time."""
-    t_enc = best_of(encode_fn(fmt, x), repeat)
-    t_ref = best_of(lambda: x_np.astype(fmt.native_dtype), repeat)
+def native_rows(table, fmt, x, x_np, repeat, target) -> None:
+    """Encode and decode against ml_dtypes `astype`."""
+    t_enc, t_ref = best_of_pair(encode_fn(fmt, x), lambda: x_np.astype(fmt.native_dtype), repeat)
     table.add(f"encode {fmt.name}", t_enc, "ml_dtypes astype", t_ref, target)
     enc = fmt.encode(x)
     codes = np.asarray(enc.data)
-    t_dec_ref = best_of(lambda: codes.astype(np.float32), repeat)
-    table.add(f"decode {fmt.name}", best_of(decode_fn(enc), repeat), "ml_dtypes astype", t_dec_ref)
-    return t_enc
+    t_dec, t_dec_ref = best_of_pair(decode_fn(enc), lambda: codes.astype(np.float32), repeat)
+    table.add(f"decode {fmt.name}", t_dec, "ml_dtypes astype", t_dec_ref)
 
 
 def numpy_int8(v: np.ndarray) -> tuple[np.ndarray, np.float32]:
@@ -153,12 +166,12 @@ def numpy_int8(v: np.ndarray) -> tuple[np.ndarray, np.float32]:
 
 
 def int_rows(table, x, x_np, repeat) -> None:
-    t_ref = best_of(lambda: numpy_int8(x_np), repeat)
-    t_int8 = best_of(encode_fn(dtypes.int8, x), repeat)
+    t_int8, t_ref = best_of_pair(encode_fn(dtypes.int8, x), lambda: numpy_int8(x_np), repeat)
     table.add("quantize int8 per-tensor", t_int8, "numpy formula", t_ref, ">= 3")
     codes, scale = numpy_int8(x_np)
-    t_ref_dec = best_of(lambda: codes.astype(np.float32) * scale, repeat)
-    t_dec = best_of(decode_fn(dtypes.int8.encode(x)), repeat)
+    t_dec, t_ref_dec = best_of_pair(
+        decode_fn(dtypes.int8.encode(x)), lambda: codes.astype(np.float32) * scale, repeat
+    )
     table.add("dequantize int8 per-tensor", t_dec, "numpy formula", t_ref_dec)
     for fmt in (dtypes.int4, dtypes.int1):
         table.add(f"quantize+pack {fmt.name} per-tensor", best_of(encode_fn(fmt, x), repeat))
@@ -182,25 +195,23 @@ def main(argv: list[str] | None = None) -> None:
 
     targets = {"bfloat16": ">= 0.75", "float16": ">= 3", "float8_e4m3fn": ">= 3",
                "float8_e5m2": ">= 3"}  # fmt: skip
-    nearest = {
-        name: native_rows(table, dtypes.get(name), x, x_np, repeat, target)
-        for name, target in targets.items()
-    }
+    for name, target in targets.items():
+        native_rows(table, dtypes.get(name), x, x_np, repeat, target)
 
     # tf32 and layouts with no native dtype, against the bf16 encode ("within 2x").
     fp6 = dtypes.FloatFormat(3, 2, finite=True)  # OCP float6_e3m2fn layout (uint8 codes)
     fp4 = dtypes.FloatFormat(2, 1, finite=True)  # OCP float4_e2m1fn, MXFP4's elements (packed)
+    bf16 = encode_fn(dtypes.bfloat16, x)
     for fmt in (dtypes.tf32, fp6, fp4):
-        t = best_of(encode_fn(fmt, x), repeat)
-        nearest[fmt.name] = t
-        table.add(f"encode {fmt.name}", t, "jit bfloat16 encode", nearest["bfloat16"], ">= 0.5")
+        t, t_ref = best_of_pair(encode_fn(fmt, x), bf16, repeat)
+        table.add(f"encode {fmt.name}", t, "jit bfloat16 encode", t_ref, ">= 0.5")
         table.add(f"decode {fmt.name}", best_of(decode_fn(fmt.encode(x)), repeat))
 
     # Stochastic rounding against nearest-even of the same format ("at most 2.5x").
     for fmt in (dtypes.bfloat16, dtypes.tf32, dtypes.float8_e4m3fn, fp4):
-        t = best_of(encode_fn(fmt, x, rounding="stochastic"), repeat)
-        table.add(f"encode {fmt.name} stochastic", t, "jit nearest_even", nearest[fmt.name],
-                  ">= 0.4")  # fmt: skip
+        stochastic = encode_fn(fmt, x, rounding="stochastic")
+        t, t_ref = best_of_pair(stochastic, encode_fn(fmt, x), repeat)
+        table.add(f"encode {fmt.name} stochastic", t, "jit nearest_even", t_ref, ">= 0.4")
 
     int_rows(table, x, x_np, repeat)
 
