@@ -81,6 +81,16 @@ def _pow2(k: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(((k + 127).astype(jnp.uint32)) << 23, jnp.float32)
 
 
+def _opaque(divisor: jax.Array) -> jax.Array:
+    """Hide a constant divisor from XLA, which would turn `a / c` into `a * fl(1/c)`.
+
+    The scales are specified as correctly rounded quotients (`absmax / qmax`);
+    the rewrite is off by one ulp for many inputs. Scale arrays are one value
+    per group, so the real division costs nothing.
+    """
+    return lax.optimization_barrier(divisor)
+
+
 def _group_absmax(x: jax.Array, scaling: Scaling) -> jax.Array:
     # Scales are treated as constants by autodiff (straight-through): the
     # gradient of decode(encode(x)) is 1, not the sensitivity of the
@@ -107,7 +117,7 @@ def _scales(
         scale, inv = _pow2(k), _pow2(-k)
     else:
         top32 = np.float32(top)
-        scale = absmax / top32
+        scale = absmax / _opaque(jnp.full_like(absmax, top32))
         inv = top32 / absmax
     zero = absmax == 0
     finite = jnp.isfinite(absmax)
@@ -168,6 +178,11 @@ def _validate(fmt: Format, x: jax.Array, scaling: Scaling | None) -> None:
             f"{fmt.name} already has float32's exponent range, so scaling cannot help it and "
             f"its scales would be float32 subnormals (flushed to zero by XLA on CPU); encode "
             f"without scaling, or scale into a narrower format such as float8_e4m3fn"
+        )
+    if scaling is not None and scaling.power_of_two and fmt.kind == "int" and fmt.binary:
+        raise ValueError(
+            "int1 scales are mean(|x|) per group and have no power-of-two variant; "
+            f"pass {type(scaling).__name__} without power_of_two=True"
         )
     if scaling is not None and x.ndim:
         scaling.validate(x.shape)
@@ -240,7 +255,9 @@ def _int_codes(fmt: IntFormat, x: jax.Array, scaling: Scaling, rounding: str, ke
         total = scaling.group_reduce(
             jnp.abs(lax.stop_gradient(x)), lambda a, axes: jnp.sum(a, axis=axes, keepdims=True)
         )
-        scale = total / group_sizes(scaling, x.shape)
+        scale = total / _opaque(group_sizes(scaling, x.shape))
+        # A group holding ±inf has an infinite mean: make it NaN like every scale.
+        scale = jnp.where(jnp.isfinite(scale), scale, jnp.float32(jnp.nan))
         # sign(x) with 0 mapping to +1; NaN input gives a NaN scale above.
         codes = jnp.where(x >= 0, jnp.float32(1), jnp.float32(-1))
         return codes, scale, None, codes

@@ -11,6 +11,7 @@ import dataclasses
 import math
 
 import jax.numpy as jnp
+from jax import lax
 
 __all__ = ["PerAxis", "PerBlock", "PerTensor", "Scaling"]
 
@@ -152,12 +153,16 @@ class PerBlock(Scaling):
         )
 
     def broadcast(self, scale, shape):
+        # A reshape of a broadcast, not jnp.repeat: XLA fuses it into the
+        # elementwise kernel as index arithmetic (repeat becomes a gather).
         a = self._axis(len(shape))
-        full = jnp.repeat(scale, self.size, axis=a, total_repeat_length=scale.shape[a] * self.size)
-        return jnp.broadcast_to(
-            jnp.take(full, jnp.arange(shape[a]), axis=a) if full.shape[a] != shape[a] else full,
-            shape,
-        )
+        nblocks = scale.shape[a]
+        full = jnp.broadcast_to(
+            jnp.expand_dims(scale, a + 1), (*shape[:a], nblocks, self.size, *shape[a + 1 :])
+        ).reshape((*shape[:a], nblocks * self.size, *shape[a + 1 :]))
+        if nblocks * self.size != shape[a]:  # a last, partial block
+            full = lax.slice_in_dim(full, 0, shape[a], axis=a)
+        return full
 
     def describe(self) -> str:
         return f"per-block {self.size} on axis {self.axis}" + (
