@@ -247,7 +247,8 @@ class FloatFormat(Format):
     @property
     def eps(self) -> float:
         """Distance from 1.0 to the next larger value."""
-        return math.ldexp(1.0, -self.mantissa_bits)
+        # With one exponent bit 1.0 is subnormal, where the spacing is 2**(emin - m).
+        return math.ldexp(1.0, max(self.emin, 0) - self.mantissa_bits)
 
     @property
     def has_inf(self) -> bool:
