@@ -339,6 +339,10 @@ def _fits(scaling: dtypes.Scaling, shape: tuple[int, ...]) -> bool:
 
 _CHUNK = 1 << 18  # values per slice of the error statistics (1 MiB of float32)
 
+# Compiled programs by (format, scaling, rounding), then by shape: a process
+# that converts several checkpoints (the tests, a notebook) compiles once.
+_COMPILED: dict[tuple, dict[tuple, Any]] = {}
+
 
 class _Converter:
     """The library's own encode of one tensor at a time, and its error energy.
@@ -371,7 +375,7 @@ class _Converter:
         self._key_spec = (
             jax.eval_shape(lambda: jax.random.key(0)) if rounding == "stochastic" else None
         )
-        self._compiled: dict[tuple, Any] = {}
+        self._compiled = _COMPILED.setdefault((fmt, scaling, rounding), {})
 
     @staticmethod
     def _pieces(out: _io.Leaf) -> list[slice | None]:
