@@ -40,7 +40,7 @@ from ._tensor import Tensor
 from ._tree import to_full_precision, to_reduced_precision, tree_nbytes
 from ._updates import apply_updates
 
-__all__ = ["MODES", "Dataset", "Mode", "Row", "load_data", "main", "run"]
+__all__ = ["MODES", "Dataset", "Mode", "Row", "load_data", "main", "train"]
 
 Params = dict[str, dict[str, jax.Array]]
 
@@ -349,7 +349,21 @@ def train(
     steps: int | None = None,
     progress: bool = True,
 ) -> Row:
-    """Train the CNN in `mode` and evaluate it on the test split."""
+    """Train the CNN in `mode` and evaluate it on the test split.
+
+    Args:
+        mode: one of `MODES`.
+        data: the images and labels (`load_data`).
+        epochs: passes over the training images (each a fresh permutation).
+        seed: seeds the initialization, the batch order and stochastic rounding.
+        batch_size: images per SGD step; the last partial batch of an epoch is dropped.
+        lr: SGD learning rate.
+        steps: at most this many steps per epoch (for quick runs).
+        progress: show a progress bar on stderr.
+
+    Returns:
+        The mode's row of the table.
+    """
     forward = _forward(mode)
     key = jax.random.key(seed)
     init_key, round_key = jax.random.split(key)
@@ -514,35 +528,6 @@ def _write_json(path: str, rows: Sequence[Row]) -> None:
         raise
 
 
-def run(
-    modes: Sequence[str] | None = None,
-    *,
-    epochs: int = 30,
-    seed: int = 0,
-    data: str | None = None,
-    batch_size: int = 128,
-    lr: float = 0.1,
-    steps: int | None = None,
-    progress: bool = True,
-) -> list[Row]:
-    """Train every mode in `modes` (default: all) and return the table's rows."""
-    dataset = load_data(data)
-    names = list(MODES) if modes is None else list(modes)
-    return [
-        train(
-            MODES[name],
-            dataset,
-            epochs=epochs,
-            seed=seed,
-            batch_size=batch_size,
-            lr=lr,
-            steps=steps,
-            progress=progress,
-        )
-        for name in names
-    ]
-
-
 def _parser() -> argparse.ArgumentParser:
     width = max(len(name) for name in MODES)
     modes = "\n".join(f"  {m.name:<{width}}  {m.summary}" for m in MODES.values())
@@ -589,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps must be at least 1")
     if not (args.lr > 0):
         parser.error("--lr must be positive")
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        # Checked before training, so a long run is not lost at the end.
+        parser.error(f"--json {args.json}: its directory does not exist")
     try:
         dataset = load_data(args.data)
     except (OSError, ValueError) as e:

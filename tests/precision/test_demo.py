@@ -166,6 +166,7 @@ def test_npz_validation_names_the_problem(tmp_path, capsys, change, match):
         (["--epochs", "0"], "--epochs must be at least 1"),
         (["--steps", "0"], "--steps must be at least 1"),
         (["--lr", "-1"], "--lr must be positive"),
+        (["--json", "/nonexistent-dir/rows.json"], "directory does not exist"),
     ],
 )
 def test_bad_arguments_exit_with_usage(argv, match, capsys):
