@@ -170,7 +170,7 @@ def check_devices(leaves: list[Any]) -> None:
         if first_sharding is None:
             if isinstance(data, jax.Array) and not is_tracer(data):
                 first_sharding = data.sharding
-        elif isinstance(data, jax.Array) and data.sharding is first_sharding:
+        elif is_tracer(data) or data.sharding is first_sharding:
             continue  # the common case: results of one computation share it
         devs = _device_set(data)
         if devs is None:
