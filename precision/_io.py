@@ -944,6 +944,10 @@ def write(
         OSError: the destination directory cannot be written (named in the message).
     """
     path = os.fspath(path)
+    if os.path.islink(path):
+        path = os.path.realpath(path)  # replace the file the link points to, keep the link
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, f"cannot write {path}: it is a directory")
     if not overwrite and os.path.lexists(path):
         raise FileExistsError(
             f"{path} already exists; pass overwrite=True (--overwrite on the command line) to "

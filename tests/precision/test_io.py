@@ -307,6 +307,20 @@ def test_save_refuses_unstorable_trees(tmp_path, tree, error, match):
     assert os.listdir(tmp_path) == []
 
 
+def test_save_through_a_symlink_replaces_its_target(tmp_path):
+    target = tmp_path / "real.safetensors"
+    precision.save(target, {"a": X})
+    (tmp_path / "link.safetensors").symlink_to(target)
+    precision.save(tmp_path / "link.safetensors", {"a": X[:2]}, overwrite=True)
+    assert (tmp_path / "link.safetensors").is_symlink()
+    np.testing.assert_array_equal(precision.load(target, as_arrays=True)["a"], X[:2])
+
+
+def test_save_onto_a_directory_is_refused(tmp_path):
+    with pytest.raises(IsADirectoryError, match="it is a directory"):
+        precision.save(tmp_path, {"a": X}, overwrite=True)
+
+
 def test_load_missing_file_is_an_os_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         precision.load(tmp_path / "absent.safetensors")
