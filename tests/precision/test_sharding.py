@@ -1,0 +1,173 @@
+"""Devices and sharding over 8 forced host devices (each check in a fresh process).
+
+`--xla_force_host_platform_device_count` only takes effect before JAX starts,
+and the rest of the suite has imported JAX already, so every scenario runs as
+a script in a subprocess with `XLA_FLAGS` set.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+PRELUDE = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import dtypes, precision
+from precision import Tensor
+assert len(jax.devices()) == 8, jax.devices()
+mesh = Mesh(np.array(jax.devices()), ("data",))
+"""
+
+
+def run_script(body: str) -> str:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = str(ROOT)
+    code = PRELUDE + textwrap.dedent(body)
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_tensors_on_different_devices_raise_and_nothing_moves():
+    out = run_script(
+        """
+        d0, d1 = jax.devices()[:2]
+        a = Tensor(np.ones(4, np.float32)).to_reduced_precision().to_device(d0)
+        b = Tensor(np.ones(4, np.float32)).to_reduced_precision().to_device(d1)
+        try:
+            a + b
+        except precision.DeviceMismatchError as err:
+            assert isinstance(err, ValueError)
+            print("raised:", err)
+        else:
+            raise SystemExit("no error")
+        try:
+            precision.apply(lambda x, y: x @ y)(a, b)
+        except precision.DeviceMismatchError:
+            print("raised in apply")
+        assert a.device == d0 and b.device == d1
+        # the suggested fix works
+        c = a + b.to_device(a.device)
+        assert c.device == d0
+        print("ok")
+        """
+    )
+    assert "raised: tensors on different devices: cpu:0 and cpu:1" in out
+    assert "to_device" in out
+    assert "raised in apply" in out
+    assert out.strip().endswith("ok")
+
+
+def test_sharded_tensor_keeps_data_and_scales_consistent():
+    out = run_script(
+        """
+        x = np.random.default_rng(0).normal(size=(16, 8)).astype(np.float32)
+        rows = NamedSharding(mesh, P("data", None))
+        t = Tensor(x).to_reduced_precision("int8", scaling=dtypes.PerAxis(0)).to_device(rows)
+        assert t.encoded.data.sharding.spec == P("data", None), t.encoded.data.sharding
+        assert t.encoded.scale.shape == (16, 1)
+        assert t.encoded.scale.sharding.spec == P("data", None), t.encoded.scale.sharding
+        # each device holds the scales of exactly its own rows
+        for shard, sshard in zip(t.encoded.data.addressable_shards,
+                                 t.encoded.scale.addressable_shards):
+            assert shard.index[0] == sshard.index[0] and shard.device == sshard.device
+        cols = NamedSharding(mesh, P(None, "data"))
+        u = Tensor(x).to_reduced_precision("int8", scaling=dtypes.PerAxis(0)).to_device(cols)
+        # per-row scales are not split along columns: replicated
+        assert u.encoded.scale.sharding.spec in (P(None, None), P()), u.encoded.scale.sharding
+        blocks = Tensor(x).to_reduced_precision("int4", scaling=dtypes.PerBlock(1, axis=0))
+        blocks = blocks.to_device(rows)
+        assert blocks.encoded.scale.sharding.spec == P("data", None)
+        np.testing.assert_array_equal(np.asarray(t), np.asarray(
+            Tensor(x).to_reduced_precision("int8", scaling=dtypes.PerAxis(0))))
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
+def test_apply_preserves_sharding():
+    out = run_script(
+        """
+        x = np.arange(64, dtype=np.float32).reshape(16, 4) / 10
+        rows = NamedSharding(mesh, P("data", None))
+        t = Tensor(x).to_reduced_precision().to_device(rows)
+        y = precision.apply(lambda a: jnp.tanh(a) * 2.0 + a)(t)
+        assert y.format == dtypes.bfloat16
+        assert y.sharding.is_equivalent_to(rows, 2), y.sharding
+        tree = precision.device_put({"w": Tensor(x).to_reduced_precision(), "n": 1}, rows)
+        assert tree["w"].sharding.is_equivalent_to(rows, 2)
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
+def test_jitted_data_parallel_step_runs():
+    out = run_script(
+        """
+        key = jax.random.key(0)
+        w = jax.random.normal(key, (8, 4)) / 3
+        x = jax.random.normal(jax.random.fold_in(key, 1), (32, 8))
+        y = jax.random.normal(jax.random.fold_in(key, 2), (32, 4))
+        batch = NamedSharding(mesh, P("data", None))
+        replicated = NamedSharding(mesh, P())
+        x, y = jax.device_put(x, batch), jax.device_put(y, batch)
+        w = jax.device_put(w, replicated)
+
+        def loss(w, x, y):
+            wt = Tensor(w).to_reduced_precision()
+            pred = precision.apply(lambda a, b: jnp.tanh(a @ b))(
+                Tensor(x).to_reduced_precision(), wt)
+            return jnp.mean((jnp.asarray(pred) - y) ** 2)
+
+        @jax.jit
+        def step(w, x, y):
+            value, g = jax.value_and_grad(loss)(w, x, y)
+            return w - 0.1 * g, value
+
+        losses = []
+        for _ in range(5):
+            w, value = step(w, x, y)
+            losses.append(float(value))
+        assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+        assert w.sharding.is_equivalent_to(replicated, 2)
+        print("ok", losses[0], losses[-1])
+        """
+    )
+    assert out.startswith("ok")
+
+
+@pytest.mark.parametrize("scaling", ["PerTensor()", "PerBlock(4)"])
+def test_sharded_encode_under_jit(scaling):
+    out = run_script(
+        f"""
+        x = np.random.default_rng(1).normal(size=(8, 16)).astype(np.float32)
+        rows = NamedSharding(mesh, P("data", None))
+        xs = jax.device_put(x, rows)
+        enc = jax.jit(lambda v: Tensor(v).to_reduced_precision(
+            "int8", scaling=dtypes.{scaling}))(xs)
+        ref = Tensor(x).to_reduced_precision("int8", scaling=dtypes.{scaling})
+        np.testing.assert_allclose(np.asarray(enc), np.asarray(ref), rtol=1e-6)
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
