@@ -191,3 +191,20 @@ def test_python_dash_m_precision_demo_help():
     assert result.returncode == 0, result.stderr
     for flag in ("--modes", "--epochs", "--seed", "--data", "--json", "--steps", "--no-progress"):
         assert flag in result.stdout
+
+
+@pytest.mark.slow
+def test_default_demo_meets_the_acceptance_bar(tmp_path):
+    """The full default run (about 75 s of CPU): the accuracy claims of docs/training.md."""
+    out = tmp_path / "rows.json"
+    assert _demo.main(["--no-progress", "--json", str(out)]) == 0
+    acc = {r["mode"]: 100 * r["accuracy"] for r in json.loads(out.read_text())}
+    kept = {r["mode"]: r["updates_applied"] for r in json.loads(out.read_text())}
+    assert acc["fp32"] >= 97.0
+    for mode in ("bf16-mixed", "fp16-loss-scale", "tf32"):
+        assert abs(acc[mode] - acc["fp32"]) <= 0.5, mode
+    assert abs(acc["int8-qat"] - acc["fp32"]) <= 1.0
+    assert abs(acc["int4-qat"] - acc["fp32"]) <= 2.0
+    assert acc["int1-qat"] >= 85.0
+    assert acc["bf16-pure-stochastic"] >= acc["bf16-pure-nearest"]
+    assert kept["bf16-pure-nearest"] < 0.9 < kept["bf16-pure-stochastic"]
