@@ -55,8 +55,8 @@ def ordinals(x: np.ndarray, fmt: FloatFormat) -> tuple[np.ndarray, np.ndarray, n
     x = np.asarray(x, np.float64)
     a = np.abs(np.where(np.isfinite(x), x, 0.0))
     m = fmt.mantissa_bits
-    _, exp = np.frexp(a)  # a = f * 2**exp with f in [0.5, 1)
-    binade = np.maximum(exp.astype(np.int64) - 1, fmt.emin)
+    _, exp = np.frexp(a)  # a = f * 2**exp with f in [0.5, 1); frexp(0) gives exp 0
+    binade = np.where(a == 0, fmt.emin, np.maximum(exp.astype(np.int64) - 1, fmt.emin))
     scaled = np.ldexp(a, (m - binade).astype(np.int32))  # |x| in units of its spacing: exact
     whole = np.floor(scaled)
     index = (binade - fmt.emin) * (1 << m) + whole.astype(np.int64)

@@ -6,7 +6,8 @@ nothing but pytest: the registry, JAX and numpy load only when a collected
 test asks for `fmt` or `run`.
 
 - A test that takes an argument named `fmt` runs once per registered format
-  (ids are the format names). `@pytest.mark.formats(...)` narrows the set.
+  (ids are the format names; float64 only when `jax_enable_x64` is on, since
+  it cannot encode without it). `@pytest.mark.formats(...)` narrows the set.
 - `run(f, *args)` calls `f` eagerly and under `jax.jit` and checks the two
   results agree bit for bit.
 """
@@ -61,7 +62,14 @@ def selected_formats(
     bad = [k for k in kinds if k not in ("float", "int")]
     if bad:
         raise ValueError(f"@pytest.mark.formats(kinds={kinds!r}): each kind is 'float' or 'int'")
-    pool = [dtypes.get(n) for n in names] if names else list(dtypes.FORMATS.values())
+    if names:
+        pool = [dtypes.get(n) for n in names]
+    else:
+        import jax
+
+        # float64 encodes only with 64-bit JAX; without it, name it explicitly.
+        x64 = jax.config.read("jax_enable_x64")
+        pool = [f for f in dtypes.FORMATS.values() if x64 or f.bits <= 32]
     chosen = [f for f in pool if f.kind in kinds and min_bits <= f.bits <= max_bits]
     if not chosen:
         raise ValueError(
@@ -82,7 +90,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("fmt", chosen, ids=[f.name for f in chosen], indirect=True)
 
 
-@pytest.fixture
+# Session scope: formats are immutable values, and hypothesis refuses
+# function-scoped fixtures in @given tests (they are not reset between inputs).
+@pytest.fixture(scope="session")
 def fmt(request: pytest.FixtureRequest) -> Any:
     """Each registered `dtypes` format in turn (narrow with `@pytest.mark.formats(...)`).
 
@@ -154,7 +164,7 @@ def _assert_same(eager: Any, jitted: Any, name: str) -> None:
             )
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def run() -> EagerAndJit:
     """Run a function eagerly and under `jax.jit`, assert equal bits, return the result.
 

@@ -69,12 +69,13 @@ def formats(
     Args:
         kinds: "float", "int" or both.
         min_bits: smallest storage width (`fmt.bits`) to draw.
-        max_bits: largest storage width. float64 (64 bits) is included by
-            default; encoding into it needs `jax_enable_x64`, so pass
-            `max_bits=32` to leave it out.
+        max_bits: largest storage width. float64 is drawn only when
+            `jax_enable_x64` is on when the strategy is built: without it,
+            float64 cannot encode or round.
         include_custom: also draw `dtypes.FloatFormat(e, m)` layouts with
             2 <= e <= 8 and 0 <= m <= 23, IEEE-style or `finite`, saturating
-            or not (only when "float" is among `kinds`).
+            or not (only when "float" is among `kinds`). Layouts whose values
+            leave float32's range (finite with e = 8) are not drawn.
 
     Returns:
         A strategy of `dtypes.Format`s.
@@ -98,8 +99,13 @@ def formats(
     unknown = [k for k in kinds if k not in _KINDS]
     if unknown or not kinds:
         raise ValueError(f"formats(kinds={kinds!r}): each kind must be 'float' or 'int'")
+    import jax
+
+    x64 = jax.config.read("jax_enable_x64")
     registry = [
-        f for f in dtypes.FORMATS.values() if f.kind in kinds and min_bits <= f.bits <= max_bits
+        f
+        for f in dtypes.FORMATS.values()
+        if f.kind in kinds and min_bits <= f.bits <= max_bits and (x64 or f.bits <= 32)
     ]
     branches: list[st.SearchStrategy[Format]] = []
     if registry:
@@ -122,10 +128,14 @@ def _custom_float_formats(draw, min_bits: int, max_bits: int) -> FloatFormat:
     bits = draw(st.integers(max(3, min_bits), min(32, max_bits)))
     e = draw(st.integers(max(2, bits - 24), min(8, bits - 1)))
     m = bits - 1 - e
-    finite = draw(st.booleans())
+    if e == 8 and m == 0:
+        e, m = 7, 1
+    # Without mantissa bits the top binade holds a single code: only a finite
+    # layout without NaN can use it. With 8 exponent bits a finite layout would
+    # reach 2**128, past float32's range, so it keeps IEEE infinities.
+    finite = True if m == 0 else (False if e == 8 else draw(st.booleans()))
     saturate = draw(st.booleans())
-    # A finite layout of 8+ bits keeps an all-ones NaN code, which needs a mantissa bit.
-    nan = False if finite and m == 0 else None
+    nan = False if m == 0 else None
     return FloatFormat(e, m, finite=finite, nan=nan, saturate=saturate)
 
 
@@ -166,7 +176,9 @@ def scalings(
 
     Draws `None` (unscaled; only for float formats or `fmt=None`),
     `PerTensor()`, `PerAxis(axis)` and `PerBlock(size, axis)`, each with or
-    without `power_of_two`. Shrinks toward `None` (floats) or `PerTensor()`.
+    without `power_of_two`. Float formats with float32's exponent range
+    (bfloat16, tf32, float32, float64) are never scaled: only `None`.
+    Shrinks toward `None` (floats) or `PerTensor()`.
 
     Args:
         fmt: the format the scaling is for; integer formats always scale.
@@ -178,10 +190,15 @@ def scalings(
         >>> import dtypes
         >>> scalings(dtypes.int4, ndim=2).validate()
     """
-    power_of_two = st.booleans()
+    # int1's scale is a mean, which has no power-of-two variant.
+    power_of_two = st.just(False) if isinstance(fmt, IntFormat) and fmt.binary else st.booleans()
     branches: list[st.SearchStrategy[Any]] = []
     if fmt is None or fmt.kind == "float":
         branches.append(st.none())
+        if fmt is not None and fmt.exponent_bits >= 8:
+            # A format with float32's exponent range gains nothing from a scale
+            # (and dtypes refuses one): unscaled only.
+            return st.none()
     branches.append(st.builds(PerTensor, power_of_two=power_of_two))
     if ndim >= 1:
         axes = st.integers(0, ndim - 1)
@@ -236,36 +253,50 @@ class _Bounds:
 _NO_BOUNDS = _Bounds(None, None)
 
 
-def _float_specials(
-    g: FloatFormat, allow_nan: bool, allow_infinity: bool, allow_subnormal: bool
-) -> list[float]:
-    """The named hard cases of grid `g`, simplest first, as exact float32 values."""
+def _bounds_or_inf(pair: tuple[float | None, float | None]) -> tuple[float, float]:
+    """A (lo, hi) pair with None read as an infinite bound."""
+    lo, hi = pair
+    return (-math.inf if lo is None else lo, math.inf if hi is None else hi)
+
+
+def _float_extremes(g: FloatFormat, allow_subnormal: bool) -> list[float]:
+    """±0, ±1, the smallest normal, ±max, the smallest and largest subnormal."""
+    # 1 and -1 are not hard, but early in this list they give the shrinker a
+    # simpler target than ±max.
+    out = [0.0, -0.0, 1.0, -1.0, g.min_normal, -g.min_normal, g.max, -g.max]
+    if g.mantissa_bits > 0 and allow_subnormal:
+        largest_sub = decode_magnitude(g, (1 << g.mantissa_bits) - 1)
+        out += [g.smallest_subnormal, -g.smallest_subnormal, largest_sub, -largest_sub]
+    return out
+
+
+def _nonfinite(allow_nan: bool, allow_infinity: bool) -> list[float]:
+    return ([math.nan] if allow_nan else []) + ([math.inf, -math.inf] if allow_infinity else [])
+
+
+def _float_edges(g: FloatFormat, allow_subnormal: bool) -> list[float]:
+    """The float32 values beside the smallest normal and max, and just beyond max."""
     top = g.max
     f32 = np.float32
-    out: list[float] = [0.0, -0.0, g.min_normal, -g.min_normal, top, -top]
+    out: list[float] = []
     # The float32 values on either side of the smallest normal and of max.
     for v in (g.min_normal, top):
         for direction in (np.inf, 0.0):
-            w = float(np.nextafter(f32(v), f32(direction)))
-            out += [w, -w]
+            with np.errstate(over="ignore"):  # above float32's max lies inf: left out
+                w = float(np.nextafter(f32(v), f32(direction)))
+            out += [w, -w] if math.isfinite(w) else []
     # Just beyond max: the rounding boundary max + ulp/2 (where round-to-nearest
     # overflows) and the float32 values beside it, plus one binade up.
     half_ulp = math.ldexp(1.0, g.emax - g.mantissa_bits - 1)
     for v in (top + half_ulp, 2.0 * top):
         if _is_f32(v):
             beside = [v, float(np.nextafter(f32(v), f32(0.0)))]
-            above = float(np.nextafter(f32(v), f32(np.inf)))
+            with np.errstate(over="ignore"):
+                above = float(np.nextafter(f32(v), f32(np.inf)))
             beside += [above] if math.isfinite(above) else []
             out += [w for u in beside for w in (u, -u)]
-    if g.mantissa_bits > 0 and allow_subnormal:
-        largest_sub = decode_magnitude(g, (1 << g.mantissa_bits) - 1)
-        out += [g.smallest_subnormal, -g.smallest_subnormal, largest_sub, -largest_sub]
     if not allow_subnormal:
         out = [v for v in out if v == 0 or abs(v) >= g.min_normal]
-    if allow_infinity:
-        out += [math.inf, -math.inf]
-    if allow_nan:
-        out.append(math.nan)
     unique: list[float] = []
     for v in out:  # keep order, drop repeats (signed zeros and NaN compared by bits)
         if not any(np.float32(v).tobytes() == np.float32(u).tobytes() for u in unique):
@@ -342,38 +373,53 @@ def _float_values(
     g = data_grid(fmt)
     m, top = g.mantissa_bits, max_code(g)
     first = 0 if allow_subnormal else 1 << m
-    specials = _float_specials(g, allow_nan and not bounds.given, allow_infinity, allow_subnormal)
-    branches: list[st.SearchStrategy[float] | None] = [
-        st.sampled_from([v for v in specials if v in bounds] or [bounds.clamp(0.0)]),
-    ]
-    if allow_subnormal and m > 0:
-        branches.append(_coded(g, 1, (1 << m) - 1, bounds))
-    if m < 23:  # a float32 holds every midpoint of a narrower grid
-        branches.append(_coded(g, first, top - 1, bounds, tie=True))
+    if not (allow_subnormal or 0.0 in bounds or max(-bounds.lo, bounds.hi) >= g.min_normal):
+        raise ValueError(
+            f"[{bounds.lo}, {bounds.hi}] holds only subnormal values of {fmt.name} (its smallest "
+            f"normal is {g.min_normal}), and allow_subnormal=False leaves those out"
+        )
+    extremes = [v for v in _float_extremes(g, allow_subnormal) if v in bounds]
+    nonfinite = _nonfinite(allow_nan and not bounds.given, allow_infinity)
+    nonfinite = [v for v in nonfinite if v in bounds]
+    edges = [v for v in _float_edges(g, allow_subnormal) if v in bounds]
+    # Branch order is shrink order: grid values by code (0, then the smallest
+    # magnitudes) come first, so a failing example shrinks toward small values.
+    branches: list[st.SearchStrategy[float] | None] = [_coded(g, first, top, bounds)]
     lo, hi = (_code_of_power(g, k) for k in _ORDINARY_EXPONENTS)
     ordinary = [_coded(g, lo, hi, bounds)]
     if m < 23 and lo < hi:
         ordinary.append(_coded(g, lo, hi - 1, bounds, tie=True))
     ordinary = [s for s in ordinary if s is not None]
     branches.append(st.one_of(ordinary) if ordinary else None)
-    branches.append(_coded(g, first, top, bounds))
+    branches.append(st.sampled_from(extremes) if extremes else None)
+    branches.append(st.sampled_from(edges) if edges else None)
+    branches.append(st.sampled_from(nonfinite) if nonfinite else None)
+    if m < 23:  # a float32 holds every midpoint of a narrower grid
+        branches.append(_coded(g, first, top - 1, bounds, tie=True))
+    if allow_subnormal and m > 0:
+        branches.append(_coded(g, 1, (1 << m) - 1, bounds))
 
     def flush(v: float) -> float:
-        if not allow_subnormal and 0 < abs(v) < g.min_normal:
-            return bounds.clamp(math.copysign(0.0, v))
+        # Without subnormals, a general float below the smallest normal becomes
+        # the nearest allowed of ±0 and ±min_normal.
+        if allow_subnormal or not 0 < abs(v) < g.min_normal:
+            return v
+        for c in (0.0, g.min_normal, -g.min_normal):
+            if math.copysign(c, v) in bounds:
+                return math.copysign(c, v)
         return v
 
     in_range = bounds.f32_range(-g.max, g.max)
     if in_range is not None:
         branches.append(st.floats(*in_range, width=32).map(flush))
-    anywhere = bounds.f32_range(-math.inf, math.inf)
+    anywhere = bounds.f32_range(-math.inf, math.inf) if bounds.given else (None, None)
     if anywhere is not None:
         branches.append(
             st.floats(
                 *anywhere,
                 width=32,
                 allow_nan=allow_nan and not bounds.given,
-                allow_infinity=allow_infinity and not all(map(math.isfinite, anywhere)),
+                allow_infinity=allow_infinity and math.inf in map(abs, _bounds_or_inf(anywhere)),
                 allow_subnormal=allow_subnormal,
             ).map(flush)
         )
@@ -382,42 +428,61 @@ def _float_values(
 
 def _int_values(
     fmt: IntFormat,
-    k: int,
+    k: int | None,
     allow_nan: bool,
     allow_infinity: bool,
     allow_subnormal: bool,
     bounds: _Bounds,
 ) -> st.SearchStrategy[np.float32]:
-    """Data for an integer format at the scale `s = 2**k`.
+    """Data for an integer format at a scale `s = 2**k` (`k=None`: drawn per value).
 
     A group whose absmax is `qmax * s` gets exactly the scale `s`, so
-    `(c + 0.5) * s` is then an exact tie between codes c and c + 1.
+    `(c + 0.5) * s` is then an exact tie between codes c and c + 1. The
+    exponent is part of each draw rather than a `flatmap`, so it shrinks
+    together with the code, toward k = 0 and code 0.
     """
-    s, q = math.ldexp(1.0, k), fmt.qmax
-    specials = [0.0, -0.0, q * s, -q * s]
-    if allow_infinity:
-        specials += [math.inf, -math.inf]
-    if allow_nan and not bounds.given:
-        specials.append(math.nan)
+    q = fmt.qmax
+    lo, hi = _INT_SCALE_EXPONENTS
+    ks = st.integers(lo, hi) if k is None else st.just(k)
 
-    def tie(c: int, step: int) -> float:
-        t = np.float32((c + 0.5) * s)
+    def code(t: tuple[int, int, bool]) -> float:
+        k_, c, negative = t
+        return (-c if negative else c) * math.ldexp(1.0, k_)
+
+    named = ["zero", "-zero", "anchor", "-anchor"]
+    named += ["inf", "-inf"] if allow_infinity else []
+    named += ["nan"] if allow_nan and not bounds.given else []
+
+    def special(t: tuple[int, str]) -> float:
+        k_, name = t
+        sign = -1.0 if name.startswith("-") else 1.0
+        base = name.lstrip("-")
+        if base == "anchor":
+            return sign * q * math.ldexp(1.0, k_)
+        return {"zero": 0.0, "inf": math.inf, "nan": math.nan}[base] * sign
+
+    def tie(t: tuple[int, int, int]) -> float:
+        k_, c, step = t
+        v = np.float32((c + 0.5) * math.ldexp(1.0, k_))
         if step:
-            t = np.nextafter(t, np.float32(np.inf if step > 0 else -np.inf))
-        return float(t)
+            v = np.nextafter(v, np.float32(np.inf if step > 0 else -np.inf))
+        return float(v)
 
-    anywhere = st.floats(
-        width=32,
-        allow_nan=allow_nan and not bounds.given,
-        allow_infinity=allow_infinity,
-        allow_subnormal=allow_subnormal,
-    )
+    def in_range(t: tuple[int, float]) -> float:
+        v = t[1] * math.ldexp(1.0, t[0])  # exact: a power-of-two multiple of a float32
+        return math.copysign(0.0, v) if not allow_subnormal and abs(v) < 2.0**-126 else v
+
     branches: list[st.SearchStrategy[float]] = [
-        st.sampled_from([v for v in specials if v in bounds] or [bounds.clamp(0.0)]),
-        st.tuples(st.integers(-q, q - 1), st.sampled_from((0, 1, -1))).map(lambda t: tie(*t)),
-        st.tuples(st.integers(0, q), st.booleans()).map(lambda t: -t[0] * s if t[1] else t[0] * s),
-        st.floats(-q * s, q * s, width=32, allow_subnormal=allow_subnormal),
-        anywhere,
+        st.tuples(ks, st.integers(0, q), st.booleans()).map(code),
+        st.tuples(ks, st.sampled_from(named)).map(special),
+        st.tuples(ks, st.integers(-q, q - 1), st.sampled_from((0, 1, -1))).map(tie),
+        st.tuples(ks, st.floats(-q, q, width=32, allow_subnormal=allow_subnormal)).map(in_range),
+        st.floats(
+            width=32,
+            allow_nan=allow_nan and not bounds.given,
+            allow_infinity=allow_infinity,
+            allow_subnormal=allow_subnormal,
+        ),
     ]
     # Integer data is relative to a scale: bounds clamp rather than reshape it.
     return st.one_of(branches).map(bounds.clamp).map(_f32)
@@ -496,10 +561,7 @@ def values(
 
 def _values(fmt: Format, allow_nan, allow_infinity, allow_subnormal, bounds: _Bounds):
     if isinstance(fmt, IntFormat):
-        lo, hi = _INT_SCALE_EXPONENTS
-        return st.integers(lo, hi).flatmap(
-            lambda k: _int_values(fmt, k, allow_nan, allow_infinity, allow_subnormal, bounds)
-        )
+        return _int_values(fmt, None, allow_nan, allow_infinity, allow_subnormal, bounds)
     return _float_values(fmt, allow_nan, allow_infinity, allow_subnormal, bounds)
 
 
@@ -561,11 +623,12 @@ def _shapes(shape: Shape | st.SearchStrategy[tuple[int, ...]] | None):
 
 
 def _fill(elements: st.SearchStrategy[Any], shape: tuple[int, ...]) -> st.SearchStrategy:
-    """Arrays of `shape`: every element its own draw, or one repeated value with a few others.
+    """Arrays of `shape`: every element its own draw, or mostly one repeated value.
 
-    The second kind (a quarter of the elements or fewer drawn apart from a
-    common fill value) is what exposes reductions: many equal small terms
-    meeting one large one is the classic way an accumulator loses them.
+    The second kind (at least three elements in four share a fill value) is
+    what exposes reductions: many equal terms meeting a large one is the
+    classic way an accumulator loses them. It shrinks toward one repeated
+    simple value, the first toward zeros.
     """
     n = math.prod(shape)
 
@@ -576,14 +639,16 @@ def _fill(elements: st.SearchStrategy[Any], shape: tuple[int, ...]) -> st.Search
     if n < 2:
         return independent
 
-    def filled(fill: Any, updates: list[tuple[int, Any]]) -> np.ndarray:
+    def filled(fill: Any, overrides: list[tuple[int, Any]]) -> np.ndarray:
         xs = [fill] * n
-        for i, v in updates:
+        for i, v in overrides:
             xs[i] = v
         return as_array(xs)
 
-    updates = st.lists(st.tuples(st.integers(0, n - 1), elements), max_size=max(1, n // 4))
-    return st.one_of(independent, st.tuples(elements, updates).map(lambda t: filled(*t)))
+    # A common fill value with at most a quarter of the elements drawn apart.
+    # (hypothesis may print a failing one as `filled(fill=..., overrides=[(index, value)])`.)
+    overrides = st.lists(st.tuples(st.integers(0, n - 1), elements), max_size=max(1, n // 4))
+    return st.one_of(independent, st.builds(filled, fill=elements, overrides=overrides))
 
 
 def _representable_int_array(fmt: IntFormat, shape: tuple[int, ...]):
@@ -652,6 +717,8 @@ def arrays(
     fmt = _check_format(fmt, "arrays()")
     bounds = _Bounds(min_value, max_value)
     flags = (allow_nan, allow_infinity, allow_subnormal, bounds)
+    if isinstance(fmt, FloatFormat):
+        _float_values(fmt, *flags)  # refuse impossible bounds now, not at the first draw
 
     def for_shape(shp: tuple[int, ...]) -> st.SearchStrategy[np.ndarray]:
         if isinstance(fmt, IntFormat):
