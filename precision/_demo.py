@@ -321,7 +321,7 @@ class Row(NamedTuple):
     first_loss: float  # training loss of the very first step, before any update
     step_ms: float  # wall time per training step, compilation excluded
     param_bytes: int  # bytes of the parameters as this mode keeps/deploys them
-    updates_applied: float  # sum |change of stored params| / sum |intended update|
+    updates_kept: float  # sum |change of stored params| / sum |intended update|
 
 
 def _stored(mode: Mode, params: Params) -> Any:
@@ -451,7 +451,7 @@ def train(
         first_loss=first_loss,
         step_ms=1000 * elapsed / (epochs * per_epoch),
         param_bytes=tree_nbytes(_stored(mode, stored)),
-        updates_applied=float(moved / intended) if float(intended) > 0 else float("nan"),
+        updates_kept=float(moved / intended) if float(intended) > 0 else float("nan"),
     )
 
 
@@ -478,7 +478,7 @@ def format_table(rows: Sequence[Row]) -> str:
             f"{r.loss:.4f}",
             f"{r.step_ms:.2f}",
             f"{r.param_bytes:,}",
-            f"{100 * r.updates_applied:.1f}%",
+            f"{100 * r.updates_kept:.1f}%",
         )
         for r in rows
     ]
@@ -512,7 +512,7 @@ def _write_json(path: str, rows: Sequence[Row]) -> None:
             "first_loss": r.first_loss,
             "step_ms": r.step_ms,
             "param_bytes": r.param_bytes,
-            "updates_applied": r.updates_applied,
+            "updates_kept": r.updates_kept,
         }
         for r in rows
     ]

@@ -88,9 +88,9 @@ def test_short_demo_every_mode(tmp_path, capsys):
         assert r["loss"] < r["first_loss"] - 0.1, r["mode"]
     by_mode = {r["mode"]: r for r in rows}
     # Float32 masters keep every update; nearest-rounded bfloat16 parameters lose some.
-    assert by_mode["fp32"]["updates_applied"] == pytest.approx(1.0, abs=1e-3)
-    assert by_mode["bf16-pure-nearest"]["updates_applied"] < 0.99
-    assert by_mode["bf16-pure-stochastic"]["updates_applied"] == pytest.approx(1.0, abs=0.05)
+    assert by_mode["fp32"]["updates_kept"] == pytest.approx(1.0, abs=1e-3)
+    assert by_mode["bf16-pure-nearest"]["updates_kept"] < 0.99
+    assert by_mode["bf16-pure-stochastic"]["updates_kept"] == pytest.approx(1.0, abs=0.05)
 
 
 def _write_npz(path, **arrays):
@@ -199,7 +199,7 @@ def test_default_demo_meets_the_acceptance_bar(tmp_path):
     out = tmp_path / "rows.json"
     assert _demo.main(["--no-progress", "--json", str(out)]) == 0
     acc = {r["mode"]: 100 * r["accuracy"] for r in json.loads(out.read_text())}
-    kept = {r["mode"]: r["updates_applied"] for r in json.loads(out.read_text())}
+    kept = {r["mode"]: r["updates_kept"] for r in json.loads(out.read_text())}
     assert acc["fp32"] >= 97.0
     for mode in ("bf16-mixed", "fp16-loss-scale", "tf32"):
         assert abs(acc[mode] - acc["fp32"]) <= 0.5, mode
