@@ -469,6 +469,44 @@ def _logical(leaf: _io.Leaf, data: np.ndarray, scale: np.ndarray | None):
     return _io.encoded(leaf, data, scale).decode(jnp.float32)
 
 
+_STREAM_BYTES = 16 << 20  # input bytes per row block of a streamed conversion
+
+# Input containers whose float32 value is their logical value (an exact cast).
+_RAW_FLOATS = {np.dtype(t) for t in ("float32", "float16", "bfloat16")} | {
+    np.dtype(dtypes.float8_e4m3fn.container),
+    np.dtype(dtypes.float8_e5m2.container),
+}
+
+
+def _streamable(plan: _Plan, rounding: str) -> bool:
+    """Whether a tensor can be converted in row blocks, giving the same bytes.
+
+    True when every value's encoding depends only on its own row: unscaled
+    formats, one scale per row (per-axis 0) or blocks along the last axis,
+    and deterministic rounding (stochastic rounding draws its bits by element
+    index in the whole tensor). The input must be raw floats, read as they
+    are. Such tensors never need to be whole in memory.
+    """
+    leaf, out = plan.leaf, plan.out
+    if len(out.shape) < 2 or rounding == "stochastic":
+        return False
+    if leaf.scale is not None or leaf.data_dtype not in _RAW_FLOATS:
+        return False
+    if leaf.kind == "tensor" and leaf.format.native_dtype != leaf.data_dtype:
+        return False
+    scaling, ndim = out.scaling, len(out.shape)
+    return (
+        scaling is None
+        or (isinstance(scaling, dtypes.PerAxis) and scaling.axis % ndim == 0)
+        or (isinstance(scaling, dtypes.PerBlock) and scaling.axis % ndim == ndim - 1)
+    )
+
+
+def _rows(out: _io.Leaf, n: int) -> _io.Leaf:
+    """`out` cut to its first `n` rows (what one row block encodes as)."""
+    return dataclasses.replace(out, shape=(n, *out.shape[1:]))
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     import jax
 
@@ -492,9 +530,48 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         total_in = sum(e.nbytes for e in reader.entries.values())
         progress = _progress(total_in, args.quiet)
 
-        def produce() -> Iterator[tuple[str, np.ndarray]]:
+        def not_finite(plan: _Plan) -> _DataError:
+            return _DataError(
+                f"tensor {plan.leaf.name!r} holds NaN or inf, which a scaled "
+                f"{fmt.name} encoding cannot hold; exclude it (--exclude) or choose an "
+                "unscaled float format"
+            )
+
+        def stream(plan: _Plan, scales: list[np.ndarray]) -> Iterator[np.ndarray]:
+            """Encoded row blocks of one tensor, read and converted block by block."""
+            out = plan.out
+            row_bytes = int(np.prod(out.shape[1:], dtype=np.int64)) * plan.leaf.data_dtype.itemsize
+            step = max(1, _STREAM_BYTES // max(row_bytes, 1))
+            for n in {min(step, out.shape[0] - r) for r in range(0, out.shape[0], step)}:
+                converter.prepare(_rows(out, n))
+            _release_memory()
+            finite, signal, noise = True, 0.0, 0.0
+            for block in reader.iter_rows(plan.leaf.name, step):
+                part = _rows(out, block.shape[0])
+                x = jax.device_put(block if block.dtype == np.float32 else block.astype(np.float32))
+                data, scale = converter.encode(part, x, None)
+                ok, sig, noi = converter.energy(part, np.asarray(x), data, scale)
+                del x, block
+                gc.collect()  # see below: frees the aliased input block now
+                if out.scaling is not None and not ok:
+                    raise not_finite(plan)
+                finite, signal, noise = finite and ok, signal + sig, noise + noi
+                if scale is not None:
+                    scales.append(np.asarray(scale))
+                yield np.asarray(data).view(out.data_dtype)
+                progress.update(part.shape[0] * row_bytes)
+            worst.append((_sqnr(signal, noise), plan.leaf.name))
+
+        def produce() -> Iterator[tuple[str, Any]]:
             for i, plan in enumerate(plans):
                 progress.set_postfix_str(plan.leaf.name, refresh=False)
+                if plan.reason is None and _streamable(plan, args.rounding):
+                    scales: list[np.ndarray] = []
+                    yield plan.out.name, stream(plan, scales)
+                    if plan.out.scale is not None:
+                        yield plan.out.scale, np.concatenate(scales, axis=0)
+                    _release_memory()
+                    continue
                 if plan.reason is None:
                     converter.prepare(plan.out)  # compile before the tensor is in memory
                     _release_memory()
@@ -517,11 +594,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                 # cycle: collect it now, or the input tensor outlives its turn.
                 gc.collect()
                 if plan.out.scaling is not None and not bool(finite):
-                    raise _DataError(
-                        f"tensor {plan.leaf.name!r} holds NaN or inf, which a scaled "
-                        f"{fmt.name} encoding cannot hold; exclude it (--exclude) or choose an "
-                        "unscaled float format"
-                    )
+                    raise not_finite(plan)
                 worst.append((_sqnr(float(signal), float(noise)), plan.leaf.name))
                 arr = np.asarray(out_data)
                 yield plan.out.name, arr.view(plan.out.data_dtype)

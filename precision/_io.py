@@ -732,6 +732,40 @@ class Reader:
             )
         return out
 
+    def iter_rows(self, name: str, rows: int) -> Iterator[np.ndarray]:
+        """The array stored as `name` in slices of `rows` rows (first axis), CRC-checked.
+
+        The CRC-32 covers the whole tensor, so a mismatch is raised after the
+        last slice: a caller writing the slices somewhere must discard them
+        then (`write` does, by raising through).
+        """
+        entry = self.entries[name]
+        if not entry.shape:
+            raise ValueError(f"tensor {name!r} is a scalar; read it with read()")
+        row_shape = entry.shape[1:]
+        row_bytes = int(np.prod(row_shape, dtype=np.int64)) * entry.dtype.itemsize
+        crc = 0
+        for start in range(0, entry.shape[0], rows):
+            n = min(rows, entry.shape[0] - start)
+            out = aligned_empty((n, *row_shape), entry.dtype)
+            view = memoryview(out.reshape(-1).view(np.uint8))
+            self._file.seek(entry.begin + start * row_bytes)
+            done = 0
+            while done < n * row_bytes:
+                got = self._file.readinto(view[done:])
+                if not got:
+                    raise self.error(f"tensor {name!r}: the file ended while reading it")
+                done += got
+            if self.crc is not None:
+                crc = zlib.crc32(view, crc)
+            del view
+            yield out
+        if self.crc is not None and crc != self.crc[name]:
+            raise self.error(
+                f"tensor {name!r}: its bytes do not match the CRC-32 recorded when it was saved "
+                "(the file is corrupted)"
+            )
+
     def read_leaf(self, leaf: Leaf) -> tuple[np.ndarray, np.ndarray | None]:
         """(data, scale or None) of one leaf."""
         data = self.read(leaf.name)
@@ -937,7 +971,9 @@ def write(
     """Atomically write a checkpoint of `leaves`, whose arrays `produce` yields in order.
 
     `produce` is consumed lazily, so a caller can compute one tensor at a time
-    and peak memory stays at about one tensor. Returns the bytes written.
+    and peak memory stays at about one tensor. An array may also be given as
+    an iterator of slices along its first axis (row blocks, in order), so a
+    tensor never has to be whole in memory. Returns the bytes written.
 
     Raises:
         FileExistsError: `path` exists and `overwrite` is False.
@@ -964,15 +1000,30 @@ def write(
             produced = iter(produce)
             for name, dtype, shape in arrays:
                 got_name, arr = next(produced)
-                if got_name != name or arr.dtype != dtype or tuple(arr.shape) != tuple(shape):
+                whole = isinstance(arr, np.ndarray)
+                if got_name != name or (
+                    whole and (arr.dtype != dtype or tuple(arr.shape) != tuple(shape))
+                ):
                     raise ValueError(  # a bug in the caller, never silently written
                         f"expected array {name!r} {dtype}{list(shape)}, got {got_name!r} "
-                        f"{arr.dtype}{list(arr.shape)}"
+                        f"{getattr(arr, 'dtype', '')}{list(getattr(arr, 'shape', ''))}"
                     )
-                view = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
-                crc[name] = zlib.crc32(view)
-                f.write(view)
-                del view, arr
+                value, written = 0, 0
+                for part in [arr] if whole else arr:
+                    if part.dtype != dtype or tuple(part.shape[1:]) != tuple(shape[1:]):
+                        raise ValueError(
+                            f"array {name!r}: a slice of {part.dtype}{list(part.shape)} does not "
+                            f"fit {dtype}{list(shape)}"
+                        )
+                    view = memoryview(np.ascontiguousarray(part).reshape(-1).view(np.uint8))
+                    value = zlib.crc32(view, value)
+                    f.write(view)
+                    written += len(view)
+                    del view, part
+                if written != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+                    raise ValueError(f"array {name!r}: {written} bytes produced, not {shape}")
+                crc[name] = value
+                del arr
             final = _header_bytes(arrays, _metadata(leaves, crc))
             assert len(final) == len(header)  # fixed-width CRCs: same length
             f.seek(0)

@@ -23,7 +23,7 @@ from safetensors import safe_open
 
 import dtypes
 import precision
-from precision import Tensor, _cli
+from precision import Tensor, _cli, _io
 from precision.testing._metrics import error_report, sqnr_db
 
 RNG = np.random.default_rng(11)
@@ -176,6 +176,50 @@ def test_convert_with_scaling(checkpoint, tmp_path, capsys, fmt, flag, scaling):
         x = np.asarray(INPUT[tensor], np.float32)
         assert_encoded_like_library(loaded[tensor], x, dtypes.get(fmt), scaling)
     assert "kept 1: excluded" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("fmt", "flag", "scaling"),
+    [
+        ("bfloat16", "none", None),
+        ("e4m3", "none", None),
+        ("int4", "per-block:16", dtypes.PerBlock(16)),
+        ("int8", "per-axis:0:pow2", dtypes.PerAxis(0, power_of_two=True)),
+    ],
+)
+def test_row_block_conversion_gives_the_same_bytes(
+    checkpoint, tmp_path, monkeypatch, fmt, flag, scaling
+):
+    # Tiny row blocks: encoder.weight (6 x 40 float32, 160 bytes a row) goes in
+    # blocks of 2 rows, head.weight (4 x 32 bfloat16) in blocks of 5 rows.
+    monkeypatch.setattr(_cli, "_STREAM_BYTES", 320)
+    blocks = []
+    iter_rows = _io.Reader.iter_rows
+    monkeypatch.setattr(
+        _io.Reader,
+        "iter_rows",
+        lambda self, name, rows: blocks.append((name, rows)) or iter_rows(self, name, rows),
+    )
+    out = tmp_path / "out.safetensors"
+    args = ["convert", str(checkpoint), "-o", str(out), "--to", fmt, "--scaling", flag, "-q"]
+    assert _cli.main(args) == 0
+    assert ("encoder.weight", 2) in blocks  # the row-block path really ran
+    loaded = precision.load(out)
+    for tensor in ["encoder.weight", "head.weight"]:
+        x = np.asarray(INPUT[tensor], np.float32)
+        assert_encoded_like_library(loaded[tensor], x, dtypes.get(fmt), scaling)
+
+
+def test_row_block_conversion_checks_the_crc(tmp_path, monkeypatch, capsys):
+    src, dst = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    precision.save(src, {"w": RNG.standard_normal((8, 64)).astype(np.float32)})
+    raw = bytearray(src.read_bytes())
+    raw[-10] ^= 1  # in the last row block
+    src.write_bytes(bytes(raw))
+    monkeypatch.setattr(_cli, "_STREAM_BYTES", 256)
+    assert _cli.main(["convert", str(src), "-o", str(dst), "--to", "bf16", "-q"]) == 1
+    assert "do not match the CRC-32" in capsys.readouterr().err
+    assert not dst.exists()
 
 
 def test_scaling_that_does_not_fit_keeps_the_tensor(checkpoint, tmp_path, capsys):
