@@ -194,7 +194,7 @@ def assert_ulp_close(
     flat = int(np.argmax(dist))
     index = tuple(int(i) for i in np.unravel_index(flat, dist.shape)) if dist.ndim else ()
     worst = float(dist.reshape(-1)[flat])
-    shown = f"{int(worst)}" if worst == int(worst) else f"{worst:.6g}"
+    shown = f"{int(worst)}" if np.isfinite(worst) and worst == int(worst) else f"{worst:.6g}"
     unit = "ulps" if isinstance(fmt, FloatFormat) else "steps of the scale"
     code = fmt if scale is None else None  # a scaled value's own bits say nothing of its code
     if dist.ndim:

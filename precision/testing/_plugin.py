@@ -112,14 +112,25 @@ class EagerAndJit:
     without comparing.
     """
 
+    def __init__(self) -> None:
+        # jax.jit caches compilations per wrapped function object; a bound method
+        # or a partial is a new object at every call, so keep one wrapper each.
+        self._jitted: dict[Any, Callable[..., Any]] = {}
+
     def both(self, f: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         import jax
 
         g = functools.partial(f, **kwargs) if kwargs else f
         with jax.disable_jit():
             eager = g(*args)
-        jitted = jax.jit(g)(*args)
-        return eager, jitted
+        try:
+            key = (f, tuple(sorted(kwargs.items())))
+            jitted_f = self._jitted.get(key)
+            if jitted_f is None:
+                jitted_f = self._jitted[key] = jax.jit(g)
+        except TypeError:  # unhashable keyword values: no reuse
+            jitted_f = jax.jit(g)
+        return eager, jitted_f(*args)
 
     def __call__(self, f: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         eager, jitted = self.both(f, *args, **kwargs)

@@ -1,0 +1,142 @@
+"""The pytest plugin: `fmt` over the registry, the `formats` marker, the `run` fixture.
+
+The plugin is loaded in this very session (entry point), so the tests below
+use it directly; a user's view is checked by running pytest on a small test
+file in a subprocess.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dtypes
+from precision.testing import arrays, assert_representable
+from precision.testing._plugin import EagerAndJit, selected_formats
+
+SEEN: set[str] = set()
+
+
+def test_fmt_is_each_registered_format(fmt, request):
+    assert request.node.callspec.id == fmt.name
+    assert dtypes.get(fmt.name) == fmt
+
+
+@pytest.mark.formats(kinds="int")
+def test_marker_narrows_to_kinds(fmt):
+    assert fmt.kind == "int"
+
+
+@pytest.mark.formats("bf16", "e4m3")
+def test_marker_takes_names_and_aliases(fmt, request):
+    assert request.node.callspec.id in ("bfloat16", "float8_e4m3fn")
+
+
+@pytest.mark.parametrize("fmt", [dtypes.int4], ids=["own"])
+def test_explicit_parametrize_wins(fmt, request):
+    assert request.node.callspec.id == "own"
+
+
+@pytest.mark.formats("bfloat16", "float8_e4m3fn")
+@settings(max_examples=10)
+@given(st.data())
+def test_fmt_works_with_given_and_run(fmt, run, data):
+    x = data.draw(arrays(fmt, 8, allow_nan=False))
+    y = run(fmt.round, x)
+    assert_representable(y, fmt)
+
+
+def test_selected_formats():
+    names = [f.name for f in selected_formats()]
+    assert "float64" not in names  # this suite runs without jax_enable_x64
+    assert [f.name for f in selected_formats(kinds="float", min_bits=8, max_bits=16)] == [
+        "bfloat16",
+        "float16",
+        "float8_e4m3fn",
+        "float8_e5m2",
+    ]
+    assert [f.name for f in selected_formats("float64")] == ["float64"]
+    with pytest.raises(ValueError, match="selects no format"):
+        selected_formats(kinds="int", min_bits=16)
+    with pytest.raises(ValueError, match="'float' or 'int'"):
+        selected_formats(kinds="complex")
+
+
+def test_run_returns_the_eager_result_and_checks_jit():
+    run = EagerAndJit()
+    x = jnp.float32([1.0, 2.5, np.nan])
+    np.testing.assert_array_equal(run(lambda v: v * 2, x), [2.0, 5.0, np.nan])
+    eager, jitted = run.both(jnp.sum, x[:2], axis=0)
+    assert float(eager) == float(jitted) == 3.5
+
+
+def test_run_reports_a_difference_between_eager_and_jit():
+    def differs(x):
+        # Under jit the Python-side branch sees a tracer, eagerly a concrete array.
+        return x + (1.0 if isinstance(x, jax.core.Tracer) else 0.0)
+
+    with pytest.raises(AssertionError, match=r"differs: eager and jitted results differ in 1 of"):
+        EagerAndJit()(differs, jnp.float32([1.0]))
+
+
+def test_run_reports_a_structure_difference():
+    def structure(x):
+        return (x,) if isinstance(x, jax.core.Tracer) else [x]
+
+    with pytest.raises(AssertionError, match="differ in structure"):
+        EagerAndJit()(structure, jnp.float32(1.0))
+
+
+USER_TEST = """
+import pytest
+
+def test_every_format(fmt):
+    assert fmt.bits >= 1
+
+@pytest.mark.formats(kinds="float", max_bits=8)
+def test_float8(fmt, run):
+    import numpy as np
+    assert run(fmt.round, np.float32([1.0, 3.0])).tolist() == [1.0, 3.0]
+
+def test_no_fmt_no_parametrization():
+    pass
+"""
+
+
+def test_a_users_suite_gets_fmt_from_the_installed_plugin(tmp_path):
+    (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TEST))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    passed = {line.split("::")[-1] for line in result.stdout.splitlines() if "PASSED" in line}
+    ids = {p.split()[0] for p in passed}
+    assert {f"test_every_format[{name}]" for name in ("bfloat16", "int4", "int1")} <= ids
+    assert "test_every_format[float64]" not in ids
+    assert {"test_float8[float8_e4m3fn]", "test_float8[float8_e5m2]"} <= ids
+    assert not any(i.startswith("test_float8[bfloat16") for i in ids)
+    assert "test_no_fmt_no_parametrization" in ids
+
+
+def test_loading_the_plugin_imports_neither_hypothesis_nor_the_strategies():
+    code = (
+        "import sys, precision.testing._plugin; "
+        "print('hypothesis' in sys.modules, 'precision.testing._strategies' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == ["False", "False"]
