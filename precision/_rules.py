@@ -23,6 +23,7 @@ import dtypes
 
 from ._errors import PrecisionMismatchError
 from ._jax_compat import bind_eqn
+from ._tensor import round_nearest
 
 __all__ = [
     "RULES",
@@ -115,7 +116,7 @@ def round_to(value: Any, state: State) -> Any:
     fmt = state.format
     if fmt.is_full_precision or not is_float(value):
         return value
-    return fmt.round(value, scaling=state.scaling)
+    return round_nearest(fmt, value, state.scaling)
 
 
 def adopt(value: Any, state: State | None) -> Any:
@@ -129,7 +130,7 @@ def adopt(value: Any, state: State | None) -> Any:
         return value
     if state.format.is_full_precision or not is_float(value):
         return value
-    return state.format.round(jnp.asarray(value))
+    return round_nearest(state.format, jnp.asarray(value))
 
 
 # Ops whose floating outputs are input elements moved, selected or negated:

@@ -82,6 +82,42 @@ def decode_storage(fmt: dtypes.Format, data, scale, scaling, last, dtype) -> jax
     return fmt.decode(dtypes.Encoded(data, scale, fmt, scaling, last), dtype)
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
+def _reduce_precision(x, mantissa_bits: int, top: float):
+    return jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=mantissa_bits)
+
+
+@_reduce_precision.defjvp
+def _reduce_precision_jvp(mantissa_bits, top, primals, tangents):
+    (x,), (t,) = primals, tangents
+    # straight-through, zero where the value overflowed (as `Format.round`)
+    return _reduce_precision(x, mantissa_bits, top), jnp.where(jnp.abs(x) <= top, t, 0)
+
+
+def round_nearest(fmt: dtypes.Format, x: Any, scaling=None) -> Any:
+    """`fmt.round(x, scaling=scaling)` in round-to-nearest-even, fast where possible.
+
+    For IEEE-style formats with float32's 8 exponent bits (bfloat16, tf32, and
+    custom `FloatFormat(8, m)`), rounding float32 values is mantissa rounding
+    only, which XLA's `reduce_precision` does in one fused op with the same
+    bits as the integer rounding of `dtypes` (checked bit for bit in the
+    tests; the format's subnormals are float32 subnormals, which it keeps).
+    Formats with fewer exponent bits are not given to it: on CPU it flushes
+    their subnormals to zero.
+    """
+    if (
+        scaling is None
+        and fmt.kind == "float"
+        and fmt.exponent_bits == 8
+        and not fmt.finite
+        and not fmt.saturate
+        and 0 < fmt.mantissa_bits < 23
+        and np.dtype(getattr(x, "dtype", np.float64)) == np.float32
+    ):
+        return _reduce_precision(x, fmt.mantissa_bits, fmt.max)
+    return fmt.round(x, scaling=scaling)
+
+
 def encode_values(fmt: dtypes.Format, x, scaling, rounding="nearest_even", key=None):
     """(data, scale, scaling, last) storing `x` in `fmt`.
 
@@ -93,7 +129,10 @@ def encode_values(fmt: dtypes.Format, x, scaling, rounding="nearest_even", key=N
     if fmt.kind == "float" and scaling is None:
         if fmt.is_full_precision and np.dtype(x.dtype) == fmt.container:
             return x, None, None, None
-        y = fmt.round(x, rounding=rounding, key=key)
+        if rounding == "nearest_even":
+            y = round_nearest(fmt, x)
+        else:
+            y = fmt.round(x, rounding=rounding, key=key)
         return y.astype(fmt.container), None, None, None
     enc = fmt.encode(x, scaling=scaling, rounding=rounding, key=key)
     last = enc.shape[-1] if (fmt.packed and enc.shape) else None
