@@ -387,9 +387,9 @@ def train(
         loss = cross_entropy(forward(p, x), y)
         return ls.scale(loss), loss
 
-    def step(carry, idx):
+    def step(carry, images, labels, idx):
         stored, ls, k, moved, intended = carry
-        x, y = x_train[idx], y_train[idx]
+        x, y = images[idx], labels[idx]
         # Differentiate with respect to the float32 view of what is stored.
         grads, loss = jax.grad(loss_fn, has_aux=True)(to_full_precision(stored), x, y, ls)
         grads = ls.unscale(grads)
@@ -412,7 +412,9 @@ def train(
     rng = np.random.default_rng(seed)
     orders = [rng.permutation(n)[: per_epoch * batch_size] for _ in range(epochs)]
     step_fn = (
-        jax.jit(step, donate_argnums=0).lower(carry, jnp.asarray(orders[0][:batch_size])).compile()
+        jax.jit(step, donate_argnums=0)
+        .lower(carry, x_train, y_train, jnp.asarray(orders[0][:batch_size]))
+        .compile()
     )
 
     from tqdm import tqdm
@@ -433,7 +435,7 @@ def train(
             losses = []
             start = time.perf_counter()
             for i in range(per_epoch):
-                carry, step_loss = step_fn(carry, batches[i])
+                carry, step_loss = step_fn(carry, x_train, y_train, batches[i])
                 losses.append(step_loss)
             loss = float(jnp.mean(jnp.stack(losses)))  # waits for the epoch to finish
             if e == 0:
