@@ -61,13 +61,13 @@ def run(mode: str, f):
     return jax.jit(f) if mode == "jit" else f
 
 
-def assert_same_bits(actual, expected):
+def assert_same_bits(actual, expected, what=""):
     a = np.asarray(actual, np.float32)
     e = np.asarray(expected, np.float32)
     assert a.shape == e.shape
     both_nan = np.isnan(a) & np.isnan(e)
     same = (a.view(np.uint32) == e.view(np.uint32)) | both_nan
-    assert same.all(), f"{a[~same][:5]} != {e[~same][:5]} at {np.argwhere(~same)[:5].tolist()}"
+    assert same.all(), f"{what}: {a[~same][:5]} != {e[~same][:5]} at {np.argwhere(~same)[:5]}"
 
 
 # Shapes are fixed so each test compiles once; hypothesis varies the values.
@@ -103,44 +103,52 @@ BINARY = {
 }
 
 
+def _all_binary(a, b):
+    # one function for the four ops: one compilation per format and mode
+    return tuple(fn(a, b) for fn, _ in BINARY.values())
+
+
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("op", list(BINARY))
 @pytest.mark.parametrize("name", FLOAT_FORMATS)
 @given(data=st.data())
-def test_binary_ops_round_exact_result(name, op, mode, data):
+def test_binary_ops_round_exact_result(name, mode, data):
     a, b = _draw_pair(data, name)
     ta = Tensor(a).to_reduced_precision(name)
     tb = Tensor(b).to_reduced_precision(name)
-    fn, ref = BINARY[op]
-    out = run(mode, fn)(ta, tb)
-    assert isinstance(out, Tensor)
-    assert out.format == dtypes.get(name)
-    da, db = np.asarray(ta), np.asarray(tb)
-    with np.errstate(all="ignore"):
-        exact = ref(da.astype(np.float64), db.astype(np.float64)).astype(np.float32)
-    expected = reference_round(exact, name)
-    # XLA on CPU flushes float32 subnormal results to zero: compare elsewhere.
-    normal = ~(np.abs(exact) < np.finfo(np.float32).tiny) | (exact == 0)
-    assert_same_bits(np.asarray(out)[normal], expected[normal])
+    outs = run(mode, _all_binary)(ta, tb)
+    da, db = np.asarray(ta, np.float64), np.asarray(tb, np.float64)
+    for out, (op, (_, ref)) in zip(outs, BINARY.items(), strict=True):
+        assert isinstance(out, Tensor)
+        assert out.format == dtypes.get(name)
+        with np.errstate(all="ignore"):
+            exact = ref(da, db).astype(np.float32)
+        expected = reference_round(exact, name)
+        # XLA on CPU flushes float32 subnormal results to zero: compare elsewhere.
+        normal = ~(np.abs(exact) < np.finfo(np.float32).tiny) | (exact == 0)
+        assert_same_bits(np.asarray(out)[normal], expected[normal], op)
 
 
 UNARY = {"sqrt": jnp.sqrt, "exp": jnp.exp, "tanh": jnp.tanh}
 
 
+def _all_unary(a):
+    return (pnp.sqrt(a), pnp.exp(a), pnp.tanh(a))
+
+
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("op", list(UNARY))
 @pytest.mark.parametrize("name", FLOAT_FORMATS)
 @given(data=st.data())
-def test_unary_ops_round_the_logical_result(name, op, mode, data):
+def test_unary_ops_round_the_logical_result(name, mode, data):
     a = data.draw(arrays(name, (N,), allow_subnormal=False), label="a")
     ta = Tensor(a).to_reduced_precision(name)
-    out = run(mode, getattr(pnp, op))(ta)
-    assert out.format == dtypes.get(name)
-    # op computed by plain jnp on the decoded float32 values (the logical
-    # dtype), then rounded by ml_dtypes: the interpreter must add nothing else.
-    with jax.default_matmul_precision("highest"):
-        exact = np.asarray(UNARY[op](jnp.asarray(np.asarray(ta))))
-    assert_same_bits(np.asarray(out), reference_round(exact, name))
+    outs = run(mode, _all_unary)(ta)
+    decoded = jnp.asarray(np.asarray(ta))
+    for out, (op, fn) in zip(outs, UNARY.items(), strict=True):
+        assert out.format == dtypes.get(name)
+        # op computed by plain jnp on the decoded float32 values (the logical
+        # dtype), then rounded by ml_dtypes: the interpreter must add nothing else.
+        exact = np.asarray(fn(decoded))
+        assert_same_bits(np.asarray(out), reference_round(exact, name), op)
 
 
 @pytest.mark.parametrize("mode", MODES)
