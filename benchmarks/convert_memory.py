@@ -9,7 +9,8 @@ a child process for each target format, and reads the child's peak resident
 set size from `wait4`. The baseline is the peak RSS of a child that only
 imports precision and jax and runs one jitted op.
 
-Run:  python benchmarks/convert_memory.py [--formats int8,int4,bfloat16] [--dir /tmp]
+Run:  python benchmarks/convert_memory.py [--formats int8,int4@per-block:32,bfloat16] [--dir /tmp]
+(`FORMAT@SCALING` passes `--scaling SCALING`.)
 Needs about 2.3 GiB of free disk in --dir (input plus one output at a time).
 """
 
@@ -69,7 +70,7 @@ def peak_rss(cmd: list[str]) -> tuple[int, float, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--formats", default="int8,int4,bfloat16")
+    parser.add_argument("--formats", default="int8,int4,int4@per-block:32,bfloat16")
     parser.add_argument("--dir", default=tempfile.gettempdir())
     parser.add_argument("--big", type=int, default=8, help="number of 128 MiB tensors")
     parser.add_argument("--keep", action="store_true", help="keep the generated files")
@@ -98,8 +99,10 @@ def main() -> None:
         print(f"baseline (import precision, jax; one jitted op): {baseline / MiB:.0f} MiB peak RSS")
         rows = []
         for fmt in args.formats.split(","):
-            dst = os.path.join(work, f"model-{fmt}.safetensors")
-            cmd = [sys.executable, "-m", "precision", "convert", src, "-o", dst, "--to", fmt, "-q"]
+            name, _, scaling = fmt.partition("@")
+            dst = os.path.join(work, "model-out.safetensors")
+            cmd = [sys.executable, "-m", "precision", "convert", src, "-o", dst, "--to", name, "-q"]
+            cmd += ["--scaling", scaling] if scaling else []
             peak, wall, out = peak_rss(cmd)
             extra = peak - baseline
             rows.append((fmt, peak, extra, extra / largest, wall, os.path.getsize(dst)))

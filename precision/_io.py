@@ -1119,10 +1119,3 @@ def load(path: str | os.PathLike, *, as_arrays: bool = False) -> Any:
             return unflatten(items)
         except (ValueError, RecursionError) as exc:
             raise reader.error(f"the key paths do not form a tree ({exc})") from None
-
-
-def iter_leaves(reader: Reader) -> Iterator[tuple[Leaf, np.ndarray, np.ndarray | None]]:
-    """Each leaf of an open checkpoint with its arrays, one at a time."""
-    for leaf in reader.leaves:
-        data, scale = reader.read_leaf(leaf)
-        yield leaf, data, scale
