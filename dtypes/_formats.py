@@ -164,7 +164,7 @@ class FloatFormat(Format):
 
     def __post_init__(self):
         e, m = self.exponent_bits, self.mantissa_bits
-        if not (isinstance(e, int) and isinstance(m, int)):
+        if not all(isinstance(b, int) and not isinstance(b, bool) for b in (e, m)):
             raise TypeError(f"FloatFormat needs int bit counts, got ({e!r}, {m!r})")
         if (e, m) != (11, 52) and not (1 <= e <= 8 and 0 <= m <= 23):
             raise ValueError(
@@ -316,7 +316,11 @@ class IntFormat(Format):
     kind: ClassVar[str] = "int"
 
     def __post_init__(self):
-        if self.bits not in (1, 2, 4, 8) or isinstance(self.bits, bool):
+        if (
+            not isinstance(self.bits, int)
+            or isinstance(self.bits, bool)
+            or self.bits not in (1, 2, 4, 8)
+        ):
             raise ValueError(
                 f"IntFormat({self.bits!r}) is not supported: bits must be 8, 4, 2 or 1"
             )
