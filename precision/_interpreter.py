@@ -27,6 +27,7 @@ import numpy as np
 from jax import lax
 
 from . import _jax_compat as compat
+from ._errors import PrecisionError
 from ._rules import State, adopt, is_float, join, round_to, rule_for
 from ._tensor import (
     Tensor,
@@ -431,7 +432,13 @@ def apply(f: Callable) -> Callable:
         entry = cache.get(key)
         if entry is None:
             entry = cache[key] = _build(f, treedef, kinds, leaves)
-        return entry.rebuild(entry.fn(*dyn))
+        try:
+            flat = entry.fn(*dyn)
+        except PrecisionError as err:
+            # Raised while tracing, before anything ran: re-raise it plainly,
+            # without the JAX-internal frames and notes the trace attached.
+            raise type(err)(*err.args) from None
+        return entry.rebuild(flat)
 
     return wrapper
 
