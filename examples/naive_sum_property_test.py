@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from jax import lax
 
 import dtypes
@@ -60,13 +60,19 @@ def check(kernel, x: np.ndarray) -> None:
     assert_ulp_close(kernel(x), exact_sum(x), bf16, max_ulps=1)
 
 
-@settings(max_examples=300, deadline=None, database=None)
+@settings(max_examples=200, deadline=None, database=None)
 @given(data)
 def test_fixed_sum_is_within_one_ulp(x):
     check(fixed_sum, x)
 
 
-@settings(max_examples=300, deadline=None, database=None, report_multiple_bugs=False)
+@settings(
+    max_examples=200,
+    deadline=None,
+    database=None,
+    report_multiple_bugs=False,
+    phases=[Phase.explicit, Phase.generate, Phase.shrink],  # no "explain" pass: quicker
+)
 @given(data)
 def naive_sum_is_within_one_ulp(x):
     """The same property for the naive kernel: hypothesis falsifies it."""
@@ -74,7 +80,7 @@ def naive_sum_is_within_one_ulp(x):
 
 
 def test_hypothesis_catches_the_naive_sum():
-    with pytest.raises(AssertionError, match="differ by more than 1 ulp of bfloat16"):
+    with pytest.raises(AssertionError, match="more than 1 ulp of bfloat16"):
         naive_sum_is_within_one_ulp()
 
 
