@@ -396,7 +396,7 @@ def apply(f: Callable) -> Callable:
         >>> x = precision.Tensor([1.0, 2.0, 3.0]).to_reduced_precision("bfloat16")
         >>> y = precision.apply(lambda a: jnp.exp(a) / 3.0)(x)
         >>> y.format.name, y.numpy().tolist()
-        ('bfloat16', [0.90625, 2.46875, 6.6875])
+        ('bfloat16', [0.90625, 2.453125, 6.71875])
     """
     cache: dict[Any, _Entry] = {}
 
