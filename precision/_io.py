@@ -91,6 +91,7 @@ _LOGICAL = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 METADATA_KEY = "precision"
+VERSION_KEY = "precision_version"  # a second marker: one damaged key cannot pass as foreign
 VERSION = 1
 SCALE_SUFFIX = ":scale"
 _MAX_PATH_DEPTH = 256
@@ -507,7 +508,13 @@ class Reader:
         for name, info in header.items():
             self.entries[name] = self._entry(name, info)
         self._check_layout()
-        if METADATA_KEY in meta:
+        if _looks_like_ours(meta):
+            if meta.get(VERSION_KEY) != str(VERSION) or METADATA_KEY not in meta:
+                raise self.error(
+                    f"the precision metadata is damaged or from another version: expected keys "
+                    f"{METADATA_KEY!r} and {VERSION_KEY!r} = '{VERSION}', found "
+                    f"{sorted(meta)!r:.200}"
+                )
             self.leaves, self.crc = self._precision_leaves(meta[METADATA_KEY])
         else:
             self.leaves, self.crc = self._foreign_leaves(), None
@@ -842,7 +849,20 @@ def _metadata(leaves: list[Leaf], crc: dict[str, int]) -> dict[str, str]:
         "tensors_crc32": _tensors_crc(tensors),
         "crc32": {name: f"{value:08x}" for name, value in crc.items()},
     }
-    return {METADATA_KEY: json.dumps(doc, separators=(",", ":"))}
+    return {VERSION_KEY: str(VERSION), METADATA_KEY: json.dumps(doc, separators=(",", ":"))}
+
+
+def _looks_like_ours(meta: dict[str, str]) -> bool:
+    """Whether a header's metadata was written by `save` (even if damaged since).
+
+    A file whose metadata marker was corrupted must not load as a foreign
+    file (its packed codes would come back as plain bytes), so any trace of
+    ours counts: either key, a key that starts like them, or our document.
+    """
+    return any(
+        key.startswith("precision") or value.startswith('{"version":')
+        for key, value in meta.items()
+    )
 
 
 def _fsync_dir(directory: str) -> None:

@@ -190,6 +190,8 @@ def test_metadata_layout_is_as_documented(tmp_path):
     assert head["a.w"] == {"dtype": "U8", "shape": [6, 20], "data_offsets": [0, 120]}
     assert head["a.w:scale"]["dtype"] == "F32"
     assert head["a.w:scale"]["shape"] == [6, 3]
+    assert set(head["__metadata__"]) == {"precision", "precision_version"}
+    assert head["__metadata__"]["precision_version"] == "1"
     doc = json.loads(head["__metadata__"]["precision"])
     assert doc["version"] == 1
     by_name = {leaf["name"]: leaf for leaf in doc["tensors"]}

@@ -397,6 +397,18 @@ def test_inconsistent_metadata(tmp_path, good_file, mutate, message):
         precision.load(path)
 
 
+@pytest.mark.parametrize("key", ["precision", "precision_version"])
+def test_damaged_metadata_key_does_not_pass_as_foreign(tmp_path, good_file, key):
+    raw = good_file[0].read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    head = json.loads(raw[8 : 8 + n])
+    head["__metadata__"]["pre" + key[3:].upper()] = head["__metadata__"].pop(key)
+    bad = tmp_path / "renamed.safetensors"
+    bad.write_bytes(raw_file(head, raw[8 + n :]))
+    with pytest.raises(CheckpointError, match="the precision metadata is damaged"):
+        precision.load(bad)
+
+
 def test_metadata_edited_without_its_checksum(tmp_path, good_file):
     raw = good_file[0].read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
