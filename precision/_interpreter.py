@@ -28,7 +28,7 @@ from jax import lax
 
 from . import _jax_compat as compat
 from ._errors import PrecisionError
-from ._rules import State, adopt, is_float, join, round_to, rule_for
+from ._rules import State, adopt, integer_codes, is_float, join, round_to, rule_for
 from ._tensor import (
     Tensor,
     check_devices,
@@ -310,6 +310,14 @@ class _Entry:
         return jax.tree_util.tree_unflatten(self.out_tree, leaves)
 
 
+def _codes_of(fmt, data, scale, scaling, last):
+    """The integer codes of an integer-format storage (unpacked), as int8."""
+    if not fmt.packed:
+        return data
+    ones = jax.numpy.ones_like(scale)  # decoding with unit scales gives the codes
+    return decode_storage(fmt, data, ones, scaling, last, np.float32).astype(np.int8)
+
+
 def _build(f: Callable, treedef, kinds: list[int], leaves: list[Any]) -> _Entry:
     entry = _Entry()
     tensors = {
@@ -322,6 +330,7 @@ def _build(f: Callable, treedef, kinds: list[int], leaves: list[Any]) -> _Entry:
     def run(*dyn):
         it = iter(dyn)
         values, states, positions = [], [], []
+        codes: dict[int, tuple] = {}
         for i, kind in enumerate(kinds):
             if kind == _STATIC:
                 continue
@@ -329,8 +338,16 @@ def _build(f: Callable, treedef, kinds: list[int], leaves: list[Any]) -> _Entry:
                 fmt, scaling, dtype, last, has_scale = tensors[i]
                 data = next(it)
                 scale = next(it) if has_scale else None
-                values.append(decode_storage(fmt, data, scale, scaling, last, dtype))
+                value = decode_storage(fmt, data, scale, scaling, last, dtype)
+                values.append(value)
                 states.append(State(fmt, scaling, True))
+                if fmt.kind == "int":
+                    codes[id(value)] = (
+                        value,
+                        _codes_of(fmt, data, scale, scaling, last),
+                        scale,
+                        scaling,
+                    )
             elif kind == _ARRAY:
                 x = next(it)
                 values.append(x)
@@ -348,7 +365,10 @@ def _build(f: Callable, treedef, kinds: list[int], leaves: list[Any]) -> _Entry:
             return f(*args, **kwargs)
 
         closed, out_shape = jax.make_jaxpr(flat_f, return_shape=True)(*values)
-        outs = evaluate(closed.jaxpr, list(closed.consts), list(zip(values, states, strict=True)))
+        with integer_codes(codes):
+            outs = evaluate(
+                closed.jaxpr, list(closed.consts), list(zip(values, states, strict=True))
+            )
         out_leaves, entry.out_tree = jax.tree_util.tree_flatten(out_shape)
         flat, desc = [], []
         for (v, s), spec in zip(outs, out_leaves, strict=True):

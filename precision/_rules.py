@@ -12,12 +12,16 @@ onto the format's grid.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 import dtypes
 
@@ -31,6 +35,7 @@ __all__ = [
     "adopt",
     "common_state",
     "fit_scaling",
+    "integer_codes",
     "join",
     "round_to",
     "rule_for",
@@ -235,6 +240,10 @@ def contraction_rule(eqn, vals: list[Val]) -> list[Val]:
     if state is None or state.format.is_full_precision:
         return default_rule(eqn, vals)
     a, b = (adopt(v, state) if s is None else v for v, s in vals)
+    if op == "dot_general" and state.format.kind == "int":
+        exact = _integer_dot(eqn, a, b)
+        if exact is not None:
+            return _finish(op, [exact], state, in_shape)
     out_dtype = eqn.outvars[0].aval.dtype
     native = _native_path(state.format, state)
     params = dict(eqn.params)
@@ -245,6 +254,80 @@ def contraction_rule(eqn, vals: list[Val]) -> list[Val]:
         params["precision"] = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
     out = eqn.primitive.bind(a, b, **params)
     return _finish(op, [out], state, in_shape)
+
+
+# -- exact integer accumulation ------------------------------------------------------
+# Integer codes of the Tensor arguments of the current evaluation, keyed by the
+# id of their decoded value (the value itself is kept too, so the id stays
+# unique while the entry lives). Filled by the interpreter, read by dot_general.
+_CODES: contextvars.ContextVar[dict[int, tuple] | None] = contextvars.ContextVar(
+    "precision_codes", default=None
+)
+
+
+@contextlib.contextmanager
+def integer_codes(registry: dict[int, tuple]):
+    """Make `registry` (id(value) -> (value, codes, scale, scaling)) visible to rules."""
+    token = _CODES.set(registry)
+    try:
+        yield
+    finally:
+        _CODES.reset(token)
+
+
+def _scale_factor(value, scale, scaling, contract: tuple[int, ...], keep_order) -> Any | None:
+    """The operand's scales as a function of its kept dims, or None if they vary
+    along a contracted dim (then they do not factor out of the sum)."""
+    ndim = value.ndim
+    if isinstance(scaling, dtypes.PerAxis | dtypes.PerBlock) and scaling.axis % ndim in contract:
+        return None
+    full = scaling.broadcast(scale, value.shape) if ndim else scale
+    for d in sorted(contract, reverse=True):
+        full = lax.index_in_dim(full, 0, axis=d, keepdims=False)
+    kept = [d for d in range(ndim) if d not in contract]
+    return jnp.transpose(full, [kept.index(d) for d in keep_order])
+
+
+def _integer_dot(eqn, a, b):
+    """Exact int32 accumulation of the codes, then one rescale, when both
+    operands are integer-format Tensor arguments whose scales factor out.
+
+    The codes' products and their sum are exact in int32 (|sum| <= K * qmax**2);
+    the result then differs from a float32 product of the decoded values only
+    by float32 rounding. Gradients are those of the float32 product (the codes
+    carry none), through a custom jvp.
+    """
+    registry = _CODES.get() or {}
+    ea, eb = registry.get(id(a)), registry.get(id(b))
+    if ea is None or eb is None or ea[0] is not a or eb[0] is not b:
+        return None
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lc, rc, lb, rb = tuple(lc), tuple(rc), tuple(lb), tuple(rb)
+    l_free = [d for d in range(a.ndim) if d not in lc and d not in lb]
+    r_free = [d for d in range(b.ndim) if d not in rc and d not in rb]
+    sa = _scale_factor(a, ea[2], ea[3], lc, [*lb, *l_free])
+    sb = _scale_factor(b, eb[2], eb[3], rc, [*rb, *r_free])
+    if sa is None or sb is None:
+        return None
+    nb = len(lb)
+    sa = sa.reshape(sa.shape + (1,) * len(r_free))
+    sb = sb.reshape(sb.shape[:nb] + (1,) * len(l_free) + sb.shape[nb:])
+    dims = eqn.params["dimension_numbers"]
+    out_dtype = eqn.outvars[0].aval.dtype
+
+    @jax.custom_jvp
+    def exact(a, b, ca, cb, sa, sb):
+        acc = lax.dot_general(ca, cb, dims, preferred_element_type=jnp.int32)
+        return (acc.astype(jnp.float32) * sa * sb).astype(out_dtype)
+
+    @exact.defjvp
+    def _jvp(primals, tangents):
+        a, b = primals[:2]
+        ta, tb = tangents[:2]
+        bind = functools.partial(eqn.primitive.bind, **eqn.params)
+        return exact(*primals), bind(ta, b) + bind(a, tb)
+
+    return exact(a, b, ea[1], eb[1], sa, sb)
 
 
 RULES: dict[str, Callable[[Any, list[Val]], list[Val]]] = {

@@ -177,3 +177,47 @@ def test_static_and_keyword_arguments():
     assert f(t, 0, keepdims=True).shape == (1, 6)
     with pytest.raises(TypeError, match="hashable"):
         precision.apply(lambda x, d: x)(t, bytearray(b"options"))
+
+
+@pytest.mark.parametrize(
+    ("name", "scaling_a", "scaling_b"),
+    [
+        ("int8", dtypes.PerTensor(), dtypes.PerTensor()),
+        ("int8", dtypes.PerAxis(0), dtypes.PerAxis(1)),
+        ("int4", dtypes.PerTensor(), dtypes.PerAxis(1)),
+        ("int2", dtypes.PerAxis(0), dtypes.PerTensor()),
+    ],
+)
+def test_integer_matmul_accumulates_codes_exactly(name, scaling_a, scaling_b):
+    a = Tensor(rng.normal(size=(6, 40)).astype(np.float32)).to_reduced_precision(
+        name, scaling=scaling_a
+    )
+    b = Tensor(rng.normal(size=(40, 5)).astype(np.float32)).to_reduced_precision(
+        name, scaling=scaling_b
+    )
+    f = precision.apply(jnp.matmul)
+    assert "preferred_element_type=int32" in str(jax.make_jaxpr(f)(a, b))
+    out = f(a, b)
+    assert out.format == dtypes.get(name)
+    # reference: codes recovered in numpy, summed exactly in int64, rescaled
+    fmt = dtypes.get(name)
+    sa = np.broadcast_to(np.asarray(a.encoded.scale), a.shape)
+    sb = np.broadcast_to(np.asarray(b.encoded.scale), b.shape)
+    ca = np.rint(np.asarray(a) / sa).astype(np.int64)
+    cb = np.rint(np.asarray(b) / sb).astype(np.int64)
+    assert np.abs(ca).max() <= fmt.qmax
+    exact = (ca @ cb).astype(np.float32) * sa[:, :1] * sb[:1, :]
+    expected = np.asarray(fmt.round(jnp.asarray(exact)))
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6, atol=0)
+
+
+def test_integer_matmul_with_contracted_axis_scales_falls_back_to_float():
+    a = Tensor(rng.normal(size=(3, 8)).astype(np.float32)).to_reduced_precision(
+        "int8", scaling=dtypes.PerAxis(1)
+    )
+    b = Tensor(rng.normal(size=(8, 2)).astype(np.float32)).to_reduced_precision("int8")
+    f = precision.apply(jnp.matmul)
+    assert "int32" not in str(jax.make_jaxpr(f)(a, b))
+    exact = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+    quantum = np.abs(exact).max() / 127
+    assert np.abs(np.asarray(f(a, b)) - exact).max() <= quantum / 2 * 1.0001
