@@ -393,7 +393,6 @@ def _float_values(
     branches.append(st.one_of(ordinary) if ordinary else None)
     branches.append(st.sampled_from(extremes) if extremes else None)
     branches.append(st.sampled_from(edges) if edges else None)
-    branches.append(st.sampled_from(nonfinite) if nonfinite else None)
     if m < 23:  # a float32 holds every midpoint of a narrower grid
         branches.append(_coded(g, first, top - 1, bounds, tie=True))
     if allow_subnormal and m > 0:
@@ -423,6 +422,7 @@ def _float_values(
                 allow_subnormal=allow_subnormal,
             ).map(flush)
         )
+    branches.append(st.sampled_from(nonfinite) if nonfinite else None)  # last: shrinks away
     return st.one_of([b for b in branches if b is not None]).map(_f32)
 
 
