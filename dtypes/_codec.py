@@ -96,7 +96,10 @@ def _group_absmax(x: jax.Array, scaling: Scaling) -> jax.Array:
     # gradient of decode(encode(x)) is 1, not the sensitivity of the
     # rounding error to the group's absmax.
     x = lax.stop_gradient(x)
-    return scaling.group_reduce(jnp.abs(x), lambda a, axes: jnp.max(a, axis=axes, keepdims=True))
+    # `initial=0` gives an empty group absmax 0, hence scale 1 like an all-zero group.
+    return scaling.group_reduce(
+        jnp.abs(x), lambda a, axes: jnp.max(a, axis=axes, keepdims=True, initial=0.0)
+    )
 
 
 def _scales(
