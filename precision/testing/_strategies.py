@@ -148,10 +148,14 @@ def roundings(deterministic_only: bool = False) -> st.SearchStrategy[str]:
         deterministic_only: leave "stochastic" out.
 
     Examples:
+        >>> from hypothesis import given, settings
+        >>> import numpy as np
         >>> import dtypes
-        >>> roundings(deterministic_only=True).validate()
-        >>> "stochastic" in dtypes.ROUNDING_MODES
-        True
+        >>> @settings(max_examples=10, database=None, deadline=None)
+        ... @given(roundings(deterministic_only=True))
+        ... def test_grid_values_are_kept(mode):
+        ...     assert float(dtypes.float16.round(np.float32(0.5), rounding=mode)) == 0.5
+        >>> test_grid_values_are_kept()
     """
     modes = [r for r in dtypes.ROUNDING_MODES if not (deterministic_only and r == "stochastic")]
     return st.sampled_from(modes)
@@ -161,8 +165,15 @@ def keys() -> st.SearchStrategy[jax.Array]:
     """`jax.random` keys, for `rounding="stochastic"` (shrinks toward `key(0)`).
 
     Examples:
-        >>> import jax
-        >>> keys().validate()
+        >>> import numpy as np
+        >>> from hypothesis import given, settings
+        >>> import dtypes
+        >>> @settings(max_examples=5, database=None, deadline=None)
+        ... @given(keys())
+        ... def test_stochastic_rounding_stays_on_a_neighbour(key):
+        ...     y = float(dtypes.bfloat16.round(np.float32(1.001), rounding="stochastic", key=key))
+        ...     assert y in (1.0, 1.0078125)
+        >>> test_stochastic_rounding_stays_on_a_neighbour()
     """
     import jax
 
@@ -187,8 +198,13 @@ def scalings(
         block_sizes: `PerBlock` sizes to draw from (the first is preferred).
 
     Examples:
+        >>> from hypothesis import given, settings
         >>> import dtypes
-        >>> scalings(dtypes.int4, ndim=2).validate()
+        >>> @settings(max_examples=20, database=None)
+        ... @given(scalings(dtypes.int4, ndim=2))
+        ... def test_fits(scaling):
+        ...     assert scaling is not None and len(scaling.scale_shape((3, 64))) == 2
+        >>> test_fits()
     """
     # int1's scale is a mean, which has no power-of-two variant.
     power_of_two = st.just(False) if isinstance(fmt, IntFormat) and fmt.binary else st.booleans()
@@ -757,6 +773,16 @@ def tensors(
             unscaled float formats, since a scaled encoding refuses them.
         allow_infinity: as `allow_nan`.
         allow_subnormal: as in `values`.
+
+    Examples:
+        >>> import numpy as np
+        >>> from hypothesis import given, settings
+        >>> import dtypes
+        >>> @settings(max_examples=5, database=None, deadline=None)
+        ... @given(tensors(dtypes.int8, shape=(2, 3)))
+        ... def test_int8_tensors(t):
+        ...     assert t.format == dtypes.int8 and np.asarray(t).shape == (2, 3)
+        >>> test_int8_tensors()
     """
     from precision import Tensor
 

@@ -111,8 +111,26 @@ def test_no_fmt_no_parametrization():
 """
 
 
+OWN_FIXTURE_CONFTEST = """
+import pytest
+
+@pytest.fixture
+def fmt():
+    return "mine"
+"""
+
+OWN_FIXTURE_TEST = """
+def test_own_fmt(fmt):
+    assert fmt == "mine"
+"""
+
+
 def test_a_users_suite_gets_fmt_from_the_installed_plugin(tmp_path):
     (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TEST))
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "conftest.py").write_text(textwrap.dedent(OWN_FIXTURE_CONFTEST))
+    (own / "test_own.py").write_text(textwrap.dedent(OWN_FIXTURE_TEST))
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", str(tmp_path)],
         capture_output=True,
@@ -129,6 +147,7 @@ def test_a_users_suite_gets_fmt_from_the_installed_plugin(tmp_path):
     assert {"test_float8[float8_e4m3fn]", "test_float8[float8_e5m2]"} <= ids
     assert not any(i.startswith("test_float8[bfloat16") for i in ids)
     assert "test_no_fmt_no_parametrization" in ids
+    assert "test_own_fmt" in ids  # a conftest's own `fmt` fixture wins, unparametrized
 
 
 def test_loading_the_plugin_imports_neither_hypothesis_nor_the_strategies():
