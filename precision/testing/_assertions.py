@@ -86,11 +86,10 @@ def ulp_distance(a: Any, b: Any, fmt: Format | str, *, scale: Any = None) -> np.
     a_arr, b_arr = np.broadcast_arrays(a_arr, b_arr)
     if isinstance(fmt, IntFormat) and scale is None:
         scale = _default_scale(fmt, b_arr)
-    if scale is not None:
-        s = np.asarray(scale, np.float64)
-        a_arr, b_arr = a_arr / s, b_arr / s
-
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        if scale is not None:
+            s = np.asarray(scale, np.float64)
+            a_arr, b_arr = a_arr / s, b_arr / s
         if isinstance(fmt, IntFormat):
             dist = np.abs(a_arr - b_arr)
         else:

@@ -190,3 +190,12 @@ def test_assert_representable_int_formats_use_the_scale():
     assert_representable(np.float32([127.0, -64.0, 0.0]), dtypes.int8)
     with pytest.raises(AssertionError, match="not on the int8 grid"):
         assert_representable(np.float32([127.0, 0.25]), dtypes.int8)
+
+
+@given(st.floats(), st.floats(), st.sampled_from([dtypes.bfloat16, dtypes.float8_e4m3fn]))
+def test_any_float64_pair_gets_a_symmetric_non_negative_distance(a, b, fmt):
+    d = ulp_distance(a, b, fmt)
+    assert d >= 0
+    assert d == ulp_distance(b, a, fmt)
+    if a == b or (np.isnan(a) and np.isnan(b)):
+        assert d == 0
