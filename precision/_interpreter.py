@@ -262,6 +262,7 @@ _HIGHER_ORDER: dict[Any, Callable[[Any, list[Val]], list[Val]]] = {
 
 # -- the apply wrapper -----------------------------------------------------------
 _TENSOR, _ARRAY, _WEAK, _STATIC = 0, 1, 2, 3
+_PAIR = object()  # key tag of the two-Tensor fast path
 
 
 def _is_tensor(x: Any) -> bool:
@@ -289,14 +290,29 @@ def _static_key(leaf: Any) -> Any:
 class _Entry:
     """One compiled signature: the jitted evaluator and how to rebuild its outputs."""
 
-    __slots__ = ("fn", "out_desc", "out_tree")
+    __slots__ = ("fn", "out_desc", "out_sig", "out_tree")
 
     def __init__(self):
         self.fn = None
         self.out_desc = None
+        self.out_sig = None
         self.out_tree = None
 
     def rebuild(self, flat: list[Any]) -> Any:
+        if self.out_tree.num_leaves == 1 and self.out_tree.num_nodes == 1:
+            # a single result (every operator): no tree to rebuild
+            desc = self.out_desc[0]
+            if desc is None:
+                return flat[0]
+            fmt, scaling, dtype, last, has_scale = desc
+            scale = flat[1] if has_scale else None
+            out = Tensor._make(flat[0], scale, fmt, scaling, dtype, last)
+            # the result's static signature is the same on every call: reuse it
+            if self.out_sig is None:
+                self.out_sig = out.signature()
+            else:
+                out._sig = self.out_sig
+            return out
         it = iter(flat)
         leaves = []
         for desc in self.out_desc:
@@ -422,6 +438,15 @@ def apply(f: Callable) -> Callable:
 
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
+        if not kwargs and len(args) == 2:
+            a, b = args
+            if type(a) is Tensor and type(b) is Tensor and a._scale is None and b._scale is None:
+                # Fastest path (binary operators on unscaled Tensors): the key
+                # is the two cached signatures, the arguments the two arrays.
+                entry = cache.get((_PAIR, a._sig or a.signature(), b._sig or b.signature()))
+                if entry is not None:
+                    check_devices(args)
+                    return entry.rebuild(entry.fn(a._data, b._data))
         if not kwargs and all(type(a) is Tensor for a in args):
             # Fast path (operators): positional Tensors need no tree walk.
             leaves, treedef = args, _positional_treedef(len(args))
@@ -452,6 +477,8 @@ def apply(f: Callable) -> Callable:
         entry = cache.get(key)
         if entry is None:
             entry = cache[key] = _build(f, treedef, kinds, leaves)
+            if len(leaves) == 2 and kinds == [_TENSOR, _TENSOR] and len(dyn) == 2 and not kwargs:
+                cache[(_PAIR, key[1], key[2])] = entry
         try:
             flat = entry.fn(*dyn)
         except PrecisionError as err:

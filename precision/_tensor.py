@@ -184,42 +184,35 @@ def _check_finite(x, fmt: dtypes.Format) -> None:
     )
 
 
-def _device_set(x) -> frozenset | None:
-    if is_tracer(x) or not isinstance(x, jax.Array):
-        return None
-    try:
-        return frozenset(x.sharding.device_set)
-    except Exception:  # deleted or donated buffers have no sharding to compare
-        return None
-
-
 def _describe_devices(devs: frozenset) -> str:
     names = sorted(str(d) for d in devs)
     return names[0] if len(names) == 1 else "{" + ", ".join(names) + "}"
 
 
-def check_devices(leaves: list[Any]) -> None:
-    """Raise `DeviceMismatchError` if concrete Tensors sit on different devices."""
-    seen = None
-    first_sharding = None
+def check_devices(leaves: Any) -> None:
+    """Raise `DeviceMismatchError` if concrete Tensors sit on different devices.
+
+    Runs on every eager call, so the common cases stay cheap: the same
+    sharding object, or equal shardings, before any device sets are built.
+    """
+    first = None
     for leaf in leaves:
         if not isinstance(leaf, Tensor):
             continue
         data = leaf._data
-        if first_sharding is None:
-            if isinstance(data, jax.Array) and not is_tracer(data):
-                first_sharding = data.sharding
-        elif is_tracer(data) or data.sharding is first_sharding:
-            continue  # the common case: results of one computation share it
-        devs = _device_set(data)
-        if devs is None:
+        if is_tracer(data) or not isinstance(data, jax.Array):
             continue
-        if seen is None:
-            seen = (devs, leaf)
-        elif devs != seen[0]:
+        sharding = data.sharding
+        if first is None:
+            first = sharding
+            continue
+        if sharding is first or sharding == first:
+            continue
+        a, b = frozenset(first.device_set), frozenset(sharding.device_set)
+        if a != b:
             raise DeviceMismatchError(
-                f"tensors on different devices: {_describe_devices(seen[0])} and "
-                f"{_describe_devices(devs)}; nothing is moved implicitly, move one first, "
+                f"tensors on different devices: {_describe_devices(a)} and "
+                f"{_describe_devices(b)}; nothing is moved implicitly, move one first, "
                 f"e.g. b.to_device(a.device)"
             )
 
@@ -378,6 +371,12 @@ class Tensor:
         if not self.shape:
             raise TypeError("len() of a 0-d Tensor")
         return self.shape[0]
+
+    def __iter__(self):
+        # Without this, Python would iterate through __getitem__ until an
+        # IndexError that clamped JAX indexing never raises.
+        for i in range(len(self)):
+            yield self[i]
 
     @property
     def device(self):

@@ -340,3 +340,21 @@ def test_device_put_moves_tensors_and_arrays_in_a_tree():
     assert out["w"].device == dev
     assert isinstance(out["b"], jax.Array)
     assert out["n"] == 7
+
+
+def test_iteration_and_len():
+    t = Tensor(X).to_reduced_precision()
+    rows = list(t)
+    assert len(rows) == len(t) == 2
+    assert all(r.format == dtypes.bfloat16 and r.shape == (3,) for r in rows)
+    with pytest.raises(TypeError, match="0-d"):
+        len(Tensor(1.0))
+
+
+def test_plain_jax_numpy_sees_logical_values():
+    # outside `apply`, JAX treats a Tensor as its logical values: a plain array
+    t = Tensor(X).to_reduced_precision("float16")
+    out = jnp.tanh(t)
+    assert isinstance(out, jax.Array)
+    logical = jnp.asarray(np.asarray(t))
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(jnp.tanh(logical)))
