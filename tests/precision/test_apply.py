@@ -56,8 +56,9 @@ def reference_round(x: np.ndarray, name: str) -> np.ndarray:
 
 @functools.cache
 def run(mode: str, f):
-    """`f` itself or its jitted version (one per function, so hypothesis
-    examples reuse the compiled code)."""
+    """`f` itself or its jitted version, for the hypothesis tests (the suite's
+    `eager_and_jit` fixture is function-scoped, which hypothesis refuses; this
+    keeps one jitted function per test, so examples reuse compiled code)."""
     return jax.jit(f) if mode == "jit" else f
 
 
@@ -206,12 +207,11 @@ def test_integer_format_ops_keep_format_within_quantization_bound(name, mode, da
         assert (np.abs(got - exact) <= quantum / 2 + slack).all()
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_int8_matmul_close_to_float_reference(mode):
+def test_int8_matmul_close_to_float_reference(eager_and_jit):
     rng = np.random.default_rng(1)
     a, b = rng.normal(size=(5, 7)).astype(np.float32), rng.normal(size=(7, 3)).astype(np.float32)
     ta, tb = Tensor(a).to_reduced_precision("int8"), Tensor(b).to_reduced_precision("int8")
-    out = run(mode, operator.matmul)(ta, tb)
+    out = eager_and_jit(operator.matmul)(ta, tb)
     assert out.format == dtypes.int8
     exact = np.asarray(ta, np.float64) @ np.asarray(tb, np.float64)
     quantum = np.max(np.abs(exact)) / 127
@@ -273,12 +273,11 @@ OPS = {
 }
 
 
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("op", list(OPS))
-def test_operator(op, mode):
+def test_operator(op, eager_and_jit):
     fn, ref = OPS[op]
     t = Tensor(X).to_reduced_precision("bfloat16")
-    out = run(mode, fn)(t)
+    out = eager_and_jit(fn)(t)
     assert isinstance(out, Tensor)
     assert out.format == dtypes.bfloat16
     expected = reference_round(ref(np.asarray(t).astype(np.float64)).astype(np.float32), "bfloat16")
@@ -295,22 +294,20 @@ COMPARISONS = {
 }
 
 
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("op", list(COMPARISONS))
-def test_comparisons_return_plain_bool_arrays(op, mode):
+def test_comparisons_return_plain_bool_arrays(op, eager_and_jit):
     fn, ref = COMPARISONS[op]
     a = Tensor(X).to_reduced_precision()
     b = Tensor(np.full_like(X, 0.5)).to_reduced_precision()
-    out = run(mode, fn)(a, b)
+    out = eager_and_jit(fn)(a, b)
     assert isinstance(out, jax.Array)
     assert out.dtype == jnp.bool_
     np.testing.assert_array_equal(np.asarray(out), ref(np.asarray(a), np.asarray(b)))
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_argmax_is_plain_int(mode):
+def test_argmax_is_plain_int(eager_and_jit):
     t = Tensor(X).to_reduced_precision()
-    out = run(mode, lambda t: t.argmax(axis=1))(t)
+    out = eager_and_jit(lambda t: t.argmax(axis=1))(t)
     assert isinstance(out, jax.Array)
     assert jnp.issubdtype(out.dtype, jnp.integer)
     np.testing.assert_array_equal(np.asarray(out), X.argmax(axis=1))
@@ -355,12 +352,11 @@ def _close(a, b, rtol):
     assert err < rtol, err
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_mlp_close_to_float32(mode):
+def test_mlp_close_to_float32(eager_and_jit):
     key = jax.random.key(0)
     params = _init(key, [16, 32, 32, 10])
     x = jax.random.normal(jax.random.key(1), (8, 16))
-    out = run(mode, precision.apply(_mlp))(_bf16(params), _bf16(x))
+    out = eager_and_jit(precision.apply(_mlp))(_bf16(params), _bf16(x))
     assert out.format == dtypes.bfloat16
     _close(out, _mlp(params, x), 2e-2)
 
@@ -374,8 +370,7 @@ def _cnn(params, x):
     return x.reshape(x.shape[0], -1) @ wd
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_cnn_close_to_float32(mode):
+def test_cnn_close_to_float32(eager_and_jit):
     ks = jax.random.split(jax.random.key(2), 4)
     params = (
         jax.random.normal(ks[0], (3, 3, 1, 4)) / 3,
@@ -383,7 +378,7 @@ def test_cnn_close_to_float32(mode):
         jax.random.normal(ks[2], (4 * 4 * 4, 10)) / 8,
     )
     x = jax.random.normal(ks[3], (2, 8, 8, 1))
-    out = run(mode, precision.apply(_cnn))(_bf16(params), _bf16(x))
+    out = eager_and_jit(precision.apply(_cnn))(_bf16(params), _bf16(x))
     assert out.format == dtypes.bfloat16
     _close(out, _cnn(params, x), 2e-2)
 
@@ -394,13 +389,12 @@ def _layer_norm(x, g, b):
     return (x - mu) / jnp.sqrt(var + 1e-5) * g[None, :] + b[None, :]
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_layer_norm_and_softmax_close_to_float32(mode):
+def test_layer_norm_and_softmax_close_to_float32(eager_and_jit):
     x = jax.random.normal(jax.random.key(3), (4, 32)) * 3 + 1
     g, b = jnp.ones(32) * 1.5, jnp.full(32, 0.25)
-    out = run(mode, precision.apply(_layer_norm))(*_bf16((x, g, b)))
+    out = eager_and_jit(precision.apply(_layer_norm))(*_bf16((x, g, b)))
     _close(out, _layer_norm(x, g, b), 1e-2)
-    sm = run(mode, precision.apply(jax.nn.softmax))(_bf16(x))
+    sm = eager_and_jit(precision.apply(jax.nn.softmax))(_bf16(x))
     assert sm.format == dtypes.bfloat16
     _close(sm, jax.nn.softmax(x), 1e-2)
 
@@ -414,13 +408,12 @@ def _rnn(w, u, xs):
     return h, ys
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_scan_rnn_close_to_float32(mode):
+def test_scan_rnn_close_to_float32(eager_and_jit):
     ks = jax.random.split(jax.random.key(4), 3)
     w = jax.random.normal(ks[0], (16, 16)) / 4
     u = jax.random.normal(ks[1], (8, 16)) / 3
     xs = jax.random.normal(ks[2], (12, 8))
-    h, ys = run(mode, precision.apply(_rnn))(*_bf16((w, u, xs)))
+    h, ys = eager_and_jit(precision.apply(_rnn))(*_bf16((w, u, xs)))
     assert h.format == dtypes.bfloat16
     assert ys.format == dtypes.bfloat16
     h32, ys32 = _rnn(w, u, xs)
