@@ -149,7 +149,9 @@ def test_int_rounding_twice_changes_nothing(fmt, data):
     # ulp, and truncating 2.9999998 gives 2)
     for mode in ("nearest_even", "nearest_away"):
         twice = np.asarray(rounder(fmt)(once[mode], jax.random.key(0))[mode])
-        np.testing.assert_allclose(twice, once[mode], rtol=2e-7, atol=0, err_msg=mode)
+        # int1's scale is a float32 mean of |x|: its sum may move by a few ulps
+        rtol = 1e-6 if fmt.binary else 2e-7
+        np.testing.assert_allclose(twice, once[mode], rtol=rtol, atol=0, err_msg=mode)
 
 
 def test_strategies_come_from_precision_testing():
