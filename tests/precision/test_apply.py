@@ -462,3 +462,28 @@ def test_precision_numpy_wraps_jax_numpy():
     assert pnp.pi == np.pi
     with pytest.raises(AttributeError, match="no_such_function"):
         pnp.no_such_function
+
+
+def test_flax_and_equinox_models_run_unchanged():
+    nn = pytest.importorskip("flax.linen")
+    eqx = pytest.importorskip("equinox")
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(nn.LayerNorm()(nn.relu(nn.Dense(16)(x))))
+
+    x = jax.random.normal(jax.random.key(5), (4, 8))
+    net = Net()
+    params = net.init(jax.random.key(0), x)
+    out = precision.apply(net.apply)(_bf16(params), _bf16(x))
+    assert out.format == dtypes.bfloat16
+    _close(out, net.apply(params, x), 2e-2)
+
+    model = eqx.nn.MLP(8, 3, 16, 2, key=jax.random.key(1))
+    converted = jax.tree.map(
+        lambda a: Tensor(a).to_reduced_precision() if eqx.is_array(a) else a, model
+    )
+    out = precision.apply(lambda m, x: jax.vmap(m)(x))(converted, _bf16(x))
+    assert out.format == dtypes.bfloat16
+    _close(out, jax.vmap(model)(x), 2e-2)
