@@ -28,7 +28,16 @@ from jax import lax
 
 from . import _jax_compat as compat
 from ._errors import PrecisionError
-from ._rules import State, adopt, integer_codes, is_float, join, round_to, rule_for
+from ._rules import (
+    State,
+    adopt,
+    fit_scaling,
+    integer_codes,
+    is_float,
+    join,
+    round_to,
+    rule_for,
+)
 from ._tensor import (
     Tensor,
     check_devices,
@@ -185,7 +194,12 @@ def _scan(eqn, ins: list[Val]) -> list[Val]:
     nc, nk = p["num_consts"], p["num_carry"]
     consts, carry, xs = ins[:nc], ins[nc : nc + nk], ins[nc + nk :]
     const_vals, const_states = [v for v, _ in consts], [s for _, s in consts]
-    x_vals, x_states = [v for v, _ in xs], [s for _, s in xs]
+    x_vals = [v for v, _ in xs]
+    # a slice of a scaled xs is not scaled per axis any more: per tensor
+    x_states = [
+        s if s is None else s._replace(scaling=fit_scaling(s.scaling, np.shape(v), np.shape(v)[1:]))
+        for v, s in xs
+    ]
     x_specs = [
         jax.ShapeDtypeStruct(
             np.shape(v)[1:], np.asarray(v).dtype if not hasattr(v, "dtype") else v.dtype

@@ -221,3 +221,23 @@ def test_integer_matmul_with_contracted_axis_scales_falls_back_to_float():
     exact = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
     quantum = np.abs(exact).max() / 127
     assert np.abs(np.asarray(f(a, b)) - exact).max() <= quantum / 2 * 1.0001
+
+
+def test_scan_over_per_axis_scaled_rows_rounds_per_tensor():
+    xs = Tensor(rng.normal(size=(5, 4)).astype(np.float32)).to_reduced_precision(
+        "int8", scaling=dtypes.PerAxis(0)
+    )
+
+    def f(xs):
+        return lax.scan(lambda c, x: (c + x, c), jnp.zeros(4), xs)[0]
+
+    out = precision.apply(f)(xs)
+    assert out.format == dtypes.int8
+    assert out.scaling == dtypes.PerTensor()
+    # each step's sum is re-quantized per tensor: at most half a quantum off
+    ref = np.zeros(4)
+    for row in np.asarray(xs, np.float64):
+        exact = ref + row
+        ref = np.asarray(dtypes.int8.round(jnp.asarray(exact, jnp.float32)), np.float64)
+        assert np.abs(ref - exact).max() <= np.abs(exact).max() / 127 / 2 * 1.0001
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-6)
