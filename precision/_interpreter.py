@@ -26,11 +26,14 @@ import jax
 import numpy as np
 from jax import lax
 
+import dtypes
+
 from . import _jax_compat as compat
 from ._errors import PrecisionError
 from ._rules import (
     State,
     adopt,
+    codes_of,
     fit_scaling,
     integer_codes,
     is_float,
@@ -406,7 +409,20 @@ def _build(f: Callable, treedef, kinds: list[int], leaves: list[Any]) -> _Entry:
                 flat.append(v)
                 desc.append(None)
                 continue
-            data, scale, scaling, last = encode_values(s.format, v, s.scaling)
+            moved = codes.get(id(v))
+            if (
+                moved is not None
+                and moved[0] is v
+                and not s.format.packed
+                and isinstance(s.scaling, dtypes.PerTensor)
+                and isinstance(moved[3], dtypes.PerTensor)
+            ):
+                # codes moved by structural ops keep their scale: no re-quantization
+                data = codes_of(moved).astype(s.format.container)
+                scale = moved[2].reshape((1,) * v.ndim)
+                scaling, last = moved[3], None
+            else:
+                data, scale, scaling, last = encode_values(s.format, v, s.scaling)
             flat.append(data)
             if scale is not None:
                 flat.append(scale)

@@ -33,6 +33,7 @@ __all__ = [
     "RULES",
     "State",
     "adopt",
+    "codes_of",
     "common_state",
     "fit_scaling",
     "integer_codes",
@@ -189,7 +190,59 @@ def default_rule(eqn, vals: list[Val]) -> list[Val]:
         return [(o, None) for o in bind_eqn(eqn, *(v for v, _ in vals))]
     inputs = [adopt(v, state) if s is None else v for v, s in vals]
     outs = bind_eqn(eqn, *inputs)
-    return _finish(op, outs, state, in_shape)
+    result = _finish(op, outs, state, in_shape)
+    if op in CODE_MOVES and state.format.kind == "int":
+        _track_moved_codes(vals, result)
+    return result
+
+
+# Moves of one operand whose result holds a subset of its elements, unchanged:
+# a per-tensor integer encoding stays valid with the same scale, so the codes
+# can move instead of being re-quantized (gather is left out: its fill mode can
+# produce values that are not codes).
+CODE_MOVES = frozenset(
+    {
+        "reshape",
+        "transpose",
+        "broadcast_in_dim",
+        "squeeze",
+        "expand_dims",
+        "slice",
+        "dynamic_slice",
+        "rev",
+        "copy",
+        "copy_p",
+        "neg",
+        "abs",
+        "reduce_max",
+        "reduce_min",
+        "stop_gradient",
+        "sharding_constraint",
+    }
+)
+
+
+def _track_moved_codes(vals: list[Val], result: list[Val]) -> None:
+    registry = _CODES.get()
+    floats = [v for v, _ in vals if is_float(v)]
+    if registry is None or len(floats) != 1:
+        return
+    src = registry.get(id(floats[0]))
+    if src is None or src[0] is not floats[0] or not isinstance(src[3], dtypes.PerTensor):
+        return
+    for o, _ in result:
+        if is_float(o):
+            registry[id(o)] = (o, None, src[2].reshape(()), src[3])
+
+
+def codes_of(entry: tuple) -> Any:
+    """The integer codes of a registered value (recovered exactly from value / scale:
+    a code times its scale divided by the scale rounds back to the code)."""
+    value, codes, scale, scaling = entry
+    if codes is not None:
+        return codes
+    full = scaling.broadcast(scale, value.shape) if value.ndim else scale
+    return jnp.rint(value / full).astype(jnp.int8)
 
 
 def _finish(op: str, outs: list[Any], state: State, in_shape) -> list[Val]:
@@ -327,7 +380,7 @@ def _integer_dot(eqn, a, b):
         bind = functools.partial(eqn.primitive.bind, **eqn.params)
         return exact(*primals), bind(ta, b) + bind(a, tb)
 
-    return exact(a, b, ea[1], eb[1], sa, sb)
+    return exact(a, b, codes_of(ea), codes_of(eb), sa, sb)
 
 
 RULES: dict[str, Callable[[Any, list[Val]], list[Val]]] = {
