@@ -438,8 +438,9 @@ def apply(f: Callable) -> Callable:
     """Make `f` (any JAX function) run on Tensors under the precision rules.
 
     The returned function accepts Tensors anywhere in its (pytree) arguments,
-    plus raw arrays (full precision), Python floats (weak: they adopt the
-    format they meet) and hashable static options (ints, strings, slices).
+    plus raw arrays (full precision), Python floats and numpy scalars (weak:
+    they adopt the format they meet; traced, so new values do not recompile)
+    and hashable static options (ints, strings, slices: part of the cache key).
     Inside `f` each Tensor is its logical value. Every floating result of an
     operation on format-F inputs is rounded onto F's grid; results that
     descend from a Tensor come back as Tensors in that format, others as
