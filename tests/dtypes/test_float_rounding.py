@@ -121,11 +121,12 @@ def test_round_matches_grid_search_reference(fmt, mode, eager_and_jit):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("fmt", ALL_FLOATS, ids=fid)
-def test_encode_decode_matches_grid_search_reference(fmt, mode, eager_and_jit):
+def test_encode_decode_matches_grid_search_reference(fmt, mode):
     """Storage holds exactly the rounded value (NaN excluded where the format has no NaN)."""
     x = encodable_inputs(fmt)
     expected = cached_reference(fmt, mode)
-    got = eager_and_jit(lambda v: fmt.encode(v, rounding=mode).decode())(jnp.asarray(x))
+    # jit only: the eager path is the same code, checked by the round test above
+    got = jax.jit(lambda v: fmt.encode(v, rounding=mode).decode())(jnp.asarray(x))
     assert_same_floats(got, expected, x, f"{fmt.name} {mode} encode/decode")
 
 

@@ -176,6 +176,12 @@ WRONG_CALLS = [
     ),
     ("decode a raw array", lambda: dtypes.bfloat16.decode(jnp.ones(3)), TypeError, "Encoded"),
     (
+        "power-of-two int1",
+        lambda: dtypes.int1.encode(X, scaling=PerTensor(power_of_two=True)),
+        ValueError,
+        "power_of_two",
+    ),
+    (
         "scaled bfloat16",
         lambda: dtypes.bfloat16.encode(X, scaling=PerTensor()),
         ValueError,

@@ -108,19 +108,18 @@ def test_every_deterministic_mode_matches_numpy_reference(fmt, mode, eager_and_j
     np.testing.assert_array_equal(codes, ref_codes)
 
 
+@pytest.mark.parametrize("mode", ["nearest_even", "nearest_away"])
+@pytest.mark.parametrize("scaling", [PerTensor(), PerAxis(0), PerBlock(32)], ids=str)
 @pytest.mark.parametrize("fmt", MULTIBIT, ids=fid)
-def test_nearest_error_is_at_most_half_a_scale(fmt, eager_and_jit):
+def test_nearest_error_is_at_most_half_a_scale(fmt, scaling, mode):
     x = _data(seed=2)
-    for scaling in (PerTensor(), PerAxis(0), PerBlock(32)):
-        for mode in ("nearest_even", "nearest_away"):
-            y = eager_and_jit(lambda v, s=scaling, m=mode: fmt.round(v, scaling=s, rounding=m))(
-                jnp.asarray(x)
-            )
-            scale = np.asarray(scaling.broadcast(fmt.encode(x, scaling=scaling).scale, x.shape))
-            err = np.abs(np.asarray(y, np.float64) - x)
-            # one float32 rounding in x * (qmax/absmax) and one in code * scale
-            bound = scale / 2 * (1 + 2**-20) + np.abs(x) * 2**-23
-            assert np.all(err <= bound), f"{scaling} {mode}: worst {np.max(err / bound)}"
+    enc = jax.jit(lambda v: fmt.encode(v, scaling=scaling, rounding=mode))(jnp.asarray(x))
+    y = np.asarray(enc.decode(), np.float64)
+    scale = _codes_and_scale(enc)[1]
+    err = np.abs(y - x)
+    # one float32 rounding in x * (qmax/absmax) and one in code * scale
+    bound = scale / 2 * (1 + 2**-20) + np.abs(x) * 2**-23
+    assert np.all(err <= bound), f"worst {np.max(err / bound)}"
 
 
 @pytest.mark.parametrize("fmt", INTS, ids=fid)
@@ -190,7 +189,7 @@ def test_all_zero_group_gets_scale_one_and_code_zero(fmt):
 # -- packing ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 8, 9, 33])
+@pytest.mark.parametrize("n", [1, 3, 8, 9, 33])
 @pytest.mark.parametrize("fmt", PACKED, ids=fid)
 def test_pack_matches_reference_for_every_code_and_odd_lengths(fmt, n, eager_and_jit):
     valid = np.array([-1, 1]) if fmt.binary else np.arange(-fmt.qmax, fmt.qmax + 1)
@@ -236,12 +235,12 @@ def _held_bytes(enc: Encoded) -> int:
     return sum(np.asarray(a).nbytes for a in jax.tree_util.tree_leaves(enc))
 
 
-@pytest.mark.parametrize("scaling", [None, PerAxis(0), PerBlock(32), PerBlock(7, axis=0)], ids=str)
-@pytest.mark.parametrize("shape", [(1,), (5,), (3, 17), (2, 3, 33), (8, 64)], ids=str)
-@pytest.mark.parametrize("fmt", [*INTS, dtypes.bfloat16, dtypes.float8_e4m3fn], ids=fid)
+@pytest.mark.parametrize("scaling", [None, PerAxis(0), PerBlock(7), PerBlock(2, axis=0)], ids=str)
+@pytest.mark.parametrize("shape", [(5,), (3, 17), (2, 3, 33)], ids=str)
+@pytest.mark.parametrize("fmt", [*INTS, dtypes.float16, dtypes.float8_e4m3fn], ids=fid)
 def test_nbytes_equals_bytes_held(fmt, shape, scaling):
     if isinstance(scaling, PerBlock) and scaling.axis == 0 and len(shape) < 2:
-        scaling = PerBlock(7)
+        scaling = PerBlock(2)
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     enc = fmt.encode(x, scaling=scaling)
     assert enc.nbytes == _held_bytes(enc) == fmt.nbytes(shape, scaling)
@@ -264,3 +263,16 @@ def test_megapixel_footprint(fmt, data_bytes):
     assert _held_bytes(enc) == data_bytes + 4
     assert fmt.nbytes((1024, 1024)) == data_bytes + 4
     assert fmt.nbytes((1024, 1024), PerAxis(0)) == data_bytes + 4 * 1024
+
+
+@pytest.mark.parametrize(
+    "fmt",
+    [*INTS, dtypes.bfloat16, dtypes.float8_e4m3fn, dtypes.FloatFormat(2, 1, finite=True)],
+    ids=fid,
+)
+def test_empty_tensors_encode(fmt):
+    x = np.zeros((0, 5), np.float32)
+    enc = fmt.encode(x)
+    assert enc.shape == (0, 5)
+    assert enc.decode().shape == (0, 5)
+    assert enc.nbytes == _held_bytes(enc) == fmt.nbytes((0, 5))
