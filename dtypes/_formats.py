@@ -177,6 +177,11 @@ class FloatFormat(Format):
         if not self.finite and not nan:
             raise ValueError("an IEEE-style (finite=False) format always has NaN")
         object.__setattr__(self, "nan", bool(nan))
+        if self.finite and e == 8:
+            raise ValueError(
+                f"FloatFormat(8, {m}, finite=True) would reach 2**128, past float32's range, "
+                "which every format must fit in; use finite=False (IEEE style) for 8 exponent bits"
+            )
         if not self.finite and e == 1:
             raise ValueError(
                 f"FloatFormat(1, {m}) with infinities has no normal numbers (its only "
