@@ -280,6 +280,7 @@ _HIGHER_ORDER: dict[Any, Callable[[Any, list[Val]], list[Val]]] = {
 # -- the apply wrapper -----------------------------------------------------------
 _TENSOR, _ARRAY, _WEAK, _STATIC = 0, 1, 2, 3
 _PAIR = object()  # key tag of the two-Tensor fast path
+_CONCRETE = type(jax.numpy.zeros(()))  # the concrete array type (not a tracer)
 
 
 def _is_tensor(x: Any) -> bool:
@@ -476,8 +477,12 @@ def apply(f: Callable) -> Callable:
                 # is the two cached signatures, the arguments the two arrays.
                 entry = cache.get((_PAIR, a._sig or a.signature(), b._sig or b.signature()))
                 if entry is not None:
-                    check_devices(args)
-                    return entry.rebuild(entry.fn(a._data, b._data))
+                    da, db = a._data, b._data
+                    if type(da) is not _CONCRETE or type(db) is not _CONCRETE:
+                        check_devices(args)
+                    elif da.sharding is not db.sharding and da.sharding != db.sharding:
+                        check_devices(args)
+                    return entry.rebuild(entry.fn(da, db))
         if not kwargs and all(type(a) is Tensor for a in args):
             # Fast path (operators): positional Tensors need no tree walk.
             leaves, treedef = args, _positional_treedef(len(args))
