@@ -77,7 +77,7 @@ def _as_array(x: Any) -> tuple[Any, np.dtype]:
 
 def decode_storage(fmt: dtypes.Format, data, scale, scaling, last, dtype) -> jax.Array:
     """Logical values from storage arrays (the one decode every path shares)."""
-    if scale is None and not fmt.packed:
+    if scale is None and not fmt.packed and data.dtype != np.uint8:
         return data if data.dtype == dtype else data.astype(dtype)
     return fmt.decode(dtypes.Encoded(data, scale, fmt, scaling, last), dtype)
 
@@ -126,7 +126,7 @@ def encode_values(fmt: dtypes.Format, x, scaling, rounding="nearest_even", key=N
     so the conversion is differentiable. Scaled and integer formats go through
     `fmt.encode`, whose integer codes carry no gradient.
     """
-    if fmt.kind == "float" and scaling is None:
+    if fmt.kind == "float" and scaling is None and fmt.container != np.uint8:
         if fmt.is_full_precision and np.dtype(x.dtype) == fmt.container:
             return x, None, None, None
         if rounding == "nearest_even":
@@ -414,7 +414,7 @@ class Tensor:
     # -- values ---------------------------------------------------------------
     def _values(self) -> jax.Array:
         data, fmt = self._data, self._format
-        if self._scale is None and not fmt.packed:
+        if self._scale is None and not fmt.packed and data.dtype != np.uint8:
             return data if data.dtype == self._dtype else data.astype(self._dtype)
         decode = _decoder(fmt, self._scaling, self._last, self._dtype)
         return decode(data, self._scale)

@@ -96,20 +96,9 @@ def test_round_trip_is_bit_exact(tmp_path, fmt, scaling):
     logical = precision.load(path, as_arrays=True)["w"]
     expected = np.asarray(fmt.decode(t.encoded))
     np.testing.assert_array_equal(np.asarray(logical), expected)
-    if not _tensor_decodes_codes_as_values(fmt, scaling):  # see the xfail below
-        np.testing.assert_array_equal(np.asarray(loaded), expected)
+    np.testing.assert_array_equal(np.asarray(loaded), expected)
 
 
-def _tensor_decodes_codes_as_values(fmt, scaling) -> bool:
-    """Tensor's unscaled fast path reads uint8 float codes as numbers (bug in _tensor.py)."""
-    return fmt.kind == "float" and scaling is None and not fmt.packed and fmt.container == np.uint8
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="precision._tensor.decode_storage casts unscaled uint8 float codes (custom <= 8-bit "
-    "layouts) to float instead of decoding them",
-)
 def test_loaded_custom_float_tensor_values(tmp_path):
     fmt = dtypes.FloatFormat(3, 2, finite=True)
     precision.save(tmp_path / "t.safetensors", encoded_tensor(X, fmt))
