@@ -54,8 +54,13 @@ def _is_tracer(x) -> bool:
 
 def _check_finite(x: jax.Array, fmt: Format) -> None:
     """Eagerly refuse NaN/inf in a scaled encoding: they would poison a whole group."""
-    if _is_tracer(x) or bool(jnp.all(jnp.isfinite(x))):
+    if _is_tracer(x):
         return
+    # Concrete values may still meet an enclosing trace (constants closed over
+    # by a jitted function): evaluate the check now, not into the trace.
+    with jax.ensure_compile_time_eval():
+        if bool(jnp.all(jnp.isfinite(x))):
+            return
     bad = ~np.isfinite(np.asarray(x, np.float64))
     first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
     value = np.asarray(x, np.float64)[first] if bad.ndim else float(np.asarray(x))
@@ -64,6 +69,11 @@ def _check_finite(x: jax.Array, fmt: Format) -> None:
         f"is {value} at index {first}. A scale computed over them would be NaN; replace them "
         "first (e.g. jnp.nan_to_num(x)) or encode into an unscaled float format"
     )
+
+
+def _any_nan_now(x: jax.Array) -> bool:
+    with jax.ensure_compile_time_eval():
+        return bool(jnp.any(jnp.isnan(x)))
 
 
 def _floor_log2(a: jax.Array) -> jax.Array:
@@ -192,7 +202,7 @@ def _validate(fmt: Format, x: jax.Array, scaling: Scaling | None) -> None:
     if scaling is not None:
         _check_finite(x, fmt)
     elif fmt.kind == "float" and fmt.finite and not fmt.nan:
-        if not _is_tracer(x) and bool(jnp.any(jnp.isnan(x))):
+        if not _is_tracer(x) and _any_nan_now(x):
             raise ValueError(
                 f"cannot encode NaN into {fmt.name}, which has no NaN code; use a scaled "
                 "encoding (the group's scale becomes NaN) or a format with NaN"

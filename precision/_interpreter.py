@@ -43,11 +43,13 @@ from ._rules import (
 )
 from ._tensor import (
     Tensor,
+    carries_gradient,
     check_devices,
     decode_storage,
     encode_values,
     full_format,
     install_operators,
+    straight_through,
 )
 
 __all__ = ["apply"]
@@ -322,9 +324,10 @@ class _Entry:
             desc = self.out_desc[0]
             if desc is None:
                 return flat[0]
-            fmt, scaling, dtype, last, has_scale = desc
+            fmt, scaling, dtype, last, has_scale, has_st = desc
             scale = flat[1] if has_scale else None
-            out = Tensor._make(flat[0], scale, fmt, scaling, dtype, last)
+            st = flat[1 + has_scale] if has_st else None
+            out = Tensor._make(flat[0], scale, fmt, scaling, dtype, last, st)
             # the result's static signature is the same on every call: reuse it
             if self.out_sig is None:
                 self.out_sig = out.signature()
@@ -337,10 +340,11 @@ class _Entry:
             if desc is None:
                 leaves.append(next(it))
                 continue
-            fmt, scaling, dtype, last, has_scale = desc
+            fmt, scaling, dtype, last, has_scale, has_st = desc
             data = next(it)
             scale = next(it) if has_scale else None
-            leaves.append(Tensor._make(data, scale, fmt, scaling, dtype, last))
+            st = next(it) if has_st else None
+            leaves.append(Tensor._make(data, scale, fmt, scaling, dtype, last, st))
         return jax.tree_util.tree_unflatten(self.out_tree, leaves)
 
 
@@ -355,10 +359,19 @@ def _codes_of(fmt, data, scale, scaling, last):
 def _build(f: Callable, treedef, kinds: list[int], leaves: list[Any]) -> _Entry:
     entry = _Entry()
     tensors = {
-        i: (leaf._format, leaf._scaling, leaf._dtype, leaf._last, leaf._scale is not None)
+        i: (
+            leaf._format,
+            leaf._scaling,
+            leaf._dtype,
+            leaf._last,
+            leaf._scale is not None,
+            leaf._st is not None,
+        )
         for i, leaf in enumerate(leaves)
         if kinds[i] == _TENSOR
     }
+    # Straight-through values propagate: results get them when an input has them.
+    keep_st = any(t[5] for t in tensors.values())
     statics = {i: leaf for i, leaf in enumerate(leaves) if kinds[i] == _STATIC}
 
     def run(*dyn):
@@ -369,10 +382,11 @@ def _build(f: Callable, treedef, kinds: list[int], leaves: list[Any]) -> _Entry:
             if kind == _STATIC:
                 continue
             if kind == _TENSOR:
-                fmt, scaling, dtype, last, has_scale = tensors[i]
+                fmt, scaling, dtype, last, has_scale, has_st = tensors[i]
                 data = next(it)
                 scale = next(it) if has_scale else None
-                value = decode_storage(fmt, data, scale, scaling, last, dtype)
+                st = next(it) if has_st else None
+                value = st if has_st else decode_storage(fmt, data, scale, scaling, last, dtype)
                 values.append(value)
                 states.append(State(fmt, scaling, True))
                 if fmt.kind == "int":
@@ -427,7 +441,12 @@ def _build(f: Callable, treedef, kinds: list[int], leaves: list[Any]) -> _Entry:
             flat.append(data)
             if scale is not None:
                 flat.append(scale)
-            desc.append((s.format, scaling, np.dtype(spec.dtype), last, scale is not None))
+            st = keep_st and not carries_gradient(s.format, scaling)
+            if st:
+                flat.append(
+                    straight_through(s.format, scaling, last, np.dtype(spec.dtype), v, data, scale)
+                )
+            desc.append((s.format, scaling, np.dtype(spec.dtype), last, scale is not None, st))
         entry.out_desc = desc
         return flat
 
@@ -472,7 +491,14 @@ def apply(f: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         if not kwargs and len(args) == 2:
             a, b = args
-            if type(a) is Tensor and type(b) is Tensor and a._scale is None and b._scale is None:
+            if (
+                type(a) is Tensor
+                and type(b) is Tensor
+                and a._scale is None
+                and b._scale is None
+                and a._st is None
+                and b._st is None
+            ):
                 # Fastest path (binary operators on unscaled Tensors): the key
                 # is the two cached signatures, the arguments the two arrays.
                 entry = cache.get((_PAIR, a._sig or a.signature(), b._sig or b.signature()))
@@ -495,6 +521,8 @@ def apply(f: Callable) -> Callable:
                 dyn.append(leaf._data)
                 if leaf._scale is not None:
                     dyn.append(leaf._scale)
+                if leaf._st is not None:
+                    dyn.append(leaf._st)
                 key.append(leaf.signature())
             elif isinstance(leaf, jax.Array | np.ndarray) or compat.is_tracer(leaf):
                 kinds.append(_ARRAY)

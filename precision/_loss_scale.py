@@ -237,11 +237,12 @@ class DynamicLossScale:
 def _as_scale(value: Any) -> Any:
     if isinstance(value, jax.core.Tracer):
         return value.astype(jnp.float32)
-    arr = jnp.asarray(value, jnp.float32)
-    if arr.shape != ():
-        raise ValueError(f"loss_scale must be a scalar, got shape {arr.shape}")
-    if not bool(jnp.isfinite(arr)) or float(arr) <= 0:
-        raise ValueError(f"loss_scale must be a positive finite number, got {float(arr)}")
+    with jax.ensure_compile_time_eval():  # concrete even inside a jit trace
+        arr = jnp.asarray(value, jnp.float32)
+        if arr.shape != ():
+            raise ValueError(f"loss_scale must be a scalar, got shape {arr.shape}")
+        if not bool(jnp.isfinite(arr)) or float(arr) <= 0:
+            raise ValueError(f"loss_scale must be a positive finite number, got {float(arr)}")
     return arr
 
 

@@ -153,6 +153,35 @@ def check_rounding(rounding: str, key: Any) -> None:
         )
 
 
+def carries_gradient(fmt: dtypes.Format, scaling) -> bool:
+    """Whether storage in `fmt` can carry a gradient itself (unscaled native floats)."""
+    return fmt.kind == "float" and scaling is None and fmt.container != np.uint8
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
+def straight_through(fmt, scaling, last, dtype, x, data, scale):
+    """The decoded storage, with the straight-through derivative towards `x`.
+
+    Integer codes cannot carry a gradient, so a Tensor converted from a traced
+    value keeps this as well: its value is exactly `decode(data, scale)`; its
+    derivative is 1, or 0 where a power-of-two encoding clipped `x` (the
+    clipped straight-through estimator, as `Format.round`).
+    """
+    return decode_storage(fmt, data, scale, scaling, last, dtype)
+
+
+@straight_through.defjvp
+def _straight_through_jvp(fmt, scaling, last, dtype, primals, tangents):
+    x, data, scale = primals
+    y = decode_storage(fmt, data, scale, scaling, last, dtype)
+    t = tangents[0].astype(y.dtype)
+    if scaling is not None and scaling.power_of_two and not getattr(fmt, "binary", False):
+        top = fmt.max + (0.5 if fmt.kind == "int" else 0.0)
+        bound = scaling.broadcast(scale, x.shape) * np.float32(top) if x.ndim else scale * top
+        t = jnp.where(jnp.abs(x) <= bound, t, jnp.zeros_like(t))
+    return y, t
+
+
 @functools.cache
 def _encoder(fmt: dtypes.Format, scaling, rounding: str):
     """A jitted `x, key -> (data, scale)` for one static encoding (eager calls of
@@ -172,8 +201,11 @@ def _decoder(fmt: dtypes.Format, scaling, last, dtype):
 
 def _check_finite(x, fmt: dtypes.Format) -> None:
     """Eagerly refuse NaN/inf for a scaled encoding (one NaN poisons a whole group)."""
-    if is_tracer(x) or bool(jnp.all(jnp.isfinite(x))):
+    if is_tracer(x):
         return
+    with jax.ensure_compile_time_eval():  # a concrete constant inside a jit trace
+        if bool(jnp.all(jnp.isfinite(x))):
+            return
     values = np.asarray(x)
     bad = ~np.isfinite(values)
     first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
@@ -249,12 +281,12 @@ class Tensor:
         (6, 12)
     """
 
-    __slots__ = ("_data", "_dtype", "_format", "_last", "_scale", "_scaling", "_sig")
+    __slots__ = ("_data", "_dtype", "_format", "_last", "_scale", "_scaling", "_sig", "_st")
 
     def __init__(self, x: Any, dtype: Any = None):
         if isinstance(x, Tensor):
             logical = x._dtype if dtype is None else _logical_dtype(dtype, x._dtype)
-            self._set(x._data, x._scale, x._format, x._scaling, logical, x._last)
+            self._set(x._data, x._scale, x._format, x._scaling, logical, x._last, x._st)
             if logical != x._dtype and not x.is_reduced_precision:
                 self._set(x._data.astype(logical), None, full_format(logical), None, logical, None)
             return
@@ -268,7 +300,7 @@ class Tensor:
             arr = np.asarray(arr, logical)
         self._set(jnp.asarray(arr, logical), None, full_format(logical), None, logical, None)
 
-    def _set(self, data, scale, fmt, scaling, dtype, last):
+    def _set(self, data, scale, fmt, scaling, dtype, last, st=None):
         # Immutability is by interface: public attributes are read-only
         # properties and __slots__ forbids new ones; plain stores keep the
         # constructor fast (it runs for every result of every operation).
@@ -279,12 +311,17 @@ class Tensor:
         self._dtype = dtype
         self._last = last
         self._sig = None
+        # Straight-through logical values: set only on Tensors converted from
+        # traced values into storage that cannot carry a gradient (integer
+        # codes, scaled or coded floats). Equal to the decoded storage, with
+        # derivative 1 (0 where an encoding clipped) towards the source.
+        self._st = st
 
     @classmethod
-    def _make(cls, data, scale, fmt, scaling, dtype, last) -> Tensor:
+    def _make(cls, data, scale, fmt, scaling, dtype, last, st=None) -> Tensor:
         """A Tensor from storage, unchecked (pytree unflattening and the interpreter)."""
         t = object.__new__(cls)
-        t._set(data, scale, fmt, scaling, dtype, last)
+        t._set(data, scale, fmt, scaling, dtype, last, st)
         return t
 
     @classmethod
@@ -315,21 +352,31 @@ class Tensor:
                 self._last,
                 self._data.shape,
                 None if scale is None else scale.shape,
+                self._st is not None,
             )
         return sig
 
     # -- pytree -------------------------------------------------------------
     def tree_flatten_with_keys(self):
         keys = jax.tree_util.GetAttrKey
-        children = ((keys("data"), self._data), (keys("scale"), self._scale))
+        children = (
+            (keys("data"), self._data),
+            (keys("scale"), self._scale),
+            (keys("st"), self._st),
+        )
         return children, (self._format, self._scaling, self._dtype, self._last)
 
     def tree_flatten(self):
-        return (self._data, self._scale), (self._format, self._scaling, self._dtype, self._last)
+        return (self._data, self._scale, self._st), (
+            self._format,
+            self._scaling,
+            self._dtype,
+            self._last,
+        )
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls._make(children[0], children[1], *aux)
+        return cls._make(children[0], children[1], *aux, children[2])
 
     # -- properties ---------------------------------------------------------
     @property
@@ -413,6 +460,8 @@ class Tensor:
 
     # -- values ---------------------------------------------------------------
     def _values(self) -> jax.Array:
+        if self._st is not None:
+            return self._st
         data, fmt = self._data, self._format
         if self._scale is None and not fmt.packed and data.dtype != np.uint8:
             return data if data.dtype == self._dtype else data.astype(self._dtype)
@@ -491,7 +540,10 @@ class Tensor:
             _check_finite(x, fmt)
         data, scale = _encoder(fmt, scaling, rounding)(x, key)
         last = x.shape[-1] if (fmt.packed and x.ndim) else None
-        return Tensor._make(data, scale, fmt, scaling, self._dtype, last)
+        st = None
+        if is_tracer(x) and not carries_gradient(fmt, scaling):
+            st = straight_through(fmt, scaling, last, self._dtype, x, data, scale)
+        return Tensor._make(data, scale, fmt, scaling, self._dtype, last, st)
 
     def to_full_precision(self) -> Tensor:
         """The same logical values stored in the logical dtype's own format."""
@@ -518,7 +570,8 @@ class Tensor:
         scale = self._scale
         if scale is not None:
             scale = jax.device_put(scale, _scale_sharding(target, self._data, scale))
-        return Tensor._make(data, scale, self._format, self._scaling, self._dtype, self._last)
+        st = None if self._st is None else jax.device_put(self._st, target)
+        return Tensor._make(data, scale, self._format, self._scaling, self._dtype, self._last, st)
 
     # -- display ------------------------------------------------------------------
     def __repr__(self) -> str:
