@@ -276,3 +276,13 @@ def test_empty_tensors_encode(fmt):
     assert enc.shape == (0, 5)
     assert enc.decode().shape == (0, 5)
     assert enc.nbytes == _held_bytes(enc) == fmt.nbytes((0, 5))
+
+
+@pytest.mark.parametrize("fmt", MULTIBIT, ids=fid)
+def test_absmax_at_float32_max_decodes_finite(fmt):
+    """code * scale of the group's absmax must not overflow: qmax * fl(absmax / qmax) <= max."""
+    top = np.finfo(np.float32).max
+    x = np.array([top, -top, 1.0, 0.0], np.float32)
+    y = np.asarray(fmt.round(x))
+    assert np.isfinite(y).all(), f"{fmt.name}.round({x}) = {y}"
+    np.testing.assert_allclose(y[:2], x[:2], rtol=1e-6)
