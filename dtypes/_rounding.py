@@ -17,6 +17,7 @@ on that unbounded-exponent result, exactly as IEEE-754 specifies.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -119,17 +120,6 @@ def round_float(x: jax.Array, grid: Grid, rounding: str, key=None) -> jax.Array:
         return x  # the grid is the input's own: nothing to round
 
     u = lax.bitcast_convert_type(x, U)
-    same_range = grid.emin == 1 - src.bias and grid.has_inf and not grid.saturate
-    if rounding == "stochastic" and same_range:
-        # Same exponent range as the input (bfloat16, tf32 from float32): the
-        # ulp is always 2**d input ulps, subnormals included, so adding d
-        # random bits and truncating rounds up with probability rem / 2**d.
-        # A carry into the exponent is exactly IEEE overflow to inf.
-        d = Ms - grid.mantissa_bits
-        noise = random_bits(key, x.shape).astype(U) >> U(W - d)
-        rounded = (u + noise) & ~U((1 << d) - 1)
-        is_nan = (u & ~U(1 << (W - 1))) > U(((1 << (W - 1 - Ms)) - 1) << Ms)
-        return lax.bitcast_convert_type(jnp.where(is_nan, u, rounded), dtype)
     sign_mask = U(1 << (W - 1))
     exp_mask = U(((1 << (W - 1 - Ms)) - 1) << Ms)
     frac_mask = U((1 << Ms) - 1)
@@ -137,44 +127,65 @@ def round_float(x: jax.Array, grid: Grid, rounding: str, key=None) -> jax.Array:
     mag = u & ~sign_mask
     negative = sign != 0
 
+    # The target's ulp at |x| is 2**d ulps of the input: d low bits of the
+    # input's own bit pattern fall below it. Within a binade the pattern is a
+    # fixed-point number, so rounding is "add an increment, clear d bits"; a
+    # carry out of the mantissa moves to the next binade, which is the right
+    # value too (and becomes inf past the input's largest finite).
     biased = (mag >> Ms).astype(jnp.int32)
-    e_eff = jnp.maximum(biased, 1)  # subnormal inputs share the smallest exponent
-    sig = (mag & frac_mask) | jnp.where(biased > 0, U(1 << Ms), U(0))
-    binade = e_eff - src.bias
-    qe = jnp.maximum(binade, grid.emin) - grid.mantissa_bits  # exponent of the target ulp
-    d = qe - (binade - Ms)  # low bits of `sig` below that ulp; always >= 0
-    dc = jnp.minimum(d, W - 1).astype(U)  # sig < 2**(Ms+1), so clamping keeps q and rem exact
-
-    q = sig >> dc
-    rem = sig - (q << dc)
-    half = jnp.where(dc > 0, U(1) << (dc - 1), U(1))
-    odd = (q & 1) != 0
-
-    if rounding == "nearest_even":
-        inc = (rem > half) | ((rem == half) & odd)
-    elif rounding == "nearest_away":
-        inc = rem >= half
-    elif rounding == "toward_zero":
-        inc = jnp.zeros_like(negative)
-    elif rounding == "up":
-        inc = (rem != 0) & ~negative
-    elif rounding == "down":
-        inc = (rem != 0) & negative
-    elif rounding == "stochastic":
-        # Round up with probability rem / 2**d: compare W uniform bits with rem
-        # scaled to W bits. For d > W the probability is below 2**-(W-24) and
-        # resolves to the nearest multiple of 2**-W.
+    e = jnp.maximum(biased, 1) - src.bias  # subnormal inputs share the smallest exponent
+    d = (Ms - grid.mantissa_bits) + jnp.maximum(grid.emin - e, 0)
+    dc = jnp.clip(d, 0, Ms).astype(U)
+    low = (U(1) << dc) - U(1)
+    half = jnp.where(dc > 0, U(1) << (jnp.maximum(dc, U(1)) - U(1)), U(0))
+    lsb = (mag >> dc) & U(1)
+    zero = jnp.zeros_like(mag)
+    if rounding == "stochastic":
         bits = random_bits(key, x.shape).astype(U)
-        left = jnp.clip(W - d, 0, W - 1).astype(U)
-        right = jnp.clip(d - W, 0, W - 1).astype(U)
-        threshold = jnp.where(d <= W, rem << left, rem >> right)
-        threshold = jnp.where(d == 0, U(0), threshold)
-        inc = bits < threshold
+        if W == 64:
+            bits = (bits << U(32)) | _mix32(
+                bits.astype(jnp.uint32) ^ jnp.uint32(0x5BD1E995)
+            ).astype(U)
+    if rounding == "nearest_even":
+        add = jnp.where(dc > 0, half - U(1) + lsb, zero)
+    elif rounding == "nearest_away":
+        add = half
+    elif rounding == "toward_zero":
+        add = zero
+    elif rounding == "up":
+        add = jnp.where(negative, zero, low)
+    elif rounding == "down":
+        add = jnp.where(negative, low, zero)
+    elif rounding == "stochastic":
+        # Adding dc uniform bits carries past the ulp with probability rem / 2**dc.
+        add = jnp.where(dc > 0, bits >> (U(W) - jnp.maximum(dc, U(1))), zero)
     else:
         raise ValueError(f"unknown rounding mode {rounding!r}")
+    out = (mag + add) & ~low
 
-    r = q + inc.astype(U)
-    out = compose_bits(r, qe, src)
+    # Below the target's smallest subnormal S (d > Ms) the neighbours are 0
+    # and S itself, which is no longer "the same binade": decide directly.
+    smallest = grid.emin - grid.mantissa_bits
+    s_bits = U(_float_bits(math.ldexp(1.0, smallest), src))
+    half_s_bits = U(_float_bits(math.ldexp(1.0, smallest - 1), src))
+    if rounding == "nearest_even":
+        up_tiny = mag > half_s_bits  # the tie goes to 0, the even neighbour
+    elif rounding == "nearest_away":
+        up_tiny = mag >= half_s_bits
+    elif rounding == "toward_zero":
+        up_tiny = jnp.zeros_like(negative)
+    elif rounding == "up":
+        up_tiny = (mag != 0) & ~negative
+    elif rounding == "down":
+        up_tiny = (mag != 0) & negative
+    else:
+        # Probability |x| / S = sig / 2**d, resolved to multiples of 2**-W.
+        sig = (mag & frac_mask) | jnp.where(biased > 0, U(1 << Ms), U(0))
+        left = jnp.clip(W - d, 0, W - 1).astype(U)
+        right = jnp.clip(d - W, 0, W - 1).astype(U)
+        up_tiny = bits < jnp.where(d <= W, sig << left, sig >> right)
+    tiny = jnp.where(up_tiny, s_bits, zero)
+    out = jnp.where(d > Ms, tiny, out)
 
     # Overflow, decided on the unbounded-exponent result as IEEE-754 does.
     max_bits = U(_float_bits(grid.max, src))
