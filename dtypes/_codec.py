@@ -91,14 +91,18 @@ def _pow2(k: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(((k + 127).astype(jnp.uint32)) << 23, jnp.float32)
 
 
-def _opaque(divisor: jax.Array) -> jax.Array:
-    """Hide a constant divisor from XLA, which would turn `a / c` into `a * fl(1/c)`.
+def _opaque(like: jax.Array, divisor) -> jax.Array:
+    """`divisor` shaped like `like`, in a form XLA cannot treat as a constant.
 
-    The scales are specified as correctly rounded quotients (`absmax / qmax`);
-    the rewrite is off by one ulp for many inputs. Scale arrays are one value
-    per group, so the real division costs nothing.
+    The scales are specified as correctly rounded quotients (`absmax / qmax`),
+    but XLA turns a division by a constant into a multiplication by its
+    rounded reciprocal, one ulp off for many inputs. `like * 0 + divisor` is
+    data-dependent (IEEE forbids folding `x * 0`: x may be inf or NaN, and
+    then so is the scale, as it should be), unlike an optimization barrier,
+    which `vmap` sees through. Scale arrays hold one value per group, so the
+    real division costs nothing.
     """
-    return lax.optimization_barrier(divisor)
+    return like * jnp.float32(0) + divisor
 
 
 def _group_absmax(x: jax.Array, scaling: Scaling) -> jax.Array:
@@ -130,7 +134,7 @@ def _scales(
         scale, inv = _pow2(k), _pow2(-k)
     else:
         top32 = np.float32(top)
-        scale = absmax / _opaque(jnp.full_like(absmax, top32))
+        scale = absmax / _opaque(absmax, top32)
         inv = top32 / absmax
     zero = absmax == 0
     finite = jnp.isfinite(absmax)
@@ -268,7 +272,7 @@ def _int_codes(fmt: IntFormat, x: jax.Array, scaling: Scaling, rounding: str, ke
         total = scaling.group_reduce(
             jnp.abs(lax.stop_gradient(x)), lambda a, axes: jnp.sum(a, axis=axes, keepdims=True)
         )
-        scale = total / _opaque(group_sizes(scaling, x.shape))
+        scale = total / _opaque(total, group_sizes(scaling, x.shape))
         # A group holding ±inf has an infinite mean: make it NaN like every scale.
         scale = jnp.where(jnp.isfinite(scale), scale, jnp.float32(jnp.nan))
         # sign(x) with 0 mapping to +1; NaN input gives a NaN scale above.

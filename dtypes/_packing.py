@@ -48,7 +48,7 @@ def pack(codes: jax.Array, bits: int) -> jax.Array:
         field = codes.astype(jnp.uint8) & jnp.uint8((1 << bits) - 1)
     if pad:
         field = jnp.pad(field, [(0, 0)] * (codes.ndim - 1) + [(0, pad)])
-    field = field.reshape((*codes.shape[:-1], -1, per_byte))
+    field = field.reshape((*codes.shape[:-1], packed_length(n, bits), per_byte))
     shifts = _shifts(per_byte, bits, field.ndim)
     # Fields occupy disjoint bits, so a sum is an OR.
     return jnp.sum(field << shifts, axis=-1, dtype=jnp.uint8)
@@ -63,7 +63,7 @@ def unpack(data: jax.Array, bits: int, n: int, *, signed: bool = True) -> jax.Ar
     per_byte = 8 // bits
     shifts = _shifts(per_byte, bits, data.ndim + 1)
     field = (data[..., None] >> shifts) & jnp.uint8((1 << bits) - 1)
-    field = field.reshape((*data.shape[:-1], -1))[..., :n]
+    field = field.reshape((*data.shape[:-1], data.shape[-1] * per_byte))[..., :n]
     if not signed:
         return field
     if bits == 1:
