@@ -118,8 +118,8 @@ def _group_absmax(x: jax.Array, scaling: Scaling) -> jax.Array:
 
 def _scales(
     x: jax.Array, fmt: Format, scaling: Scaling, top: float, top_exponent: int
-) -> tuple[jax.Array, jax.Array]:
-    """Per-group (scale, reciprocal) so that `x * reciprocal` fits in [-top, top].
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-group (scale, reciprocal, prescale) so that `x * reciprocal` fits in [-top, top].
 
     Absmax scaling: `scale = absmax / top` and the reciprocal `top / absmax` is
     computed once per group, so every element is a multiplication (XLA would
@@ -129,18 +129,33 @@ def _scales(
     An all-zero group gets scale 1; a group with NaN/inf gets a NaN scale.
     """
     absmax = _group_absmax(x, scaling).astype(jnp.float32)
+    pre = jnp.ones_like(absmax)
     if scaling.power_of_two:
         k = _floor_log2(absmax) - top_exponent
         scale, inv = _pow2(k), _pow2(-k)
     else:
         top32 = np.float32(top)
         scale = absmax / _opaque(absmax, top32)
-        inv = top32 / absmax
+        # Near float32's top, qmax * fl(absmax / qmax) can round past max:
+        # take the scale one ulp lower there, so every code decodes finite.
+        over = jnp.isinf(scale * top32) & jnp.isfinite(absmax)
+        scale = jnp.where(over, jnp.nextafter(scale, jnp.float32(0)), scale)
+        # For absmax beyond 2**100 the reciprocal top / absmax would be a
+        # subnormal, which XLA on CPU flushes to zero: divide x and absmax by
+        # 2**64 first (exact), which gives the very same codes.
+        big = absmax > np.float32(2.0**100)
+        pre = jnp.where(big, jnp.float32(2.0**-64), pre)
+        inv = top32 / (absmax * pre)
     zero = absmax == 0
     finite = jnp.isfinite(absmax)
     scale = jnp.where(zero, jnp.float32(1), jnp.where(finite, scale, jnp.float32(jnp.nan)))
     inv = jnp.where(zero | ~finite, jnp.float32(0), inv)
-    return scale, inv
+    return scale, inv, pre
+
+
+def _times_reciprocal(x: jax.Array, scaling: Scaling, inv: jax.Array, pre: jax.Array):
+    """x * (top / absmax) per group, as `(x * pre) * inv` (see `_scales`)."""
+    return (x * scaling.broadcast(pre, x.shape)) * scaling.broadcast(inv, x.shape)
 
 
 def _round_values(fmt: FloatFormat, x: jax.Array, rounding: str, key, *, saturate=None):
@@ -243,8 +258,8 @@ def _encode_float(fmt: FloatFormat, x, scaling, rounding, key) -> Encoded:
             return Encoded(x.astype(fmt.container), None, fmt, None)
         return _store_float(fmt, _round_values(fmt, x, rounding, key), None, None)
     x = x.astype(jnp.float32)
-    scale, inv = _scales(x, fmt, scaling, fmt.max, fmt.emax)
-    y = x * scaling.broadcast(inv, x.shape)
+    scale, inv, pre = _scales(x, fmt, scaling, fmt.max, fmt.emax)
+    y = _times_reciprocal(x, scaling, inv, pre)
     # The scale is chosen so values fit; saturating keeps float fuzz at the
     # top of a group (and OCP's power-of-two overshoot) from becoming inf/NaN.
     return _store_float(fmt, _round_values(fmt, y, rounding, key, saturate=True), scale, scaling)
@@ -279,8 +294,8 @@ def _int_codes(fmt: IntFormat, x: jax.Array, scaling: Scaling, rounding: str, ke
         codes = jnp.where(x >= 0, jnp.float32(1), jnp.float32(-1))
         return codes, scale, None, codes
     top_exponent = math.floor(math.log2(fmt.qmax))
-    scale, inv = _scales(x, fmt, scaling, fmt.qmax, top_exponent)
-    y = x * scaling.broadcast(inv, x.shape)
+    scale, inv, pre = _scales(x, fmt, scaling, fmt.qmax, top_exponent)
+    y = _times_reciprocal(x, scaling, inv, pre)
     rounded = round_integer(y, rounding, key)
     codes = jnp.clip(rounded, -fmt.qmax, fmt.qmax)
     return codes, scale, inv, rounded
@@ -354,8 +369,8 @@ def _qdq(fmt: Format, scaling, rounding: str, x: jax.Array, key):
     scalar = x.ndim == 0
     xf = (x.reshape(1) if scalar else x).astype(jnp.float32)
     if fmt.kind == "float":
-        scale, inv = _scales(xf, fmt, scaling, fmt.max, fmt.emax)
-        y = xf * scaling.broadcast(inv, xf.shape)
+        scale, inv, pre = _scales(xf, fmt, scaling, fmt.max, fmt.emax)
+        y = _times_reciprocal(xf, scaling, inv, pre)
         q = _round_values(fmt, y, rounding, key, saturate=True)
         out = q * scaling.broadcast(scale, xf.shape)
         mask = (jnp.abs(y) <= fmt.max) if scaling.power_of_two else jnp.ones(xf.shape, bool)

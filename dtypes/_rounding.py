@@ -138,7 +138,9 @@ def round_float(x: jax.Array, grid: Grid, rounding: str, key=None) -> jax.Array:
     dc = jnp.clip(d, 0, Ms).astype(U)
     low = (U(1) << dc) - U(1)
     half = jnp.where(dc > 0, U(1) << (jnp.maximum(dc, U(1)) - U(1)), U(0))
-    lsb = (mag >> dc) & U(1)
+    # The lowest kept bit; at dc == Ms it is the implicit leading 1, which the
+    # pattern holds in the exponent field instead.
+    lsb = jnp.where(dc == Ms, (biased > 0).astype(U), (mag >> dc) & U(1))
     zero = jnp.zeros_like(mag)
     if rounding == "stochastic":
         bits = random_bits(key, x.shape).astype(U)
