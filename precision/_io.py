@@ -518,6 +518,7 @@ class Reader:
             self.leaves, self.crc = self._precision_leaves(meta[METADATA_KEY])
         else:
             self.leaves, self.crc = self._foreign_leaves(), None
+        self.foreign = self.crc is None
 
     def _entry(self, name: str, info: Any) -> Entry:
         if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
@@ -1107,9 +1108,10 @@ def load(path: str | os.PathLike, *, as_arrays: bool = False) -> Any:
     A file written by `save` comes back as the nested dicts and lists of its
     key paths (tuples and custom pytree nodes come back as lists and dicts)
     with each Tensor in its stored format, bit for bit. A foreign
-    safetensors file comes back as a dict of name to Tensor, each stored in
-    the format of its dtype (F32 as full precision, BF16 as bfloat16, ...);
-    integer and bool tensors load as arrays.
+    safetensors file comes back as a dict of name to full-precision float32
+    Tensor (F16, BF16 and F8 values widened exactly); integer and bool
+    tensors load as arrays. Convert with `to_reduced_precision` to store them
+    narrow again.
 
     Args:
         path: the file.
@@ -1134,7 +1136,12 @@ def load(path: str | os.PathLike, *, as_arrays: bool = False) -> Any:
         items = []
         for leaf in reader.leaves:
             data, scale = reader.read_leaf(leaf)
-            items.append((leaf.path, materialize(leaf, data, scale, as_arrays)))
+            value = materialize(leaf, data, scale, as_arrays)
+            if reader.foreign and not as_arrays and leaf.kind != "array":
+                # Another framework's F16/BF16 weights are its full-precision
+                # values: widen them (exactly) to full-precision float32.
+                value = value.to_full_precision()
+            items.append((leaf.path, value))
         try:
             return unflatten(items)
         except (ValueError, RecursionError) as exc:
