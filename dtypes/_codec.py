@@ -256,6 +256,12 @@ def _encode_float(fmt: FloatFormat, x, scaling, rounding, key) -> Encoded:
             # A convert *into* the container is a real rounding (only round
             # trips can be elided), and XLA's matches ml_dtypes bit for bit.
             return Encoded(x.astype(fmt.container), None, fmt, None)
+        if rounding == "nearest_even" and fmt.container == np.uint8:
+            codes = _float_codes.nearest_codes(fmt, x)
+            if codes is not None:
+                return (
+                    _pack(codes, None, fmt, None) if fmt.packed else Encoded(codes, None, fmt, None)
+                )
         return _store_float(fmt, _round_values(fmt, x, rounding, key), None, None)
     x = x.astype(jnp.float32)
     scale, inv, pre = _scales(x, fmt, scaling, fmt.max, fmt.emax)

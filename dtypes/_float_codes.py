@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ._rounding import _SOURCES, compose_bits
@@ -19,7 +20,7 @@ from ._rounding import _SOURCES, compose_bits
 if TYPE_CHECKING:
     from ._formats import FloatFormat
 
-__all__ = ["from_codes", "to_codes"]
+__all__ = ["from_codes", "nearest_codes", "to_codes"]
 
 _F32 = _SOURCES[jnp.dtype(jnp.float32)]
 
@@ -82,3 +83,35 @@ def from_codes(fmt: FloatFormat, codes: jax.Array) -> jax.Array:
     elif fmt.nan:
         bits = jnp.where(top & (mf == (1 << m) - 1), jnp.uint32(0x7FC00000), bits)
     return lax.bitcast_convert_type(bits | (sign << 31), jnp.float32)
+
+
+def nearest_codes(fmt: FloatFormat, x: jax.Array) -> jax.Array | None:
+    """uint8 codes of float32 `x` rounded to nearest-even, for formats of ≤ 5 bits.
+
+    Such a format has at most 15 positive values, so the magnitude code is
+    just the number of midpoints between neighbours that |x| lies above
+    (at a midpoint itself, above exactly when the upper code is the even
+    one). Comparing bit patterns, not floats, keeps the subnormal-flushing
+    CPU out of it. Counting stops at the top code, which is saturation, the
+    only overflow a format without inf and NaN has. Returns None where the
+    direct rounding path applies instead (wider formats, inf or NaN codes).
+    """
+    if fmt.bits > 5 or not fmt.finite or fmt.nan or fmt.mantissa_bits == 0:
+        return None  # (with no mantissa bits "even" is not the code's parity)
+    e, m = fmt.exponent_bits, fmt.mantissa_bits
+    codes = np.arange(1 << (e + m), dtype=np.uint32)
+    ef, mf = codes >> m, codes & ((1 << m) - 1)
+    values = np.where(
+        ef == 0,
+        mf * 2.0 ** (fmt.emin - m),
+        (1 + mf / 2.0**m) * 2.0 ** (ef.astype(np.int64) - fmt.bias),
+    )
+    mids = ((values[1:] + values[:-1]) / 2).astype(np.float32).view(np.uint32)
+    u = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    mag = u & jnp.uint32(0x7FFFFFFF)
+    count = jnp.zeros(x.shape, jnp.uint32)
+    for k, mid in enumerate(mids.tolist()):
+        upper_even = (k + 1) % 2 == 0
+        above = (mag >= mid) if upper_even else (mag > mid)
+        count = count + above.astype(jnp.uint32)
+    return (count | ((u >> 31) << (e + m))).astype(jnp.uint8)
