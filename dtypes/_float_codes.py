@@ -41,28 +41,26 @@ def to_codes(fmt: FloatFormat, v: jax.Array) -> jax.Array:
     """
     e, m = fmt.exponent_bits, fmt.mantissa_bits
     u = lax.bitcast_convert_type(v.astype(jnp.float32), jnp.uint32)
-    sign = (u >> 31).astype(jnp.uint32)
+    sign = u >> 31
     mag = u & jnp.uint32(0x7FFFFFFF)
+    # Normal values: the float32 pattern shifted to m mantissa bits is the
+    # code plus the difference of the exponent biases.
+    rebias = jnp.uint32((127 - fmt.bias) << m)
+    code_normal = (mag >> (23 - m)) - rebias
+    # Subnormal values (below 2**emin, float32 normals or subnormals alike):
+    # sig * 2**(ev - 23) = k * 2**(emin - m), so k = sig >> (23 + emin - m - ev).
     biased = (mag >> 23).astype(jnp.int32)
-    frac = mag & jnp.uint32(0x7FFFFF)
-    sig = frac | jnp.where(biased > 0, jnp.uint32(1 << 23), jnp.uint32(0))
-    ev = jnp.maximum(biased, 1) - 127
-    normal = ev >= fmt.emin
-    ef = jnp.where(normal, ev + fmt.bias, 0).astype(jnp.uint32)
-    mf_normal = frac >> (23 - m)
-    # A target subnormal is sig * 2**(ev - 23) = k * 2**(emin - m).
-    shift = jnp.clip(23 + fmt.emin - m - ev, 0, 31).astype(jnp.uint32)
-    mf_sub = sig >> shift
-    mf = jnp.where(normal, mf_normal, mf_sub)
-    code = (ef << m) | mf
-    code = jnp.where(mag == 0, jnp.uint32(0), code)
+    sig = (mag & jnp.uint32(0x7FFFFF)) | jnp.where(biased > 0, jnp.uint32(1 << 23), jnp.uint32(0))
+    shift = jnp.clip(23 + fmt.emin - m - (jnp.maximum(biased, 1) - 127), 0, 31)
+    code_sub = sig >> shift.astype(jnp.uint32)
+    min_normal = int(np.array(fmt.min_normal, np.float32).view(np.uint32))
+    code = jnp.where(mag >= min_normal, code_normal, code_sub)
     if fmt.has_inf:
         code = jnp.where(mag == 0x7F800000, jnp.uint32(((1 << e) - 1) << m), code)
     code = jnp.where(mag > 0x7F800000, jnp.uint32(_nan_code(fmt)), code)
-    code = code | (sign << (e + m))
     if fmt.finite and not fmt.nan:
-        code = jnp.where(mag > 0x7F800000, jnp.uint32(0), code)
-    return code.astype(jnp.uint8)
+        sign = jnp.where(mag > 0x7F800000, jnp.uint32(0), sign)
+    return (code | (sign << (e + m))).astype(jnp.uint8)
 
 
 def from_codes(fmt: FloatFormat, codes: jax.Array) -> jax.Array:
