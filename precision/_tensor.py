@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import dtypes
+from dtypes._codec import _check_finite
+from dtypes._rounding import check_rounding
 
 from ._context import get_default_format, resolve_format
 from ._errors import DeviceMismatchError
@@ -139,20 +141,6 @@ def encode_values(fmt: dtypes.Format, x, scaling, rounding="nearest_even", key=N
     return enc.data, enc.scale, enc.scaling, last
 
 
-def check_rounding(rounding: str, key: Any) -> None:
-    """Refuse an unknown rounding mode, or stochastic rounding without a key."""
-    if rounding not in dtypes.ROUNDING_MODES:
-        raise ValueError(
-            f"unknown rounding mode {rounding!r}; expected one of "
-            f"{', '.join(dtypes.ROUNDING_MODES)}"
-        )
-    if rounding == "stochastic" and key is None:
-        raise ValueError(
-            "rounding='stochastic' needs a random key: pass key=jax.random.key(0) "
-            "(split it between calls so each conversion draws fresh bits)"
-        )
-
-
 def carries_gradient(fmt: dtypes.Format, scaling) -> bool:
     """Whether storage in `fmt` can carry a gradient itself (unscaled native floats)."""
     return fmt.kind == "float" and scaling is None and fmt.container != np.uint8
@@ -197,23 +185,6 @@ def _encoder(fmt: dtypes.Format, scaling, rounding: str):
 @functools.cache
 def _decoder(fmt: dtypes.Format, scaling, last, dtype):
     return jax.jit(lambda data, scale: decode_storage(fmt, data, scale, scaling, last, dtype))
-
-
-def _check_finite(x, fmt: dtypes.Format) -> None:
-    """Eagerly refuse NaN/inf for a scaled encoding (one NaN poisons a whole group)."""
-    if is_tracer(x):
-        return
-    with jax.ensure_compile_time_eval():  # a concrete constant inside a jit trace
-        if bool(jnp.all(jnp.isfinite(x))):
-            return
-    values = np.asarray(x)
-    bad = ~np.isfinite(values)
-    first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
-    raise ValueError(
-        f"cannot encode {int(bad.sum())} non-finite value(s) into scaled {fmt.name}: the "
-        f"first is {values[first] if bad.ndim else values} at index {first}; replace them "
-        "first (e.g. jnp.nan_to_num(x)) or use an unscaled float format"
-    )
 
 
 def _describe_devices(devs: frozenset) -> str:
