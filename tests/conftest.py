@@ -1,7 +1,10 @@
 """Suite-wide configuration: hypothesis profiles, strict JAX promotion, eager/jit variants.
 
-Hypothesis profiles live here and nowhere else: `dev` (quick, the default)
-and `ci` (thorough), chosen by the `CI` environment variable (`CI=true`).
+Hypothesis profiles live here and nowhere else: `dev` (quick, the default),
+`ci` (thorough and derandomized, so a run on a clean clone is reproducible),
+chosen by the `CI` environment variable (`CI=true`), and `hunt` (many random
+examples, for looking for counterexamples before a release), chosen by
+`HYPOTHESIS_PROFILE=hunt`.
 """
 
 from __future__ import annotations
@@ -44,11 +47,19 @@ settings.register_profile(
     "ci",
     max_examples=200,
     deadline=None,
-    derandomize=False,
+    derandomize=True,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
-settings.load_profile("ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev")
+settings.register_profile(
+    "hunt",
+    max_examples=1000,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if _ci else "dev"))
 
 # Mixing ranks or dtypes implicitly is refused in the whole suite, so the
 # library cannot rely on it by accident.
