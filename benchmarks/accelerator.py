@@ -1,0 +1,248 @@
+"""The accelerator paths: bit-identity with the CPU and ml_dtypes, native matmuls, speed.
+
+Usage (on a machine with a GPU or TPU; on CPU it runs but compares CPU with itself):
+    python benchmarks/accelerator.py            # full run
+    python benchmarks/accelerator.py --quick    # fewer values, smaller matrices
+
+Three parts, printed as tables with the machine they ran on:
+
+1. Bit-identity. Every format in every rounding mode encodes the same values on
+   the accelerator and on the host CPU (the same program, two backends), byte
+   for byte, codes and scales; in nearest-even the float formats also match
+   ml_dtypes' casts. Inputs: random float32 bit patterns over the whole finite
+   range (subnormals included) plus every edge value of the format.
+2. Contractions. `Tensor @ Tensor` under `jit` for bf16, fp16, fp8 and int8:
+   which dot XLA compiled (operand and result element types read from the
+   optimized HLO) and the largest error against a float64 product of the
+   decoded values (0 for int8: its int32 accumulation is exact).
+3. Speed. Jitted `Tensor @ Tensor` against the same product written by hand in
+   raw JAX (ratio 1.00 means zero overhead), and encode throughput of each
+   format against a bare `astype(bfloat16)` of the same array.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+import dtypes
+from precision import Tensor
+
+FP6 = dtypes.FloatFormat(3, 2, finite=True, name="float6_e3m2fn")  # OCP float6 layout
+FP4 = dtypes.FloatFormat(2, 1, finite=True, name="float4_e2m1fn")  # MXFP4's elements
+FLOATS = (dtypes.bfloat16, dtypes.float16, dtypes.float8_e4m3fn, dtypes.float8_e5m2)
+FLOATS += (dtypes.tf32, FP6, FP4)
+INTS = (dtypes.int8, dtypes.int4, dtypes.int2, dtypes.int1)
+
+
+def _inputs(n: int, fmt: dtypes.Format) -> np.ndarray:
+    """Random finite float32 bit patterns, plus the format's edges and midpoints."""
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    x = x[np.isfinite(x)]
+    if isinstance(fmt, dtypes.FloatFormat):
+        # values around the format's own range, where rounding decides most
+        lo, hi = np.log2(fmt.smallest_subnormal) - 2, np.log2(fmt.max) + 1
+        near = np.exp2(rng.uniform(lo, hi, n // 2)).astype(np.float32)
+        near *= rng.choice(np.array([-1, 1], np.float32), n // 2)
+        edges = [fmt.max, fmt.min_normal, fmt.smallest_subnormal, fmt.smallest_subnormal / 2]
+        if not fmt.has_inf and fmt.saturate is False:
+            x = x[np.abs(x) <= fmt.max]  # out-of-range input is refused or NaN there
+        x = np.concatenate([x, near, np.float32(edges), -np.float32(edges), [0.0, -0.0]])
+    return np.ascontiguousarray(x.astype(np.float32))
+
+
+def _encode_on(device, fmt, x, rounding, key, scaling):
+    with jax.default_device(device):
+        xd = jax.device_put(x, device)
+        kd = jax.device_put(key, device)
+        enc = fmt.encode(xd, rounding=rounding, key=kd, scaling=scaling)
+        data = np.asarray(enc.data)
+        scale = None if enc.scale is None else np.asarray(enc.scale)
+    return data, scale
+
+
+def bit_identity(n: int) -> list[tuple[str, str, int, str]]:
+    accel, cpu = jax.devices()[0], jax.devices("cpu")[0]
+    key = jax.random.key(7)
+    rows = []
+    for fmt in FLOATS + INTS:
+        name = fmt.name
+        x = _inputs(n, fmt)
+        for rounding in dtypes.ROUNDING_MODES:
+            scalings = [None]
+            if isinstance(fmt, dtypes.IntFormat):
+                scalings = [dtypes.PerTensor(), dtypes.PerBlock(32, axis=0)]
+                if fmt.bits > 1:
+                    scalings.append(dtypes.PerBlock(32, axis=0, power_of_two=True))
+            for scaling in scalings:
+                xs = x[: len(x) // 32 * 32] if scaling is not None else x
+                got = _encode_on(accel, fmt, xs, rounding, key, scaling)
+                want = _encode_on(cpu, fmt, xs, rounding, key, scaling)
+                same = np.array_equal(got[0].view(np.uint8), want[0].view(np.uint8)) and (
+                    got[1] is None or np.array_equal(got[1].view(np.uint32), want[1].view(np.uint32))  # noqa: E501
+                )
+                verdict = "identical" if same else "DIFFERENT"
+                if (
+                    rounding == "nearest_even"
+                    and isinstance(fmt, dtypes.FloatFormat)
+                    and fmt.native_dtype is not None
+                ):
+                    ref = xs.astype(fmt.native_dtype)
+                    ok = np.array_equal(got[0].view(np.uint8), ref.view(np.uint8))
+                    verdict += ", = ml_dtypes" if ok else ", ml_dtypes DIFFERENT"
+                label = name if scaling is None else f"{name} {scaling!r}"
+                rows.append((label, rounding, xs.size, verdict))
+    return rows
+
+
+def _dot_types(compiled_text: str) -> str:
+    """The dots (or library matmul calls) of optimized HLO: result <- operand types."""
+    types = dict(re.findall(r"(%[\w.\-]+) = \(?(\w+)\[", compiled_text))
+    found = []
+    for line in compiled_text.splitlines():
+        m = re.search(r"= \(?(\w+)\[[^=]*?\b(dot|convolution|custom-call)\((.*?)\)", line)
+        if m is None:
+            continue
+        target = re.search(r'custom_call_target="([^"]+)"', line)
+        if m.group(2) == "custom-call" and not (target and re.search("gemm|matmul", target[1])):
+            continue
+        operands = re.findall(r"(\w+)\[", m.group(3))[:2]
+        if not operands:  # operands printed by name only
+            operands = [types.get(o, "?") for o in re.findall(r"%[\w.\-]+", m.group(3))[:2]]
+        what = target[1] if target else m.group(2)
+        found.append(f"{what}: {m.group(1)} <- {' x '.join(operands)}")
+    return "; ".join(dict.fromkeys(found)) or "(no dot found)"
+
+
+def contractions(m: int) -> list[tuple[str, str, float, float]]:
+    """(format, dots, max relative error, share of outputs equal to the correctly
+    rounded float64 product) of a jitted `Tensor @ Tensor`."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((m, m), np.float32)
+    b = rng.standard_normal((m, m), np.float32)
+    matmul = jax.jit(lambda p, q: p @ q)
+    rows = []
+    for name in ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "int8"):
+        ta = Tensor(a).to_reduced_precision(name)
+        tb = Tensor(b).to_reduced_precision(name)
+        hlo = matmul.lower(ta, tb).compile().as_text()
+        out = matmul(ta, tb)
+        da = np.asarray(ta.to_full_precision(), np.float64)
+        db = np.asarray(tb.to_full_precision(), np.float64)
+        ref = da @ db
+        got = np.asarray(out.to_full_precision(), np.float64)
+        rel = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+        # the result is stored in the format again: compare with the float64
+        # product rounded once into it (same scaling for the integer formats)
+        want = Tensor(ref.astype(np.float32)).to_reduced_precision(name, scaling=out.scaling)
+        equal = float(np.mean(got == np.asarray(want.to_full_precision(), np.float64)))
+        rows.append((name, _dot_types(hlo), rel, equal))
+    return rows
+
+
+def _median_time(fn: Callable[[], Any], number: int, rounds: int) -> float:
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(number):
+            out = fn()
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - start) / number)
+    return statistics.median(times)
+
+
+def speed(m: int, n: int, rounds: int) -> list[tuple[str, float, float, str]]:
+    rng = np.random.default_rng(2)
+    a = jnp.asarray(rng.standard_normal((m, m), np.float32))
+    b = jnp.asarray(rng.standard_normal((m, m), np.float32))
+    rows = []
+    matmul = jax.jit(lambda p, q: p @ q)
+    for name, native in (
+        ("bfloat16", jnp.bfloat16),
+        ("float16", jnp.float16),
+        ("float8_e4m3fn", jnp.float8_e4m3fn),
+    ):
+        ta = Tensor(a).to_reduced_precision(name)
+        tb = Tensor(b).to_reduced_precision(name)
+        na, nb = a.astype(native), b.astype(native)
+        raw = jax.jit(
+            lambda p, q: jax.lax.dot(p, q, preferred_element_type=jnp.float32)
+        )
+        t_ours = _median_time(lambda: matmul(ta, tb), 10, rounds)  # noqa: B023
+        t_raw = _median_time(lambda: raw(na, nb), 10, rounds)  # noqa: B023
+        rows.append((f"{m}^3 matmul, {name} Tensor vs raw dot", t_ours, t_raw, "raw JAX"))
+    ta = Tensor(a).to_reduced_precision("int8")
+    tb = Tensor(b).to_reduced_precision("int8")
+    ca, cb = ta.encoded.data, tb.encoded.data
+    raw_int = jax.jit(lambda p, q: jax.lax.dot(p, q, preferred_element_type=jnp.int32))
+    t_ours = _median_time(lambda: matmul(ta, tb), 10, rounds)
+    t_raw = _median_time(lambda: raw_int(ca, cb), 10, rounds)
+    rows.append((f"{m}^3 matmul, int8 Tensor vs raw int8 dot", t_ours, t_raw, "raw JAX"))
+
+    x = jnp.asarray(rng.standard_normal(n, np.float32))
+    bare = jax.jit(lambda v: v.astype(jnp.bfloat16))
+    t_bare = _median_time(lambda: bare(x), 10, rounds)
+    for fmt in (dtypes.bfloat16, dtypes.float16, dtypes.float8_e4m3fn, FP6, FP4):
+        name = fmt.name
+        t = _median_time(lambda: fmt.encode(x), 10, rounds)  # noqa: B023
+        rows.append((f"encode {n:,} values, {name}", t, t_bare, "astype(bf16)"))
+    key = jax.random.key(0)
+    fmt = dtypes.bfloat16
+    t = _median_time(lambda: fmt.encode(x, rounding="stochastic", key=key), 10, rounds)
+    rows.append((f"encode {n:,} values, bfloat16 stochastic", t, t_bare, "astype(bf16)"))
+    fmt = dtypes.int8
+    t = _median_time(lambda: fmt.encode(x), 10, rounds)
+    rows.append((f"encode {n:,} values, int8 per-tensor", t, t_bare, "astype(bf16)"))
+    return rows
+
+
+def _fmt(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer values, smaller matrices")
+    args = parser.parse_args()
+    n_bits, m, n, rounds = (20_000, 512, 2**20, 3) if args.quick else (1_000_000, 8192, 2**28, 7)
+
+    dev = jax.devices()[0]
+    print(f"machine: jax {jax.__version__}, ml_dtypes {ml_dtypes.__version__}, "
+          f"{dev.platform} ({dev.device_kind}), compared with the host CPU backend")
+
+    print("\n## 1. Bit-identity, accelerator vs host CPU (and ml_dtypes in nearest-even)\n")
+    print("| format | rounding | values | result |\n|---|---|---:|---|")
+    rows = bit_identity(n_bits)
+    for label, rounding, size, verdict in rows:
+        print(f"| {label} | {rounding} | {size:,} | {verdict} |")
+    bad = [r for r in rows if "DIFFERENT" in r[3]]
+    print(f"\n{len(rows) - len(bad)} of {len(rows)} cases identical")
+
+    print("\n## 2. Contractions under jit\n")
+    print("| format | dot in optimized HLO | max rel. error | = rounded float64 product |")
+    print("|---|---|---:|---:|")
+    for name, kinds, rel, equal in contractions(min(m, 1024)):
+        print(f"| {name} | {kinds} | {rel:.2e} | {equal:.2%} |")
+
+    print("\n## 3. Speed (medians of interleaved repeats)\n")
+    print("| measurement | precision | baseline | baseline is | ratio |\n|---|---:|---:|---|---:|")
+    for name, ours, base, what in speed(m, n, rounds):
+        print(f"| {name} | {_fmt(ours)} | {_fmt(base)} | {what} | {ours / base:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
