@@ -90,7 +90,8 @@ def bit_identity(n: int) -> list[tuple[str, str, int, str]]:
                 got = _encode_on(accel, fmt, xs, rounding, key, scaling)
                 want = _encode_on(cpu, fmt, xs, rounding, key, scaling)
                 same = np.array_equal(got[0].view(np.uint8), want[0].view(np.uint8)) and (
-                    got[1] is None or np.array_equal(got[1].view(np.uint32), want[1].view(np.uint32))  # noqa: E501
+                    got[1] is None
+                    or np.array_equal(got[1].view(np.uint32), want[1].view(np.uint32))
                 )
                 verdict = "identical" if same else "DIFFERENT"
                 if (
@@ -177,9 +178,7 @@ def speed(m: int, n: int, rounds: int) -> list[tuple[str, float, float, str]]:
         ta = Tensor(a).to_reduced_precision(name)
         tb = Tensor(b).to_reduced_precision(name)
         na, nb = a.astype(native), b.astype(native)
-        raw = jax.jit(
-            lambda p, q: jax.lax.dot(p, q, preferred_element_type=jnp.float32)
-        )
+        raw = jax.jit(lambda p, q: jax.lax.dot(p, q, preferred_element_type=jnp.float32))
         t_ours = _median_time(lambda: matmul(ta, tb), 10, rounds)  # noqa: B023
         t_raw = _median_time(lambda: raw(na, nb), 10, rounds)  # noqa: B023
         rows.append((f"{m}^3 matmul, {name} Tensor vs raw dot", t_ours, t_raw, "raw JAX"))
@@ -221,8 +220,10 @@ def main() -> None:
     n_bits, m, n, rounds = (20_000, 512, 2**20, 3) if args.quick else (1_000_000, 8192, 2**28, 7)
 
     dev = jax.devices()[0]
-    print(f"machine: jax {jax.__version__}, ml_dtypes {ml_dtypes.__version__}, "
-          f"{dev.platform} ({dev.device_kind}), compared with the host CPU backend")
+    print(
+        f"machine: jax {jax.__version__}, ml_dtypes {ml_dtypes.__version__}, "
+        f"{dev.platform} ({dev.device_kind}), compared with the host CPU backend"
+    )
 
     print("\n## 1. Bit-identity, accelerator vs host CPU (and ml_dtypes in nearest-even)\n")
     print("| format | rounding | values | result |\n|---|---|---:|---|")
