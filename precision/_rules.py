@@ -268,12 +268,32 @@ def _keeps_grid(op: str, state: State, out: Any) -> bool:
     return op in GRID_PRESERVING and state.scaling is None and state.format.kind == "float"
 
 
+@functools.cache
+def _cpu_native_formats() -> frozenset[str]:
+    """Formats whose own dot XLA's CPU backend runs faster than a float32 dot.
+
+    XLA hands bfloat16 dots to the processor's AMX tiles where it has them
+    (`amx_bf16` in /proc/cpuinfo): 1.3 TFLOP/s against 0.23 for float32 at
+    2048x2048 on a 2-core Xeon (benchmarks/accelerator.py). Without AMX its
+    bfloat16 dot is slower than float32's, and float16/float8 dots are slower
+    everywhere on CPU.
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:  # pragma: no cover - not Linux
+        return frozenset()
+    return frozenset({"bfloat16"}) if "amx_bf16" in flags else frozenset()
+
+
 def _native_path(fmt: dtypes.Format, state: State) -> np.dtype | None:
-    """The container to hand XLA directly on accelerators, if the format has one."""
-    if jax.default_backend() == "cpu" or fmt.kind != "float" or state.scaling is not None:
+    """The container to hand XLA's dot directly, if the format has one and it is fast."""
+    if fmt.kind != "float" or state.scaling is not None:
         return None
     native = fmt.native_dtype
     if native is None or fmt.is_full_precision or native.itemsize >= 4:
+        return None
+    if jax.default_backend() == "cpu" and native.name not in _cpu_native_formats():
         return None
     return native
 
@@ -281,11 +301,12 @@ def _native_path(fmt: dtypes.Format, state: State) -> np.dtype | None:
 def contraction_rule(eqn, vals: list[Val]) -> list[Val]:
     """dot_general / conv_general_dilated: accumulate in the logical dtype.
 
-    On CPU the inputs are already decoded to float32 and XLA multiplies in
-    float32 (faster there than its bf16 kernels); products of two values of at
-    most 12 significant bits are exact in float32, so this equals the native
-    path's contract. On GPU/TPU the narrow container goes to XLA as it is, with
-    `preferred_element_type` set to the logical dtype. tf32 inputs are on the
+    On GPU/TPU, and for bfloat16 on CPUs with AMX tiles, the narrow container
+    goes to XLA as it is, with `preferred_element_type` set to the logical
+    dtype. Elsewhere on CPU the inputs, already decoded to float32, are
+    multiplied in float32 (faster there than XLA's narrow kernels); products of
+    two values of at most 12 significant bits are exact in float32, so both
+    paths keep the same contract: exact products, float32 accumulation. tf32 inputs are on the
     tf32 grid already, so a float32 product at HIGHEST precision emulates it.
     """
     op = eqn.primitive.name

@@ -256,3 +256,61 @@ def test_int8_moves_keep_codes_and_scale():
     assert "preferred_element_type=int32" in str(
         jax.make_jaxpr(precision.apply(lambda a: a @ a.T))(t)
     )
+
+
+NARROW_FLOATS = ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"]
+
+
+@pytest.fixture(params=["float32-dot", "native-dot"])
+def dot_path(request, monkeypatch):
+    """Run a test on both CPU contraction paths, whatever this processor has."""
+    native = frozenset() if request.param == "float32-dot" else frozenset(NARROW_FLOATS)
+    monkeypatch.setattr(precision._rules, "_cpu_native_formats", lambda: native)
+    return request.param
+
+
+@pytest.mark.parametrize("name", NARROW_FLOATS)
+def test_both_contraction_paths_compile_their_dot_and_agree(name, dot_path):
+    a = rng.standard_normal((16, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 8)).astype(np.float32)
+    ta, tb = Tensor(a).to_reduced_precision(name), Tensor(b).to_reduced_precision(name)
+    matmul = jax.jit(precision.apply(jnp.matmul))  # a fresh wrapper: a fresh cache
+    dots = [line for line in matmul.lower(ta, tb).as_text().splitlines() if "dot_general" in line]
+    mlir = {"bfloat16": "bf16", "float16": "f16"}
+    mlir |= {"float8_e4m3fn": "f8E4M3FN", "float8_e5m2": "f8E5M2"}
+    operand = mlir[name] if dot_path == "native-dot" else "f32"
+    assert len(dots) == 1
+    assert f"tensor<16x64x{operand}>" in dots[0]
+    assert dots[0].endswith("-> tensor<16x8xf32>")
+    # exact products, float32 accumulation, one rounding into the format
+    da, db = np.asarray(ta, np.float64), np.asarray(tb, np.float64)
+    exact = da @ db
+    got = np.asarray(matmul(ta, tb), np.float64)
+    fmt = dtypes.get(name)
+    acc = 64 * np.finfo(np.float32).eps * (np.abs(da) @ np.abs(db))
+    bound = acc + np.abs(exact) * fmt.eps / 2 + fmt.smallest_subnormal
+    assert (np.abs(got - exact) <= bound).all()
+    rounded = np.asarray(Tensor(exact.astype(np.float32)).to_reduced_precision(name), np.float64)
+    assert np.mean(got == rounded) >= 0.95
+
+
+@pytest.mark.parametrize("name", NARROW_FLOATS)
+def test_both_contraction_paths_give_the_same_gradients(name, monkeypatch):
+    a = rng.standard_normal((8, 32)).astype(np.float32)
+    b = rng.standard_normal((32, 4)).astype(np.float32)
+
+    def grads(native):
+        monkeypatch.setattr(precision._rules, "_cpu_native_formats", lambda: native)
+        matmul = precision.apply(jnp.matmul)
+
+        def loss(a, b):
+            ta, tb = Tensor(a).to_reduced_precision(name), Tensor(b).to_reduced_precision(name)
+            return jnp.sum(jnp.asarray(matmul(ta, tb).to_full_precision()) ** 2)
+
+        return jax.grad(loss, argnums=(0, 1))(a, b)
+
+    slow, fast = grads(frozenset()), grads(frozenset(NARROW_FLOATS))
+    for s, f in zip(slow, fast, strict=True):
+        # both round the input cotangents into the container; only the order of
+        # the float32 sums may differ, by at most one step of the format
+        np.testing.assert_allclose(np.asarray(f), np.asarray(s), rtol=dtypes.get(name).eps)
