@@ -23,7 +23,7 @@ from safetensors import safe_open
 
 import dtypes
 import precision
-from precision import Tensor, _cli, _io
+from precision import Tensor, _checkpoint_reader, _cli, _cli_convert
 from precision.testing._metrics import error_report, sqnr_db
 
 RNG = np.random.default_rng(11)
@@ -192,11 +192,11 @@ def test_row_block_conversion_gives_the_same_bytes(
 ):
     # Tiny row blocks: encoder.weight (6 x 40 float32, 160 bytes a row) goes in
     # blocks of 2 rows, head.weight (4 x 32 bfloat16) in blocks of 5 rows.
-    monkeypatch.setattr(_cli, "_STREAM_BYTES", 320)
+    monkeypatch.setattr(_cli_convert, "_STREAM_BYTES", 320)
     blocks = []
-    iter_rows = _io.Reader.iter_rows
+    iter_rows = _checkpoint_reader.Reader.iter_rows
     monkeypatch.setattr(
-        _io.Reader,
+        _checkpoint_reader.Reader,
         "iter_rows",
         lambda self, name, rows: blocks.append((name, rows)) or iter_rows(self, name, rows),
     )
@@ -216,7 +216,7 @@ def test_row_block_conversion_checks_the_crc(tmp_path, monkeypatch, capsys):
     raw = bytearray(src.read_bytes())
     raw[-10] ^= 1  # in the last row block
     src.write_bytes(bytes(raw))
-    monkeypatch.setattr(_cli, "_STREAM_BYTES", 256)
+    monkeypatch.setattr(_cli_convert, "_STREAM_BYTES", 256)
     assert _cli.main(["convert", str(src), "-o", str(dst), "--to", "bf16", "-q"]) == 1
     assert "do not match the CRC-32" in capsys.readouterr().err
     assert not dst.exists()

@@ -1,0 +1,461 @@
+"""Reading checkpoints: `Reader`, and the `CheckpointError` it raises.
+
+A `Reader` parses a safetensors header and checks every field of it (and of
+the `"precision"` metadata, when present) against the file before a byte of
+tensor data is allocated; then it reads tensors one at a time, whole or in
+row blocks, each checked against the CRC-32 recorded when it was saved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+import dtypes
+from dtypes import Format
+
+from ._checkpoint_layout import (
+    _DTYPE_NAMES,
+    _DTYPES,
+    _LOGICAL,
+    METADATA_KEY,
+    SCALE_SUFFIX,
+    VERSION,
+    VERSION_KEY,
+    Leaf,
+    _tensors_crc,
+    check_names,
+    format_from_json,
+    path_name,
+    scaling_from_json,
+)
+from ._errors import PrecisionError
+
+
+class CheckpointError(PrecisionError, ValueError):
+    """A checkpoint file is truncated, corrupted, foreign or inconsistent.
+
+    The message names the file and what is wrong with it. Raised before any
+    wrong number could be returned.
+    """
+
+
+#: Foreign float tensors load as Tensors stored in the format of their dtype.
+_DTYPE_FORMATS: dict[str, Format] = {
+    "F32": dtypes.float32,
+    "F16": dtypes.float16,
+    "BF16": dtypes.bfloat16,
+    "F8_E4M3": dtypes.float8_e4m3fn,
+    "F8_E5M2": dtypes.float8_e5m2,
+}
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+_MAX_PATH_DEPTH = 256
+_ALIGN = 64  # jax aliases host buffers aligned like this instead of copying them
+
+
+def _looks_like_ours(meta: dict[str, str]) -> bool:
+    """Whether a header's metadata was written by `save` (even if damaged since).
+
+    A file whose metadata marker was corrupted must not load as a foreign
+    file (its packed codes would come back as plain bytes), so any trace of
+    ours counts: either key, a key that starts like them, or our document.
+    """
+    return any(
+        key.startswith("precision") or value.startswith('{"version":')
+        for key, value in meta.items()
+    )
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialized array whose buffer jax can alias without copying."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % _ALIGN
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One tensor of a safetensors header: dtype, shape and absolute byte range."""
+
+    name: str
+    dtype_name: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def dtype(self) -> np.dtype:
+        return _DTYPES[self.dtype_name]
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _no_constants(token: str) -> Any:
+    raise ValueError(f"{token} is not allowed")
+
+
+def _parse_json(text: str) -> Any:
+    return json.loads(text, object_pairs_hook=_strict_object, parse_constant=_no_constants)
+
+
+class Reader:
+    """An open, fully validated checkpoint whose tensors are read one at a time.
+
+    Opening parses and checks the header (and the `"precision"` metadata when
+    present) against the file's size; no tensor data is read until `read`.
+    Use as a context manager.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        self._file = open(self.path, "rb")
+        try:
+            self._parse()
+        except BaseException:
+            self._file.close()
+            raise
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def error(self, what: str) -> CheckpointError:
+        return CheckpointError(f"{self.path}: {what}")
+
+    # -- header ------------------------------------------------------------
+    def _parse(self) -> None:
+        size = os.fstat(self._file.fileno()).st_size
+        self.size = size
+        if size < 8:
+            raise self.error(
+                f"not a safetensors file: {size} bytes is shorter than the 8-byte header length"
+            )
+        n = int.from_bytes(self._file.read(8), "little")
+        if n > MAX_HEADER_BYTES:
+            raise self.error(
+                f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit "
+                "(not a safetensors file, or corrupted)"
+            )
+        if 8 + n > size:
+            raise self.error(
+                f"truncated: the header claims {n} bytes but the file has only {size - 8} after "
+                "the length field"
+            )
+        raw = self._file.read(n)
+        try:
+            text = raw.decode("utf-8")
+            if not text.startswith("{"):
+                raise ValueError("the header does not start with '{'")
+            header = _parse_json(text)
+        except (ValueError, RecursionError) as exc:
+            raise self.error(
+                f"not a safetensors file: the header is not valid JSON ({exc})"
+            ) from None
+        if not isinstance(header, dict):
+            raise self.error("the header is not a JSON object")
+        self.data_start = 8 + n
+        meta = header.pop("__metadata__", {})
+        if not isinstance(meta, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
+        ):
+            raise self.error("__metadata__ must map strings to strings")
+        self.metadata: dict[str, str] = meta
+        self.entries: dict[str, Entry] = {}
+        for name, info in header.items():
+            self.entries[name] = self._entry(name, info)
+        self._check_layout()
+        if _looks_like_ours(meta):
+            if meta.get(VERSION_KEY) != str(VERSION) or METADATA_KEY not in meta:
+                raise self.error(
+                    f"the precision metadata is damaged or from another version: expected keys "
+                    f"{METADATA_KEY!r} and {VERSION_KEY!r} = '{VERSION}', found "
+                    f"{sorted(meta)!r:.200}"
+                )
+            self.leaves, self.crc = self._precision_leaves(meta[METADATA_KEY])
+        else:
+            self.leaves, self.crc = self._foreign_leaves(), None
+        self.foreign = self.crc is None
+
+    def _entry(self, name: str, info: Any) -> Entry:
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise self.error(
+                f"tensor {name!r}: expected an object with dtype, shape and data_offsets, "
+                f"got {info!r:.200}"
+            )
+        dtype_name, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if dtype_name not in _DTYPES:
+            raise self.error(
+                f"tensor {name!r}: unsupported dtype {dtype_name!r} (supported: "
+                f"{', '.join(_DTYPES)})"
+            )
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise self.error(f"tensor {name!r}: shape {shape!r} is not a list of sizes")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(type(o) is int for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]
+        ):
+            raise self.error(f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end]")
+        # Python integers: an absurd shape cannot overflow into a plausible size.
+        expected = _DTYPES[dtype_name].itemsize
+        for d in shape:
+            expected *= d
+        if expected != offsets[1] - offsets[0]:
+            raise self.error(
+                f"tensor {name!r}: shape {shape} of {dtype_name} needs {expected} bytes but "
+                f"data_offsets {offsets} hold {offsets[1] - offsets[0]}"
+            )
+        begin, end = self.data_start + offsets[0], self.data_start + offsets[1]
+        return Entry(name, dtype_name, tuple(shape), begin, end)
+
+    def _check_layout(self) -> None:
+        position = self.data_start
+        for entry in sorted(self.entries.values(), key=lambda e: (e.begin, e.end)):
+            if entry.begin != position:
+                what = "overlaps the previous tensor" if entry.begin < position else "leaves a gap"
+                raise self.error(
+                    f"tensor {entry.name!r} starts at byte {entry.begin - self.data_start} of "
+                    f"the data, which {what} (expected {position - self.data_start})"
+                )
+            position = entry.end
+        if position != self.size:
+            if position > self.size:
+                raise self.error(
+                    f"truncated: the header describes {position} bytes but the file has {self.size}"
+                )
+            raise self.error(
+                f"{self.size - position} bytes after the last tensor (the header describes "
+                f"{position}, the file has {self.size})"
+            )
+
+    def _foreign_leaves(self) -> list[Leaf]:
+        leaves = []
+        for name, entry in self.entries.items():
+            fmt = _DTYPE_FORMATS.get(entry.dtype_name)
+            path = (("key", name),)
+            if fmt is None:
+                leaves.append(Leaf(name, path, "array", entry.dtype, entry.shape))
+            else:
+                leaves.append(
+                    Leaf(name, path, "tensor", np.dtype(np.float32), entry.shape, fmt, None)
+                )
+        return leaves
+
+    def _precision_leaves(self, text: str) -> tuple[list[Leaf], dict[str, int]]:
+        try:
+            doc = _parse_json(text)
+        except (ValueError, RecursionError) as exc:
+            raise self.error(f"the precision metadata is not valid JSON ({exc})") from None
+        if not isinstance(doc, dict) or set(doc) != {
+            "version",
+            "tensors",
+            "tensors_crc32",
+            "crc32",
+        }:
+            raise self.error(
+                "the precision metadata needs exactly version, tensors, tensors_crc32 and crc32"
+            )
+        if doc["version"] != VERSION:
+            raise self.error(
+                f"precision metadata version {doc['version']!r} is not supported (this library "
+                f"reads version {VERSION}); upgrade precision"
+            )
+        if not isinstance(doc["tensors"], list):
+            raise self.error("the precision metadata's tensors is not a list")
+        if doc["tensors_crc32"] != _tensors_crc(doc["tensors"]):
+            raise self.error(
+                "the precision metadata does not match its CRC-32 (the header is corrupted)"
+            )
+        leaves = [self._leaf(item) for item in doc["tensors"]]
+        try:
+            check_names(leaves)
+        except ValueError as exc:
+            raise self.error(f"precision metadata: {exc}") from None
+        stored = {name for leaf in leaves for name, _, _ in leaf.arrays()}
+        if stored != set(self.entries):
+            raise self.error(
+                "the precision metadata and the tensors disagree: described but absent "
+                f"{sorted(stored - set(self.entries))}, present but undescribed "
+                f"{sorted(set(self.entries) - stored)}"
+            )
+        crc = doc["crc32"]
+        if (
+            not isinstance(crc, dict)
+            or set(crc) != stored
+            or not all(isinstance(v, str) and re.fullmatch(r"[0-9a-f]{8}", v) for v in crc.values())
+        ):
+            raise self.error("the precision metadata's crc32 map is malformed")
+        return leaves, {k: int(v, 16) for k, v in crc.items()}
+
+    def _leaf(self, item: Any) -> Leaf:
+        keys = {"name", "path", "kind", "format", "scaling", "dtype", "shape", "scale"}
+        if not isinstance(item, dict) or set(item) != keys:
+            raise self.error(f"precision metadata: malformed leaf {item!r:.200}")
+        name = item["name"]
+        if not isinstance(name, str):
+            raise self.error(f"precision metadata: leaf name {name!r} is not a string")
+
+        def bad(what: str) -> CheckpointError:
+            return self.error(f"precision metadata of {name!r}: {what}")
+
+        path = item["path"]
+        if (
+            not isinstance(path, list)
+            or len(path) > _MAX_PATH_DEPTH
+            or not all(
+                isinstance(p, list)
+                and len(p) == 2
+                and (
+                    (p[0] in ("key", "attr") and isinstance(p[1], str))
+                    or (p[0] in ("key", "index") and type(p[1]) is int)
+                )
+                for p in path
+            )
+        ):
+            raise bad(f"bad key path {path!r:.200}")
+        if path_name(tuple((p[0], p[1]) for p in path)) != name:
+            raise bad(f"key path {path!r:.200} does not give the name {name!r}")
+        shape = item["shape"]
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise bad(f"bad shape {shape!r}")
+        entry = self.entries.get(name)
+        if entry is None:
+            raise bad("its data tensor is missing from the file")
+        try:
+            fmt = None if item["format"] is None else format_from_json(item["format"])
+            scaling = scaling_from_json(item["scaling"])
+        except (ValueError, TypeError) as exc:
+            raise bad(str(exc)) from None
+        kind, dtype_name = item["kind"], item["dtype"]
+        if kind == "array":
+            if fmt is not None or scaling is not None or item["scale"] is not None:
+                raise bad("a plain array has no format, scaling or scale")
+            dtype = entry.dtype
+            if dtype_name != dtype.name:
+                raise bad(f"dtype {dtype_name!r} disagrees with the stored {dtype.name}")
+        elif kind == "tensor":
+            if fmt is None:
+                raise bad("a tensor needs a format")
+            if dtype_name not in _LOGICAL:
+                raise bad(f"logical dtype {dtype_name!r} is not one of {sorted(_LOGICAL)}")
+            dtype = _LOGICAL[dtype_name]
+            if fmt.kind == "int" and scaling is None:
+                raise bad(f"{fmt.name} codes need a scaling")
+            scale = item["scale"]
+            if (scaling is None) != (scale is None):
+                raise bad("a scale array is stored exactly when a scaling is declared")
+            if scale is not None and scale != name + SCALE_SUFFIX:
+                raise bad(f"its scale must be stored as {name + SCALE_SUFFIX!r}, not {scale!r}")
+            if scaling is not None and shape:
+                try:
+                    scaling.validate(tuple(shape))
+                except ValueError as exc:
+                    raise bad(str(exc)) from None
+        else:
+            raise bad(f"unknown kind {kind!r}")
+        leaf = Leaf(
+            name,
+            tuple((p[0], p[1]) for p in path),
+            kind,
+            dtype,
+            tuple(shape),
+            fmt,
+            scaling,
+            item["scale"],
+        )
+        for aname, adtype, ashape in leaf.arrays():
+            stored = self.entries.get(aname)
+            if stored is None:
+                raise bad(f"array {aname!r} is missing from the file")
+            if stored.dtype != adtype or stored.shape != ashape:
+                raise bad(
+                    f"array {aname!r} is stored as {stored.dtype_name}{list(stored.shape)} but "
+                    f"{'its format ' + fmt.name if fmt else 'the leaf'} with logical shape "
+                    f"{list(shape)} needs {_DTYPE_NAMES[adtype]}{list(ashape)}"
+                )
+        return leaf
+
+    # -- data --------------------------------------------------------------
+    def read(self, name: str) -> np.ndarray:
+        """The array stored as `name`, in a fresh aligned buffer, CRC-checked."""
+        entry = self.entries[name]
+        out = aligned_empty(entry.shape, entry.dtype)
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        self._file.seek(entry.begin)
+        done = 0
+        while done < entry.nbytes:
+            got = self._file.readinto(view[done:])
+            if not got:
+                raise self.error(f"tensor {name!r}: the file ended while reading it")
+            done += got
+        if self.crc is not None and zlib.crc32(view) != self.crc[name]:
+            raise self.error(
+                f"tensor {name!r}: its bytes do not match the CRC-32 recorded when it was saved "
+                "(the file is corrupted)"
+            )
+        return out
+
+    def iter_rows(self, name: str, rows: int) -> Iterator[np.ndarray]:
+        """The array stored as `name` in slices of `rows` rows (first axis), CRC-checked.
+
+        The CRC-32 covers the whole tensor, so a mismatch is raised after the
+        last slice: a caller writing the slices somewhere must discard them
+        then (`write` does, by raising through).
+        """
+        entry = self.entries[name]
+        if not entry.shape:
+            raise ValueError(f"tensor {name!r} is a scalar; read it with read()")
+        row_shape = entry.shape[1:]
+        row_bytes = int(np.prod(row_shape, dtype=np.int64)) * entry.dtype.itemsize
+        crc = 0
+        for start in range(0, entry.shape[0], rows):
+            n = min(rows, entry.shape[0] - start)
+            out = aligned_empty((n, *row_shape), entry.dtype)
+            view = memoryview(out.reshape(-1).view(np.uint8))
+            self._file.seek(entry.begin + start * row_bytes)
+            done = 0
+            while done < n * row_bytes:
+                got = self._file.readinto(view[done:])
+                if not got:
+                    raise self.error(f"tensor {name!r}: the file ended while reading it")
+                done += got
+            if self.crc is not None:
+                crc = zlib.crc32(view, crc)
+            del view
+            yield out
+        if self.crc is not None and crc != self.crc[name]:
+            raise self.error(
+                f"tensor {name!r}: its bytes do not match the CRC-32 recorded when it was saved "
+                "(the file is corrupted)"
+            )
+
+    def read_leaf(self, leaf: Leaf) -> tuple[np.ndarray, np.ndarray | None]:
+        """(data, scale or None) of one leaf."""
+        data = self.read(leaf.name)
+        return data, (None if leaf.scale is None else self.read(leaf.scale))
