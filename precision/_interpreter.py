@@ -425,7 +425,12 @@ def _build(f: Callable, treedef, kinds: list[int], leaves: list[Any]) -> _Entry:
                 desc.append(None)
                 continue
             moved = codes.get(id(v))
-            if (
+            enc = moved[4] if moved is not None and moved[0] is v and len(moved) > 4 else None
+            if enc is not None and enc.scaling == s.scaling:
+                # the encoding the last rounding computed (see _rules._round_and_register)
+                data, scale, scaling = enc.data, enc.scale, enc.scaling
+                last = enc.shape[-1] if (s.format.packed and enc.shape) else None
+            elif (
                 moved is not None
                 and moved[0] is v
                 and not s.format.packed

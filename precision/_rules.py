@@ -27,7 +27,7 @@ import dtypes
 
 from ._errors import PrecisionMismatchError
 from ._jax_compat import bind_eqn
-from ._tensor import round_nearest
+from ._tensor import carries_gradient, round_nearest
 
 __all__ = [
     "RULES",
@@ -238,7 +238,7 @@ def _track_moved_codes(vals: list[Val], result: list[Val]) -> None:
 def codes_of(entry: tuple) -> Any:
     """The integer codes of a registered value (recovered exactly from value / scale:
     a code times its scale divided by the scale rounds back to the code)."""
-    value, codes, scale, scaling = entry
+    value, codes, scale, scaling = entry[:4]
     if codes is not None:
         return codes
     full = scaling.broadcast(scale, value.shape) if value.ndim else scale
@@ -255,8 +255,28 @@ def _finish(op: str, outs: list[Any], state: State, in_shape) -> list[Val]:
         if _keeps_grid(op, s, o):
             result.append((o, s))
         else:
-            result.append((round_to(o, s), s))
+            result.append((_round_and_register(o, s), s))
     return result
+
+
+def _round_and_register(value: Any, state: State) -> Any:
+    """`round_to(value, state)`, remembering its encoding for formats that need one.
+
+    Integer, scaled and code-stored formats keep their storage in an encoding
+    (codes and scales) rather than in a container cast. The encoding that the
+    rounding itself computed is registered with the rounded value, so a Tensor
+    result reuses it instead of quantizing the rounded value a second time (XLA
+    merges the two identical quantizations), and an integer dot that consumes
+    the value can accumulate its codes exactly.
+    """
+    rounded = round_to(value, state)
+    registry = _CODES.get()
+    fmt = state.format
+    if registry is None or fmt.is_full_precision or carries_gradient(fmt, state.scaling):
+        return rounded
+    enc = fmt.encode(lax.stop_gradient(value), scaling=state.scaling)
+    registry[id(rounded)] = (rounded, None, enc.scale, enc.scaling, enc)
+    return rounded
 
 
 def _keeps_grid(op: str, state: State, out: Any) -> bool:
@@ -341,7 +361,9 @@ _CODES: contextvars.ContextVar[dict[int, tuple] | None] = contextvars.ContextVar
 
 @contextlib.contextmanager
 def integer_codes(registry: dict[int, tuple]):
-    """Make `registry` (id(value) -> (value, codes, scale, scaling)) visible to rules."""
+    """Make `registry` visible to rules: id(value) -> (value, codes, scale, scaling[,
+    encoding]), codes None where they are recovered from value / scale, encoding
+    the `dtypes.Encoded` a Tensor result can store as it is."""
     token = _CODES.set(registry)
     try:
         yield

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -314,3 +316,39 @@ def test_both_contraction_paths_give_the_same_gradients(name, monkeypatch):
         # both round the input cotangents into the container; only the order of
         # the float32 sums may differ, by at most one step of the format
         np.testing.assert_allclose(np.asarray(f), np.asarray(s), rtol=dtypes.get(name).eps)
+
+
+def _reductions(compiled) -> int:
+    return len(re.findall(r" reduce\(", compiled.as_text()))
+
+
+@pytest.mark.parametrize(
+    ("name", "scaling"),
+    [
+        ("int8", None),
+        ("int4", dtypes.PerBlock(8)),
+        ("int1", None),
+        ("float8_e4m3fn", dtypes.PerAxis(0)),
+        (dtypes.FloatFormat(2, 1, finite=True), dtypes.PerBlock(8, power_of_two=True)),
+    ],
+    ids=str,
+)
+def test_a_result_is_quantized_once(name, scaling):
+    """The Tensor result stores the encoding its rounding computed: the compiled
+    op holds the reductions (absmax or mean) of one encode, not of two."""
+    fmt = dtypes.get(name)
+    gen = np.random.default_rng(3)
+    a = gen.standard_normal((4, 16)).astype(np.float32)
+    b = gen.standard_normal((4, 16)).astype(np.float32)
+    ta = Tensor(a).to_reduced_precision(fmt, scaling=scaling)
+    tb = Tensor(b).to_reduced_precision(fmt, scaling=scaling)
+    add = jax.jit(precision.apply(lambda x, y: x + y))
+    once = jax.jit(lambda x, y: fmt.encode(x + y, scaling=ta.scaling))
+    assert _reductions(add.lower(ta, tb).compile()) == _reductions(once.lower(a, b).compile())
+    # and the stored values are the sum rounded once: codes equal a separate
+    # encode of it (scales may differ in their last bits: XLA may fuse the decode
+    # and the add into one multiply-add, or sum a mean in another order)
+    out, want = add(ta, tb), fmt.encode(np.asarray(ta) + np.asarray(tb), scaling=ta.scaling)
+    np.testing.assert_array_equal(np.asarray(out.encoded.data), np.asarray(want.data))
+    eps = np.finfo(np.float32).eps
+    np.testing.assert_allclose(out.encoded.scale, want.scale, rtol=a.size * eps)
