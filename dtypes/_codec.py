@@ -116,6 +116,20 @@ def _group_absmax(x: jax.Array, scaling: Scaling) -> jax.Array:
     )
 
 
+TINY = np.float32(2.0**-126)  # float32's smallest normal
+
+
+def flush_subnormals(x: jax.Array) -> jax.Array:
+    """`x` with float32 subnormals replaced by (signed) zero, on every backend.
+
+    XLA on CPU reads subnormal inputs of arithmetic as zero, GPUs need not:
+    scaled encodings flush them explicitly so every backend gives the same
+    codes (the comparison is exact: a subnormal compares below the smallest
+    normal whether or not the hardware flushes it).
+    """
+    return jnp.where(jnp.abs(x) < TINY, x * jnp.float32(0), x)
+
+
 def _scales(
     x: jax.Array, fmt: Format, scaling: Scaling, top: float, top_exponent: int
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -127,12 +141,19 @@ def _scales(
     same on every backend and in a numpy reference). Power-of-two scaling
     follows OCP MX: `scale = 2**(floor(log2(absmax)) - top_exponent)`.
     An all-zero group gets scale 1; a group with NaN/inf gets a NaN scale.
+    Scales are never subnormal (XLA on CPU would flush them to zero, and the
+    decoded values with them): a group whose scale would be is given float32's
+    smallest normal, 2**-126, and the reciprocal 2**126. `x` must be flushed
+    (`flush_subnormals`).
     """
     absmax = _group_absmax(x, scaling).astype(jnp.float32)
     pre = jnp.ones_like(absmax)
     if scaling.power_of_two:
-        k = _floor_log2(absmax) - top_exponent
-        scale, inv = _pow2(k), _pow2(-k)
+        k = jnp.maximum(_floor_log2(absmax) - top_exponent, -126)
+        # for k > 64 the reciprocal 2**-k is taken in two exact steps (2**-64 first)
+        big = k > 64
+        pre = jnp.where(big, jnp.float32(2.0**-64), pre)
+        scale, inv = _pow2(k), _pow2(jnp.where(big, 64 - k, -k))
     else:
         top32 = np.float32(top)
         scale = absmax / _opaque(absmax, top32)
@@ -146,6 +167,10 @@ def _scales(
         big = absmax > np.float32(2.0**100)
         pre = jnp.where(big, jnp.float32(2.0**-64), pre)
         inv = top32 / (absmax * pre)
+        # absmax / top below the smallest normal (the comparison is exact)
+        tiny = absmax < np.float32(top) * TINY
+        scale = jnp.where(tiny, TINY, scale)
+        inv = jnp.where(tiny, jnp.float32(2.0**126), inv)
     zero = absmax == 0
     finite = jnp.isfinite(absmax)
     scale = jnp.where(zero, jnp.float32(1), jnp.where(finite, scale, jnp.float32(jnp.nan)))
@@ -263,7 +288,7 @@ def _encode_float(fmt: FloatFormat, x, scaling, rounding, key) -> Encoded:
                     _pack(codes, None, fmt, None) if fmt.packed else Encoded(codes, None, fmt, None)
                 )
         return _store_float(fmt, _round_values(fmt, x, rounding, key), None, None)
-    x = x.astype(jnp.float32)
+    x = flush_subnormals(x.astype(jnp.float32))
     scale, inv, pre = _scales(x, fmt, scaling, fmt.max, fmt.emax)
     y = _times_reciprocal(x, scaling, inv, pre)
     # The scale is chosen so values fit; saturating keeps float fuzz at the
@@ -289,11 +314,14 @@ def _pack(codes: jax.Array, scale, fmt: Format, scaling) -> Encoded:
 
 def _int_codes(fmt: IntFormat, x: jax.Array, scaling: Scaling, rounding: str, key):
     """(codes as float32, scale, reciprocal, unclipped rounded codes)."""
+    x = flush_subnormals(x)
     if fmt.binary:
         total = scaling.group_reduce(
             jnp.abs(lax.stop_gradient(x)), lambda a, axes: jnp.sum(a, axis=axes, keepdims=True)
         )
         scale = total / _opaque(total, group_sizes(scaling, x.shape))
+        # a mean below the smallest normal would be flushed to zero on CPU
+        scale = jnp.where((total > 0) & (scale < TINY), TINY, scale)
         # A group holding ±inf has an infinite mean: make it NaN like every scale.
         scale = jnp.where(jnp.isfinite(scale), scale, jnp.float32(jnp.nan))
         # sign(x) with 0 mapping to +1; NaN input gives a NaN scale above.
@@ -375,6 +403,7 @@ def _qdq(fmt: Format, scaling, rounding: str, x: jax.Array, key):
     scalar = x.ndim == 0
     xf = (x.reshape(1) if scalar else x).astype(jnp.float32)
     if fmt.kind == "float":
+        xf = flush_subnormals(xf)
         scale, inv, pre = _scales(xf, fmt, scaling, fmt.max, fmt.emax)
         y = _times_reciprocal(xf, scaling, inv, pre)
         q = _round_values(fmt, y, rounding, key, saturate=True)

@@ -286,6 +286,29 @@ def _floor_log2(a: float) -> int:
     return math.frexp(a)[1] - 1
 
 
+TINY = np.float32(2.0**-126)  # float32's smallest normal
+
+
+def flush(x: np.ndarray) -> np.ndarray:
+    """Subnormal float32 values replaced by signed zero."""
+    return np.where(np.abs(x) < TINY, x * np.float32(0), x)
+
+
+def _scale_and_reciprocal(absmax: np.float32, top: np.float32, power_of_two: bool):
+    """A group's (scale, reciprocal) in float32, computed in float64 where that is
+    exact, with the scale kept at or above the smallest normal."""
+    if power_of_two:
+        k = max(_floor_log2(float(absmax)) - _floor_log2(float(top)), -126)
+        return np.float32(2.0**k), np.float32(2.0**-k)  # 2**-127 exact in float32
+    if np.float64(absmax) < np.float64(top) * np.float64(TINY):  # the quotient is subnormal
+        return TINY, np.float32(2.0**126)
+    # float64 quotients of float32 values, rounded once to float32: correctly rounded
+    return (
+        np.float32(np.float64(absmax) / np.float64(top)),
+        np.float32(np.float64(top) / np.float64(absmax)),
+    )
+
+
 def int_quantize(
     x: np.ndarray,
     qmax: int,
@@ -306,8 +329,10 @@ def int_quantize(
     `scale = mean|x|`, codes `sign(x)` with 0 -> +1.
     `kind` is "tensor", "axis" (one group per index of `axis`) or "block"
     (`size` consecutive elements along `axis`, the last block may be partial).
+    Subnormal inputs count as zero, and a scale below float32's smallest normal
+    is raised to it (`smallest_normal_scale`).
     """
-    x = np.asarray(x, np.float32)
+    x = flush(np.asarray(x, np.float32))
     codes = np.zeros(x.shape, np.float32)
     scale = np.zeros(x.shape, np.float32)
     rnd = {
@@ -321,19 +346,15 @@ def int_quantize(
     for g in _groups(x, kind, axis, size):
         xg = x[g]
         if binary:
-            scale[g] = np.float32(np.mean(np.abs(xg), dtype=np.float64))
+            mean = np.float32(np.mean(np.abs(xg), dtype=np.float64))
+            scale[g] = TINY if 0 < mean < TINY else mean
             codes[g] = np.where(xg >= 0, 1, -1)
             continue
         absmax = np.float32(np.max(np.abs(xg)))
         if absmax == 0:
             scale[g], codes[g] = 1, 0
             continue
-        if power_of_two:
-            k = _floor_log2(float(absmax)) - _floor_log2(qmax)
-            s, inv = np.float32(2.0**k), np.float32(2.0**-k)
-        else:
-            s = absmax / np.float32(qmax)
-            inv = np.float32(qmax) / absmax
+        s, inv = _scale_and_reciprocal(absmax, np.float32(qmax), power_of_two)
         scale[g] = s
         codes[g] = np.clip(rnd(xg * inv), -qmax, qmax)
     return codes, scale
@@ -355,10 +376,9 @@ def float_scaled(
     `scale = 2**(floor(log2 absmax) - emax)`, elements `x / scale` rounded with
     saturation to ±max.
     """
-    x = np.asarray(x, np.float32)
+    x = flush(np.asarray(x, np.float32))
     sat = layout._replace(saturate=True)
     top = np.float32(max_value(layout))
-    emax = _floor_log2(float(top))
     elems = np.zeros(x.shape, np.float32)
     scale = np.zeros(x.shape, np.float32)
     for g in _groups(x, kind, axis, size):
@@ -367,11 +387,7 @@ def float_scaled(
         if absmax == 0:
             scale[g], elems[g] = 1, 0
             continue
-        if power_of_two:
-            k = _floor_log2(float(absmax)) - emax
-            s, inv = np.float32(2.0**k), np.float32(2.0**-k)
-        else:
-            s, inv = absmax / top, top / absmax
+        s, inv = _scale_and_reciprocal(absmax, top, power_of_two)
         scale[g] = s
         elems[g] = round_float(xg * inv, sat, "nearest_even")
     return elems, scale

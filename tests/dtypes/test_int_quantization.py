@@ -286,3 +286,57 @@ def test_absmax_at_float32_max_decodes_finite(fmt):
     y = np.asarray(fmt.round(x))
     assert np.isfinite(y).all(), f"{fmt.name}.round({x}) = {y}"
     np.testing.assert_allclose(y[:2], x[:2], rtol=1e-6)
+
+
+TINY = np.float32(2.0**-126)  # float32's smallest normal
+
+
+@pytest.mark.parametrize("fmt", MULTIBIT, ids=fid)
+@pytest.mark.parametrize("power_of_two", [False, True], ids=["absmax", "pow2"])
+def test_tiny_groups_get_the_smallest_normal_scale(fmt, power_of_two, eager_and_jit):
+    """A scale below 2**-126 would be flushed to zero by XLA on CPU (and every
+    decoded value with it): such groups are scaled by 2**-126 exactly, so the
+    codes are the values in units of 2**-126."""
+    units = np.array([0, 1, -1, fmt.qmax - 1, -(fmt.qmax - 1), 1.5, -2.5], np.float32)
+    units = units[np.abs(units) <= fmt.qmax]
+    x = units * TINY  # all normal or zero: absmax < qmax * 2**-126
+    scaling = PerTensor(power_of_two=power_of_two)
+    enc = eager_and_jit(lambda v: fmt.encode(v, scaling=scaling))(jnp.asarray(x))
+    codes, scale = _codes_and_scale(enc)
+    np.testing.assert_array_equal(scale, TINY)
+    np.testing.assert_array_equal(codes, np.rint(units))  # ties to even: 1.5 -> 2, -2.5 -> -2
+    decoded = np.asarray(fmt.decode(enc))
+    np.testing.assert_array_equal(decoded, np.rint(units) * TINY)
+    np.testing.assert_array_equal(np.asarray(fmt.round(x, scaling=scaling)), decoded)
+
+
+@pytest.mark.parametrize("fmt", INTS, ids=fid)
+def test_subnormal_inputs_count_as_zero_on_every_backend(fmt, eager_and_jit):
+    sub = np.float32(2.0**-140)
+    x = np.array([sub, -sub, 3 * sub, 0.0], np.float32)
+    enc = eager_and_jit(fmt.encode)(jnp.asarray(x))
+    codes, scale = _codes_and_scale(enc)
+    if fmt.binary:
+        # every input reads as zero: mean 0, codes +1 (the sign of +0 and -0)
+        np.testing.assert_array_equal(codes, 1)
+        np.testing.assert_array_equal(scale, 0)
+    else:
+        # an all-zero group: scale 1, codes 0
+        np.testing.assert_array_equal(codes, 0)
+        np.testing.assert_array_equal(scale, 1)
+    mixed = np.array([sub, 1.0, -sub, -0.5], np.float32)
+    codes, _ = _codes_and_scale(eager_and_jit(fmt.encode)(jnp.asarray(mixed)))
+    ref_codes, _ = int_quantize(mixed, fmt.qmax, binary=fmt.binary)
+    np.testing.assert_array_equal(codes, ref_codes)
+    assert ref_codes[0] == codes[0] == (1 if fmt.binary else 0)
+
+
+def test_power_of_two_scale_at_the_top_of_float32():
+    """int2 (qmax 1) with absmax >= 2**127 has scale 2**127, whose reciprocal
+    2**-127 is subnormal: the codes are still exact (x is multiplied in two steps)."""
+    x = np.array([3e38, 2.0**127, -(2.0**127), 1.0], np.float32)
+    enc = dtypes.int2.encode(x, scaling=PerTensor(power_of_two=True))
+    codes, scale = _codes_and_scale(enc)
+    np.testing.assert_array_equal(scale, np.float32(2.0**127))
+    # 3e38 / 2**127 = 1.76 rounds to 2, clipped to qmax = 1; 1.0 / 2**127 rounds to 0
+    np.testing.assert_array_equal(codes, [1, 1, -1, 0])
