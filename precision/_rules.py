@@ -306,22 +306,24 @@ def _cpu_native_formats() -> frozenset[str]:
     return frozenset({"bfloat16"}) if "amx_bf16" in flags else frozenset()
 
 
-def _native_path(fmt: dtypes.Format, state: State) -> np.dtype | None:
-    """The container to hand XLA's dot directly, if the format has one and it is fast."""
+def _native_path(op: str, fmt: dtypes.Format, state: State) -> np.dtype | None:
+    """The container to hand XLA's contraction directly, if the format has one and it is fast."""
     if fmt.kind != "float" or state.scaling is not None:
         return None
     native = fmt.native_dtype
     if native is None or fmt.is_full_precision or native.itemsize >= 4:
         return None
-    if jax.default_backend() == "cpu" and native.name not in _cpu_native_formats():
-        return None
+    if jax.default_backend() == "cpu" and (
+        op != "dot_general" or native.name not in _cpu_native_formats()
+    ):
+        return None  # (XLA's bfloat16 convolutions on CPU are no faster than float32's)
     return native
 
 
 def contraction_rule(eqn, vals: list[Val]) -> list[Val]:
     """dot_general / conv_general_dilated: accumulate in the logical dtype.
 
-    On GPU/TPU, and for bfloat16 on CPUs with AMX tiles, the narrow container
+    On GPU/TPU, and for bfloat16 dots on CPUs with AMX tiles, the narrow container
     goes to XLA as it is, with `preferred_element_type` set to the logical
     dtype. Elsewhere on CPU the inputs, already decoded to float32, are
     multiplied in float32 (faster there than XLA's narrow kernels); products of
@@ -339,7 +341,7 @@ def contraction_rule(eqn, vals: list[Val]) -> list[Val]:
         if exact is not None:
             return _finish(op, [exact], state, in_shape)
     out_dtype = eqn.outvars[0].aval.dtype
-    native = _native_path(state.format, state)
+    native = _native_path(op, state.format, state)
     params = dict(eqn.params)
     if native is not None:
         a, b = a.astype(native), b.astype(native)
