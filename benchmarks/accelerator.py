@@ -3,6 +3,7 @@
 Usage (on a machine with a GPU or TPU; on CPU it runs but compares CPU with itself):
     python benchmarks/accelerator.py            # full run
     python benchmarks/accelerator.py --quick    # fewer values, smaller matrices
+    python benchmarks/accelerator.py --matrix 2048 --values 16777216   # sized for a CPU
 
 Three parts, printed as tables with the machine they ran on:
 
@@ -216,8 +217,11 @@ def _fmt(seconds: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer values, smaller matrices")
+    parser.add_argument("--matrix", type=int, help="matrix size of the speed rows (8192)")
+    parser.add_argument("--values", type=int, help="values of the encode rows (2**28)")
     args = parser.parse_args()
     n_bits, m, n, rounds = (20_000, 512, 2**20, 3) if args.quick else (1_000_000, 8192, 2**28, 7)
+    m, n = args.matrix or m, args.values or n
 
     dev = jax.devices()[0]
     print(
