@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -290,20 +291,19 @@ def _keeps_grid(op: str, state: State, out: Any) -> bool:
 
 @functools.cache
 def _cpu_native_formats() -> frozenset[str]:
-    """Formats whose own dot XLA's CPU backend runs faster than a float32 dot.
+    """Formats whose own dot `apply` hands to XLA's CPU backend: none by default.
 
-    XLA hands bfloat16 dots to the processor's AMX tiles where it has them
-    (`amx_bf16` in /proc/cpuinfo): 1.3 TFLOP/s against 0.23 for float32 at
-    2048x2048 on a 2-core Xeon (benchmarks/accelerator.py). Without AMX its
-    bfloat16 dot is slower than float32's, and float16/float8 dots are slower
-    everywhere on CPU.
+    With `PRECISION_CPU_BF16_DOTS=1` in the environment (read once), bfloat16
+    dots go to XLA's bfloat16 kernel, which uses the processor's AMX tiles
+    where it has them: 1.3 TFLOP/s against 0.23 for float32 at 2048x2048 on a
+    2-core Xeon with `amx_bf16` (benchmarks/accelerator.py); without AMX it is
+    slower than float32. It is opt-in because its sums come in another order
+    than the float32 path's, so results would change with the processor (on
+    digits, the demo's bf16-pure rows swap places by one test image).
     """
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:  # pragma: no cover - not Linux
-        return frozenset()
-    return frozenset({"bfloat16"}) if "amx_bf16" in flags else frozenset()
+    if os.environ.get("PRECISION_CPU_BF16_DOTS", "") == "1":
+        return frozenset({"bfloat16"})
+    return frozenset()
 
 
 def _native_path(op: str, fmt: dtypes.Format, state: State) -> np.dtype | None:
@@ -323,10 +323,10 @@ def _native_path(op: str, fmt: dtypes.Format, state: State) -> np.dtype | None:
 def contraction_rule(eqn, vals: list[Val]) -> list[Val]:
     """dot_general / conv_general_dilated: accumulate in the logical dtype.
 
-    On GPU/TPU, and for bfloat16 dots on CPUs with AMX tiles, the narrow container
-    goes to XLA as it is, with `preferred_element_type` set to the logical
-    dtype. Elsewhere on CPU the inputs, already decoded to float32, are
-    multiplied in float32 (faster there than XLA's narrow kernels); products of
+    On GPU/TPU (and for bfloat16 dots on CPU with `PRECISION_CPU_BF16_DOTS=1`)
+    the narrow container goes to XLA as it is, with `preferred_element_type`
+    set to the logical dtype. On CPU the inputs, already decoded to float32,
+    are multiplied in float32 (XLA's fast kernels there); products of
     two values of at most 12 significant bits are exact in float32, so both
     paths keep the same contract: exact products, float32 accumulation. tf32 inputs are on the
     tf32 grid already, so a float32 product at HIGHEST precision emulates it.

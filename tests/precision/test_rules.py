@@ -352,3 +352,9 @@ def test_a_result_is_quantized_once(name, scaling):
     np.testing.assert_array_equal(np.asarray(out.encoded.data), np.asarray(want.data))
     eps = np.finfo(np.float32).eps
     np.testing.assert_allclose(out.encoded.scale, want.scale, rtol=a.size * eps)
+
+
+@pytest.mark.parametrize(("setting", "expected"), [("", set()), ("0", set()), ("1", {"bfloat16"})])
+def test_native_cpu_dots_are_opt_in(monkeypatch, setting, expected):
+    monkeypatch.setenv("PRECISION_CPU_BF16_DOTS", setting)
+    assert precision._rules._cpu_native_formats.__wrapped__() == expected
