@@ -326,7 +326,7 @@ def contraction_rule(eqn, vals: list[Val]) -> list[Val]:
     On GPU/TPU (and for bfloat16 dots on CPU with `PRECISION_CPU_BF16_DOTS=1`)
     the narrow container goes to XLA as it is, with `preferred_element_type`
     set to the logical dtype. On CPU the inputs, already decoded to float32,
-    are multiplied in float32 (XLA's fast kernels there); products of
+    are multiplied in float32 (the default on CPU); products of
     two values of at most 12 significant bits are exact in float32, so both
     paths keep the same contract: exact products, float32 accumulation. tf32 inputs are on the
     tf32 grid already, so a float32 product at HIGHEST precision emulates it.
