@@ -1,15 +1,15 @@
 """Precision-aware tensors for JAX: logical values over reduced-precision storage."""
 
+from ._checkpoint import load as load
+from ._checkpoint import save as save
 from ._context import default_format as default_format
 from ._context import get_default_format as get_default_format
+from ._errors import CheckpointError as CheckpointError
 from ._errors import DeviceMismatchError as DeviceMismatchError
 from ._errors import FormatError as FormatError
 from ._errors import PrecisionError as PrecisionError
 from ._errors import PrecisionMismatchError as PrecisionMismatchError
 from ._interpreter import apply as apply
-from ._io import CheckpointError as CheckpointError
-from ._io import load as load
-from ._io import save as save
 from ._loss_scale import DynamicLossScale as DynamicLossScale
 from ._loss_scale import NoOpLossScale as NoOpLossScale
 from ._loss_scale import StaticLossScale as StaticLossScale

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["DeviceMismatchError", "FormatError", "PrecisionError", "PrecisionMismatchError"]
+__all__ = [
+    "CheckpointError",
+    "DeviceMismatchError",
+    "FormatError",
+    "PrecisionError",
+    "PrecisionMismatchError",
+]
 
 
 class PrecisionError(Exception):
@@ -23,3 +29,11 @@ class DeviceMismatchError(PrecisionError, ValueError):
 
 class FormatError(PrecisionError, ValueError):
     """A format name or object that is not known."""
+
+
+class CheckpointError(PrecisionError, ValueError):
+    """A checkpoint file is truncated, corrupted, foreign or inconsistent.
+
+    The message names the file and what is wrong with it. Raised before any
+    wrong number could be returned.
+    """

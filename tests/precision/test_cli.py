@@ -23,7 +23,10 @@ from safetensors import safe_open
 
 import dtypes
 import precision
-from precision import Tensor, _checkpoint_reader, _cli, _cli_convert
+from precision import Tensor
+from precision._checkpoint import _reader as _checkpoint_reader
+from precision._cli import _convert as _cli_convert
+from precision._cli import _main as _cli
 from precision.testing._metrics import error_report, sqnr_db
 
 RNG = np.random.default_rng(11)
@@ -107,17 +110,17 @@ def test_demo_help_is_the_demos_own(capsys):
 
 
 def test_demo_forwards_its_arguments(monkeypatch):
-    import precision._demo
+    import precision._cli._demo
 
     seen = []
-    monkeypatch.setattr(precision._demo, "main", lambda argv: seen.append(argv) or 3)
+    monkeypatch.setattr(precision._cli._demo, "main", lambda argv: seen.append(argv) or 3)
     assert _cli.main(["demo", "--modes", "fp32", "--epochs", "1"]) == 3
     assert seen == [["--modes", "fp32", "--epochs", "1"]]
 
 
 def test_demo_missing_is_a_one_line_error(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "precision._demo", None)  # import now fails
-    monkeypatch.delattr(precision, "_demo", raising=False)
+    monkeypatch.setitem(sys.modules, "precision._cli._demo", None)  # import now fails
+    monkeypatch.delattr(precision._cli, "_demo", raising=False)
     assert _cli.main(["demo"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("precision: error: the demo is not available")

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from precision import _demo
+from precision._cli import _demo
 
 MODES = [
     "fp32",

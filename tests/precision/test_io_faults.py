@@ -28,7 +28,9 @@ from hypothesis import strategies as st
 
 import dtypes
 import precision
-from precision import CheckpointError, Tensor, _cli, _io
+from precision import CheckpointError, Tensor
+from precision._checkpoint import _io
+from precision._cli import _main as _cli
 
 RNG = np.random.default_rng(7)
 

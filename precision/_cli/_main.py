@@ -20,10 +20,10 @@ from typing import Any
 
 import dtypes
 
-from ._cli_convert import _DEFAULT, _cmd_convert
-from ._cli_output import PROG, _DataError, _table, _UsageError
-from ._cli_report import _cmd_report
-from ._errors import PrecisionError
+from .._errors import PrecisionError
+from ._convert import _DEFAULT, _cmd_convert
+from ._output import PROG, _DataError, _table, _UsageError
+from ._report import _cmd_report
 
 __all__ = ["main"]
 

@@ -10,17 +10,17 @@ from typing import Any
 
 import numpy as np
 
-from ._checkpoint_layout import Leaf
-from ._checkpoint_reader import Reader
-from ._cli_output import PROG, _DataError, _fmt_db, _human, _table
-from ._io import encoded
+from .._checkpoint._io import encoded
+from .._checkpoint._layout import Leaf
+from .._checkpoint._reader import Reader
+from ._output import PROG, _DataError, _fmt_db, _human, _table
 
 
 def _error_report(ref, approx):
     try:
-        from .testing import error_report
+        from ..testing import error_report
     except ImportError:  # pragma: no cover - before the testing kit exports it
-        from .testing._metrics import error_report
+        from ..testing._metrics import error_report
     # No format: the table needs no ULP histogram, which is the costly part.
     return error_report(ref, approx)
 

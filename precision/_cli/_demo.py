@@ -34,11 +34,11 @@ from jax import lax
 
 import dtypes
 
-from ._interpreter import apply
-from ._loss_scale import DynamicLossScale, NoOpLossScale, all_finite, select_tree
-from ._tensor import Tensor
-from ._tree import to_full_precision, to_reduced_precision, tree_nbytes
-from ._updates import apply_updates
+from .._interpreter import apply
+from .._loss_scale import DynamicLossScale, NoOpLossScale, all_finite, select_tree
+from .._tensor import Tensor
+from .._tree import to_full_precision, to_reduced_precision, tree_nbytes
+from .._updates import apply_updates
 
 __all__ = ["MODES", "Dataset", "Mode", "Row", "load_data", "main", "train"]
 

@@ -16,10 +16,10 @@ import numpy as np
 import dtypes
 from dtypes import Encoded
 
-from ._checkpoint_layout import SCALE_SUFFIX, Leaf
-from ._checkpoint_reader import Reader
-from ._cli_output import _DataError, _fmt_db, _human, _UsageError
-from ._io import encoded, write
+from .._checkpoint._io import encoded, write
+from .._checkpoint._layout import SCALE_SUFFIX, Leaf
+from .._checkpoint._reader import Reader
+from ._output import _DataError, _fmt_db, _human, _UsageError
 
 _DEFAULT = object()  # --scaling not given: the format's own default
 

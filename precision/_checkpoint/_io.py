@@ -34,8 +34,9 @@ import numpy as np
 
 from dtypes import Encoded
 
+from .._errors import CheckpointError
 from ._atomic_file import _TempFile
-from ._checkpoint_layout import (
+from ._layout import (
     _DTYPE_NAMES,
     METADATA_KEY,
     VERSION,
@@ -47,9 +48,9 @@ from ._checkpoint_layout import (
     flatten,
     unflatten,
 )
-from ._checkpoint_reader import CheckpointError, Reader
+from ._reader import Reader
 
-__all__ = ["CheckpointError", "load", "save"]
+__all__ = ["load", "save"]
 
 
 # --------------------------------------------------------------------------

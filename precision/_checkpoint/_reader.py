@@ -1,4 +1,4 @@
-"""Reading checkpoints: `Reader`, and the `CheckpointError` it raises.
+"""Reading checkpoints: `Reader`, which raises `CheckpointError` for any bad file.
 
 A `Reader` parses a safetensors header and checks every field of it (and of
 the `"precision"` metadata, when present) against the file before a byte of
@@ -21,7 +21,8 @@ import numpy as np
 import dtypes
 from dtypes import Format
 
-from ._checkpoint_layout import (
+from .._errors import CheckpointError
+from ._layout import (
     _DTYPE_NAMES,
     _DTYPES,
     _LOGICAL,
@@ -36,16 +37,6 @@ from ._checkpoint_layout import (
     path_name,
     scaling_from_json,
 )
-from ._errors import PrecisionError
-
-
-class CheckpointError(PrecisionError, ValueError):
-    """A checkpoint file is truncated, corrupted, foreign or inconsistent.
-
-    The message names the file and what is wrong with it. Raised before any
-    wrong number could be returned.
-    """
-
 
 #: Foreign float tensors load as Tensors stored in the format of their dtype.
 _DTYPE_FORMATS: dict[str, Format] = {

@@ -246,7 +246,7 @@ def _tensors_crc(tensors: list[Any]) -> str:
 
 def _tensor_type() -> type | None:
     try:
-        from ._tensor import Tensor
+        from .._tensor import Tensor
     except ImportError:  # the Tensor module is optional while it is being written
         return None
     return Tensor
