@@ -258,6 +258,12 @@ def _validate(fmt: Format, x: jax.Array, scaling: Scaling | None) -> None:
         )
 
 
+def check(fmt: Format, x: Any, scaling: Scaling | None) -> None:
+    """Raise what `encode` would raise for `x` (shapes, eager values), encoding nothing."""
+    x = as_float_array(x)
+    _validate(fmt, x, _resolve_scaling(fmt, scaling))
+
+
 def encode(fmt: Format, x: Any, scaling: Scaling | None, rounding: str, key) -> Encoded:
     check_rounding(rounding, key)
     x = as_float_array(x)

@@ -87,6 +87,15 @@ class Format:
         """
         return _codec.encode(self, x, scaling, rounding, key)
 
+    def check(self, x: Any, *, scaling: Scaling | None = None) -> None:
+        """Raise the error `encode(x, scaling=scaling)` would raise, encoding nothing.
+
+        Shapes and (for concrete arrays) values are checked: NaN or inf given
+        to a scaled encoding or to a format without NaN, a scaling that does
+        not fit `x`. Traced values pass (their group scales become NaN).
+        """
+        _codec.check(self, x, scaling)
+
     def decode(self, encoded: Encoded, dtype: Any = np.float32) -> jax.Array:
         """Logical values of `encoded` as a `dtype` array."""
         return _codec.decode(self, encoded, dtype)
