@@ -127,7 +127,9 @@ def flush_subnormals(x: jax.Array) -> jax.Array:
     codes (the comparison is exact: a subnormal compares below the smallest
     normal whether or not the hardware flushes it).
     """
-    return jnp.where(jnp.abs(x) < TINY, x * jnp.float32(0), x)
+    # Two comparisons, not abs(x) < TINY: an abs shared with an absmax
+    # reduction makes XLA materialize a full-size copy of x.
+    return jnp.where((x < TINY) & (x > -TINY), x * jnp.float32(0), x)
 
 
 def _scales(
@@ -143,10 +145,13 @@ def _scales(
     An all-zero group gets scale 1; a group with NaN/inf gets a NaN scale.
     Scales are never subnormal (XLA on CPU would flush them to zero, and the
     decoded values with them): a group whose scale would be is given float32's
-    smallest normal, 2**-126, and the reciprocal 2**126. `x` must be flushed
-    (`flush_subnormals`).
+    smallest normal, 2**-126, and the reciprocal 2**126. `x` need not be
+    flushed: a subnormal absmax is taken as 0, the absmax of the flushed
+    group (reducing the raw `x` lets XLA fuse the flush into the encode
+    instead of materializing a flushed copy of the whole tensor).
     """
     absmax = _group_absmax(x, scaling).astype(jnp.float32)
+    absmax = jnp.where(absmax < TINY, jnp.float32(0), absmax)  # NaN stays NaN
     pre = jnp.ones_like(absmax)
     if scaling.power_of_two:
         k = jnp.maximum(_floor_log2(absmax) - top_exponent, -126)
@@ -294,9 +299,9 @@ def _encode_float(fmt: FloatFormat, x, scaling, rounding, key) -> Encoded:
                     _pack(codes, None, fmt, None) if fmt.packed else Encoded(codes, None, fmt, None)
                 )
         return _store_float(fmt, _round_values(fmt, x, rounding, key), None, None)
-    x = flush_subnormals(x.astype(jnp.float32))
+    x = x.astype(jnp.float32)
     scale, inv, pre = _scales(x, fmt, scaling, fmt.max, fmt.emax)
-    y = _times_reciprocal(x, scaling, inv, pre)
+    y = _times_reciprocal(flush_subnormals(x), scaling, inv, pre)
     # The scale is chosen so values fit; saturating keeps float fuzz at the
     # top of a group (and OCP's power-of-two overshoot) from becoming inf/NaN.
     return _store_float(fmt, _round_values(fmt, y, rounding, key, saturate=True), scale, scaling)
@@ -320,8 +325,8 @@ def _pack(codes: jax.Array, scale, fmt: Format, scaling) -> Encoded:
 
 def _int_codes(fmt: IntFormat, x: jax.Array, scaling: Scaling, rounding: str, key):
     """(codes as float32, scale, reciprocal, unclipped rounded codes)."""
-    x = flush_subnormals(x)
     if fmt.binary:
+        x = flush_subnormals(x)
         total = scaling.group_reduce(
             jnp.abs(lax.stop_gradient(x)), lambda a, axes: jnp.sum(a, axis=axes, keepdims=True)
         )
@@ -335,7 +340,7 @@ def _int_codes(fmt: IntFormat, x: jax.Array, scaling: Scaling, rounding: str, ke
         return codes, scale, None, codes
     top_exponent = math.floor(math.log2(fmt.qmax))
     scale, inv, pre = _scales(x, fmt, scaling, fmt.qmax, top_exponent)
-    y = _times_reciprocal(x, scaling, inv, pre)
+    y = _times_reciprocal(flush_subnormals(x), scaling, inv, pre)
     rounded = round_integer(y, rounding, key)
     codes = jnp.clip(rounded, -fmt.qmax, fmt.qmax)
     return codes, scale, inv, rounded
@@ -409,9 +414,8 @@ def _qdq(fmt: Format, scaling, rounding: str, x: jax.Array, key):
     scalar = x.ndim == 0
     xf = (x.reshape(1) if scalar else x).astype(jnp.float32)
     if fmt.kind == "float":
-        xf = flush_subnormals(xf)
         scale, inv, pre = _scales(xf, fmt, scaling, fmt.max, fmt.emax)
-        y = _times_reciprocal(xf, scaling, inv, pre)
+        y = _times_reciprocal(flush_subnormals(xf), scaling, inv, pre)
         q = _round_values(fmt, y, rounding, key, saturate=True)
         out = q * scaling.broadcast(scale, xf.shape)
         mask = (jnp.abs(y) <= fmt.max) if scaling.power_of_two else jnp.ones(xf.shape, bool)
