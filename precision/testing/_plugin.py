@@ -1,9 +1,10 @@
-"""pytest plugin of `precision.testing`: the `fmt` and `run` fixtures and the `formats` marker.
+"""Implementation of the pytest plugin of `precision.testing`: `fmt`, `run`, `formats`.
 
-pytest loads this module in every session of an environment where
-`precision` is installed (entry point `pytest11`), so at import it needs
-nothing but pytest: the registry, JAX and numpy load only when a collected
-test asks for `fmt` or `run`.
+The plugin pytest registers (entry point `pytest11`) is the top-level module
+`_precision_pytestplugin`, which imports nothing but pytest, so that
+installing `precision` never imports JAX into another project's test
+session before its `conftest.py` has configured JAX. Its hooks and fixtures
+call into this module only when a collected test asks for `fmt` or `run`.
 
 - A test that takes an argument named `fmt` runs once per registered format
   (ids are the format names; float64 only when `jax_enable_x64` is on, since
@@ -20,23 +21,20 @@ from typing import Any
 
 import pytest
 
-_MARKER_HELP = (
-    "formats(*names, kinds=('float', 'int'), min_bits=1, max_bits=64): run a test that takes "
-    "the `fmt` fixture over only these formats (precision.testing)"
-)
+from .._errors import PrecisionError
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", _MARKER_HELP)
+class MarkerError(PrecisionError, ValueError):
+    """A `@pytest.mark.formats(...)` marker that selects no format or names an unknown kind."""
 
 
-def _ours(metafunc: pytest.Metafunc) -> bool:
-    """Whether `fmt` resolves to this plugin's fixture (a conftest may define its own)."""
+def _ours(metafunc: pytest.Metafunc, plugin: str) -> bool:
+    """Whether `fmt` resolves to the plugin's fixture (a conftest may define its own)."""
     defs = getattr(metafunc, "_arg2fixturedefs", {}).get("fmt")
     if not defs:
         return True
     func = getattr(defs[-1], "func", None)
-    return getattr(func, "__module__", __name__) == __name__
+    return getattr(func, "__module__", plugin) == plugin
 
 
 def _parametrized(metafunc: pytest.Metafunc, name: str) -> bool:
@@ -61,7 +59,7 @@ def selected_formats(
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
     bad = [k for k in kinds if k not in ("float", "int")]
     if bad:
-        raise ValueError(f"@pytest.mark.formats(kinds={kinds!r}): each kind is 'float' or 'int'")
+        raise MarkerError(f"@pytest.mark.formats(kinds={kinds!r}): each kind is 'float' or 'int'")
     if names:
         pool = [dtypes.get(n) for n in names]
     else:
@@ -72,15 +70,21 @@ def selected_formats(
         pool = [f for f in dtypes.FORMATS.values() if x64 or f.bits <= 32]
     chosen = [f for f in pool if f.kind in kinds and min_bits <= f.bits <= max_bits]
     if not chosen:
-        raise ValueError(
+        raise MarkerError(
             f"@pytest.mark.formats({', '.join(map(repr, names))}{', ' if names else ''}"
             f"kinds={kinds!r}, min_bits={min_bits}, max_bits={max_bits}) selects no format"
         )
     return chosen
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "fmt" not in metafunc.fixturenames or not _ours(metafunc):
+def parametrize_fmt(metafunc: pytest.Metafunc, plugin: str) -> None:
+    """Parametrize a test's `fmt` over the formats its `formats` marker selects.
+
+    `plugin` names the module that defines the `fmt` fixture: a test whose
+    `fmt` comes from elsewhere (a conftest's own fixture) is left alone, and
+    so is one that parametrizes `fmt` itself.
+    """
+    if "fmt" not in metafunc.fixturenames or not _ours(metafunc, plugin):
         return
     if _parametrized(metafunc, "fmt"):
         return  # the test chose its own formats
@@ -88,18 +92,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     args, kwargs = (marker.args, marker.kwargs) if marker else ((), {})
     chosen = selected_formats(*args, **kwargs)
     metafunc.parametrize("fmt", chosen, ids=[f.name for f in chosen], indirect=True)
-
-
-# Session scope: formats are immutable values, and hypothesis refuses
-# function-scoped fixtures in @given tests (they are not reset between inputs).
-@pytest.fixture(scope="session")
-def fmt(request: pytest.FixtureRequest) -> Any:
-    """Each registered `dtypes` format in turn (narrow with `@pytest.mark.formats(...)`).
-
-    A test that takes `fmt` is collected once per format, with the format's
-    name as its id: `test_round[bfloat16]`, `test_round[int4]`, ...
-    """
-    return request.param
 
 
 class EagerAndJit:
@@ -173,12 +165,3 @@ def _assert_same(eager: Any, jitted: Any, name: str) -> None:
                 f"jit {b[first]!r}. A difference only under jit usually means XLA "
                 "simplified a rounding away (e.g. an astype round trip) or fused arithmetic."
             )
-
-
-@pytest.fixture(scope="session")
-def run() -> EagerAndJit:
-    """Run a function eagerly and under `jax.jit`, assert equal bits, return the result.
-
-    Examples: `y = run(fmt.round, x)`; `y = run(f, x, axis=0)` (keywords static).
-    """
-    return EagerAndJit()

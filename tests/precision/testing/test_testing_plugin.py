@@ -7,6 +7,7 @@ file in a subprocess.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -159,3 +160,70 @@ def test_loading_the_plugin_imports_neither_hypothesis_nor_the_strategies():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_the_entry_point_is_the_top_level_module():
+    from importlib.metadata import entry_points
+
+    (point,) = [e for e in entry_points(group="pytest11") if e.name == "precision"]
+    assert point.value == "_precision_pytestplugin"
+
+
+# A project that knows nothing of precision: its conftest configures JAX the
+# common way (environment variables read when the backend starts). numpy is
+# not checked: other installed plugins (jaxtyping's) import it.
+FOUR_DEVICES_CONFTEST = """
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["JAX_PLATFORMS"] = "cpu"
+HEAVY_AT_CONFTEST = sorted(m for m in ("jax", "precision", "dtypes") if m in sys.modules)
+"""
+
+FOUR_DEVICES_TEST = """
+import conftest
+
+
+def test_nothing_heavy_was_imported_before_the_conftest():
+    assert conftest.HEAVY_AT_CONFTEST == []
+
+
+def test_the_conftest_decides_the_device_count():
+    import jax
+
+    assert jax.device_count() == 4
+"""
+
+
+@pytest.mark.parametrize("plugin", ["active", "disabled"])
+def test_a_projects_conftest_still_configures_jax(tmp_path, plugin):
+    (tmp_path / "conftest.py").write_text(FOUR_DEVICES_CONFTEST)
+    (tmp_path / "test_devices.py").write_text(FOUR_DEVICES_TEST)
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env.pop("PYTEST_PLUGINS", None)
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA"]
+    if plugin == "disabled":
+        args += ["-p", "no:precision"]
+    result = subprocess.run(
+        [*args, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
+    if plugin == "active":  # the plugin really was loaded in that session
+        probe = subprocess.run(
+            [*args, "--markers", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=240,
+            check=True,
+        )
+        assert "@pytest.mark.formats(" in probe.stdout
