@@ -37,3 +37,24 @@ class CheckpointError(PrecisionError, ValueError):
     The message names the file and what is wrong with it. Raised before any
     wrong number could be returned.
     """
+
+
+class LossScaleError(PrecisionError, ValueError):
+    """A loss scale or setting it cannot work with: not finite, not positive, a
+    negative counter, or a flag or predicate that is not one value."""
+
+
+class LossScaleTypeError(PrecisionError, TypeError):
+    """A loss-scaling helper given the wrong kind of value: a Tensor leaf where
+    plain arrays are needed, a float where a boolean flag is needed, two trees
+    whose leaves differ in dtype."""
+
+
+class SaveError(PrecisionError, ValueError):
+    """A tree that cannot be saved as it is: two leaves under one name, a name,
+    shape or leaf count beyond the checkpoint limits, or an encoding that breaks
+    its format's invariants (so `load` would refuse the file)."""
+
+
+class SaveTypeError(PrecisionError, TypeError):
+    """A leaf, key or format that a checkpoint cannot hold."""
