@@ -16,11 +16,15 @@ flatten/unflatten unchanged.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ._errors import LossScaleError, LossScaleTypeError
 
 __all__ = [
     "DynamicLossScale",
@@ -47,7 +51,7 @@ def _multiply(tree: Any, factor: jax.Array, what: str) -> Any:
 
     def one(x):
         if _is_reduced_tensor(x):
-            raise TypeError(
+            raise LossScaleTypeError(
                 f"cannot {what} a precision.Tensor leaf: loss scaling works on plain arrays "
                 "(the loss and the gradients); call jnp.asarray(t) or t.to_full_precision() first"
             )
@@ -155,8 +159,13 @@ class DynamicLossScale:
             stays below float16's maximum, 65504.
         counter: finite steps since the last change (int32).
         period: grow after this many consecutive finite steps.
-        factor: multiply by this to grow, divide by it on overflow.
-        min_loss_scale: never shrink below this.
+        factor: multiply by this to grow, divide by it on overflow (a finite
+            number greater than 1).
+        min_loss_scale: never shrink below this (a positive finite number;
+            Python, numpy and JAX scalars are accepted).
+
+    Growth stops at float32's largest power of two, 2**127: a scale that
+    reached inf would make every scaled gradient inf and never recover.
 
     Examples:
         >>> ls = DynamicLossScale(jnp.float32(2.0**15), period=2)
@@ -176,14 +185,31 @@ class DynamicLossScale:
     def __post_init__(self):
         object.__setattr__(self, "loss_scale", _as_scale(self.loss_scale))
         object.__setattr__(self, "counter", _as_counter(self.counter))
-        if not isinstance(self.period, int) or isinstance(self.period, bool) or self.period < 1:
-            raise ValueError(f"period must be a positive int, got {self.period!r}")
-        if not (isinstance(self.factor, int | float) and self.factor > 1):
-            raise ValueError(f"factor must be a number greater than 1, got {self.factor!r}")
-        if not (isinstance(self.min_loss_scale, int | float) and self.min_loss_scale > 0):
-            raise ValueError(
-                f"min_loss_scale must be a positive number, got {self.min_loss_scale!r}"
+        period = self.period
+        if (
+            isinstance(period, bool | np.bool_)
+            or not isinstance(period, numbers.Integral)
+            or period < 1
+        ):
+            raise LossScaleError(
+                f"period must be a positive int, got {type(period).__name__} {period!r}; "
+                "pass e.g. period=2000"
             )
+        factor = _static_number(self.factor, "factor", "factor=2")
+        if not factor > 1:
+            raise LossScaleError(
+                f"factor must be a finite number greater than 1, got {factor!r}; pass e.g. factor=2"
+            )
+        floor = _static_number(self.min_loss_scale, "min_loss_scale", "min_loss_scale=1.0")
+        if not floor > 0:
+            raise LossScaleError(
+                f"min_loss_scale must be a positive finite number, got {floor!r}; "
+                "pass e.g. min_loss_scale=1.0"
+            )
+        # Static aux data: plain Python numbers, hashable and equal across traces.
+        object.__setattr__(self, "period", int(period))
+        object.__setattr__(self, "factor", factor)
+        object.__setattr__(self, "min_loss_scale", floor)
 
     def scale(self, tree: Any) -> Any:
         """Multiply every floating leaf by the loss scale (in the leaf's own dtype)."""
@@ -197,14 +223,28 @@ class DynamicLossScale:
         """The loss scale for the next step, given whether this step's grads were finite.
 
         Finite: count one more good step, and after `period` of them multiply
-        the scale by `factor` (restarting the count). Not finite: divide the
-        scale by `factor`, never below `min_loss_scale`, and restart the count.
-        Jit-safe: `grads_finite` may be a traced boolean.
+        the scale by `factor` (restarting the count), up to 2**127 at most.
+        Not finite: divide the scale by `factor`, never below
+        `min_loss_scale`, and restart the count. Jit-safe: `grads_finite` may
+        be a traced boolean.
+
+        Args:
+            grads_finite: one boolean (or integer 0/1), e.g. `all_finite(grads)`.
+
+        Raises:
+            LossScaleTypeError: `grads_finite` is a float (a NaN would read as
+                True) or not a number.
+            LossScaleError: `grads_finite` is not a scalar (one flag per
+                leaf needs `all_finite` to combine them).
         """
-        grads_finite = jnp.asarray(grads_finite, bool)
+        grads_finite = _as_flag(grads_finite, "DynamicLossScale.adjust", "all_finite(grads)")
         one = jnp.ones_like(self.counter)
-        grow = self.counter == self.period - 1
-        finite_scale = jnp.where(grow, self.loss_scale * self.factor, self.loss_scale)
+        # `>=`: a counter restored from elsewhere past `period - 1` still grows.
+        grow = self.counter >= self.period - 1
+        # The largest power of two float32 holds; a scale already above it stays.
+        cap = jnp.maximum(self.loss_scale, jnp.float32(2.0**127))
+        grown = jnp.minimum(self.loss_scale * jnp.float32(self.factor), cap)
+        finite_scale = jnp.where(grow, grown, self.loss_scale)
         finite_counter = jnp.where(grow, jnp.zeros_like(self.counter), self.counter + one)
         shrunk = jnp.maximum(self.loss_scale / self.factor, jnp.float32(self.min_loss_scale))
         return self._replace(
@@ -234,22 +274,90 @@ class DynamicLossScale:
         return obj
 
 
+def _static_number(value: Any, what: str, example: str) -> int | float:
+    """A setting as a finite Python int or float (numpy and concrete JAX scalars too)."""
+    if isinstance(value, jax.core.Tracer):
+        raise LossScaleTypeError(
+            f"{what} is a static setting and cannot be a traced value; pass a Python number "
+            f"such as {example}"
+        )
+    if isinstance(value, bool | np.bool_):
+        raise LossScaleTypeError(f"{what} must be a number, got {value!r}; pass e.g. {example}")
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        number = float(value)
+    else:
+        try:
+            arr = np.asarray(value)
+        except Exception:  # anything that is not array-like
+            arr = np.asarray(None)
+        if arr.shape != () or arr.dtype.kind not in "iuf":
+            raise LossScaleTypeError(
+                f"{what} must be a number, got {type(value).__name__} {value!r}; pass e.g. "
+                f"{example}"
+            )
+        number = float(arr)
+        if arr.dtype.kind in "iu":
+            return int(arr)
+    if not math.isfinite(number):
+        raise LossScaleError(f"{what} must be a finite number, got {number!r}; pass e.g. {example}")
+    return number
+
+
+def _as_flag(value: Any, where: str, example: str) -> jax.Array:
+    """A scalar boolean from a bool or integer flag; floats are refused, not truth-tested.
+
+    `bool(nan)` is True in Python, so a float "flag" holding NaN would read as
+    "all finite"; the flag must say so itself.
+    """
+    arr = value if isinstance(value, jax.Array) else np.asarray(value)
+    dtype = np.dtype(arr.dtype)
+    if dtype.kind not in "biu":
+        raise LossScaleTypeError(
+            f"{where} needs a boolean flag, got {dtype} {value!r:.80}; pass e.g. {example} "
+            "(a comparison or isfinite result, not a float)"
+        )
+    if arr.shape != ():
+        raise LossScaleError(
+            f"{where} needs one flag (a scalar), got shape {tuple(arr.shape)}; combine "
+            f"per-leaf flags first, e.g. {example}"
+        )
+    return jnp.asarray(arr) != 0 if dtype.kind != "b" else jnp.asarray(arr)
+
+
 def _as_scale(value: Any) -> Any:
     if isinstance(value, jax.core.Tracer):
         return value.astype(jnp.float32)
     with jax.ensure_compile_time_eval():  # concrete even inside a jit trace
-        arr = jnp.asarray(value, jnp.float32)
+        try:
+            arr = jnp.asarray(value, jnp.float32)
+        except TypeError:
+            raise LossScaleTypeError(
+                f"loss_scale must be a number, got {type(value).__name__} {value!r:.80}; "
+                "pass e.g. 2.0**15"
+            ) from None
         if arr.shape != ():
-            raise ValueError(f"loss_scale must be a scalar, got shape {arr.shape}")
+            raise LossScaleError(
+                f"loss_scale must be a scalar, got shape {arr.shape}; pass one number, e.g. 2.0**15"
+            )
         if not bool(jnp.isfinite(arr)) or float(arr) <= 0:
-            raise ValueError(f"loss_scale must be a positive finite number, got {float(arr)}")
+            raise LossScaleError(
+                f"loss_scale must be a positive finite number, got {float(arr)}; pass e.g. 2.0**15"
+            )
     return arr
 
 
 def _as_counter(value: Any) -> Any:
     if isinstance(value, jax.core.Tracer):
         return value.astype(jnp.int32)
-    return jnp.asarray(value, jnp.int32)
+    arr = np.asarray(value)
+    if arr.shape != () or arr.dtype.kind not in "iu" or not 0 <= int(arr) < 2**31:
+        raise LossScaleError(
+            f"counter must be a non-negative integer scalar (finite steps since the last "
+            f"change), got {value!r:.80}; pass e.g. counter=0"
+        )
+    return jnp.asarray(arr, jnp.int32)
 
 
 def all_finite(tree: Any) -> jax.Array:
@@ -282,30 +390,37 @@ def select_tree(pred: Any, on_true: Any, on_false: Any) -> Any:
     promoted). Typical use: skip an update whose gradients were not finite.
     `precision.Tensor` leaves of one format select their storage directly.
 
+    `pred` is a boolean (or integer) scalar. A float predicate is refused
+    rather than truth-tested: `bool(nan)` is True, so `select_tree(nan, new,
+    old)` would pick `new`, the very update a NaN should have skipped.
+
     Raises:
-        ValueError: the trees differ in structure, or `pred` is not a scalar.
-        TypeError: a pair of leaves differ in dtype.
+        LossScaleError: (a `ValueError`) the trees differ in structure, or
+            `pred` is not a scalar.
+        LossScaleTypeError: (a `TypeError`) `pred` is a float, or a pair of
+            leaves differ in dtype.
 
     Examples:
         >>> new = select_tree(jnp.bool_(False), {"w": jnp.ones(2)}, {"w": jnp.zeros(2)})
         >>> new["w"].tolist()
         [0.0, 0.0]
     """
-    pred = jnp.asarray(pred)
-    if pred.shape != ():
-        raise ValueError(f"select_tree needs a scalar predicate, got shape {pred.shape}")
+    pred = _as_flag(pred, "select_tree", "all_finite(grads)")
     ta = jax.tree_util.tree_structure(on_true)
     tb = jax.tree_util.tree_structure(on_false)
     if ta != tb:
-        raise ValueError(f"select_tree needs two trees of one structure, got {ta} and {tb}")
+        raise LossScaleError(
+            f"select_tree needs two trees of one structure, got {ta} and {tb}; pass the new "
+            "and the old version of the same tree"
+        )
 
     def one(path, a, b):
         a, b = jnp.asarray(a), jnp.asarray(b)
         if a.dtype != b.dtype:
-            raise TypeError(
+            raise LossScaleTypeError(
                 f"select_tree: leaf {jax.tree_util.keystr(path) or '<root>'} is {a.dtype} in "
                 f"one tree and {b.dtype} in the other; cast one with .astype({a.dtype}) first"
             )
-        return jnp.where(pred.astype(bool), a, b)
+        return jnp.where(pred, a, b)
 
     return jax.tree_util.tree_map_with_path(one, on_true, on_false)

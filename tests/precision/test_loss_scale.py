@@ -9,6 +9,7 @@ import pytest
 
 import precision
 from precision import DynamicLossScale, NoOpLossScale, StaticLossScale, all_finite, select_tree
+from precision._errors import LossScaleError, LossScaleTypeError
 
 FINITE = jnp.bool_(True)
 OVERFLOW = jnp.bool_(False)
@@ -118,6 +119,129 @@ def test_scaling_a_tensor_leaf_is_refused_with_the_fix():
 def test_bad_settings_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DynamicLossScale(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"factor": float("inf")}, LossScaleError, "finite"),
+        ({"factor": float("nan")}, LossScaleError, "finite"),
+        ({"factor": True}, LossScaleTypeError, "number"),
+        ({"min_loss_scale": float("inf")}, LossScaleError, "finite"),
+        ({"min_loss_scale": -1.0}, LossScaleError, "positive"),
+        ({"min_loss_scale": "1"}, LossScaleTypeError, "number"),
+        ({"counter": -1}, LossScaleError, "non-negative"),
+        ({"counter": 1.5}, LossScaleError, "integer"),
+        ({"counter": [0, 1]}, LossScaleError, "scalar"),
+        ({"period": 2.0}, LossScaleError, "period"),
+        ({"loss_scale": float("nan")}, LossScaleError, "positive finite"),
+    ],
+)
+def test_more_bad_settings_are_refused_in_the_hierarchy(kwargs, error, match):
+    kwargs = {"loss_scale": 2.0, **kwargs}
+    with pytest.raises(error, match=match) as info:
+        DynamicLossScale(**kwargs)
+    assert isinstance(info.value, precision.PrecisionError)
+
+
+def test_static_loss_scale_of_nan_is_a_precision_error():
+    with pytest.raises(LossScaleError, match="positive finite"):
+        StaticLossScale(float("nan"))
+
+
+def test_settings_accept_numpy_and_jax_scalars():
+    # jmp users pass min_loss_scale as a JAX scalar.
+    ls = DynamicLossScale(
+        jnp.float32(8.0),
+        period=np.int64(2),
+        factor=np.float32(2.0),
+        min_loss_scale=jnp.float32(1.0),
+    )
+    assert (ls.period, ls.factor, ls.min_loss_scale) == (2, 2.0, 1.0)
+    assert all(type(v) in (int, float) for v in (ls.period, ls.factor, ls.min_loss_scale))
+    hash(jax.tree_util.tree_structure(ls))  # static aux data stays hashable
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("factor", [2, 3, 1.5])
+def test_growth_stops_at_the_largest_float32_power_of_two(jit, factor):
+    top = 2.0**127  # float32's largest power of two; factor * top overflows to inf
+    ls = DynamicLossScale(jnp.float32(2.0**120), period=1, factor=factor)
+    history = _adjust_many(ls, [True] * 40, jit=jit)[1]
+    scales = [s for s, _ in history]
+    assert all(np.isfinite(scales))
+    assert max(scales) <= top
+    # from an exact reference: min(s * factor, 2**127), in float32 steps
+    expected, s = [], np.float32(2.0**120)
+    for _ in range(40):
+        s = np.float32(min(float(s) * factor, top))
+        expected.append(float(s))
+    assert scales == expected
+    # and it still halves after an overflow at the cap
+    ls = DynamicLossScale(jnp.float32(top), period=1)
+    assert float(ls.adjust(OVERFLOW).loss_scale) == 2.0**126
+
+
+def test_a_scale_above_the_cap_is_kept_not_lowered_by_growth():
+    big = np.float32(3e38)
+    ls = DynamicLossScale(jnp.float32(big), period=1).adjust(FINITE)
+    assert float(ls.loss_scale) == float(big)
+
+
+def test_a_counter_past_the_period_still_grows():
+    ls = DynamicLossScale(jnp.float32(4.0), counter=10, period=3).adjust(FINITE)
+    assert (float(ls.loss_scale), int(ls.counter)) == (8.0, 0)
+
+
+@pytest.mark.parametrize(
+    ("flag", "error", "match"),
+    [
+        (float("nan"), LossScaleTypeError, "boolean flag"),
+        (jnp.float32(1.0), LossScaleTypeError, "boolean flag"),
+        (jnp.array([True, False]), LossScaleError, "scalar"),
+        ("yes", LossScaleTypeError, "boolean flag"),
+    ],
+)
+def test_adjust_needs_one_boolean_flag(flag, error, match):
+    ls = DynamicLossScale(jnp.float32(8.0))
+    with pytest.raises(error, match=match):
+        ls.adjust(flag)
+    with pytest.raises(error, match=match):
+        jax.jit(lambda f: ls.adjust(f))(flag) if not isinstance(flag, str) else ls.adjust(flag)
+
+
+def test_adjust_takes_integer_flags():
+    ls = DynamicLossScale(jnp.float32(8.0), period=1)
+    assert float(ls.adjust(1).loss_scale) == 16.0
+    assert float(ls.adjust(np.int32(0)).loss_scale) == 4.0
+
+
+@pytest.mark.parametrize("pred", [float("nan"), 0.0, jnp.float32(1.0)])
+def test_select_tree_refuses_a_float_predicate(pred):
+    with pytest.raises(LossScaleTypeError, match="boolean flag"):
+        select_tree(pred, {"w": jnp.ones(2)}, {"w": jnp.zeros(2)})
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("n", [4095, 4096, 4097, 65537])
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_all_finite_sees_one_bad_value_at_every_size(jit, n, where, bad):
+    # XLA:CPU's vectorised max drops NaN above ~4096 elements under jit; the
+    # reference is numpy on the same data.
+    x = np.ones(n, np.float32)
+    x[{"first": 0, "middle": n // 2, "last": n - 1}[where]] = bad
+    f = jax.jit(all_finite) if jit else all_finite
+    tree = {"a": x, "b": x.astype(np.float16).reshape(1, n), "c": jnp.ones(3)}
+    assert bool(f(tree)) is bool(np.all(np.isfinite(x))) is False
+    assert bool(f({"a": np.ones(n, np.float32)})) is True
+
+
+def test_all_finite_sees_nan_in_a_large_tensor_leaf():
+    x = np.ones(65537, np.float32)
+    x[-1] = np.nan
+    t = precision.Tensor(x).to_reduced_precision("bfloat16")
+    assert bool(jax.jit(all_finite)({"t": t})) is False
 
 
 def test_all_finite():
