@@ -1,0 +1,68 @@
+"""The errors `dtypes` raises on purpose: one base, each also a builtin.
+
+Every class derives from `PrecisionError` and from the builtin that code
+already catches (`ValueError` for a bad value or name, `TypeError` for a value
+of the wrong kind), so `except ValueError:` keeps working. `precision`
+re-exports the same classes, so one `except dtypes.PrecisionError:` (or
+`precision.PrecisionError`) catches everything both packages raise on purpose.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FormatError",
+    "NonFiniteError",
+    "PrecisionError",
+    "PrecisionTypeError",
+    "RoundingError",
+    "ScalingError",
+    "ShapeError",
+]
+
+
+class PrecisionError(Exception):
+    """Base class of every error `dtypes` and `precision` raise on purpose.
+
+    Examples:
+        >>> import dtypes
+        >>> try:
+        ...     dtypes.get("bfloat17")
+        ... except dtypes.PrecisionError as e:
+        ...     print(type(e).__name__, isinstance(e, ValueError))
+        FormatError True
+    """
+
+
+class FormatError(PrecisionError, ValueError):
+    """A format name that is not known, or a layout or format that cannot be used.
+
+    Raised by `dtypes.get` for an unknown name (the message lists the known
+    ones), by `FloatFormat`/`IntFormat` for an unsupported layout, and when an
+    encoding is decoded as another format.
+    """
+
+
+class PrecisionTypeError(PrecisionError, TypeError):
+    """A value of the wrong kind: complex, string or object arrays, a scaling
+    that is not a `Scaling`, a format that is neither a name nor a `Format`."""
+
+
+class RoundingError(PrecisionError, ValueError):
+    """An unknown rounding mode, or `rounding="stochastic"` without a key."""
+
+
+class ScalingError(PrecisionError, ValueError):
+    """A scaling built with bad parameters, or one that does not fit a shape."""
+
+
+class ShapeError(PrecisionError, ValueError):
+    """A shape that is not a tuple of non-negative integers."""
+
+
+class NonFiniteError(PrecisionError, ValueError):
+    """NaN or ±inf given eagerly where it cannot be stored.
+
+    A scaled encoding would compute its group's scale over them; a float
+    format without a NaN code has nowhere to put NaN. The message says how
+    many values and where the first is.
+    """
