@@ -8,11 +8,13 @@ its float32 scales under `name + ":scale"`; the `"precision"` metadata entry is
 a JSON document describing every leaf (key path, format, scaling, logical
 dtype and shape) and the CRC-32 of every tensor.
 
-This module holds what the reader (`_checkpoint_reader`) and the writer
-(`_io`) share: the safetensors dtype tables, `Leaf` (one entry of the
-`"precision"` metadata), formats and scalings as JSON, key paths and the
-tensor names they give, `flatten`/`unflatten`, and the CRC-32 of the leaf
-descriptions.
+This module holds what the reader (`_reader`) and the writer (`_io`) share:
+the safetensors dtype tables, the limits of a checkpoint, `Leaf` (one entry
+of the `"precision"` metadata), formats and scalings as JSON, key paths and
+the tensor names they give, `flatten`/`unflatten`, the CRC-32 of the leaf
+descriptions, and the invariants of stored encodings (`data_violation`,
+`scale_violation`), which the writer checks before a file is written and the
+reader after each tensor is read: `save` never writes what `load` refuses.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from jax import tree_util
 import dtypes
 from dtypes import Encoded, FloatFormat, Format, IntFormat, PerAxis, PerBlock, PerTensor, Scaling
 from dtypes._packing import packed_length
+
+from .._errors import CheckpointError, SaveError, SaveTypeError
 
 #: safetensors dtype strings and the numpy types that hold them.
 _DTYPES: dict[str, np.dtype] = {
@@ -52,6 +56,24 @@ _DTYPE_NAMES: dict[np.dtype, str] = {v: k for k, v in _DTYPES.items()}
 
 #: Logical dtypes a Tensor may declare.
 _LOGICAL = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
+
+# -- limits ---------------------------------------------------------------
+# Bounds on what one file may declare, checked before anything is allocated
+# (documented in docs/checkpoints.md). They are far above real models and
+# make a header's cost proportional to its size: a hostile header cannot
+# make `load` build millions of objects or arrays whose sizes overflow.
+
+#: Arrays in one file (a reduced Tensor stores two: its codes and its scales).
+MAX_ARRAYS = 1 << 16
+#: Characters of one array name (its key path joined with dots).
+MAX_NAME_LENGTH = 4096
+#: Dimensions of one array (numpy 1.x's own limit).
+MAX_RANK = 32
+#: Product of the dimensions of one shape, zero dimensions counted as 1 (so a
+#: zero-size shape cannot hide a dimension that overflows numpy's sizes).
+MAX_ELEMENTS = 1 << 48
+#: Keys in one leaf's key path.
+MAX_PATH_DEPTH = 256
 
 METADATA_KEY = "precision"
 VERSION_KEY = "precision_version"  # a second marker: one damaged key cannot pass as foreign
@@ -138,6 +160,13 @@ def format_to_json(fmt: Format) -> str | dict[str, Any]:
     known = dtypes.FORMATS.get(fmt.name)
     if known is not None and known == fmt:
         return fmt.name
+    clash = _builtin_named(fmt.name)
+    if clash is not None and clash != fmt:
+        raise SaveError(
+            f"cannot save a {fmt!r} under the name {fmt.name!r}, which is the built-in "
+            f"{clash!r}: a file reader would take one for the other; give it another name, "
+            f"e.g. {type(fmt).__name__}(..., name='{fmt.name}_custom')"
+        )
     if isinstance(fmt, FloatFormat):
         return {
             "kind": "float",
@@ -150,17 +179,30 @@ def format_to_json(fmt: Format) -> str | dict[str, Any]:
         }
     if isinstance(fmt, IntFormat):
         return {"kind": "int", "bits": fmt.bits, "name": fmt.name}
-    raise TypeError(f"cannot store format {fmt!r}: only FloatFormat and IntFormat are supported")
+    raise SaveTypeError(
+        f"cannot store format {fmt!r}: only FloatFormat and IntFormat are supported"
+    )
+
+
+def _builtin_named(name: str) -> Format | None:
+    """The built-in format a name or alias denotes, if any."""
+    try:
+        return dtypes.get(name)
+    except (ValueError, TypeError):
+        return None
 
 
 def format_from_json(spec: Any) -> Format:
-    """Inverse of `format_to_json`; raises ValueError/TypeError on a bad spec."""
+    """Inverse of `format_to_json`; raises `CheckpointError` on a bad spec.
+
+    The error names no file; the reader adds its path.
+    """
     if isinstance(spec, str):
         if spec not in dtypes.FORMATS:
-            raise ValueError(f"unknown format {spec!r} (known: {', '.join(dtypes.FORMATS)})")
+            raise CheckpointError(f"unknown format {spec!r} (known: {', '.join(dtypes.FORMATS)})")
         return dtypes.FORMATS[spec]
     if not isinstance(spec, dict):
-        raise ValueError(f"a format is a name or an object, got {spec!r}")
+        raise CheckpointError(f"a format is a name or an object, got {spec!r}")
     kind = spec.get("kind")
     if kind == "float":
         _exact_keys(
@@ -168,13 +210,15 @@ def format_from_json(spec: Any) -> Format:
         )
         for key in ("exponent_bits", "mantissa_bits"):
             if type(spec[key]) is not int:
-                raise ValueError(f"format field {key!r} must be an integer, got {spec[key]!r}")
+                raise CheckpointError(f"format field {key!r} must be an integer, got {spec[key]!r}")
         for key in ("finite", "nan", "saturate"):
             if type(spec[key]) is not bool:
-                raise ValueError(f"format field {key!r} must be true or false, got {spec[key]!r}")
+                raise CheckpointError(
+                    f"format field {key!r} must be true or false, got {spec[key]!r}"
+                )
         if not isinstance(spec["name"], str):
-            raise ValueError(f"format name must be a string, got {spec['name']!r}")
-        return FloatFormat(
+            raise CheckpointError(f"format name must be a string, got {spec['name']!r}")
+        fmt: Format = FloatFormat(
             spec["exponent_bits"],
             spec["mantissa_bits"],
             finite=spec["finite"],
@@ -182,12 +226,13 @@ def format_from_json(spec: Any) -> Format:
             saturate=spec["saturate"],
             name=spec["name"],
         )
+        return _no_clash(fmt)
     if kind == "int":
         _exact_keys(spec, {"kind", "bits", "name"})
         if type(spec["bits"]) is not int or not isinstance(spec["name"], str):
-            raise ValueError(f"bad int format {spec!r}")
-        return IntFormat(spec["bits"], name=spec["name"])
-    raise ValueError(f"unknown format kind {kind!r} in {spec!r}")
+            raise CheckpointError(f"bad int format {spec!r}")
+        return _no_clash(IntFormat(spec["bits"], name=spec["name"]))
+    raise CheckpointError(f"unknown format kind {kind!r} in {spec!r}")
 
 
 def scaling_to_json(scaling: Scaling | None) -> dict[str, Any] | None:
@@ -202,7 +247,7 @@ def scaling_to_json(scaling: Scaling | None) -> dict[str, Any] | None:
     elif isinstance(scaling, PerBlock):
         out = {"type": "per-block", "size": scaling.size, "axis": scaling.axis}
     else:
-        raise TypeError(f"cannot store scaling {scaling!r}")
+        raise SaveTypeError(f"cannot store scaling {scaling!r}")
     out["power_of_two"] = scaling.power_of_two
     return out
 
@@ -212,27 +257,40 @@ def scaling_from_json(spec: Any) -> Scaling | None:
     if spec is None:
         return None
     if not isinstance(spec, dict):
-        raise ValueError(f"a scaling is an object or null, got {spec!r}")
+        raise CheckpointError(f"a scaling is an object or null, got {spec!r}")
     kind = spec.get("type")
     fields = {"per-tensor": (), "per-axis": ("axis",), "per-block": ("size", "axis")}
-    if kind not in fields:
-        raise ValueError(f"unknown scaling type {kind!r}")
+    if not isinstance(kind, str) or kind not in fields:
+        raise CheckpointError(f"unknown scaling type {kind!r:.100}")
     _exact_keys(spec, {"type", "power_of_two", *fields[kind]})
     if type(spec["power_of_two"]) is not bool:
-        raise ValueError(f"scaling power_of_two must be true or false, got {spec!r}")
+        raise CheckpointError(f"scaling power_of_two must be true or false, got {spec!r}")
     for key in fields[kind]:
         if type(spec[key]) is not int:
-            raise ValueError(f"scaling field {key!r} must be an integer, got {spec[key]!r}")
+            raise CheckpointError(f"scaling field {key!r} must be an integer, got {spec[key]!r}")
+        if not -MAX_RANK <= spec[key] <= (MAX_ELEMENTS if key == "size" else MAX_RANK):
+            raise CheckpointError(f"scaling field {key!r} = {spec[key]} is out of range")
     args = {key: spec[key] for key in fields[kind]}
     cls = {"per-tensor": PerTensor, "per-axis": PerAxis, "per-block": PerBlock}[kind]
     return cls(power_of_two=spec["power_of_two"], **args)
+
+
+def _no_clash(fmt: Format) -> Format:
+    """`fmt`, unless its name is a built-in format's that it is not."""
+    clash = _builtin_named(fmt.name)
+    if clash is not None and clash != fmt:
+        raise CheckpointError(
+            f"a custom format {fmt!r} is named {fmt.name!r}, the name of the built-in {clash!r} "
+            "(save never writes this)"
+        )
+    return fmt
 
 
 def _exact_keys(spec: dict, keys: set[str]) -> None:
     if set(spec) != keys:
         missing = sorted(keys - set(spec))
         extra = sorted(set(spec) - keys)
-        raise ValueError(f"fields missing {missing} / unexpected {extra} in {spec!r}")
+        raise CheckpointError(f"fields missing {missing} / unexpected {extra} in {spec!r}")
 
 
 def _tensors_crc(tensors: list[Any]) -> str:
@@ -256,7 +314,7 @@ def _path_entry(entry: Any) -> tuple[str, Any]:
     if isinstance(entry, tree_util.DictKey):
         key = entry.key
         if isinstance(key, bool) or not isinstance(key, str | int):
-            raise TypeError(
+            raise SaveTypeError(
                 f"cannot save a dict key {key!r} of type {type(key).__name__}: checkpoint keys "
                 "must be strings or integers"
             )
@@ -267,7 +325,7 @@ def _path_entry(entry: Any) -> tuple[str, Any]:
         return ("attr", entry.name)
     if isinstance(entry, tree_util.FlattenedIndexKey):
         return ("index", entry.key)
-    raise TypeError(f"cannot save a tree whose key path holds {entry!r}")
+    raise SaveTypeError(f"cannot save a tree whose key path holds {entry!r}")
 
 
 def path_name(path: tuple[tuple[str, Any], ...]) -> str:
@@ -286,13 +344,16 @@ def _describe(path: tuple[tuple[str, Any], ...], leaf: Any) -> tuple[Leaf, list[
     else:
         arr = np.asarray(leaf)
         if arr.dtype not in _DTYPE_NAMES:
-            raise TypeError(
+            raise SaveTypeError(
                 f"cannot save leaf {name!r} of type {type(leaf).__name__} and dtype {arr.dtype}: "
                 f"a checkpoint holds Tensors and arrays of dtypes {sorted(map(str, _DTYPE_NAMES))}"
             )
         return Leaf(name, path, "array", arr.dtype, arr.shape), [arr]
     if dtype.name not in _LOGICAL:
-        raise TypeError(f"cannot save Tensor {name!r} of logical dtype {dtype}")
+        raise SaveTypeError(
+            f"cannot save Tensor {name!r} of logical dtype {dtype}: a checkpoint holds "
+            f"{' and '.join(_LOGICAL)} Tensors; convert it with .astype('float32') first"
+        )
     scale = None if enc.scale is None else name + SCALE_SUFFIX
     spec = Leaf(name, path, "tensor", dtype, tuple(enc.shape), enc.format, enc.scaling, scale)
     arrays = [np.asarray(enc.data)]
@@ -300,12 +361,22 @@ def _describe(path: tuple[tuple[str, Any], ...], leaf: Any) -> tuple[Leaf, list[
         arrays[0] = arrays[0].view(spec.data_dtype)
     if enc.scale is not None:
         arrays.append(np.asarray(enc.scale))
+    check_limits([spec])
     for (aname, adtype, ashape), arr in zip(spec.arrays(), arrays, strict=True):
         if arr.dtype != adtype or tuple(arr.shape) != ashape:  # pragma: no cover - Encoded bug
-            raise ValueError(
+            raise SaveError(
                 f"leaf {name!r}: array {aname!r} is {arr.dtype}{list(arr.shape)}, expected "
                 f"{adtype}{list(ashape)} for {spec.format.name}"
             )
+    problem = data_violation(spec, arrays[0]) or (
+        None if enc.scale is None else scale_violation(spec, arrays[1])
+    )
+    if problem is not None:
+        raise SaveError(
+            f"cannot save {name!r}: its {spec.format.name} encoding {problem}, which no encoder "
+            "produces (load would refuse the file); re-encode it from finite values with "
+            f"to_reduced_precision({spec.format.name!r})"
+        )
     return spec, arrays
 
 
@@ -319,14 +390,62 @@ def flatten(tree: Any) -> list[tuple[Leaf, list[np.ndarray]]]:
     return out
 
 
+def check_limits(leaves: list[Leaf]) -> None:
+    """Raise `SaveError` when leaves exceed what a checkpoint may hold (`MAX_*`)."""
+    count = 0
+    for spec in leaves:
+        if len(spec.path) > MAX_PATH_DEPTH:
+            raise SaveError(
+                f"cannot save {spec.name[:200]!r}: its key path has {len(spec.path)} keys, more "
+                f"than a checkpoint's {MAX_PATH_DEPTH}; flatten the tree first"
+            )
+        for name, _, shape in spec.arrays():
+            count += 1
+            problem = name_problem(name) or shape_problem(shape)
+            if problem is None and spec.shape != shape:
+                problem = shape_problem(spec.shape)
+            if problem is not None:
+                raise SaveError(
+                    f"cannot save {name[:200]!r}: {problem}; split the tree or the tensor"
+                )
+    if count > MAX_ARRAYS:
+        raise SaveError(
+            f"cannot save {count} arrays in one checkpoint (the limit is {MAX_ARRAYS}); save "
+            "the tree in several files"
+        )
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name an array in a checkpoint, or None."""
+    if len(name) > MAX_NAME_LENGTH:
+        return f"its name has {len(name)} characters, more than the limit of {MAX_NAME_LENGTH}"
+    return None
+
+
+def shape_problem(shape: tuple[int, ...]) -> str | None:
+    """Why `shape` is beyond a checkpoint's limits (`MAX_RANK`, `MAX_ELEMENTS`), or None."""
+    if len(shape) > MAX_RANK:
+        return f"its shape has {len(shape)} dimensions, more than the limit of {MAX_RANK}"
+    total = 1
+    for d in shape:
+        total *= max(d, 1)  # Python integers: no overflow
+        if total > MAX_ELEMENTS:
+            return (
+                f"its shape {list(shape)!s:.200} exceeds the limit of 2**48 elements (zero "
+                "dimensions counted as 1)"
+            )
+    return None
+
+
 def check_names(leaves: list[Leaf]) -> None:
-    """Raise ValueError when two stored arrays would share a name."""
+    """Raise `SaveError` when two stored arrays would share a name or the limits are exceeded."""
+    check_limits(leaves)
     seen: dict[str, str] = {}
     for spec in leaves:
         for name, _, _ in spec.arrays():
             if name == "__metadata__" or name in seen:
                 other = seen.get(name, "the header's metadata")
-                raise ValueError(
+                raise SaveError(
                     f"two leaves would be stored under the name {name!r} ({other} and "
                     f"{spec.name}); rename one of the keys"
                 )
@@ -340,16 +459,205 @@ def unflatten(items: list[tuple[tuple[tuple[str, Any], ...], Any]]) -> Any:
     if any(not path for path, _ in items):
         if len(items) == 1:
             return items[0][1]
-        raise ValueError("a leaf at the root cannot have siblings")
+        raise CheckpointError("a leaf at the root cannot have siblings")
     kinds = {path[0][0] for path, _ in items}
     if len(kinds) > 1:
-        raise ValueError(f"one level of the tree mixes key kinds {sorted(kinds)}")
+        raise CheckpointError(f"one level of the tree mixes key kinds {sorted(kinds)}")
     groups: dict[Any, list] = {}
     for path, value in items:
         groups.setdefault(path[0][1], []).append((path[1:], value))
     children = {key: unflatten(group) for key, group in groups.items()}
     if kinds == {"index"}:
         if sorted(children) != list(range(len(children))):
-            raise ValueError(f"list indices {sorted(children)} are not 0..{len(children) - 1}")
+            raise CheckpointError(
+                f"list indices {sorted(children)!s:.200} are not 0..{len(children) - 1}"
+            )
         return [children[i] for i in range(len(children))]
     return children
+
+
+# --------------------------------------------------------------------------
+# invariants of stored encodings
+#
+# What every encoder guarantees about the bytes it produces, checked with a
+# few vectorised integer operations per byte (in slices, so the temporaries
+# stay small): the reader refuses a file that breaks one, so a damaged or
+# forged file whose CRCs were re-sealed still cannot load as numbers no
+# encoding gives, and the writer refuses to save such an encoding.
+
+_CHUNK = 1 << 22  # elements per slice of the elementwise checks
+_TINY32 = 0x00800000  # float32 bits of 2**-126, the smallest normal (and smallest scale)
+
+
+def _slices(flat: np.ndarray):
+    for start in range(0, flat.size, _CHUNK):
+        yield flat[start : start + _CHUNK]
+
+
+def _any(flat: np.ndarray, bad) -> bool:
+    return any(bool(np.any(bad(part))) for part in _slices(flat))
+
+
+def _padding_violation(fmt: Format, n: int, data: np.ndarray) -> str | None:
+    """Nonzero bits past the last code of each row (the packed last byte)."""
+    used = (n * fmt.code_bits) % 8
+    if not used or data.shape[-1] == 0:
+        return None
+    last = data[..., -1] if data.ndim else data
+    if np.any(np.asarray(last) >> np.uint8(used)):
+        return f"has nonzero padding bits after the last code of a row (bits {used}..7)"
+    return None
+
+
+def _fields(fmt: Format, data: np.ndarray, n: int) -> np.ndarray:
+    """The unpacked code fields of packed `data` rows (n fields a row), as uint16."""
+    w = fmt.code_bits
+    bits = np.unpackbits(data, axis=-1, bitorder="little")[..., : n * w]
+    bits = bits.reshape((*data.shape[:-1], n, w))
+    weights = (np.uint16(1) << np.arange(w, dtype=np.uint16)).astype(np.uint16)
+    return (bits.astype(np.uint16) * weights).sum(axis=-1, dtype=np.uint16)
+
+
+def _float_code_violation(fmt: FloatFormat, codes: np.ndarray, scaled: bool) -> str | None:
+    """Codes (bit patterns, sign at bit `bits - 1`) that no encoding of `fmt` gives."""
+    e, m = fmt.exponent_bits, fmt.mantissa_bits
+    width = 1 + e + m
+    codes = codes.reshape(-1)
+    if fmt.code_bits > width and _any(codes, lambda c: c >> width):
+        return f"holds codes wider than {width} bits"
+    if not scaled:
+        return None  # unscaled: every pattern is a value, inf or NaN of the format
+    # A scaled encoding saturates onto the finite range: no inf, no NaN codes.
+    mag = (1 << (e + m)) - 1
+    top = ((1 << e) - 1) << m
+    if fmt.finite and not fmt.nan:
+        return None
+    if fmt.finite:  # the only NaN code is all ones
+        bad = lambda c: (c & mag) == mag
+    else:  # all-ones exponent: inf or NaN
+        bad = lambda c: (c & top) == top
+    if _any(codes, bad):
+        return "holds inf or NaN codes under a scaling (scaled encodings are finite)"
+    return None
+
+
+def _wide_float_violation(fmt: FloatFormat, values: np.ndarray, scaled: bool) -> str | None:
+    """float32-container values off `fmt`'s grid (tf32 and other wide custom layouts)."""
+    e, m = fmt.exponent_bits, fmt.mantissa_bits
+    u = values.reshape(-1).view(np.uint32)
+    low = np.uint32((1 << (23 - m)) - 1)
+    top = int(np.array(fmt.max, np.float32).view(np.uint32))
+    min_normal = int(np.array(fmt.min_normal, np.float32).view(np.uint32))
+    for part in _slices(u):
+        mag = part & np.uint32(0x7FFFFFFF)
+        special = mag >= np.uint32(0x7F800000)
+        inf = mag == np.uint32(0x7F800000)
+        if np.any(special) and (
+            scaled or (np.any(inf) and not fmt.has_inf) or (np.any(special & ~inf) and not fmt.nan)
+        ):
+            return "holds inf or NaN values its format cannot hold"
+        finite = mag[~special]
+        if np.any(finite > np.uint32(top)):
+            return f"holds values beyond {fmt.name}'s largest, {fmt.max}"
+        normal = finite[finite >= np.uint32(min_normal)]
+        if np.any(normal & low):
+            return f"holds values off {fmt.name}'s grid (nonzero low mantissa bits)"
+        sub = finite[finite < np.uint32(min_normal)]
+        if sub.size and e < 8:
+            # below the format's smallest normal: multiples of its smallest subnormal
+            x = np.ldexp(sub.view(np.float32).astype(np.float64), -(fmt.emin - m))
+            if np.any(x != np.floor(x)):
+                return f"holds values off {fmt.name}'s subnormal grid"
+        elif sub.size and np.any(sub & low):
+            return f"holds values off {fmt.name}'s grid (nonzero low mantissa bits)"
+    return None
+
+
+def data_violation(leaf: Leaf, data: np.ndarray, *, whole_rows: bool = True) -> str | None:
+    """Why `data` (a leaf's stored codes, as in the file) is no encoding of its format, or None.
+
+    `data` may be a block of rows (first axis) of the stored array;
+    `whole_rows=False` says a 1-D block does not end where the array does, so
+    its last byte holds no padding.
+    """
+    fmt = leaf.format
+    if leaf.kind != "tensor" or fmt is None or data.size == 0:
+        return None
+    scaled = leaf.scaling is not None
+    n = leaf.shape[-1] if leaf.shape else 1
+    if fmt.packed:
+        data = np.asarray(data).view(np.uint8)
+        if whole_rows or data.ndim > 1:
+            problem = _padding_violation(fmt, n, data)
+            if problem:
+                return problem
+        if fmt.kind == "int":
+            if fmt.binary:
+                return None  # every bit is a code, ±1
+            half = np.uint8(1 << (fmt.bits - 1))  # the two's complement code -2**(bits-1)
+            per_byte = 8 // fmt.bits
+            field = np.uint8((1 << fmt.bits) - 1)
+
+            def bad(part):
+                out = np.zeros(part.shape, bool)
+                for k in range(per_byte):
+                    out |= ((part >> np.uint8(k * fmt.bits)) & field) == half
+                return out
+
+            if _any(data.reshape(-1), bad):
+                low = -(1 << (fmt.bits - 1))
+                return (
+                    f"holds the code {low}, outside the symmetric range [-{fmt.qmax}, {fmt.qmax}]"
+                )
+            return None
+        if data.ndim == 1 and not whole_rows:
+            return None  # fields may straddle the block's ends: checked whole (see reader)
+        rows = data.reshape(-1, data.shape[-1])
+        step = max(1, _CHUNK // (8 * max(rows.shape[1], 1)))  # unpacking takes 8x the bytes
+        for start in range(0, rows.shape[0], step):
+            problem = _float_code_violation(
+                fmt, _fields(fmt, rows[start : start + step], n), scaled
+            )
+            if problem:
+                return problem
+        return None
+    if fmt.kind == "int":  # int8: codes in [-127, 127]
+        if _any(np.asarray(data).view(np.int8).reshape(-1), lambda c: c == -128):
+            return "holds the code -128, outside the symmetric range [-127, 127]"
+        return None
+    container = np.dtype(fmt.container)
+    if fmt.native_dtype is not None:
+        if fmt.is_full_precision or not scaled:
+            return None  # every bit pattern of a native type is a value of the format
+        codes = np.asarray(data).view(np.dtype(f"u{container.itemsize}"))
+        return _float_code_violation(fmt, codes.reshape(-1), scaled)
+    if container == np.float32:
+        return _wide_float_violation(fmt, np.asarray(data).view(np.float32), scaled)
+    return _float_code_violation(fmt, np.asarray(data).view(np.uint8).reshape(-1), scaled)
+
+
+def scale_violation(leaf: Leaf, scale: np.ndarray) -> str | None:
+    """Why `scale` (a leaf's float32 scales) holds a value no encoder gives, or None.
+
+    Every scale is a positive, finite float32 normal (an all-zero group gets
+    1, a tiny one 2**-126); int1's scale is a mean of |x|, which is 0 for an
+    all-zero group; under `power_of_two` every scale is an exact power of two.
+    """
+    fmt = leaf.format
+    if leaf.kind != "tensor" or fmt is None or leaf.scaling is None or scale.size == 0:
+        return None
+    u = np.asarray(scale).reshape(-1).view(np.uint32)
+    binary = fmt.kind == "int" and fmt.binary
+    for part in _slices(u):
+        if np.any(part >> np.uint32(31)):
+            return "has a negative scale"
+        if np.any(part >= np.uint32(0x7F800000)):
+            return "has an infinite or NaN scale (from non-finite input?)"
+        small = part < np.uint32(_TINY32)
+        if binary:
+            small &= part != 0
+        if np.any(small):
+            return "has a zero or subnormal scale (every scale is at least 2**-126)"
+        if leaf.scaling.power_of_two and np.any(part & np.uint32(0x7FFFFF)):
+            return "has a scale that is not a power of two under power_of_two=True"
+    return None

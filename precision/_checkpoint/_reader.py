@@ -1,9 +1,14 @@
 """Reading checkpoints: `Reader`, which raises `CheckpointError` for any bad file.
 
 A `Reader` parses a safetensors header and checks every field of it (and of
-the `"precision"` metadata, when present) against the file before a byte of
-tensor data is allocated; then it reads tensors one at a time, whole or in
-row blocks, each checked against the CRC-32 recorded when it was saved.
+the `"precision"` metadata, when present) against the file and against the
+limits of `_layout` (`MAX_ARRAYS`, `MAX_NAME_LENGTH`, `MAX_RANK`,
+`MAX_ELEMENTS`, `MAX_PATH_DEPTH`, and `MAX_JSON_TOKENS` here) before a byte
+of tensor data is allocated; then it reads tensors one at a time, whole or in
+row blocks, each checked against the CRC-32 recorded when it was saved and
+against the invariants every encoder guarantees (`data_violation`,
+`scale_violation`). Every error is a `CheckpointError` whose message starts
+with the file's path and names the entry.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ from ._layout import (
     _DTYPE_NAMES,
     _DTYPES,
     _LOGICAL,
+    MAX_ARRAYS,
+    MAX_ELEMENTS,
+    MAX_PATH_DEPTH,
     METADATA_KEY,
     SCALE_SUFFIX,
     VERSION,
@@ -33,9 +41,13 @@ from ._layout import (
     Leaf,
     _tensors_crc,
     check_names,
+    data_violation,
     format_from_json,
+    name_problem,
     path_name,
+    scale_violation,
     scaling_from_json,
+    shape_problem,
 )
 
 #: Foreign float tensors load as Tensors stored in the format of their dtype.
@@ -48,7 +60,11 @@ _DTYPE_FORMATS: dict[str, Format] = {
 }
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
-_MAX_PATH_DEPTH = 256
+#: JSON values one header (or its precision metadata) may hold, bounded before
+#: it is parsed by counting the bytes `,` `[` `{` (each value but the first
+#: of a container follows a comma): parsing builds at most this many objects.
+#: A file written by `save` needs about 40 per array.
+MAX_JSON_TOKENS = 1 << 23
 _ALIGN = 64  # jax aliases host buffers aligned like this instead of copying them
 
 
@@ -96,17 +112,35 @@ def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise ValueError(f"duplicate key {key!r}")
+            raise CheckpointError(f"duplicate key {key!r}")
         out[key] = value
     return out
 
 
 def _no_constants(token: str) -> Any:
-    raise ValueError(f"{token} is not allowed")
+    raise CheckpointError(f"{token} is not allowed")
 
 
 def _parse_json(text: str) -> Any:
     return json.loads(text, object_pairs_hook=_strict_object, parse_constant=_no_constants)
+
+
+def _json_tokens(raw: bytes | str) -> int:
+    """An upper bound on the JSON values in `raw`, without parsing it."""
+    if isinstance(raw, str):
+        return raw.count(",") + raw.count("[") + raw.count("{")
+    return raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return None
+
+
+def _rank_error(name: str, what: str, problem: str) -> str:
+    return f"tensor {name[:200]!r}: {what} {problem}"
 
 
 class Reader:
@@ -158,10 +192,23 @@ class Reader:
                 "the length field"
             )
         raw = self._file.read(n)
+        # Bound the work before json builds anything: a header of millions of
+        # zero-size entries or deep nests is refused here, in one pass of bytes.
+        tokens = _json_tokens(raw)
+        if tokens > MAX_JSON_TOKENS:
+            raise self.error(
+                f"the header holds up to {tokens} JSON values, more than the limit of "
+                f"{MAX_JSON_TOKENS} (corrupted, or not written by a checkpoint writer)"
+            )
+        declared = raw.count(b'"data_offsets"')
+        if declared > MAX_ARRAYS:
+            raise self.error(
+                f"the header declares {declared} tensors, more than the limit of {MAX_ARRAYS}"
+            )
         try:
             text = raw.decode("utf-8")
             if not text.startswith("{"):
-                raise ValueError("the header does not start with '{'")
+                raise CheckpointError("the header does not start with '{'")
             header = _parse_json(text)
         except (ValueError, RecursionError) as exc:
             raise self.error(
@@ -169,6 +216,11 @@ class Reader:
             ) from None
         if not isinstance(header, dict):
             raise self.error("the header is not a JSON object")
+        if len(header) > MAX_ARRAYS + 1:
+            raise self.error(
+                f"the header declares {len(header) - 1} tensors, more than the limit of "
+                f"{MAX_ARRAYS}"
+            )
         self.data_start = 8 + n
         meta = header.pop("__metadata__", {})
         if not isinstance(meta, dict) or not all(
@@ -180,6 +232,7 @@ class Reader:
         for name, info in header.items():
             self.entries[name] = self._entry(name, info)
         self._check_layout()
+        self._role: dict[str, tuple[Leaf, str]] = {}
         if _looks_like_ours(meta):
             if meta.get(VERSION_KEY) != str(VERSION) or METADATA_KEY not in meta:
                 raise self.error(
@@ -188,31 +241,41 @@ class Reader:
                     f"{sorted(meta)!r:.200}"
                 )
             self.leaves, self.crc = self._precision_leaves(meta[METADATA_KEY])
+            for leaf in self.leaves:
+                self._role[leaf.name] = (leaf, "data")
+                if leaf.scale is not None:
+                    self._role[leaf.scale] = (leaf, "scale")
         else:
             self.leaves, self.crc = self._foreign_leaves(), None
         self.foreign = self.crc is None
 
     def _entry(self, name: str, info: Any) -> Entry:
+        problem = name_problem(name)
+        if problem:
+            raise self.error(f"tensor {name[:200]!r}...: {problem}")
         if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
             raise self.error(
                 f"tensor {name!r}: expected an object with dtype, shape and data_offsets, "
                 f"got {info!r:.200}"
             )
         dtype_name, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-        if dtype_name not in _DTYPES:
+        if not isinstance(dtype_name, str) or dtype_name not in _DTYPES:
             raise self.error(
-                f"tensor {name!r}: unsupported dtype {dtype_name!r} (supported: "
+                f"tensor {name!r}: unsupported dtype {dtype_name!r:.100} (supported: "
                 f"{', '.join(_DTYPES)})"
             )
         if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-            raise self.error(f"tensor {name!r}: shape {shape!r} is not a list of sizes")
+            raise self.error(f"tensor {name!r}: shape {shape!r:.200} is not a list of sizes")
+        problem = shape_problem(tuple(shape))
+        if problem:
+            raise self.error(f"tensor {name!r}: {problem}")
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2
             or not all(type(o) is int for o in offsets)
             or not 0 <= offsets[0] <= offsets[1]
         ):
-            raise self.error(f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end]")
+            raise self.error(f"tensor {name!r}: data_offsets {offsets!r:.200} is not [begin, end]")
         # Python integers: an absurd shape cannot overflow into a plausible size.
         expected = _DTYPES[dtype_name].itemsize
         for d in shape:
@@ -259,6 +322,12 @@ class Reader:
         return leaves
 
     def _precision_leaves(self, text: str) -> tuple[list[Leaf], dict[str, int]]:
+        tokens = _json_tokens(text)
+        if tokens > MAX_JSON_TOKENS:
+            raise self.error(
+                f"the precision metadata holds up to {tokens} JSON values, more than the limit "
+                f"of {MAX_JSON_TOKENS}"
+            )
         try:
             doc = _parse_json(text)
         except (ValueError, RecursionError) as exc:
@@ -279,6 +348,11 @@ class Reader:
             )
         if not isinstance(doc["tensors"], list):
             raise self.error("the precision metadata's tensors is not a list")
+        if len(doc["tensors"]) > MAX_ARRAYS:
+            raise self.error(
+                f"the precision metadata describes {len(doc['tensors'])} leaves, more than the "
+                f"limit of {MAX_ARRAYS}"
+            )
         if doc["tensors_crc32"] != _tensors_crc(doc["tensors"]):
             raise self.error(
                 "the precision metadata does not match its CRC-32 (the header is corrupted)"
@@ -286,7 +360,7 @@ class Reader:
         leaves = [self._leaf(item) for item in doc["tensors"]]
         try:
             check_names(leaves)
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
             raise self.error(f"precision metadata: {exc}") from None
         stored = {name for leaf in leaves for name, _, _ in leaf.arrays()}
         if stored != set(self.entries):
@@ -310,7 +384,10 @@ class Reader:
             raise self.error(f"precision metadata: malformed leaf {item!r:.200}")
         name = item["name"]
         if not isinstance(name, str):
-            raise self.error(f"precision metadata: leaf name {name!r} is not a string")
+            raise self.error(f"precision metadata: leaf name {name!r:.200} is not a string")
+        problem = name_problem(name)
+        if problem:
+            raise self.error(f"precision metadata of {name[:200]!r}...: {problem}")
 
         def bad(what: str) -> CheckpointError:
             return self.error(f"precision metadata of {name!r}: {what}")
@@ -318,7 +395,7 @@ class Reader:
         path = item["path"]
         if (
             not isinstance(path, list)
-            or len(path) > _MAX_PATH_DEPTH
+            or len(path) > MAX_PATH_DEPTH
             or not all(
                 isinstance(p, list)
                 and len(p) == 2
@@ -334,7 +411,10 @@ class Reader:
             raise bad(f"key path {path!r:.200} does not give the name {name!r}")
         shape = item["shape"]
         if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-            raise bad(f"bad shape {shape!r}")
+            raise bad(f"bad shape {shape!r:.200}")
+        problem = shape_problem(tuple(shape))
+        if problem:
+            raise bad(f"its logical shape: {problem}")
         entry = self.entries.get(name)
         if entry is None:
             raise bad("its data tensor is missing from the file")
@@ -344,6 +424,8 @@ class Reader:
         except (ValueError, TypeError) as exc:
             raise bad(str(exc)) from None
         kind, dtype_name = item["kind"], item["dtype"]
+        if not isinstance(kind, str) or not isinstance(dtype_name, str):
+            raise bad(f"kind {kind!r:.100} and dtype {dtype_name!r:.100} must be strings")
         if kind == "array":
             if fmt is not None or scaling is not None or item["scale"] is not None:
                 raise bad("a plain array has no format, scaling or scale")
@@ -368,8 +450,11 @@ class Reader:
                     scaling.validate(tuple(shape))
                 except ValueError as exc:
                     raise bad(str(exc)) from None
+            problem = self._encoding_problem(fmt, scaling, tuple(shape))
+            if problem:
+                raise bad(problem)
         else:
-            raise bad(f"unknown kind {kind!r}")
+            raise bad(f"unknown kind {kind!r:.100}")
         leaf = Leaf(
             name,
             tuple((p[0], p[1]) for p in path),
@@ -392,11 +477,71 @@ class Reader:
                 )
         return leaf
 
+    @staticmethod
+    def _encoding_problem(fmt: Format, scaling: Any, shape: tuple[int, ...]) -> str | None:
+        """Why no encoder gives `fmt` under `scaling` for `shape`, or None."""
+        if scaling is None:
+            return None
+        if fmt.kind == "int" and fmt.binary and scaling.power_of_two:
+            return "int1 scales are means of |x| and have no power-of-two variant"
+        if fmt.kind == "float" and fmt.emax >= 127:
+            return f"{fmt.name} has float32's exponent range and is never scaled"
+        size = getattr(scaling, "size", None)
+        if size is not None and shape:
+            # The decoder broadcasts scales over whole blocks before slicing:
+            # the padded shape must be as bounded as a real one.
+            axis = scaling.axis % len(shape)
+            padded = -(-shape[axis] // size) * size
+            rest = 1
+            for i, d in enumerate(shape):
+                if i != axis:
+                    rest *= max(d, 1)
+            if padded * rest > MAX_ELEMENTS:
+                return (
+                    f"per-block size {size} pads axis {axis} of {list(shape)} beyond the limit "
+                    "of 2**48 elements"
+                )
+        return None
+
     # -- data --------------------------------------------------------------
+    def _check_values(self, name: str, array: np.ndarray, *, whole_rows: bool = True) -> None:
+        """Refuse an array (or row block) that breaks its encoding's invariants."""
+        role = self._role.get(name)
+        if role is None:
+            return
+        leaf, what = role
+        if what == "data":
+            problem = data_violation(leaf, array, whole_rows=whole_rows)
+        else:
+            problem = scale_violation(leaf, array)
+        if problem:
+            raise self.error(
+                f"tensor {name!r}: its {leaf.format.name} "
+                f"{'codes' if what == 'data' else 'scales'}: the encoding {problem}, which no "
+                "encoder writes (the file was altered after it was saved)"
+            )
+
+    def _allocate(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        nbytes = dtype.itemsize
+        for d in shape:
+            nbytes *= d
+        memory = _physical_memory()
+        if memory is not None and nbytes > memory:
+            raise self.error(
+                f"tensor {name!r} declares {nbytes} bytes, more than this machine's "
+                f"{memory} bytes of memory; it cannot be loaded whole here"
+            )
+        try:
+            return aligned_empty(shape, dtype)
+        except MemoryError:
+            raise self.error(
+                f"tensor {name!r}: cannot allocate the {nbytes} bytes it declares"
+            ) from None
+
     def read(self, name: str) -> np.ndarray:
         """The array stored as `name`, in a fresh aligned buffer, CRC-checked."""
         entry = self.entries[name]
-        out = aligned_empty(entry.shape, entry.dtype)
+        out = self._allocate(name, entry.shape, entry.dtype)
         view = memoryview(out.reshape(-1).view(np.uint8))
         self._file.seek(entry.begin)
         done = 0
@@ -410,6 +555,8 @@ class Reader:
                 f"tensor {name!r}: its bytes do not match the CRC-32 recorded when it was saved "
                 "(the file is corrupted)"
             )
+        del view
+        self._check_values(name, out)
         return out
 
     def iter_rows(self, name: str, rows: int) -> Iterator[np.ndarray]:
@@ -421,13 +568,17 @@ class Reader:
         """
         entry = self.entries[name]
         if not entry.shape:
-            raise ValueError(f"tensor {name!r} is a scalar; read it with read()")
+            raise self.error(f"tensor {name!r} is a scalar; read it with read()")
+        role = self._role.get(name)
+        if len(entry.shape) == 1 and role is not None and role[0].format is not None:
+            if role[0].format.packed:
+                rows = max(rows, entry.shape[0])  # one block: fields may straddle bytes
         row_shape = entry.shape[1:]
         row_bytes = int(np.prod(row_shape, dtype=np.int64)) * entry.dtype.itemsize
         crc = 0
         for start in range(0, entry.shape[0], rows):
             n = min(rows, entry.shape[0] - start)
-            out = aligned_empty((n, *row_shape), entry.dtype)
+            out = self._allocate(name, (n, *row_shape), entry.dtype)
             view = memoryview(out.reshape(-1).view(np.uint8))
             self._file.seek(entry.begin + start * row_bytes)
             done = 0
@@ -439,6 +590,7 @@ class Reader:
             if self.crc is not None:
                 crc = zlib.crc32(view, crc)
             del view
+            self._check_values(name, out, whole_rows=start + n == entry.shape[0])
             yield out
         if self.crc is not None and crc != self.crc[name]:
             raise self.error(

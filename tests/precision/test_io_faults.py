@@ -12,6 +12,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -20,6 +21,7 @@ import tempfile
 import time
 import zlib
 
+import jax
 import numpy as np
 import pytest
 import safetensors.numpy
@@ -31,6 +33,7 @@ import precision
 from precision import CheckpointError, Tensor
 from precision._checkpoint import _io
 from precision._cli import _main as _cli
+from precision._errors import SaveError
 
 RNG = np.random.default_rng(7)
 
@@ -283,7 +286,30 @@ BAD_FILES = {
     "shape vs bytes": (raw_file({"a": entry("F32", [3], 0, 8)}, b"x" * 8), "needs 12 bytes"),
     "absurd shape": (
         raw_file({"a": entry("F64", [2**40, 2**40], 0, 8)}, b"x" * 8),
-        "needs 9671406556917033397649408 bytes",
+        "exceeds the limit of 2**48 elements",
+    ),
+    "dtype a list": (raw_file({"a": entry(["F32"], [1], 0, 4)}, b"x" * 4), "unsupported dtype"),
+    "dtype an object": (
+        raw_file({"a": entry({"F32": 1}, [1], 0, 4)}, b"x" * 4),  # type: ignore[arg-type]
+        "unsupported dtype",
+    ),
+    "zero-size with a 2**62 dimension": (
+        raw_file({"a": entry("U8", [2**62, 0], 0, 0)}),
+        "exceeds the limit of 2**48 elements",
+    ),
+    "rank 65": (raw_file({"a": entry("U8", [1] * 65, 0, 1)}, b"x"), "more than the limit of 32"),
+    "rank 33": (raw_file({"a": entry("U8", [1] * 33, 0, 1)}, b"x"), "more than the limit of 32"),
+    "name too long": (
+        raw_file({"n" * 5000: entry("U8", [1], 0, 1)}, b"x"),
+        "5000 characters, more than the limit of 4096",
+    ),
+    "too many zero-size entries": (
+        raw_file({f"t{i}": entry("U8", [0], 0, 0) for i in range(70_000)}),
+        "declares 70000 tensors, more than the limit of 65536",
+    ),
+    "too many JSON values": (
+        raw_file(b'{"a": {"dtype": "U8", "shape": [' + b"1," * (1 << 23) + b'1], "x": 1}}'),
+        "JSON values, more than the limit of 8388608",
     ),
     "gap": (
         raw_file({"a": entry("U8", [1], 0, 1), "b": entry("U8", [1], 2, 3)}, b"xyz"),
@@ -305,6 +331,30 @@ def test_bad_headers(tmp_path, raw, message):
     path = tmp_path / "bad.safetensors"
     path.write_bytes(raw)
     with pytest.raises(CheckpointError, match=f"^{path}: .*{__import__('re').escape(message)}"):
+        precision.load(path)
+
+
+def test_a_header_of_many_entries_is_refused_quickly(tmp_path):
+    # 1.6M zero-size entries once took minutes and gigabytes; now the bytes
+    # are counted before json builds anything.
+    one = b'"t%d":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},'
+    body = b"{" + b"".join(one % i for i in range(1_600_000))[:-1] + b"}"
+    path = tmp_path / "many.safetensors"
+    path.write_bytes(raw_file(body))
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError, match=f"^{path}: .*more than the limit"):
+        precision.load(path)
+    assert time.perf_counter() - start < 5
+
+
+def test_a_sparse_file_declaring_more_than_memory_is_refused_before_allocation(tmp_path):
+    nbytes = 1 << 40  # a terabyte of holes: more than any test machine's memory
+    header = json.dumps({"a": entry("U8", [nbytes], 0, nbytes)}).encode()
+    path = tmp_path / "sparse.safetensors"
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.truncate(8 + len(header) + nbytes)
+    with pytest.raises(CheckpointError, match=f"^{path}: tensor 'a' declares {nbytes} bytes"):
         precision.load(path)
 
 
@@ -353,6 +403,45 @@ BAD_METADATA = {
         "is not supported",
     ),
     "bad crc": (lambda h, d: d["crc32"].update(t0="zz"), "crc32 map is malformed"),
+    "logical dtype a list": (
+        lambda h, d: _leaf(d, "t1").update(dtype=["float32"]),
+        "must be strings",
+    ),
+    "kind an object": (lambda h, d: _leaf(d, "t1").update(kind={"a": 1}), "must be strings"),
+    "scaling type a list": (
+        lambda h, d: _leaf(d, "t0")["scaling"].update(type=["per-axis"]),
+        "unknown scaling type",
+    ),
+    "per-block size 2**64": (
+        lambda h, d: _leaf(d, "t2")["scaling"].update(size=2**64),
+        "'size' = 18446744073709551616 is out of range",
+    ),
+    "per-block padding past the limit": (
+        lambda h, d: _leaf(d, "t2")["scaling"].update(size=2**47),
+        "pads axis 1 of [8, 24] beyond the limit",
+    ),
+    "int1 power of two": (
+        lambda h, d: _leaf(d, "t4").update(scaling={"type": "per-tensor", "power_of_two": True}),
+        "no power-of-two variant",
+    ),
+    "custom int8 named bfloat16": (
+        lambda h, d: _leaf(d, "t2").update(format={"kind": "int", "bits": 8, "name": "bfloat16"}),
+        "the name of the built-in",
+    ),
+    "custom float named int4": (
+        lambda h, d: _leaf(d, "t5")["format"].update(name="int4"),
+        "the name of the built-in",
+    ),
+    "scaled bfloat16": (
+        lambda h, d: _leaf(d, "t3").update(
+            scaling={"type": "per-tensor", "power_of_two": False}, scale="t3:scale"
+        ),
+        "never scaled",
+    ),
+    "path too deep": (
+        lambda h, d: _leaf(d, "t1").update(path=[["key", "t1"]] * 300),
+        "bad key path",
+    ),
     "wrong crc": (lambda h, d: d["crc32"].update(t1="00000000"), "do not match the CRC-32"),
     "float64 without x64": (
         lambda h, d: _leaf(d, "t1").update(dtype="float64"),
@@ -456,3 +545,137 @@ def test_random_header_corruption(good_file, data):
     # A corruption the format cannot see (JSON whitespace, say) must not
     # change a single stored byte.
     assert storage(loaded) == expected
+
+
+# --------------------------------------------------------------------------
+# files consistent with themselves (CRCs re-sealed) holding impossible encodings
+
+
+def reseal(src, dst, mutate_data=None, mutate=None) -> None:
+    """Copy a checkpoint with its data and/or metadata changed and every CRC recomputed.
+
+    `mutate_data(data, where)` edits the data bytes in place (`where[name]` is
+    the (begin, end) of each tensor); `mutate(head, doc)` edits the header.
+    Every checksum is then made to match again, as a forger would: what
+    remains to refuse the file is the check of the encodings' invariants.
+    """
+    raw = src.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    head = json.loads(raw[8 : 8 + n])
+    data = bytearray(raw[8 + n :])
+    doc = json.loads(head["__metadata__"]["precision"])
+    where = {k: tuple(v["data_offsets"]) for k, v in head.items() if k != "__metadata__"}
+    if mutate_data is not None:
+        mutate_data(data, where)
+    if mutate is not None:
+        mutate(head, doc)
+    doc["crc32"] = {k: f"{zlib.crc32(data[b:e]):08x}" for k, (b, e) in where.items()}
+    doc["tensors_crc32"] = _io._tensors_crc(doc["tensors"])
+    head["__metadata__"]["precision"] = json.dumps(doc)
+    dst.write_bytes(raw_file(head, bytes(data)))
+
+
+def _set(name, offset, value, size=1):
+    def mutate(data, where):
+        begin = where[name][0]
+        data[begin + offset : begin + offset + size] = value.to_bytes(size, "little")
+
+    return mutate
+
+
+def _set_f32(name, index, value):
+    def mutate(data, where):
+        begin = where[name][0] + 4 * index
+        data[begin : begin + 4] = struct.pack("<f", value)
+
+    return mutate
+
+
+@pytest.fixture(scope="module")
+def invariant_file(tmp_path_factory):
+    """One tensor of each kind whose invariants the tests below break, by name."""
+    x = RNG.standard_normal((4, 5)).astype(np.float32)
+    enc = {
+        "i8": dtypes.int8.encode(x),
+        "i4": dtypes.int4.encode(x, scaling=dtypes.PerAxis(0)),
+        "i2": dtypes.int2.encode(x),
+        "i1": dtypes.int1.encode(x),
+        "tf": dtypes.tf32.encode(x),
+        "f8": dtypes.float8_e4m3fn.encode(x, scaling=dtypes.PerTensor()),
+        "e5": dtypes.float8_e5m2.encode(x, scaling=dtypes.PerTensor()),
+        "mx": dtypes.int8.encode(x, scaling=dtypes.PerBlock(2, power_of_two=True)),
+    }
+    tree = {k: Tensor.from_encoded(v) for k, v in enc.items()}
+    path = tmp_path_factory.mktemp("inv") / "inv.safetensors"
+    precision.save(path, tree)
+    return path
+
+
+FORGED = {
+    "int8 code -128": (_set("i8", 3, 0x80), "holds the code -128"),
+    "int4 code -8": (_set("i4", 0, 0x08 | 0x10), "holds the code -8"),
+    "int2 code -2": (_set("i2", 0, 0b10), "holds the code -2"),
+    "int4 padding bits": (_set("i4", 2, 0x50), "nonzero padding bits"),  # 5 codes: bits 4..7 pad
+    "int2 padding bits": (_set("i2", 1, 0b0100_0000), "nonzero padding bits"),
+    "int1 padding bits": (_set("i1", 0, 0b1010_0000), "nonzero padding bits"),
+    "tf32 off its grid": (_set("tf", 0, 0x3F80_0001, 4), "off tf32's grid"),
+    "NaN scale": (_set_f32("i8:scale", 0, float("nan")), "infinite or NaN scale"),
+    "inf scale": (_set_f32("i8:scale", 0, float("inf")), "infinite or NaN scale"),
+    "zero scale": (_set_f32("i8:scale", 0, 0.0), "zero or subnormal scale"),
+    "subnormal scale": (_set_f32("i8:scale", 0, 1e-40), "zero or subnormal scale"),
+    "negative scale": (_set_f32("i4:scale", 1, -0.5), "negative scale"),
+    "negative zero int1 scale": (_set_f32("i1:scale", 0, -0.0), "negative scale"),
+    "power of two violated": (_set_f32("mx:scale", 2, 3.0), "not a power of two"),
+    "scaled e4m3fn NaN code": (_set("f8", 0, 0x7F), "inf or NaN codes under a scaling"),
+    "scaled e5m2 inf code": (_set("e5", 0, 0x7C), "inf or NaN codes under a scaling"),
+}
+
+
+@pytest.mark.parametrize(("mutate_data", "message"), FORGED.values(), ids=FORGED.keys())
+def test_impossible_encodings_are_refused(tmp_path, invariant_file, mutate_data, message):
+    path = tmp_path / "forged.safetensors"
+    reseal(invariant_file, path, mutate_data)
+    with pytest.raises(CheckpointError, match=f"^{path}: tensor .*{re.escape(message)}"):
+        precision.load(path)
+
+
+def test_resealing_alone_changes_nothing(tmp_path, invariant_file):
+    path = tmp_path / "same.safetensors"
+    reseal(invariant_file, path)
+    assert storage(precision.load(path)) == storage(precision.load(invariant_file))
+
+
+def test_an_all_zero_int1_group_keeps_its_zero_scale(tmp_path):
+    # int1's scale is mean(|x|): 0 for an all-zero group, a value load accepts.
+    t = Tensor(np.zeros((2, 9), np.float32)).to_reduced_precision("int1")
+    path = tmp_path / "zeros.safetensors"
+    precision.save(path, {"t": t})
+    back = precision.load(path, as_arrays=True)["t"]
+    np.testing.assert_array_equal(np.asarray(back), np.zeros((2, 9), np.float32))
+
+
+def test_save_refuses_what_load_would_refuse(tmp_path):
+    x = np.float32([[1.0, np.nan, 2.0]])
+    # Under jit a NaN input makes its group's scale NaN instead of raising.
+    enc = jax.jit(lambda v: dtypes.int8.encode(v))(x)
+    with pytest.raises(SaveError, match="infinite or NaN scale") as info:
+        precision.save(tmp_path / "nan.safetensors", {"w": Tensor.from_encoded(enc)})
+    assert isinstance(info.value, ValueError)
+    assert "to_reduced_precision" in str(info.value)
+    assert not (tmp_path / "nan.safetensors").exists()
+    impostor = dtypes.FloatFormat(5, 2, name="int8")
+    with pytest.raises(SaveError, match="'int8', which is the built-in"):
+        precision.save(tmp_path / "x.safetensors", {"w": Tensor.from_encoded(impostor.encode(x))})
+
+
+@pytest.mark.parametrize(
+    ("tree", "message"),
+    [
+        ({"n" * 5000: np.zeros(1)}, "more than the limit of 4096"),
+        ({"a": np.zeros((1,) * 33, np.uint8)}, "more than the limit of 32"),
+    ],
+    ids=["long name", "rank 33"],
+)
+def test_save_refuses_trees_beyond_the_limits(tmp_path, tree, message):
+    with pytest.raises(SaveError, match=message):
+        precision.save(tmp_path / "x.safetensors", tree)
