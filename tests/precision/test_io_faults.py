@@ -679,3 +679,138 @@ def test_save_refuses_what_load_would_refuse(tmp_path):
 def test_save_refuses_trees_beyond_the_limits(tmp_path, tree, message):
     with pytest.raises(SaveError, match=message):
         precision.save(tmp_path / "x.safetensors", tree)
+
+
+# --------------------------------------------------------------------------
+# the file itself: mode, exclusive creation, leftovers, the overwrite flag
+
+from precision._checkpoint import _atomic_file  # noqa: E402
+
+PATHS = ["unnamed", "named"]  # O_TMPFILE where the filesystem has it, and the fallback
+
+
+@pytest.fixture(params=PATHS)
+def temp_kind(request, monkeypatch):
+    if request.param == "named":
+        monkeypatch.setattr(_atomic_file._TempFile, "_open_unnamed", lambda self: None)
+    return request.param
+
+
+def test_replacing_a_file_keeps_its_mode(tmp_path, temp_kind):
+    path = tmp_path / "private.safetensors"
+    precision.save(path, {"a": np.ones(3)})
+    os.chmod(path, 0o600)
+    precision.save(path, {"a": np.zeros(3)}, overwrite=True)
+    assert os.stat(path).st_mode & 0o7777 == 0o600
+    np.testing.assert_array_equal(np.asarray(precision.load(path)["a"]), np.zeros(3))
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o027])
+def test_a_new_file_honours_the_umask(tmp_path, temp_kind, umask):
+    old = os.umask(umask)
+    try:
+        precision.save(tmp_path / "new.safetensors", {"a": np.ones(3)})
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "new.safetensors").st_mode & 0o7777 == 0o666 & ~umask
+
+
+def test_overwrite_false_is_an_exclusive_create(tmp_path, temp_kind, monkeypatch):
+    # Another saver creates the file after our existence check and before our
+    # commit: ours must fail, and theirs must survive untouched.
+    path = tmp_path / "race.safetensors"
+    commit = _atomic_file._TempFile.commit
+
+    def racing_commit(self):
+        path.write_bytes(b"the other saver's file")
+        commit(self)
+
+    monkeypatch.setattr(_atomic_file._TempFile, "commit", racing_commit)
+    with pytest.raises(FileExistsError, match="already exists; pass overwrite=True"):
+        precision.save(path, {"a": np.ones(3)})
+    assert path.read_bytes() == b"the other saver's file"
+    assert sorted(os.listdir(tmp_path)) == ["race.safetensors"]  # no temporary left
+
+
+@pytest.mark.parametrize("flag", ["no", "yes", 0, 1, None])
+def test_overwrite_must_be_a_bool(tmp_path, flag):
+    path = tmp_path / "keep.safetensors"
+    precision.save(path, {"a": np.ones(3)})
+    before = path.read_bytes()
+    with pytest.raises((TypeError, FileExistsError)) as info:
+        precision.save(path, {"a": np.zeros(3)}, overwrite=flag)
+    if isinstance(info.value, TypeError):
+        assert isinstance(info.value, precision.PrecisionError)
+        assert f"got {type(flag).__name__} {flag!r}" in str(info.value)
+    assert path.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["keep.safetensors"]
+
+
+def _dead_pid() -> int:
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return int(child.stdout)
+
+
+def test_a_later_save_removes_stale_temporaries_of_dead_processes(tmp_path):
+    host = _atomic_file._host()
+    stale = tmp_path / f".model.safetensors.precision-tmp.{host}.{_dead_pid()}.0a1b2c"
+    alive = tmp_path / f".model.safetensors.precision-tmp.{host}.{os.getppid()}.0a1b2d"
+    other_host = tmp_path / f".model.safetensors.precision-tmp.elsewhere.{_dead_pid()}.0a1b2e"
+    unrelated = tmp_path / ".model.safetensors.tmp"
+    for p in (stale, alive, other_host, unrelated):
+        p.write_bytes(b"x" * 100)
+    precision.save(tmp_path / "other.safetensors", {"a": np.ones(2)})
+    assert not stale.exists()
+    assert alive.exists()
+    assert other_host.exists()
+    assert unrelated.exists()
+
+
+KILLED_SAVER = """
+import sys, time, zlib
+import numpy as np
+import precision
+from precision._checkpoint import _atomic_file, _io
+
+_atomic_file._TempFile._open_unnamed = lambda self: None  # the named fallback
+
+class Slow:
+    calls = 0
+    def crc32(self, data, value=0):
+        Slow.calls += 1
+        if Slow.calls == 2:
+            print("writing", flush=True)
+            time.sleep(600)
+        return zlib.crc32(data, value)
+
+_io.zlib = Slow()
+precision.save(sys.argv[1], {"a": np.ones((256, 256)), "b": np.ones((256, 256))})
+"""
+
+
+def test_sigkill_leaves_a_named_temporary_that_the_next_save_removes(tmp_path):
+    script = tmp_path / "saver.py"
+    script.write_text(KILLED_SAVER)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(out / "model.safetensors")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+        proc.stdout.close()
+    left = os.listdir(out)
+    assert len(left) == 1  # what the kill left
+    assert ".precision-tmp." in left[0]
+    precision.save(out / "next.safetensors", {"a": np.ones(2)})
+    assert os.listdir(out) == ["next.safetensors"]
