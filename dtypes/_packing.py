@@ -1,10 +1,20 @@
-"""Packing of sub-byte integer codes into bytes.
+"""Dense packing of codes of any width from 1 to 16 bits into bytes.
 
-Layout: codes are packed along the last axis, little end first (int4: two per
-byte, low nibble first; int2: four per byte, bits 0-1 first; int1: eight per
-byte, bit 0 first). The last axis is padded with zero codes to a whole number
-of bytes. int4/int2 codes are stored in two's complement; int1 stores one bit
-per value, 1 for +1 and 0 for -1.
+Layout (the same for every width): the codes of the last axis form one
+little-endian bit stream. Code `i` occupies stream bits `i * bits` up to
+`(i + 1) * bits - 1`, least significant bit first, and stream bit `k` is
+bit `k % 8` of byte `k // 8`. So int4 puts two codes in a byte, low nibble
+first; int2 four (bits 0-1 first); int1 eight (bit 0 first); a 6-bit code
+(fp6) takes 4 values in 3 bytes, a 3-bit one 8 values in 3 bytes and a
+10-bit one 4 values in 5 bytes. The last axis is padded with zero codes to a
+whole number of bytes (`packed_length`). Signed int codes are stored in
+two's complement; int1 stores one bit per value, 1 for +1 and 0 for -1.
+
+Everything is vectorised jnp: the codes are cut into groups of
+`lcm(bits, 8) / bits` codes that fill `lcm(bits, 8) / 8` bytes exactly, and
+each byte of a group (or each code, when unpacking) is a fixed OR of
+shifted fields of the whole array, unrolled over the at most 16 bytes of a
+group and never over the data.
 """
 
 from __future__ import annotations
@@ -14,12 +24,34 @@ import math
 import jax
 import jax.numpy as jnp
 
-__all__ = ["pack", "packed_length", "unpack"]
+__all__ = ["group_shape", "pack", "packed_length", "unpack"]
 
 
 def packed_length(n: int, bits: int) -> int:
-    """Bytes needed along the last axis for `n` codes of `bits` bits."""
+    """Bytes needed along the last axis for `n` codes of `bits` bits.
+
+    Examples:
+        >>> packed_length(5, 6), packed_length(3, 4), packed_length(4, 10)
+        (4, 2, 5)
+    """
     return math.ceil(n * bits / 8)
+
+
+def group_shape(bits: int) -> tuple[int, int]:
+    """(codes, bytes) of the smallest group of `bits`-wide codes that fills whole bytes.
+
+    Examples:
+        >>> group_shape(6), group_shape(4), group_shape(3), group_shape(12)
+        ((4, 3), (2, 1), (8, 3), (2, 3))
+    """
+    _check_bits(bits)
+    codes = 8 // math.gcd(bits, 8)
+    return codes, codes * bits // 8
+
+
+def _check_bits(bits: int) -> None:
+    if not isinstance(bits, int) or isinstance(bits, bool) or not 1 <= bits <= 16:
+        raise ValueError(f"codes can be packed at 1 to 16 bits each, got bits={bits!r}")
 
 
 def _shifts(per_byte: int, bits: int, ndim: int) -> jax.Array:
@@ -28,26 +60,57 @@ def _shifts(per_byte: int, bits: int, ndim: int) -> jax.Array:
     return shifts.reshape((1,) * (ndim - 1) + (per_byte,))
 
 
+def _pad_last(x: jax.Array, length: int) -> jax.Array:
+    pad = length - x.shape[-1]
+    if pad <= 0:
+        return x
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
+
+
 def pack(codes: jax.Array, bits: int) -> jax.Array:
-    """Pack codes (last axis) into uint8 bytes.
+    """Pack codes (last axis) into uint8 bytes, `bits` bits each.
 
     `codes` are int8 two's complement values (int4/int2; with `bits=1`, ±1
-    codes stored as 1/0) or unsigned uint8 float codes.
+    codes stored as 1/0) or unsigned uint8/uint16 codes (float and code-book
+    formats); only their low `bits` bits are kept.
 
     Examples:
         >>> import jax.numpy as jnp
         >>> pack(jnp.array([1, -1, 7], jnp.int8), 4).tolist()
         [241, 7]
+        >>> pack(jnp.array([1, 2, 3, 63], jnp.uint8), 6).tolist()
+        [129, 48, 252]
     """
-    per_byte = 8 // bits
+    _check_bits(bits)
     n = codes.shape[-1]
-    pad = packed_length(n, bits) * per_byte - n
     if bits == 1:
-        field = (codes > 0).astype(jnp.uint8)
-    else:
-        field = codes.astype(jnp.uint8) & jnp.uint8((1 << bits) - 1)
-    if pad:
-        field = jnp.pad(field, [(0, 0)] * (codes.ndim - 1) + [(0, pad)])
+        codes = (codes > 0).astype(jnp.uint8)
+    if 8 % bits == 0 and bits < 8:
+        return _pack_sub_byte(codes, bits, n)
+    per_group, group_bytes = group_shape(bits)
+    groups = math.ceil(n / per_group)
+    wide = jnp.uint32 if bits > 8 else jnp.uint16
+    field = _pad_last(codes, groups * per_group).astype(wide) & wide((1 << bits) - 1)
+    field = field.reshape((*codes.shape[:-1], groups, per_group))
+    out = []
+    for j in range(group_bytes):  # a fixed layout, unrolled over <= 16 bytes
+        acc = None
+        for i in range(per_group):
+            shift = i * bits - 8 * j  # where code i starts relative to byte j
+            if shift >= 8 or shift + bits <= 0:
+                continue
+            f = field[..., i]
+            part = (f << shift) if shift >= 0 else (f >> -shift)
+            acc = part if acc is None else acc | part
+        out.append((acc & wide(0xFF)).astype(jnp.uint8))
+    data = jnp.stack(out, axis=-1).reshape((*codes.shape[:-1], groups * group_bytes))
+    return data[..., : packed_length(n, bits)]
+
+
+def _pack_sub_byte(codes: jax.Array, bits: int, n: int) -> jax.Array:
+    per_byte = 8 // bits
+    field = codes.astype(jnp.uint8) & jnp.uint8((1 << bits) - 1)
+    field = _pad_last(field, packed_length(n, bits) * per_byte)
     field = field.reshape((*codes.shape[:-1], packed_length(n, bits), per_byte))
     shifts = _shifts(per_byte, bits, field.ndim)
     # Fields occupy disjoint bits, so a sum is an OR.
@@ -55,19 +118,56 @@ def pack(codes: jax.Array, bits: int) -> jax.Array:
 
 
 def unpack(data: jax.Array, bits: int, n: int, *, signed: bool = True) -> jax.Array:
-    """Inverse of `pack`: uint8 bytes to `n` codes along the last axis.
+    """Inverse of `pack`: uint8 bytes to `n` codes of `bits` bits along the last axis.
 
     Signed fields come back as int8 (two's complement; `bits=1` as ±1), unsigned
-    ones (float codes) as uint8.
+    ones (float and code-book codes) as uint8, or uint16 when wider than 8 bits.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> unpack(jnp.array([129, 48, 252], jnp.uint8), 6, 4, signed=False).tolist()
+        [1, 2, 3, 63]
     """
-    per_byte = 8 // bits
-    shifts = _shifts(per_byte, bits, data.ndim + 1)
-    field = (data[..., None] >> shifts) & jnp.uint8((1 << bits) - 1)
-    field = field.reshape((*data.shape[:-1], data.shape[-1] * per_byte))[..., :n]
+    _check_bits(bits)
+    if signed and bits > 8:
+        raise ValueError(f"signed codes are at most 8 bits wide, got bits={bits}")
+    if 8 % bits == 0 and bits < 8:
+        field = _unpack_sub_byte(data, bits, n)
+    else:
+        field = _unpack_dense(data, bits, n)
     if not signed:
         return field
     if bits == 1:
         return field.astype(jnp.int8) * 2 - 1
     # Sign-extend a `bits`-wide two's complement field.
-    sign = jnp.int8(1 << (bits - 1))
+    sign = jnp.int8(1 << (bits - 1)) if bits < 8 else jnp.int8(-128)
     return (field.astype(jnp.int8) ^ sign) - sign
+
+
+def _unpack_sub_byte(data: jax.Array, bits: int, n: int) -> jax.Array:
+    per_byte = 8 // bits
+    shifts = _shifts(per_byte, bits, data.ndim + 1)
+    field = (data[..., None] >> shifts) & jnp.uint8((1 << bits) - 1)
+    return field.reshape((*data.shape[:-1], data.shape[-1] * per_byte))[..., :n]
+
+
+def _unpack_dense(data: jax.Array, bits: int, n: int) -> jax.Array:
+    per_group, group_bytes = group_shape(bits)
+    groups = math.ceil(n / per_group)
+    wide = jnp.uint32 if bits > 8 else jnp.uint16
+    out_dtype = jnp.uint16 if bits > 8 else jnp.uint8
+    b = _pad_last(data[..., : groups * group_bytes], groups * group_bytes).astype(wide)
+    b = b.reshape((*data.shape[:-1], groups, group_bytes))
+    out = []
+    for i in range(per_group):  # a fixed layout, unrolled over <= 8 codes
+        acc = None
+        for j in range(group_bytes):
+            shift = 8 * j - i * bits  # where byte j starts relative to code i
+            if shift >= bits or shift + 8 <= 0:
+                continue
+            f = b[..., j]
+            part = (f << shift) if shift >= 0 else (f >> -shift)
+            acc = part if acc is None else acc | part
+        out.append((acc & wide((1 << bits) - 1)).astype(out_dtype))
+    codes = jnp.stack(out, axis=-1).reshape((*data.shape[:-1], groups * per_group))
+    return codes[..., :n]

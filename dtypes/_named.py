@@ -1,0 +1,74 @@
+"""Named encodings beyond the element formats of `FORMATS`.
+
+`ENCODINGS` holds, by name:
+
+- ml_dtypes' element layouts that `FORMATS` does not list
+  (`float4_e2m1fn`, `float6_e2m3fn`, `float6_e3m2fn`, `float8_e4m3`,
+  `float8_e3m4`) and the E8M0 scale format `float8_e8m0fnu`;
+- the OCP MX v1.0 and NVFP4 compositions. A composition is an ordinary
+  format that carries its scaling in its `scaling` field: `encode(x)`,
+  `round(x)` and `nbytes(shape)` with no scaling use it, and equality
+  covers it (`mxfp4 != float4_e2m1fn`, though both hold e2m1 codes);
+- the storage encodings `nf4` (code book) and `uint8`/`uint4` (zero point).
+
+`dtypes.get` resolves every name here as it does the names of `FORMATS`.
+"""
+
+from __future__ import annotations
+
+from ._asymmetric import uint4, uint8
+from ._codebook import nf4
+from ._e8m0 import float8_e8m0fnu
+from ._formats import FloatFormat, Format, IntFormat
+from ._scaling import PerBlock
+
+__all__ = ["ENCODINGS", "ENCODING_ALIASES", "MX_BLOCK", "NVFP4_BLOCK"]
+
+MX_BLOCK = PerBlock(32, power_of_two=True, scale_format="float8_e8m0fnu")
+"""OCP MX scaling: blocks of 32 along the last axis, E8M0 scales by the MX rule."""
+NVFP4_BLOCK = PerBlock(16, scale_format="float8_e4m3fn")
+"""NVFP4 scaling: blocks of 16, e4m3 scales under one float32 tensor scale."""
+
+float4_e2m1fn = FloatFormat(2, 1, finite=True)
+float6_e2m3fn = FloatFormat(2, 3, finite=True)
+float6_e3m2fn = FloatFormat(3, 2, finite=True)
+float8_e4m3 = FloatFormat(4, 3)
+float8_e3m4 = FloatFormat(3, 4)
+
+mxfp8_e4m3 = FloatFormat(4, 3, finite=True, scaling=MX_BLOCK, name="mxfp8_e4m3")
+mxfp8_e5m2 = FloatFormat(5, 2, scaling=MX_BLOCK, name="mxfp8_e5m2")
+mxfp6_e3m2 = FloatFormat(3, 2, finite=True, scaling=MX_BLOCK, name="mxfp6_e3m2")
+mxfp6_e2m3 = FloatFormat(2, 3, finite=True, scaling=MX_BLOCK, name="mxfp6_e2m3")
+mxfp4 = FloatFormat(2, 1, finite=True, scaling=MX_BLOCK, name="mxfp4")
+mxint8 = IntFormat(8, scaling=MX_BLOCK, name="mxint8")
+nvfp4 = FloatFormat(2, 1, finite=True, scaling=NVFP4_BLOCK, name="nvfp4")
+
+ENCODINGS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        float4_e2m1fn,
+        float6_e2m3fn,
+        float6_e3m2fn,
+        float8_e4m3,
+        float8_e3m4,
+        float8_e8m0fnu,
+        mxfp8_e4m3,
+        mxfp8_e5m2,
+        mxfp6_e3m2,
+        mxfp6_e2m3,
+        mxfp4,
+        mxint8,
+        nvfp4,
+        nf4,
+        uint8,
+        uint4,
+    )
+}
+"""Named encodings beyond `FORMATS`: ml_dtypes layouts, E8M0, MX/NVFP4, NF4, uint8/uint4."""
+
+ENCODING_ALIASES: dict[str, str] = {
+    "e8m0": "float8_e8m0fnu",
+    "mxfp8": "mxfp8_e4m3",
+    "e2m1": "float4_e2m1fn",
+}
+"""Other spellings of `ENCODINGS` names (matched case-insensitively)."""

@@ -1,0 +1,180 @@
+"""Scale formats: the width scales are stored at (E8M0 itself is in `_e8m0`).
+
+A scaling names the format its scales are kept in (`Scaling.scale_format`):
+
+- `float32` (the default): the scale rules of `_codec._scales`, unchanged.
+- `float8_e8m0fnu` (E8M0, OCP MX): an unsigned 8-bit exponent, byte
+  `k + 127` for `2**k`, 0xFF for NaN. Needs `power_of_two=True`, whose rule
+  is the OCP MX v1.0 one: `scale = 2**(floor(log2(amax)) - emax_elem)`, so
+  the bytes stored change nothing in the codes. For integer elements the
+  byte is the spec's: the element's implicit scale is folded in (MXINT8's
+  elements are `code / 64`, so the byte holds `log2(scale) + 6 + 127`).
+- `bfloat16`, `float16`: the float32 scale rounded to nearest-even in that
+  format (clamped to its finite range, and float16 to at least its smallest
+  subnormal); the codes are then computed against the scale as stored,
+  `x * (1 / stored)`, so that `code * stored` is what decodes.
+- `float8_e4m3fn`: two-level NVFP4 scaling. With `top` the element format's
+  largest value (6 for e2m1) and `amax` the tensor's absmax, the tensor
+  encoding scale is `g = (448 * top) / amax` (1 for an all-zero tensor) and
+  the stored float32 tensor scale is `1 / g`. Each block's e4m3 scale is
+  `e4m3((block_amax / top) * g)` (nearest-even, at most 448), and its
+  elements are `x * (g / e4m3_scale)` rounded onto the element grid,
+  saturating (0 for a block whose scale rounds to 0). Decoding is
+  `code * (e4m3_scale * (1 / g))`.
+
+All scale arithmetic is float32, one operation per group, so a numpy
+reference doing the same operations gets the same bits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax import lax
+
+from ._errors import ScalingError
+from ._scaling import Scaling
+
+__all__ = ["narrow", "scale_dtype", "scale_nbytes", "two_level", "widen"]
+
+_DTYPES: dict[str, np.dtype] = {
+    "float32": np.dtype(np.float32),
+    "float8_e8m0fnu": np.dtype(ml_dtypes.float8_e8m0fnu),
+    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float16": np.dtype(np.float16),
+}
+_E4M3_MAX = 448.0
+_TINY = np.float32(2.0**-126)
+
+
+def scale_dtype(scaling: Scaling) -> np.dtype:
+    """numpy dtype of the stored scale array of `scaling`.
+
+    Examples:
+        >>> import dtypes
+        >>> scale_dtype(dtypes.PerBlock(32, power_of_two=True, scale_format="e8m0"))
+        dtype(float8_e8m0fnu)
+    """
+    return _DTYPES[scaling.scale_format]
+
+
+def two_level(scaling: Scaling | None) -> bool:
+    """Whether `scaling` keeps a float32 tensor scale above its block scales (NVFP4)."""
+    return scaling is not None and scaling.scale_format == "float8_e4m3fn"
+
+
+def scale_nbytes(scaling: Scaling, shape: tuple[int, ...]) -> int:
+    """Bytes of the scales an encoding of `shape` holds (tensor scale included)."""
+    scale_shape = scaling.scale_shape(shape) if shape else ()
+    count = math.prod(int(n) for n in scale_shape)
+    return count * scale_dtype(scaling).itemsize + (4 if two_level(scaling) else 0)
+
+
+def _group_max(x: jax.Array, scaling: Scaling) -> jax.Array:
+    """Per-group absmax of flushed float32 `x`, NaN where the group holds NaN."""
+    a = jnp.abs(lax.stop_gradient(x))
+    amax = scaling.group_reduce(a, lambda v, ax: jnp.max(v, axis=ax, keepdims=True, initial=0.0))
+    # (XLA's vectorised max may drop NaN: count them separately)
+    nans = scaling.group_reduce(
+        jnp.isnan(a).astype(jnp.float32), lambda v, ax: jnp.sum(v, axis=ax, keepdims=True)
+    )
+    return jnp.where(nans > 0, jnp.float32(jnp.nan), amax.astype(jnp.float32))
+
+
+def narrow(
+    x: jax.Array,
+    scaling: Scaling,
+    scale: jax.Array,
+    inv: jax.Array,
+    pre: jax.Array,
+    top: float,
+    offset: int,
+) -> tuple[jax.Array, jax.Array | None, jax.Array, jax.Array]:
+    """Scales as stored, and the reciprocal the codes are computed with.
+
+    Args:
+        x: the flushed float32 input (used by two-level scaling only).
+        scaling: the scaling, naming the scale format.
+        scale, inv, pre: the float32 scale rule's output (`_codec._scales`).
+        top: the element format's largest value (`qmax` for integers).
+        offset: log2 of the element's implicit scale folded into an E8M0 byte.
+
+    Returns:
+        (stored scales, float32 tensor scale or None, reciprocal, prescale).
+    """
+    fmt = scaling.scale_format
+    if fmt == "float32":
+        return scale, None, inv, pre
+    if fmt == "float8_e8m0fnu":
+        stored = (scale * np.float32(2.0**offset)).astype(jnp.float8_e8m0fnu)
+        return stored, None, inv, pre
+    if fmt == "float8_e4m3fn":
+        return _two_level(x, scaling, top)
+    dtype = _DTYPES[fmt]
+    info = ml_dtypes.finfo(dtype)
+    lo = np.float32(info.smallest_subnormal if fmt == "float16" else _TINY)
+    stored = jnp.clip(scale, lo, np.float32(info.max)).astype(dtype)
+    s32 = stored.astype(jnp.float32)
+    big = s32 > np.float32(2.0**100)  # keep the reciprocal a normal float32
+    pre = jnp.where(big, jnp.float32(2.0**-64), jnp.float32(1))
+    inv = jnp.float32(1) / (s32 * pre)
+    inv = jnp.where(jnp.isfinite(s32), inv, jnp.float32(0))
+    return stored, None, inv, pre
+
+
+def _two_level(x: jax.Array, scaling: Scaling, top: float):
+    amax_b = _group_max(x, scaling)
+    amax_t = jnp.max(amax_b, initial=0.0)
+    amax_t = jnp.where(jnp.any(jnp.isnan(amax_b)), jnp.float32(jnp.nan), amax_t)
+    top32 = np.float32(top)
+    g = np.float32(_E4M3_MAX * top) / jnp.where(amax_t == 0, jnp.float32(1), amax_t)
+    g = jnp.where(amax_t == 0, jnp.float32(1), jnp.minimum(g, np.float32(np.finfo(np.float32).max)))
+    g = jnp.where(jnp.isinf(amax_t), jnp.float32(jnp.nan), g)  # ±inf poisons the tensor scale
+    # the division by `top` must not become a multiplication by 1/top
+    per_block = amax_b / (amax_b * jnp.float32(0) + top32)
+    stored = jnp.minimum(per_block * g, np.float32(_E4M3_MAX)).astype(jnp.float8_e4m3fn)
+    s32 = stored.astype(jnp.float32)
+    inv = g / jnp.where(s32 > 0, s32, jnp.float32(1))
+    inv = jnp.where((s32 > 0) & jnp.isfinite(s32), inv, jnp.float32(0))
+    tensor_scale = (jnp.float32(1) / g).reshape(())
+    return stored, tensor_scale, inv, jnp.ones_like(inv)
+
+
+def widen(
+    stored: jax.Array, tensor_scale: jax.Array | None, scaling: Scaling, offset: int
+) -> jax.Array:
+    """float32 per-group scales that decode multiplies codes by."""
+    s = stored.astype(jnp.float32)
+    if scaling.scale_format == "float8_e8m0fnu" and offset:
+        s = s * np.float32(2.0**-offset)
+    if tensor_scale is not None:
+        s = s * tensor_scale.astype(jnp.float32)
+    return s
+
+
+def offset(fmt) -> int:
+    """log2 of the implicit scale of `fmt`'s elements, folded into E8M0 bytes (MXINT8: 6)."""
+    if fmt.kind == "int" and not getattr(fmt, "binary", False):
+        return math.floor(math.log2(fmt.qmax))
+    return 0
+
+
+def check(fmt, scaling: Scaling | None) -> None:
+    """Refuse scale formats a format cannot use (before any computing)."""
+    if scaling is None or scaling.scale_format in ("float32", "bfloat16", "float16"):
+        return
+    if fmt.kind == "int" and getattr(fmt, "binary", False):
+        raise ScalingError(
+            f"int1 scales are mean(|x|) per group and cannot be stored as {scaling.scale_format}; "
+            "use scale_format='float32', 'bfloat16' or 'float16'"
+        )
+    if scaling.scale_format == "float8_e4m3fn" and fmt.kind != "float":
+        raise ScalingError(
+            f"two-level float8_e4m3fn scales (the NVFP4 recipe) are for float elements, not "
+            f"{fmt.name}; use scale_format='bfloat16' or 'float16' for integer groups"
+        )
