@@ -9,6 +9,8 @@ A scaling names the format its scales are kept in (`Scaling.scale_format`):
   the bytes stored change nothing in the codes. For integer elements the
   byte is the spec's: the element's implicit scale is folded in (MXINT8's
   elements are `code / 64`, so the byte holds `log2(scale) + 6 + 127`).
+  An all-zero block (where the spec's `log2(0)` is undefined) keeps the
+  code scale 1: byte 127 for float elements, 133 for MXINT8.
 - `bfloat16`, `float16`: the float32 scale rounded to nearest-even in that
   format (clamped to its finite range, and float16 to at least its smallest
   subnormal); the codes are then computed against the scale as stored,

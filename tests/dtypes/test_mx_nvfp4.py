@@ -1,0 +1,373 @@
+"""OCP MX, NVFP4, ml_dtypes' layouts and scale formats, against independent references.
+
+- ml_dtypes for every layout it implements: `float4_e2m1fn`, both fp6,
+  `float8_e4m3`, `float8_e3m4` and the E8M0 scale bytes of `float8_e8m0fnu`.
+- OCP Microscaling Formats (MX) v1.0, section 6.3: per block of 32, the
+  shared scale is `X = 2**(floor(log2(amax)) - emax_elem)` stored as the E8M0
+  byte `floor(log2(amax)) - emax_elem + 127`; each element is `V / X`
+  rounded to nearest-even in the element format, saturating at ±max; a
+  block holding NaN gets the NaN scale 0xFF. MXINT8 elements are 8-bit two's
+  complement with an implicit scale of 2**-6 (emax_elem = 0).
+- NVFP4 as NVIDIA describes it: e2m1 elements in blocks of 16, an e4m3 scale
+  per block and one float32 scale per tensor; the tensor encoding scale is
+  `448 * 6 / amax(tensor)`, each block's e4m3 scale is the block's decoding
+  scale `amax(block) / 6` times that, rounded to e4m3, and elements are `x`
+  times the tensor encoding scale over the block's e4m3 scale, rounded to
+  e2m1 (saturating).
+
+The references are written in numpy from those rules (exact float64
+arithmetic where the rule is exact, float32 where the rule says float32) and
+use ml_dtypes for the element casts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import dtypes
+from dtypes import PerBlock
+from dtypes._packing import unpack
+
+ENC = dtypes.ENCODINGS
+
+# -- ml_dtypes layouts --------------------------------------------------------
+
+ML_LAYOUTS = [
+    ("float4_e2m1fn", ml_dtypes.float4_e2m1fn),
+    ("float6_e2m3fn", ml_dtypes.float6_e2m3fn),
+    ("float6_e3m2fn", ml_dtypes.float6_e3m2fn),
+    ("float8_e4m3", ml_dtypes.float8_e4m3),
+    ("float8_e3m4", ml_dtypes.float8_e3m4),
+]
+
+
+def _grid(native) -> np.ndarray:
+    bits = ml_dtypes.finfo(native).bits
+    values = np.arange(2**bits, dtype=np.uint8).view(native).astype(np.float64)
+    return np.unique(values[np.isfinite(values)])
+
+
+def _input_classes(native) -> np.ndarray:
+    """Grid values, midpoints and their float32 neighbours, overflow, zeros, inf/NaN."""
+    grid = _grid(native)
+    mids = ((grid[1:] + grid[:-1]) / 2).astype(np.float32)
+    top = float(ml_dtypes.finfo(native).max)
+    parts = [
+        grid,
+        mids,
+        np.nextafter(mids, np.float32(np.inf)),
+        np.nextafter(mids, np.float32(-np.inf)),
+        [top * 1.01, top * 4, -top * 4, 1e30, -1e30, 0.0, -0.0, 1e-30, -1e-30],
+    ]
+    return np.concatenate([np.asarray(p, np.float64) for p in parts]).astype(np.float32)
+
+
+@pytest.mark.parametrize(("name", "native"), ML_LAYOUTS, ids=[n for n, _ in ML_LAYOUTS])
+def test_named_layouts_cast_like_ml_dtypes(name, native, eager_and_jit):
+    fmt = dtypes.get(name)
+    assert fmt.name == name
+    assert fmt.bits == ml_dtypes.finfo(native).bits
+    x = _input_classes(native)
+    if ml_dtypes.finfo(native).bits >= 8:  # formats with inf and NaN codes
+        x = np.concatenate([x, np.array([np.inf, -np.inf, np.nan], np.float32)])
+    expected = x.astype(native).astype(np.float32)
+    got = np.asarray(eager_and_jit(lambda v: fmt.encode(v).decode())(x))
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(expected))
+    rounded = np.asarray(eager_and_jit(fmt.round)(x))
+    np.testing.assert_array_equal(rounded, expected)
+
+
+@pytest.mark.parametrize(("name", "native"), ML_LAYOUTS, ids=[n for n, _ in ML_LAYOUTS])
+def test_named_layouts_decode_every_code_like_ml_dtypes(name, native, eager_and_jit):
+    fmt = dtypes.get(name)
+    bits = ml_dtypes.finfo(native).bits
+    codes = np.arange(2**bits, dtype=np.uint8)
+    expected = codes.view(native).astype(np.float32)
+    if fmt.packed:
+        enc = dtypes.Encoded(jnp.asarray(_pack_ref(codes, bits)), None, fmt, None, codes.size)
+    else:
+        enc = dtypes.Encoded(jnp.asarray(codes.view(native)), None, fmt, None)
+    got = np.asarray(eager_and_jit(lambda e: e.decode())(enc))
+    nan = np.isnan(expected)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got.view(np.uint32)[~nan], expected.view(np.uint32)[~nan])
+
+
+def _pack_ref(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Little-endian bit-stream packing, written with numpy's packbits."""
+    stream = np.unpackbits(codes.astype(np.uint8)[:, None], axis=1, bitorder="little")[:, :bits]
+    return np.packbits(stream.reshape(-1), bitorder="little")
+
+
+def test_e8m0_matches_ml_dtypes(eager_and_jit):
+    fmt = dtypes.get("float8_e8m0fnu")
+    assert fmt is dtypes.get("e8m0")
+    k = np.arange(-126, 128, dtype=np.float64)
+    p = 2.0**k
+    x = np.concatenate(
+        [p, p * 1.5, p * 1.25, p * 1.75, np.nextafter(p * 1.5, 0), [0.0, -1.0, np.nan, np.inf]]
+    ).astype(np.float32)
+    x = x[np.isfinite(x.astype(np.float64)) | np.isnan(x) | np.isinf(x)]
+    expected = x.astype(ml_dtypes.float8_e8m0fnu)
+    enc = eager_and_jit(fmt.encode)(x)
+    assert enc.data.dtype == ml_dtypes.float8_e8m0fnu
+    np.testing.assert_array_equal(np.asarray(enc.data).view(np.uint8), expected.view(np.uint8))
+    # every byte decodes to its power of two (2**-127 needs float64 to be kept)
+    codes = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    got = np.asarray(fmt.decode(dtypes.Encoded(jnp.asarray(codes), None, fmt, None)))
+    want = codes.astype(np.float32)
+    np.testing.assert_array_equal(got[1:255], want[1:255])
+    assert np.isnan(got[255])
+    assert fmt.nbytes((3, 5)) == 15
+
+
+# -- OCP MX -------------------------------------------------------------------
+
+MX = {
+    "mxfp8_e4m3": (ml_dtypes.float8_e4m3fn, 8),
+    "mxfp8_e5m2": (ml_dtypes.float8_e5m2, 15),
+    "mxfp6_e3m2": (ml_dtypes.float6_e3m2fn, 4),
+    "mxfp6_e2m3": (ml_dtypes.float6_e2m3fn, 2),
+    "mxfp4": (ml_dtypes.float4_e2m1fn, 2),
+}
+
+
+def mx_reference(x: np.ndarray, native, emax_elem: int) -> tuple[np.ndarray, np.ndarray]:
+    """(element codes, E8M0 bytes) of float32 `x` (rows a multiple of 32) by OCP MX v1.0."""
+    blocks = x.astype(np.float64).reshape(*x.shape[:-1], -1, 32)
+    amax = np.abs(blocks).max(axis=-1)
+    nan = np.isnan(blocks).any(axis=-1)
+    # floor(log2(amax)) exactly: frexp gives amax = f * 2**e with f in [0.5, 1)
+    e = np.frexp(np.where(amax > 0, amax, 1.0))[1] - 1
+    shared = np.where(amax > 0, e - emax_elem, 0)  # an all-zero block: scale 1 (byte 127)
+    scale_bytes = np.where(nan, 0xFF, shared + 127).astype(np.uint8)
+    v = blocks / np.ldexp(1.0, shared)[..., None]
+    top = float(ml_dtypes.finfo(native).max)
+    v = np.clip(np.nan_to_num(v), -top, top)  # saturate
+    bits = ml_dtypes.finfo(native).bits
+    codes = v.astype(native).view(np.uint8) & ((1 << bits) - 1)
+    return codes.reshape(x.shape), scale_bytes
+
+
+def _mx_data(seed: int, rows: int = 6) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, 96)) * np.exp2(rng.integers(-30, 30, (rows, 3, 1))).repeat(
+        32, axis=-1
+    ).reshape(rows, 96)
+    x[0, :32] = 0.0  # an all-zero block
+    x[1, :32] = 2.0 ** np.arange(-15, 17)  # amax an exact power of two
+    x[1, 32:64] = -3.0  # a constant block
+    x[2, 64:96] = np.linspace(-1, 1, 32) * 1e-20  # a tiny block beside normal ones
+    return x.astype(np.float32)
+
+
+def _codes(enc) -> np.ndarray:
+    fmt = enc.format
+    if fmt.packed:
+        return np.asarray(unpack(enc.data, fmt.code_bits, enc.shape[-1], signed=False))
+    return np.asarray(enc.data).view(np.uint8)
+
+
+@pytest.mark.parametrize("name", list(MX))
+def test_mx_codes_and_e8m0_bytes_follow_the_ocp_rules(name, eager_and_jit):
+    fmt = ENC[name]
+    native, emax_elem = MX[name]
+    assert fmt.emax == emax_elem
+    x = _mx_data(len(name))
+    enc = eager_and_jit(fmt.encode)(x)
+    assert enc.scale.dtype == ml_dtypes.float8_e8m0fnu
+    codes, scale_bytes = mx_reference(x, native, emax_elem)
+    np.testing.assert_array_equal(np.asarray(enc.scale).view(np.uint8), scale_bytes)
+    np.testing.assert_array_equal(_codes(enc), codes)
+    # decode: element value times 2**(byte - 127)
+    elems = _element_values(codes, native)
+    want = elems * np.ldexp(1.0, scale_bytes.astype(np.int64) - 127).repeat(32, axis=-1)
+    np.testing.assert_array_equal(np.asarray(enc.decode()), want.astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(eager_and_jit(fmt.round)(x)), want.astype(np.float32))
+
+
+def _element_values(codes: np.ndarray, native) -> np.ndarray:
+    return codes.astype(np.uint8).view(native).astype(np.float64)
+
+
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4", "mxint8"])
+def test_mx_block_with_nan_gets_scale_0xff(name):
+    fmt = ENC[name]
+    x = _mx_data(3)
+    x[4, 40] = np.nan
+    enc = jax.jit(fmt.encode)(x)  # eagerly, NaN is refused (NonFiniteError)
+    scale_bytes = np.asarray(enc.scale).view(np.uint8)
+    assert scale_bytes[4, 1] == 0xFF
+    assert (np.delete(scale_bytes.ravel(), 4 * 3 + 1) != 0xFF).all()
+    out = np.asarray(enc.decode())
+    assert np.isnan(out[4, 32:64]).all()
+    assert not np.isnan(np.delete(out, np.s_[32:64], axis=1)).any()
+    with pytest.raises(dtypes.NonFiniteError):
+        fmt.encode(x)
+
+
+def test_mxint8_follows_the_ocp_rules(eager_and_jit):
+    fmt = dtypes.get("mxint8")
+    x = _mx_data(11)
+    enc = eager_and_jit(fmt.encode)(x)
+    blocks = x.astype(np.float64).reshape(6, 3, 32)
+    amax = np.abs(blocks).max(-1)
+    e = np.frexp(np.where(amax > 0, amax, 1.0))[1] - 1
+    # emax_elem = 0 for INT8; an all-zero block keeps code scale 1 (X = 2**6, byte 133)
+    shared = np.where(amax > 0, e, 6)
+    np.testing.assert_array_equal(np.asarray(enc.scale).view(np.uint8), shared + 127)
+    # elements: V / X on the 2**-6 grid, nearest-even, within ±127/64 (symmetric)
+    q = np.clip(np.round(blocks / np.ldexp(1.0, shared)[..., None] * 64), -127, 127)
+    np.testing.assert_array_equal(np.asarray(enc.data), q.reshape(x.shape).astype(np.int8))
+    want = q * np.ldexp(1.0, shared - 6)[..., None]
+    np.testing.assert_array_equal(
+        np.asarray(enc.decode()), want.reshape(x.shape).astype(np.float32)
+    )
+
+
+# -- NVFP4 --------------------------------------------------------------------
+
+
+def nvfp4_reference(x: np.ndarray):
+    """(e2m1 codes, e4m3 scales, float32 tensor scale, decoded values) of float32 `x`."""
+    f32 = np.float32
+    amax_t = f32(np.abs(x).max())
+    g = f32(1) if amax_t == 0 else f32(f32(448.0 * 6.0) / amax_t)  # tensor encoding scale
+    blocks = x.reshape(*x.shape[:-1], -1, 16)
+    amax_b = np.abs(blocks).max(-1).astype(f32)
+    dec_b = (amax_b / f32(6)).astype(f32)  # the block's decoding scale
+    s8 = np.minimum((dec_b * g).astype(f32), f32(448)).astype(ml_dtypes.float8_e4m3fn)
+    s32 = s8.astype(f32)
+    with np.errstate(divide="ignore"):
+        enc_b = np.where(s32 > 0, (g / np.where(s32 > 0, s32, f32(1))).astype(f32), f32(0))
+    y = (blocks * enc_b[..., None]).astype(f32)
+    y = np.clip(y, -6, 6)
+    codes = y.astype(ml_dtypes.float4_e2m1fn)
+    tensor_scale = f32(f32(1) / g)
+    per_block = (s32 * tensor_scale).astype(f32)
+    values = (codes.astype(f32) * per_block[..., None]).astype(f32)
+    return (
+        (codes.view(np.uint8) & 0xF).reshape(x.shape),
+        s8,
+        tensor_scale,
+        values.reshape(x.shape),
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_nvfp4_follows_the_published_recipe(seed, eager_and_jit):
+    fmt = dtypes.get("nvfp4")
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((4, 4, 16)) * np.exp2(rng.integers(-6, 6, (4, 4, 1)))).reshape(4, 64)
+    x[0, :16] = 0.0
+    x = x.astype(np.float32)
+    enc = eager_and_jit(fmt.encode)(x)
+    codes, s8, tensor_scale, values = nvfp4_reference(x)
+    assert enc.scale.dtype == ml_dtypes.float8_e4m3fn
+    assert enc.tensor_scale.dtype == np.float32
+    assert enc.tensor_scale.shape == ()
+    np.testing.assert_array_equal(np.asarray(enc.scale).view(np.uint8), s8.view(np.uint8))
+    assert np.float32(enc.tensor_scale) == tensor_scale
+    np.testing.assert_array_equal(_codes(enc), codes)
+    np.testing.assert_array_equal(np.asarray(enc.decode()), values)
+    np.testing.assert_array_equal(np.asarray(eager_and_jit(fmt.round)(x)), values)
+
+
+def test_nvfp4_all_zero_tensor():
+    enc = dtypes.get("nvfp4").encode(np.zeros((2, 16), np.float32))
+    assert float(enc.tensor_scale) == 1.0
+    np.testing.assert_array_equal(np.asarray(enc.decode()), 0.0)
+
+
+# -- bytes per value ----------------------------------------------------------
+
+SHAPE = (64, 1024)
+N = math.prod(SHAPE)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "scaling", "bits_per_value", "extra_bytes"),
+    [
+        (ENC["mxfp4"], None, 4.25, 0),
+        (ENC["mxfp8_e4m3"], None, 8.25, 0),
+        (ENC["mxfp8_e5m2"], None, 8.25, 0),
+        (ENC["mxfp6_e3m2"], None, 6.25, 0),
+        (ENC["mxfp6_e2m3"], None, 6.25, 0),
+        (ENC["mxint8"], None, 8.25, 0),
+        (ENC["nvfp4"], None, 4.5, 4),
+        (dtypes.int4, PerBlock(128, scale_format="bfloat16"), 4.125, 0),
+        (dtypes.int4, PerBlock(128, scale_format="float16"), 4.125, 0),
+        (dtypes.int4, PerBlock(128), 4.25, 0),
+        (ENC["float6_e3m2fn"], None, 6.0, 0),
+    ],
+    ids=lambda v: getattr(v, "name", None),
+)
+def test_bytes_per_value(fmt, scaling, bits_per_value, extra_bytes):
+    assert fmt.nbytes(SHAPE, scaling) == N * bits_per_value / 8 + extra_bytes
+    x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
+    assert fmt.encode(x, scaling=scaling).nbytes == fmt.nbytes(SHAPE, scaling)
+
+
+# -- scale formats ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale_format", ["bfloat16", "float16"])
+@pytest.mark.parametrize("fmt", [dtypes.int4, dtypes.int8], ids=lambda f: f.name)
+def test_narrow_scales_are_rounded_then_used(fmt, scale_format, eager_and_jit):
+    native = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[scale_format]
+    x = np.random.default_rng(5).standard_normal((3, 256)).astype(np.float32)
+    scaling = PerBlock(128, scale_format=scale_format)
+    enc = eager_and_jit(lambda v: fmt.encode(v, scaling=scaling))(x)
+    assert enc.scale.dtype == native
+    # reference: float32 absmax / qmax, rounded nearest-even into the scale format
+    amax = np.abs(x.reshape(3, 2, 128)).max(-1)
+    s = (amax / np.float32(fmt.qmax)).astype(np.float32).astype(native)
+    np.testing.assert_array_equal(np.asarray(enc.scale).view(np.uint16), s.view(np.uint16))
+    inv = (np.float32(1) / s.astype(np.float32)).astype(np.float32)
+    y = (x.reshape(3, 2, 128) * inv[..., None]).astype(np.float32)
+    q = np.clip(np.round(y), -fmt.qmax, fmt.qmax)
+    want = (q * s.astype(np.float32)[..., None]).reshape(x.shape).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(enc.decode()), want)
+    np.testing.assert_array_equal(np.asarray(fmt.round(x, scaling=scaling)), want)
+
+
+def test_e8m0_scales_change_bytes_not_values():
+    x = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
+    for fmt in (dtypes.float8_e4m3fn, dtypes.int8, dtypes.int4):
+        wide = fmt.encode(x, scaling=PerBlock(32, power_of_two=True))
+        narrow = fmt.encode(x, scaling=PerBlock(32, power_of_two=True, scale_format="e8m0"))
+        np.testing.assert_array_equal(np.asarray(wide.decode()), np.asarray(narrow.decode()))
+        assert wide.nbytes - narrow.nbytes == 3 * 4 * 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"scale_format": "float8_e8m0fnu"}, "power_of_two=True"),
+        ({"scale_format": "float8_e4m3fn", "power_of_two": True}, "two-level"),
+        ({"scale_format": "int8"}, "choose one of"),
+    ],
+)
+def test_bad_scale_formats_are_refused(kwargs, says):
+    with pytest.raises(dtypes.ScalingError, match=says):
+        PerBlock(32, **kwargs)
+
+
+def test_compositions_are_formats_with_their_scaling():
+    mxfp4, nvfp4 = dtypes.get("mxfp4"), dtypes.get("nvfp4")
+    e2m1 = dtypes.get("float4_e2m1fn")
+    assert mxfp4 != e2m1
+    assert nvfp4 != mxfp4
+    assert mxfp4.default_scaling() == PerBlock(32, power_of_two=True, scale_format="float8_e8m0fnu")
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    a = e2m1.encode(x, scaling=mxfp4.scaling)
+    b = mxfp4.encode(x)
+    np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
+    np.testing.assert_array_equal(np.asarray(a.decode()), np.asarray(b.decode()))
