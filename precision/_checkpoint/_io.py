@@ -22,11 +22,13 @@ the writer, what a stored leaf loads as, and the public `save` and `load`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import jax
@@ -75,7 +77,9 @@ def _header_bytes(
     return len(text).to_bytes(8, "little") + text
 
 
-def _metadata(leaves: list[Leaf], crc: dict[str, int]) -> dict[str, str]:
+def _metadata(
+    leaves: list[Leaf], crc: dict[str, int], extra: dict[str, str] | None = None
+) -> dict[str, str]:
     tensors = [leaf.to_json() for leaf in leaves]
     doc = {
         "version": VERSION,
@@ -83,22 +87,30 @@ def _metadata(leaves: list[Leaf], crc: dict[str, int]) -> dict[str, str]:
         "tensors_crc32": _tensors_crc(tensors),
         "crc32": {name: f"{value:08x}" for name, value in crc.items()},
     }
-    return {VERSION_KEY: str(VERSION), METADATA_KEY: json.dumps(doc, separators=(",", ":"))}
+    ours = {VERSION_KEY: str(VERSION), METADATA_KEY: json.dumps(doc, separators=(",", ":"))}
+    return {**(extra or {}), **ours}
 
 
 def write(
     path: str | os.PathLike,
     leaves: list[Leaf],
-    produce: Iterable[tuple[str, np.ndarray]],
+    produce: Iterable[tuple[str, np.ndarray | Iterable[np.ndarray]]],
     *,
     overwrite: bool,
+    metadata: dict[str, str] | None = None,
+    guard: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> int:
     """Atomically write a checkpoint of `leaves`, whose arrays `produce` yields in order.
 
     `produce` is consumed lazily, so a caller can compute one tensor at a time
     and peak memory stays at about one tensor. An array may also be given as
-    an iterator of slices along its first axis (row blocks, in order), so a
-    tensor never has to be whole in memory. Returns the bytes written.
+    an iterator of consecutive pieces of its bytes in order (any shapes, the
+    array's dtype), so a tensor never has to be whole in memory; each piece
+    is written before the next is asked for, so a producer may reuse its
+    buffer. `metadata` adds string entries to the header's `__metadata__`
+    (the keys `precision` writes take precedence). `guard`, when given, is a
+    context manager factory entered around the final rename (the command
+    line holds interrupts off there). Returns the bytes written.
 
     Raises:
         FileExistsError: `path` exists and `overwrite` is False.
@@ -117,8 +129,9 @@ def write(
     check_names(leaves)
     arrays = [a for leaf in leaves for a in leaf.arrays()]
     crc = {name: 0 for name, _, _ in arrays}
-    header = _header_bytes(arrays, _metadata(leaves, crc))
-    temp = _TempFile(path)
+    extra = {str(k): str(v) for k, v in (metadata or {}).items()}
+    header = _header_bytes(arrays, _metadata(leaves, crc, extra))
+    temp = _TempFile(path, overwrite=overwrite)
     try:
         with os.fdopen(temp.fd, "wb", closefd=False) as f:
             f.write(header)
@@ -135,9 +148,9 @@ def write(
                     )
                 value, written = 0, 0
                 for part in [arr] if whole else arr:
-                    if part.dtype != dtype or tuple(part.shape[1:]) != tuple(shape[1:]):
+                    if part.dtype != dtype:
                         raise ValueError(
-                            f"array {name!r}: a slice of {part.dtype}{list(part.shape)} does not "
+                            f"array {name!r}: a piece of {part.dtype}{list(part.shape)} does not "
                             f"fit {dtype}{list(shape)}"
                         )
                     view = memoryview(np.ascontiguousarray(part).reshape(-1).view(np.uint8))
@@ -149,12 +162,13 @@ def write(
                     raise ValueError(f"array {name!r}: {written} bytes produced, not {shape}")
                 crc[name] = value
                 del arr
-            final = _header_bytes(arrays, _metadata(leaves, crc))
+            final = _header_bytes(arrays, _metadata(leaves, crc, extra))
             assert len(final) == len(header)  # fixed-width CRCs: same length
             f.seek(0)
             f.write(final)
             size = f.seek(0, os.SEEK_END)
-        temp.commit()
+        with guard() if guard is not None else contextlib.nullcontext():
+            temp.commit()
     except BaseException:
         temp.discard()
         raise
@@ -279,7 +293,10 @@ def load(path: str | os.PathLike, *, as_arrays: bool = False) -> Any:
         items = []
         for leaf in reader.leaves:
             data, scale = reader.read_leaf(leaf)
-            value = materialize(leaf, data, scale, as_arrays)
+            try:
+                value = materialize(leaf, data, scale, as_arrays)
+            except CheckpointError as exc:  # every message starts with the file's path
+                raise reader.error(str(exc)) from None
             if reader.foreign and not as_arrays and leaf.kind != "array":
                 # Another framework's F16/BF16 weights are its full-precision
                 # values: widen them (exactly) to full-precision float32.

@@ -1,65 +1,215 @@
-"""`precision convert`: a checkpoint converted to another format, one tensor at a time."""
+"""`precision convert`: a checkpoint converted to another format, streamed in blocks.
+
+What each tensor becomes is decided first (`_plan`: matched rule or the
+reason it is kept), so `--dry-run` prints exactly what a conversion would
+do. The conversion itself never holds more than one tensor's input, and
+usually only one block of it (`_Engine`):
+
+* **flat** — unscaled formats and per-block scaling along the last axis
+  encode each value from itself or its block alone, so the tensor's values
+  are encoded in fixed-size blocks of its flat order (the last one padded),
+  one compiled program for every tensor;
+* **two passes** — per-tensor scaling needs the absmax first: one pass reads
+  it (exact: a maximum), the second encodes each block with that absmax
+  appended as an extra value, which gives every value the scale of the
+  whole tensor, so the codes are those of the whole-tensor encode;
+* **rows** — per-axis scaling along the first axis: blocks of whole rows;
+* **whole** — everything else (stochastic rounding, int1's mean scales,
+  per-axis along other axes, inputs stored in a precision format): the
+  tensor is encoded at once, its statistics taken in row slices.
+
+Every path gives the bytes the library's own `Format.encode` gives for the
+whole tensor (tests/precision/test_cli.py checks each). The statistics (SQNR
+per tensor) are computed in the same compiled program as the encode; in
+float32 sums of values divided by the block's absmax, accumulated in
+float64, so neither overflows.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import math
 import os
+import re
 import sys
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 import dtypes
-from dtypes import Encoded
 
 from .._checkpoint._io import encoded, write
 from .._checkpoint._layout import SCALE_SUFFIX, Leaf
-from .._checkpoint._reader import Reader
-from ._output import _DataError, _fmt_db, _human, _UsageError
+from .._checkpoint._reader import Reader, aligned_empty
+from ._files import (
+    DEFAULT_SHARD_BYTES,
+    Source,
+    TempDirectory,
+    deferred_interrupts,
+    leaf_nbytes,
+    plan_shards,
+    shard_names,
+    write_index,
+)
+from ._output import PROG, _DataError, _fmt_db, _human, _progress, _table, _UsageError
 
-_DEFAULT = object()  # --scaling not given: the format's own default
+#: What `--keep` keeps by default for formats of 8 bits or fewer: norms,
+#: biases and embeddings, in the spellings of the common model families
+#: (GPT-2 ln_1/ln_f/wte/wpe, BERT LayerNorm/word_embeddings, Llama
+#: input_layernorm/embed_tokens/norm, T5 layer_norm/shared). Matched with
+#: re.search, case-insensitively.
+DEFAULT_KEEP = (
+    r"norm|(^|[._/])ln(_?[a-z0-9]+)?([._/]|$)|bias"
+    r"|embed|(^|[._/])(wte|wpe|shared|tok_embeddings)([._/]|$)"
+)
+
+#: SQNR below which a converted tensor is reported with a warning (see
+#: docs/cli.md, "Reading SQNR": below ~15 dB a tensor keeps less than
+#: about 97% of its signal energy and models visibly degrade).
+DEFAULT_WARN_SQNR = 15.0
+
+_BLOCK = 1 << 20  # values per block of a streamed conversion (4 MiB of float32)
+
+# Input containers whose float32 value is their logical value (an exact cast).
+_RAW_FLOATS = {np.dtype(t) for t in ("float32", "float16", "bfloat16")} | {
+    np.dtype(dtypes.float8_e4m3fn.container),
+    np.dtype(dtypes.float8_e5m2.container),
+}
 
 
-@dataclasses.dataclass
-class _Plan:
-    leaf: Leaf  # as stored in the input
-    out: Leaf  # as written to the output
-    reason: str | None  # why it is copied unchanged, or None when converted
+# --------------------------------------------------------------------------
+# arguments resolved against the registry
 
 
-def _target_scaling(args: argparse.Namespace) -> dtypes.Scaling | None:
-    fmt: dtypes.Format = args.to
-    scaling = fmt.default_scaling() if args.scaling is _DEFAULT else args.scaling
+def _format(text: str) -> dtypes.Format:
+    try:
+        fmt = dtypes.get(text)
+    except (ValueError, TypeError) as exc:
+        raise _UsageError(f"--to: {exc}") from None
+    if fmt.bits > 32:
+        raise _UsageError(
+            f"--to {text}: {fmt.name} is wider than the float32 values a checkpoint holds, so "
+            "converting to it gains nothing; choose float32 or a narrower format (see "
+            "'precision formats')"
+        )
+    return fmt
+
+
+def _scaling(text: str | None, fmt: dtypes.Format) -> dtypes.Scaling | None:
+    """The scaling of `--scaling` (already checked against the grammar), or the preset."""
+    if text is None:
+        default = fmt.default_scaling()
+        if fmt.kind == "int" and fmt.bits <= 4 and not isinstance(default, dtypes.PerBlock):
+            # Narrow integers need small groups: per tensor, one outlier
+            # takes the whole range (int4 on GPT-2's wte: 12 dB vs 20 dB).
+            return dtypes.PerBlock(32)
+        return default
+    parts = text.split(":")
+    pow2 = parts[-1] == "pow2"
+    if pow2:
+        parts = parts[:-1]
+    if parts[0] == "none":
+        return None
+    try:
+        if parts[0] == "per-tensor":
+            return dtypes.PerTensor(power_of_two=pow2)
+        if parts[0] == "per-axis":
+            return dtypes.PerAxis(int(parts[1]), power_of_two=pow2)
+        return dtypes.PerBlock(int(parts[1]), power_of_two=pow2)
+    except (ValueError, TypeError) as exc:
+        raise _UsageError(f"--scaling {text}: {exc}") from None
+
+
+def _check_pair(fmt: dtypes.Format, scaling: dtypes.Scaling | None, text: str | None) -> None:
+    """Usage error unless `fmt` takes `scaling` at all (asked of the format itself)."""
     if fmt.kind == "int" and scaling is None:
         raise _UsageError(
             f"{fmt.name} always needs a scaling; use --scaling per-tensor, per-axis:AXIS or "
             "per-block:SIZE"
         )
-    if scaling is not None and fmt.kind == "float":
-        # Ask the format itself whether it takes this scaling at all (float
-        # formats with float32's exponent range refuse every scaling).
-        probe = np.ones((1,) * (abs(getattr(scaling, "axis", 0)) + 1), np.float32)
-        try:
+    if scaling is None:
+        return
+    axis = int(getattr(scaling, "axis", 0))
+    ndim = axis + 1 if axis >= 0 else -axis
+    shape = [1] * ndim
+    if isinstance(scaling, dtypes.PerBlock):
+        shape[axis] = int(scaling.size)
+    probe = np.ones(shape, np.float32)
+    check = getattr(fmt, "check", None)
+    try:
+        if check is not None:
+            check(probe, scaling=scaling)
+        else:  # pragma: no cover - before Format.check existed
             fmt.encode(probe, scaling=scaling)
-        except ValueError as exc:
-            raise _UsageError(f"--scaling {scaling}: {exc}") from None
-    return scaling
+    except (ValueError, TypeError) as exc:
+        where = f"--scaling {text}" if text else f"the default scaling {scaling}"
+        raise _UsageError(f"--to {fmt.name} with {where}: {_first_sentence(exc)}") from None
 
 
-def _plan(reader: Reader, args: argparse.Namespace) -> list[_Plan]:
-    fmt: dtypes.Format = args.to
-    scaling = _target_scaling(args)
+def _first_sentence(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+# --------------------------------------------------------------------------
+# the plan
+
+
+@dataclasses.dataclass
+class _Plan:
+    reader: Reader
+    leaf: Leaf  # as stored in the input
+    out: Leaf  # as written to the output
+    reason: str | None  # why it is copied unchanged, or None when converted
+    mode: str = "copy"  # copy, flat, twopass, rows, whole
+
+
+@dataclasses.dataclass
+class _Rules:
+    include: re.Pattern | None
+    exclude: re.Pattern | None
+    keep: re.Pattern | None
+    keep_text: str
+
+
+def _rules(args: argparse.Namespace, fmt: dtypes.Format) -> _Rules:
+    keep_text = args.keep
+    if keep_text is None:
+        keep_text = DEFAULT_KEEP if fmt.bits <= 8 else "none"
+        label = "default" if fmt.bits <= 8 else "none"
+    else:
+        label = keep_text
+    if keep_text.strip().lower() in ("none", ""):
+        return _Rules(args.include, args.exclude, None, "none")
+    try:
+        keep = re.compile(keep_text, re.IGNORECASE)
+    except re.error as exc:
+        raise _UsageError(f"--keep: bad regular expression {keep_text!r}: {exc}") from None
+    return _Rules(args.include, args.exclude, keep, label)
+
+
+def _fits(scaling: dtypes.Scaling, shape: tuple[int, ...]) -> bool:
+    try:
+        scaling.validate(shape)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def _plan(
+    source: Source, fmt: dtypes.Format, scaling: dtypes.Scaling | None, rules: _Rules, rounding
+) -> list[_Plan]:
     plans = []
-    for leaf in reader.leaves:
+    for reader, leaf in source.items:
         reason = None
-        if args.include is not None and not args.include.search(leaf.name):
-            reason = "not included"
-        elif args.exclude is not None and args.exclude.search(leaf.name):
-            reason = "excluded"
+        if rules.include is not None and not rules.include.search(leaf.name):
+            reason = "not included (--include)"
+        elif rules.exclude is not None and rules.exclude.search(leaf.name):
+            reason = "excluded (--exclude)"
+        elif rules.keep is not None and rules.keep.search(leaf.name):
+            reason = f"kept (--keep {rules.keep_text})"
         elif leaf.kind == "array" and leaf.dtype.name not in ("float32", "float16", "bfloat16"):
             reason = f"{leaf.dtype.name} array"
         elif leaf.kind == "tensor" and leaf.dtype != np.float32:
@@ -69,7 +219,7 @@ def _plan(reader: Reader, args: argparse.Namespace) -> list[_Plan]:
         elif scaling is not None and not leaf.shape and not isinstance(scaling, dtypes.PerTensor):
             reason = f"{scaling} does not fit a scalar"
         if reason is not None:
-            plans.append(_Plan(leaf, leaf, reason))
+            plans.append(_Plan(reader, leaf, leaf, reason))
             continue
         full = fmt.is_full_precision and scaling is None
         out_fmt = dtypes.float32 if full else fmt
@@ -83,328 +233,592 @@ def _plan(reader: Reader, args: argparse.Namespace) -> list[_Plan]:
             scaling,
             None if scaling is None else leaf.name + SCALE_SUFFIX,
         )
-        plans.append(_Plan(leaf, out, None))
+        plan = _Plan(reader, leaf, out, None)
+        plan.mode = _mode(plan, rounding)
+        plans.append(plan)
     return plans
 
 
-def _fits(scaling: dtypes.Scaling, shape: tuple[int, ...]) -> bool:
-    try:
-        scaling.validate(shape)
-    except ValueError:
-        return False
-    return True
-
-
-_CHUNK = 1 << 18  # values per slice of the error statistics (1 MiB of float32)
-
-# Compiled programs by (format, scaling, rounding), then by shape: a process
-# that converts several checkpoints (the tests, a notebook) compiles once.
-_COMPILED: dict[tuple, dict[tuple, Any]] = {}
-
-
-class _Converter:
-    """The library's own encode of one tensor at a time, and its error energy.
-
-    Memory is what this is built around. XLA fuses an encode into one pass
-    from the float32 input to the output codes (plus a reduction for the
-    scales), so the only full-size buffers are the input and the output; the
-    error statistics are computed apart, in slices of `_CHUNK` values (fused
-    into the encode they made XLA materialize two float32 copies of the
-    tensor). Everything is compiled for a tensor's shape *before* the tensor
-    is read (`prepare`), so the compiler's own transient memory never adds
-    to a tensor's.
-    """
-
-    def __init__(self, fmt: dtypes.Format, scaling: dtypes.Scaling | None, rounding: str):
-        import jax
-        import jax.numpy as jnp
-
-        self.fmt, self.scaling = fmt, scaling
-
-        def encode(x, key):
-            enc = fmt.encode(x, scaling=scaling, rounding=rounding, key=key)
-            return enc.data, enc.scale
-
-        def decode(data, scale, last):
-            return Encoded(data, scale, fmt, scaling, last).decode(jnp.float32)
-
-        self._encode = jax.jit(encode)
-        self._decode = jax.jit(decode, static_argnums=2)
-        self._key_spec = (
-            jax.eval_shape(lambda: jax.random.key(0)) if rounding == "stochastic" else None
-        )
-        self._compiled = _COMPILED.setdefault((fmt, scaling, rounding), {})
-
-    @staticmethod
-    def _pieces(out: Leaf) -> list[slice | None]:
-        """Row slices of the error statistics (None: the whole tensor at once)."""
-        shape, scale_shape = out.shape, out.scale_shape
-        if len(shape) < 2 or (scale_shape is not None and scale_shape[0] not in (1, shape[0])):
-            return [None]  # groups span the first axis, or nothing to slice
-        step = max(1, _CHUNK // max(int(np.prod(shape[1:], dtype=np.int64)), 1))
-        return [slice(r, min(r + step, shape[0])) for r in range(0, shape[0], step)] or [None]
-
-    def _specs(self, out: Leaf, piece: slice | None):
-        import jax
-
-        data_shape, scale_shape = out.data_shape, out.scale_shape
-        if piece is not None:
-            n = piece.stop - piece.start
-            data_shape = (n, *data_shape[1:])
-            if scale_shape is not None and scale_shape[0] != 1:
-                scale_shape = (n, *scale_shape[1:])
-        data = jax.ShapeDtypeStruct(data_shape, out.container)
-        scale = None if scale_shape is None else jax.ShapeDtypeStruct(scale_shape, np.float32)
-        return data, scale
-
-    def _last(self, out: Leaf) -> int | None:
-        return (out.shape[-1] if out.shape else None) if out.format.packed else None
-
-    def prepare(self, out: Leaf) -> None:
-        """Compile the encode and the sliced decodes for `out`'s shape."""
-        import jax
-
-        key = ("encode", out.shape)
-        if key not in self._compiled:
-            x = jax.ShapeDtypeStruct(out.shape, np.float32)
-            self._compiled[key] = self._encode.lower(x, self._key_spec).compile()
-        for piece in self._pieces(out):
-            data, scale = self._specs(out, piece)
-            key = ("decode", out.shape, data.shape, None if scale is None else scale.shape)
-            if key not in self._compiled:
-                lowered = self._decode.lower(data, scale, self._last(out))
-                self._compiled[key] = lowered.compile()
-
-    def encode(self, out: Leaf, x, key) -> tuple[Any, Any]:
-        return self._compiled[("encode", out.shape)](x, key)
-
-    def energy(self, out: Leaf, x: np.ndarray, data, scale) -> tuple[bool, float, float]:
-        """(all finite, Σ x², Σ (x - decoded)²) over the finite values of `x`, in float64."""
-        finite, signal, noise = True, 0.0, 0.0
-        for piece in self._pieces(out):
-            spec_d, spec_s = self._specs(out, piece)
-            shapes = (spec_d.shape, None if spec_s is None else spec_s.shape)
-            decode = self._compiled[("decode", out.shape, *shapes)]
-            d, s, xc = data, scale, x
-            if piece is not None:
-                d, xc = data[piece], x[piece]
-                s = scale if scale is None or scale.shape[0] == 1 else scale[piece]
-            y = np.asarray(decode(d, s), np.float64)
-            xc = np.asarray(xc, np.float64)
-            ok = np.isfinite(xc)
-            finite = finite and bool(ok.all())
-            xc = np.where(ok, xc, 0.0)
-            diff = np.where(ok, xc - y, 0.0)
-            signal += float(np.dot(xc.ravel(), xc.ravel()))
-            noise += float(np.dot(diff.ravel(), diff.ravel()))
-        return finite, signal, noise
-
-
-def _release_memory() -> None:
-    """Hand freed heap memory back to the system (glibc keeps it otherwise).
-
-    Between tensors the process holds nothing large, but glibc's allocator
-    keeps the pages that XLA's compiler and the statistics freed; without
-    this the resident size creeps up by tens of MiB per tensor.
-    """
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).malloc_trim(0)  # glibc only
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
-
-
-def _logical(leaf: Leaf, data: np.ndarray, scale: np.ndarray | None):
-    """float32 logical values of an input leaf, as a jax array."""
-    import jax
-    import jax.numpy as jnp
-
-    if leaf.kind == "array":
-        return jax.device_put(data if data.dtype == np.float32 else data.astype(np.float32))
-    if leaf.format == dtypes.float32 and scale is None:
-        return jax.device_put(data)  # aliases the aligned read buffer: no copy
-    return encoded(leaf, data, scale).decode(jnp.float32)
-
-
-_STREAM_BYTES = 16 << 20  # input bytes per row block of a streamed conversion
-
-# Input containers whose float32 value is their logical value (an exact cast).
-_RAW_FLOATS = {np.dtype(t) for t in ("float32", "float16", "bfloat16")} | {
-    np.dtype(dtypes.float8_e4m3fn.container),
-    np.dtype(dtypes.float8_e5m2.container),
-}
-
-
-def _streamable(plan: _Plan, rounding: str) -> bool:
-    """Whether a tensor can be converted in row blocks, giving the same bytes.
-
-    True when every value's encoding depends only on its own row: unscaled
-    formats, one scale per row (per-axis 0) or blocks along the last axis,
-    and deterministic rounding (stochastic rounding draws its bits by element
-    index in the whole tensor). The input must be raw floats, read as they
-    are. Such tensors never need to be whole in memory.
-    """
-    leaf, out = plan.leaf, plan.out
-    if len(out.shape) < 2 or rounding == "stochastic":
-        return False
+def _raw(leaf: Leaf, foreign: bool) -> bool:
+    """Whether the stored data of `leaf`, cast to float32, is its logical value."""
     if leaf.scale is not None or leaf.data_dtype not in _RAW_FLOATS:
         return False
-    if leaf.kind == "tensor" and leaf.format.native_dtype != leaf.data_dtype:
-        return False
-    scaling, ndim = out.scaling, len(out.shape)
-    return (
-        scaling is None
-        or (isinstance(scaling, dtypes.PerAxis) and scaling.axis % ndim == 0)
-        or (isinstance(scaling, dtypes.PerBlock) and scaling.axis % ndim == ndim - 1)
-    )
+    if leaf.kind == "array" or foreign:
+        return True
+    return leaf.format is not None and leaf.format.native_dtype == leaf.data_dtype
 
 
-def _rows(out: Leaf, n: int) -> Leaf:
-    """`out` cut to its first `n` rows (what one row block encodes as)."""
-    return dataclasses.replace(out, shape=(n, *out.shape[1:]))
+def _per_byte_ok(fmt: dtypes.Format, last: int) -> bool:
+    """Whether rows of `last` values pack without padding (so flat order packs the same)."""
+    return not fmt.packed or (last * fmt.code_bits) % 8 == 0
 
 
-def _cmd_convert(args: argparse.Namespace) -> int:
-    import jax
+def _mode(plan: _Plan, rounding: str) -> str:
+    leaf, out = plan.leaf, plan.out
+    fmt, scaling, shape = out.format, out.scaling, out.shape
+    assert fmt is not None
+    if not _raw(leaf, plan.reader.foreign) or rounding == "stochastic" or not shape:
+        return "whole"
+    if 0 in shape:
+        return "whole"
+    binary = getattr(fmt, "binary", False)
+    last = shape[-1]
+    if scaling is None:
+        return "flat" if _per_byte_ok(fmt, last) else "whole"
+    if binary:
+        return "whole"  # int1's scale is a mean: its summation order must stay the library's
+    ndim = len(shape)
+    if isinstance(scaling, dtypes.PerTensor):
+        return "twopass" if _per_byte_ok(fmt, last) else "whole"
+    if isinstance(scaling, dtypes.PerBlock) and scaling.axis % ndim == ndim - 1:
+        size = int(scaling.size)
+        if last % size == 0 and _per_byte_ok(fmt, size) and size <= _BLOCK:
+            return "flat"
+        return "whole"
+    if isinstance(scaling, dtypes.PerAxis) and scaling.axis % ndim == 0 and ndim >= 2:
+        return "rows"
+    return "whole"
 
-    src, dst = args.input, args.output
-    _target_scaling(args)
-    if os.path.exists(dst) and os.path.exists(src) and os.path.samefile(src, dst):
-        if not args.overwrite:
-            raise _DataError(
-                f"refusing to convert {src} onto itself; pass --overwrite to replace it (the "
-                "original stays intact until the converted file is complete)"
-            )
-    elif os.path.lexists(dst) and not args.overwrite:
-        raise _DataError(f"{dst} already exists; pass --overwrite to replace it")
-    fmt: dtypes.Format = args.to
-    with Reader(src) as reader:
-        plans = _plan(reader, args)
-        scaling = next((p.out.scaling for p in plans if p.reason is None), None)
-        converter = _Converter(fmt, scaling, args.rounding)
-        key = jax.random.key(args.seed) if args.rounding == "stochastic" else None
-        worst: list[tuple[float, str]] = []
-        total_in = sum(e.nbytes for e in reader.entries.values())
-        progress = _progress(total_in, args.quiet)
 
-        def not_finite(plan: _Plan) -> _DataError:
-            return _DataError(
-                f"tensor {plan.leaf.name!r} holds NaN or inf, which a scaled "
-                f"{fmt.name} encoding cannot hold; exclude it (--exclude) or choose an "
-                "unscaled float format"
-            )
-
-        def stream(plan: _Plan, scales: list[np.ndarray]) -> Iterator[np.ndarray]:
-            """Encoded row blocks of one tensor, read and converted block by block."""
-            out = plan.out
-            row_bytes = int(np.prod(out.shape[1:], dtype=np.int64)) * plan.leaf.data_dtype.itemsize
-            step = max(1, _STREAM_BYTES // max(row_bytes, 1))
-            for n in {min(step, out.shape[0] - r) for r in range(0, out.shape[0], step)}:
-                converter.prepare(_rows(out, n))
-            _release_memory()
-            finite, signal, noise = True, 0.0, 0.0
-            for block in reader.iter_rows(plan.leaf.name, step):
-                part = _rows(out, block.shape[0])
-                x = jax.device_put(block if block.dtype == np.float32 else block.astype(np.float32))
-                data, scale = converter.encode(part, x, None)
-                ok, sig, noi = converter.energy(part, np.asarray(x), data, scale)
-                del x, block
-                gc.collect()  # see below: frees the aliased input block now
-                if out.scaling is not None and not ok:
-                    raise not_finite(plan)
-                finite, signal, noise = finite and ok, signal + sig, noise + noi
-                if scale is not None:
-                    scales.append(np.asarray(scale))
-                yield np.asarray(data).view(out.data_dtype)
-                progress.update(part.shape[0] * row_bytes)
-            worst.append((_sqnr(signal, noise), plan.leaf.name))
-
-        def produce() -> Iterator[tuple[str, Any]]:
-            for i, plan in enumerate(plans):
-                progress.set_postfix_str(plan.leaf.name, refresh=False)
-                if plan.reason is None and _streamable(plan, args.rounding):
-                    scales: list[np.ndarray] = []
-                    yield plan.out.name, stream(plan, scales)
-                    if plan.out.scale is not None:
-                        yield plan.out.scale, np.concatenate(scales, axis=0)
-                    _release_memory()
-                    continue
-                if plan.reason is None:
-                    converter.prepare(plan.out)  # compile before the tensor is in memory
-                    _release_memory()
-                data, scale = reader.read_leaf(plan.leaf)
-                nbytes = data.nbytes + (0 if scale is None else scale.nbytes)
-                if plan.reason is not None:
-                    yield plan.leaf.name, data
-                    if scale is not None:
-                        yield plan.leaf.scale, scale
-                    progress.update(nbytes)
-                    continue
-                x = _logical(plan.leaf, data, scale)
-                k = None if key is None else jax.random.fold_in(key, i)
-                out_data, out_scale = converter.encode(plan.out, x, k)
-                finite, signal, noise = converter.energy(
-                    plan.out, np.asarray(x), out_data, out_scale
-                )
-                del x, data, scale
-                # A jax array aliasing a numpy buffer sits in a reference
-                # cycle: collect it now, or the input tensor outlives its turn.
-                gc.collect()
-                if plan.out.scaling is not None and not bool(finite):
-                    raise not_finite(plan)
-                worst.append((_sqnr(float(signal), float(noise)), plan.leaf.name))
-                arr = np.asarray(out_data)
-                yield plan.out.name, arr.view(plan.out.data_dtype)
-                del arr, out_data
-                if out_scale is not None:
-                    yield plan.out.scale, np.asarray(out_scale)
-                del out_scale
-                _release_memory()
-                progress.update(nbytes)
-
-        try:
-            size_out = write(dst, [p.out for p in plans], produce(), overwrite=True)
-        finally:
-            progress.close()
-    converted = [p for p in plans if p.reason is None]
-    skipped = [p for p in plans if p.reason is not None]
-    where = f" ({scaling})" if scaling is not None else ""
-    print(
-        f"converted {len(converted)} tensor(s) to {fmt.name}{where}, kept {len(skipped)} "
-        f"unchanged; wrote {dst}"
-    )
-    reasons: dict[str, int] = {}
-    for p in skipped:
-        reasons[p.reason] = reasons.get(p.reason, 0) + 1
-    for reason, count in sorted(reasons.items()):
-        print(f"  kept {count}: {reason}")
-    ratio = size_out / os.path.getsize(src) if os.path.getsize(src) else 1.0
-    print(f"bytes: {_human(os.path.getsize(src))} -> {_human(size_out)} ({ratio:.1%})")
-    if worst:
-        db, name = min(worst)
-        print(f"worst SQNR: {_fmt_db(db)} dB ({name})")
-    return 0
+# --------------------------------------------------------------------------
+# the engine: compiled encodes with their statistics
 
 
 def _sqnr(signal: float, noise: float) -> float:
     if noise == 0:
         return math.inf
-    if signal == 0:
+    if signal == 0 or math.isinf(noise):
         return -math.inf
     return 10 * math.log10(signal / noise)
 
 
-def _progress(total: int, quiet: bool):
-    from tqdm import tqdm
+class _Stats:
+    """Σx² and Σ(x - decoded)² over the finite values of one tensor, in float64."""
 
-    return tqdm(
-        total=total,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        file=sys.stderr,
-        disable=True if quiet else None,  # None: shown only on a terminal
-        desc="converting",
-        leave=False,
+    def __init__(self) -> None:
+        self.signal = 0.0
+        self.noise = 0.0
+
+    def add(self, m: Any, sig: Any, noi: Any) -> None:
+        m2 = float(m) ** 2
+        self.signal += float(sig) * m2
+        self.noise += float(noi) * m2
+
+    @property
+    def sqnr(self) -> float:
+        return _sqnr(self.signal, self.noise)
+
+
+def _energy(x, y):
+    """(max |x|, Σ(x/max)², Σ((x-y)/max)²) over the finite values of x (traced)."""
+    import jax.numpy as jnp
+
+    finite = jnp.isfinite(x)
+    ax = jnp.where(finite, jnp.abs(x), jnp.float32(0))
+    m = jnp.max(ax, initial=0.0)
+    inv = jnp.where(m > 0, 1 / jnp.where(m > 0, m, 1), jnp.float32(1))
+    xs = jnp.where(finite, x * inv, jnp.float32(0))
+    d = jnp.where(finite, (x - y) * inv, jnp.float32(0))
+    return m, jnp.sum(xs * xs), jnp.sum(d * d)
+
+
+class _Engine:
+    """Compiled encodes of one (format, scaling, rounding), cached by input shape and dtype."""
+
+    def __init__(
+        self, fmt: dtypes.Format, scaling: dtypes.Scaling | None, rounding: str, stats: bool
+    ):
+        self.fmt, self.scaling, self.rounding, self.stats = fmt, scaling, rounding, stats
+        self._cache: dict[tuple, Any] = {}
+
+    def _jit(self, key: tuple, build) -> Any:
+        fn = self._cache.get(key)
+        if fn is None:
+            import jax
+
+            fn = self._cache[key] = jax.jit(build())
+        return fn
+
+    def block(self, x: np.ndarray, scaling: dtypes.Scaling | None, absmax: Any = None):
+        """Encode one block: (data, scale, all finite, stats or None), synchronously."""
+        import jax.numpy as jnp
+
+        fmt, rounding, stats = self.fmt, self.rounding, self.stats
+        appended = absmax is not None
+        key = ("block", x.shape, x.dtype.name, scaling, appended)
+
+        def build():
+            def f(raw, top):
+                xf = raw.astype(jnp.float32)
+                finite = jnp.all(jnp.isfinite(xf))
+                if appended:
+                    flat = xf.reshape(-1)
+                    n = flat.shape[0]
+                    enc = fmt.encode(
+                        jnp.concatenate([flat, top.reshape(1)]), scaling=scaling, rounding=rounding
+                    )
+                    nbytes = n * fmt.code_bits // 8 if fmt.packed else n
+                    data = enc.data[:nbytes]
+                    y = enc.decode(jnp.float32)[:n] if stats else None
+                    scale = enc.scale
+                else:
+                    enc = fmt.encode(xf, scaling=scaling, rounding=rounding)
+                    data, scale = enc.data, enc.scale
+                    y = enc.decode(jnp.float32).reshape(xf.shape) if stats else None
+                    flat = xf
+                energy = _energy(flat, y) if stats else None
+                return data, scale, finite, energy
+
+            return f
+
+        fn = self._jit(key, build)
+        top = np.float32(0) if absmax is None else np.float32(absmax)
+        data, scale, finite, energy = fn(x, top)
+        data = np.asarray(data)  # waits: the input buffer may be reused after this
+        return data, (None if scale is None else np.asarray(scale)), bool(finite), energy
+
+    def whole(self, x: Any, key: Any):
+        """Encode a whole tensor (raw floats, cast inside the program): (data, scale)."""
+        import jax.numpy as jnp
+
+        fmt, scaling, rounding = self.fmt, self.scaling, self.rounding
+        ck = ("whole", x.shape, str(x.dtype), key is None)
+
+        def build():
+            def f(raw, k):
+                enc = fmt.encode(raw.astype(jnp.float32), scaling=scaling, rounding=rounding, key=k)
+                return enc.data, enc.scale
+
+            return f
+
+        return self._jit(ck, build)(x, key)
+
+    def slice_energy(self, out: Leaf, x: Any, data: Any, scale: Any):
+        """Statistics and finiteness of a whole-tensor encode, taken in row slices."""
+        import jax
+        import jax.numpy as jnp
+
+        fmt, scaling = out.format, out.scaling
+        assert fmt is not None
+        shape, scale_shape = out.shape, out.scale_shape
+        last = (shape[-1] if shape else None) if fmt.packed else None
+        stats = _Stats()
+        finite = True
+        rows = shape[0] if len(shape) >= 2 else 0
+        sliceable = rows > 1 and (scale_shape is None or scale_shape[0] in (1, rows))
+        row_values = math.prod(shape[1:]) if shape else 1
+        step = max(1, _BLOCK // max(row_values, 1)) if sliceable else max(rows, 1)
+        pieces: list[slice | None] = [None]
+        if sliceable:
+            pieces = [slice(r, min(r + step, rows)) for r in range(0, rows, step)]
+        for piece in pieces:
+            if piece is None:
+                d, s, xc, sub = data, scale, x, shape
+            else:
+                n = piece.stop - piece.start
+                d, xc = data[piece], x[piece]
+                s = scale if scale is None or scale.shape[0] == 1 else scale[piece]
+                sub = (n, *shape[1:])
+            ck = ("energy", sub, str(xc.dtype), None if s is None else s.shape)
+
+            def build(sub=sub):
+                def f(raw, dd, ss):
+                    xf = raw.astype(jnp.float32)
+                    y = dtypes.Encoded(dd, ss, fmt, scaling, last).decode(jnp.float32)
+                    return jnp.all(jnp.isfinite(xf)), _energy(xf, y.reshape(xf.shape))
+
+                return f
+
+            ok, energy = self._jit(ck, build)(xc, d, s)
+            finite = finite and bool(ok)
+            stats.add(*jax.device_get(energy))
+        return finite, stats
+
+
+# --------------------------------------------------------------------------
+# reading blocks
+
+
+class _Blocks:
+    """The raw values of one stored array, read in blocks into one reused buffer.
+
+    The reader's CRC-32 (files written by `save`) is checked after the last
+    block, so a caller writing what it computed must discard it then (the
+    writer does, by raising through).
+    """
+
+    def __init__(self, reader: Reader, name: str):
+        self.reader, self.name = reader, name
+        self.entry = reader.entries[name]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return self.blocks(_BLOCK)
+
+    def blocks(self, values: int, pad: bool = False) -> Iterator[np.ndarray]:
+        """Flat blocks of `values` values; the last one zero-padded to full size when `pad`."""
+        entry, reader = self.entry, self.reader
+        dtype = entry.dtype
+        total = int(np.prod(entry.shape, dtype=np.int64))
+        buf = aligned_empty((min(values, max(total, 1)) if not pad else values,), dtype)
+        crc = 0
+        with open(reader.path, "rb", buffering=0) as f:
+            for start in range(0, total, values):
+                n = min(values, total - start)
+                view = memoryview(buf[:n].view(np.uint8))
+                f.seek(entry.begin + start * dtype.itemsize)
+                done = 0
+                while done < len(view):
+                    got = f.readinto(view[done:])
+                    if not got:
+                        raise reader.error(f"tensor {self.name!r}: the file ended while reading it")
+                    done += got
+                if reader.crc is not None:
+                    crc = zlib.crc32(view, crc)
+                del view
+                if pad and n < len(buf):
+                    buf[n:] = 0
+                    yield buf
+                else:
+                    yield buf[:n]
+        if reader.crc is not None and crc != reader.crc[self.name]:
+            raise reader.error(
+                f"tensor {self.name!r}: its bytes do not match the CRC-32 recorded when it was "
+                "saved (the file is corrupted)"
+            )
+
+
+# --------------------------------------------------------------------------
+# one tensor
+
+
+class _Converter:
+    """Produces the output arrays of every plan, one tensor (and block) at a time."""
+
+    def __init__(self, engine: _Engine, rounding: str, seed: int, progress: Any):
+        self.engine, self.rounding, self.seed, self.progress = engine, rounding, seed, progress
+        self.sqnr: dict[str, float] = {}
+        self._key = None
+
+    def _not_finite(self, plan: _Plan) -> _DataError:
+        fmt = plan.out.format
+        assert fmt is not None
+        return _DataError(
+            f"tensor {plan.leaf.name!r} holds NaN or inf, which a scaled {fmt.name} encoding "
+            "cannot hold; keep it (--exclude) or choose an unscaled float format"
+        )
+
+    def arrays(self, plans: list[_Plan]) -> Iterator[tuple[str, Any]]:
+        for i, plan in enumerate(plans):
+            self.progress.set_postfix_str(plan.leaf.name, refresh=False)
+            if plan.reason is not None:
+                for name, _, _ in plan.leaf.arrays():
+                    yield name, self._copy(plan.reader, name)
+            elif plan.mode == "whole":
+                yield from self._whole(plan, i)
+            else:
+                scales: list[np.ndarray] = []
+                yield plan.out.name, self._streamed(plan, scales)
+                if plan.out.scale is not None:
+                    scale = np.concatenate([s.reshape(-1) for s in scales])
+                    yield plan.out.scale, scale.reshape(plan.out.scale_shape)
+
+    def _copy(self, reader: Reader, name: str) -> Iterator[np.ndarray]:
+        for block in _Blocks(reader, name).blocks(_BLOCK * 4):
+            yield block
+            self.progress.update(block.nbytes)
+
+    def _streamed(self, plan: _Plan, scales: list[np.ndarray]) -> Iterator[np.ndarray]:
+        out, engine = plan.out, self.engine
+        scaling = out.scaling
+        total = math.prod(out.shape)
+        g = _granule(plan)
+        per_block = min(max(g, (_BLOCK // g) * g), _round_up(total, g))
+        if plan.mode == "rows":
+            shape: tuple[int, ...] = (per_block // math.prod(out.shape[1:]), *out.shape[1:])
+        elif isinstance(scaling, dtypes.PerBlock):
+            size = int(scaling.size)
+            shape = (per_block // size, size)
+        else:
+            shape = (per_block,)
+        blocks = _Blocks(plan.reader, plan.leaf.name)
+        absmax = None
+        if plan.mode == "twopass":  # the absmax first (exact: a maximum)
+            absmax = np.float32(0)
+            for block in blocks.blocks(per_block):
+                m = np.float32(np.max(np.abs(block)))
+                if not np.isfinite(m):
+                    raise self._not_finite(plan)
+                absmax = max(absmax, m)
+        stats = _Stats()
+        done = 0
+        for block in blocks.blocks(per_block, pad=True):
+            n = min(per_block, total - done)
+            data, scale, finite, energy = engine.block(block.reshape(shape), scaling, absmax)
+            if scaling is not None and not finite:  # the padding is zeros: a real value
+                raise self._not_finite(plan)
+            if energy is not None:
+                stats.add(*energy)
+            # Padding is proportional in every mode: whole rows, whole scale
+            # groups, or (packed) a multiple of a byte's worth of values.
+            yield data.reshape(-1)[: data.size * n // per_block].view(out.data_dtype)
+            if scale is not None and (absmax is None or not scales):
+                scales.append(scale.reshape(-1)[: max(1, scale.size * n // per_block)])
+            done += n
+            self.progress.update(n * plan.leaf.data_dtype.itemsize)
+        if engine.stats:
+            self.sqnr[plan.leaf.name] = stats.sqnr
+
+    def _whole(self, plan: _Plan, i: int) -> Iterator[tuple[str, Any]]:
+        import jax
+
+        out, engine = plan.out, self.engine
+        data, scale = plan.reader.read_leaf(plan.leaf)
+        if _raw(plan.leaf, plan.reader.foreign):
+            x = jax.device_put(data)
+        else:
+            x = encoded(plan.leaf, data, scale).decode(np.float32)
+        del scale
+        key = None
+        if self.rounding == "stochastic":
+            key = jax.random.fold_in(jax.random.key(self.seed), i)
+        out_data, out_scale = engine.whole(x, key)
+        if out.scaling is not None or engine.stats:
+            finite, stats = engine.slice_energy(out, x, out_data, out_scale)
+            if out.scaling is not None and not finite:
+                raise self._not_finite(plan)
+            if engine.stats:
+                self.sqnr[plan.leaf.name] = stats.sqnr
+        del x, data
+        self.progress.update(plan.leaf.data_dtype.itemsize * max(math.prod(out.shape), 1))
+        yield out.name, np.asarray(out_data).view(out.data_dtype)
+        del out_data
+        if out_scale is not None:
+            yield out.scale, np.asarray(out_scale).reshape(out.scale_shape)
+
+
+def _granule(plan: _Plan) -> int:
+    """Values a block holds a multiple of (packing, block groups, rows)."""
+    out = plan.out
+    fmt = out.format
+    assert fmt is not None
+    g = 8 if fmt.packed else 1
+    if isinstance(out.scaling, dtypes.PerBlock):
+        g = math.lcm(g, int(out.scaling.size))
+    if plan.mode == "rows":
+        g = math.lcm(g, math.prod(out.shape[1:]))
+    return g
+
+
+def _round_up(n: int, g: int) -> int:
+    return -(-n // g) * g
+
+
+# --------------------------------------------------------------------------
+# the command
+
+
+def _describe(plan: _Plan) -> str:
+    out = plan.out
+    if plan.reason is not None:
+        return "unchanged"
+    assert out.format is not None
+    return out.format.name + ("" if out.scaling is None else f" ({out.scaling})")
+
+
+def _print_plan(plans: list[_Plan]) -> None:
+    rows = []
+    for p in plans:
+        stored = p.leaf.format.name if p.leaf.format is not None else p.leaf.dtype.name
+        why = p.reason if p.reason is not None else "converted"
+        rows.append(
+            [
+                p.leaf.name,
+                "x".join(map(str, p.leaf.shape)) or "scalar",
+                stored,
+                _describe(p),
+                _human(leaf_nbytes(p.out)),
+                why,
+            ]
+        )
+    print(_table(rows, ["tensor", "shape", "stored", "becomes", "size", "why"], right={4}))
+
+
+def _warn(message: str) -> None:
+    print(f"{PROG}: warning: {message}", file=sys.stderr)
+
+
+def _warn_rules(plans: list[_Plan], args: argparse.Namespace, rules: _Rules) -> None:
+    names = [p.leaf.name for p in plans]
+    for flag, pattern in (("--include", rules.include), ("--exclude", rules.exclude)):
+        if pattern is not None and not any(pattern.search(n) for n in names):
+            _warn(f"{flag} {pattern.pattern!r} matches no tensor")
+    if args.keep is not None and rules.keep is not None:
+        if not any(rules.keep.search(n) for n in names):
+            _warn(f"--keep {args.keep!r} matches no tensor")
+
+
+def _check_paths(src: str, dst: str, overwrite: bool) -> None:
+    if os.path.lexists(dst):
+        same = os.path.exists(src) and os.path.samefile(src, dst)
+        if same and not overwrite:
+            raise _DataError(
+                f"refusing to convert {src} onto itself; pass --overwrite to replace it (the "
+                "original stays intact until the converted checkpoint is complete)"
+            )
+        if not overwrite:
+            raise _DataError(f"{dst} already exists; pass --overwrite to replace it")
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    fmt = _format(args.to)
+    if args.rounding not in dtypes.ROUNDING_MODES:
+        raise _UsageError(
+            f"--rounding: unknown rounding mode {args.rounding!r}; choose one of "
+            + ", ".join(dtypes.ROUNDING_MODES)
+        )
+    scaling = _scaling(args.scaling, fmt)
+    _check_pair(fmt, scaling, args.scaling)
+    if args.list_keep:
+        print(DEFAULT_KEEP)
+        return 0
+    rules = _rules(args, fmt)
+    if args.output is None and not args.dry_run:
+        raise _UsageError("the following arguments are required: -o/--output (or --dry-run)")
+    src, dst = args.input, args.output
+    if dst is not None and not args.dry_run:
+        _check_paths(src, dst, args.overwrite)
+    with Source(src) as source:
+        plans = _plan(source, fmt, scaling, rules, args.rounding)
+        _warn_rules(plans, args, rules)
+        converted = [p for p in plans if p.reason is None]
+        if args.dry_run:
+            _print_plan(plans)
+            _summary(plans, fmt, scaling, source, None, None, dry=True)
+            return 0
+        assert dst is not None
+        if not converted:
+            reasons = _reasons(plans)
+            raise _UsageError(
+                f"nothing to convert to {fmt.name}: every tensor would be kept ("
+                + "; ".join(f"{n}: {r}" for r, n in reasons)
+                + "); check --include/--exclude/--keep/--scaling, or see --dry-run"
+            )
+        engine = _Engine(fmt, scaling, args.rounding, stats=not args.no_stats)
+        total = sum(p.leaf.data_dtype.itemsize * math.prod(p.leaf.shape) for p in plans)
+        progress = _progress(total, args.quiet, "converting")
+        converter = _Converter(engine, args.rounding, args.seed, progress)
+        metadata = {**source.metadata, "converted_by": _provenance(args, fmt, scaling)}
+        sharded = args.max_shard_size is not None or (
+            source.sharded and not dst.endswith(".safetensors")
+        )
+        try:
+            if sharded:
+                size_out = _write_shards(source, plans, converter, dst, args, metadata)
+            else:
+                size_out = write(
+                    dst,
+                    [p.out for p in plans],
+                    converter.arrays(plans),
+                    overwrite=True,
+                    metadata=metadata,
+                    guard=deferred_interrupts,
+                )
+        finally:
+            progress.close()
+    _summary(plans, fmt, scaling, source, size_out, dst, dry=False)
+    _report_sqnr(converter.sqnr, args)
+    return 0
+
+
+def _write_shards(
+    source: Source,
+    plans: list[_Plan],
+    converter: _Converter,
+    dst: str,
+    args: argparse.Namespace,
+    metadata: dict[str, str],
+) -> int:
+    limit = args.max_shard_size or DEFAULT_SHARD_BYTES
+    groups = plan_shards([p.out for p in plans], limit)
+    names = shard_names(source.prefix, len(groups))
+    temp = TempDirectory(dst)
+    try:
+        weight_map: dict[str, str] = {}
+        total = 0
+        produced = converter.arrays(plans)
+        size = 0
+        for name, group in zip(names, groups, strict=True):
+            leaves = [plans[i].out for i in group]
+            count = sum(len(leaf.arrays()) for leaf in leaves)
+            pieces = (next(produced) for _ in range(count))
+            size += write(
+                os.path.join(temp.name, name), leaves, pieces, overwrite=False, metadata=metadata
+            )
+            for leaf in leaves:
+                for array, _, _ in leaf.arrays():
+                    weight_map[array] = name
+                total += leaf_nbytes(leaf)
+        index_meta = {k: v for k, v in source.index_metadata.items() if k != "total_size"}
+        write_index(
+            os.path.join(temp.name, f"{source.prefix}.safetensors.index.json"),
+            weight_map,
+            total,
+            index_meta,
+        )
+        temp.commit()
+    except BaseException:
+        temp.discard()
+        raise
+    return size
+
+
+def _provenance(args: argparse.Namespace, fmt: dtypes.Format, scaling) -> str:
+    where = "" if scaling is None else f" {scaling}"
+    return f"precision convert --to {fmt.name}{where} --rounding {args.rounding}"
+
+
+def _reasons(plans: list[_Plan]) -> list[tuple[str, int]]:
+    reasons: dict[str, int] = {}
+    for p in plans:
+        if p.reason is not None:
+            reasons[p.reason] = reasons.get(p.reason, 0) + 1
+    return sorted(reasons.items())
+
+
+def _summary(plans, fmt, scaling, source, size_out, dst, *, dry: bool) -> None:
+    converted = [p for p in plans if p.reason is None]
+    kept = len(plans) - len(converted)
+    where = f" ({scaling})" if scaling is not None else ""
+    verb = ("would convert", "keep") if dry else ("converted", "kept")
+    tail = "" if dry else f"; wrote {dst}"
+    print(
+        f"{verb[0]} {len(converted)} tensor(s) to {fmt.name}{where}, {verb[1]} {kept} "
+        f"unchanged{tail}"
     )
+    for reason, count in _reasons(plans):
+        print(f"  {verb[1]} {count}: {reason}")
+    size_in = source.nbytes
+    if size_out is None:
+        size_out = sum(leaf_nbytes(p.out) for p in plans)
+        label = "tensor bytes"
+        size_in = sum(leaf_nbytes(p.leaf) for p in plans)
+    else:
+        label = "bytes"
+    ratio = size_out / size_in if size_in else 1.0
+    print(f"{label}: {_human(size_in)} -> {_human(size_out)} ({ratio:.1%})")
+
+
+def _report_sqnr(sqnr: dict[str, float], args: argparse.Namespace) -> None:
+    if not sqnr:
+        return
+    worst = min(sqnr.items(), key=lambda kv: (kv[1], kv[0]))
+    print(f"worst SQNR: {_fmt_db(worst[1])} dB ({worst[0]})")
+    threshold = DEFAULT_WARN_SQNR if args.warn_sqnr is None else args.warn_sqnr
+    low = sorted((db, name) for name, db in sqnr.items() if db < threshold)
+    if low:
+        shown = ", ".join(f"{name} {_fmt_db(db)} dB" for db, name in low[:5])
+        more = f" and {len(low) - 5} more" if len(low) > 5 else ""
+        _warn(
+            f"{len(low)} tensor(s) below {threshold:g} dB SQNR: {shown}{more} (see docs/cli.md, "
+            "'Reading SQNR'; try a wider format, smaller --scaling blocks, or --keep)"
+        )

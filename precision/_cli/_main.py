@@ -1,13 +1,16 @@
 """The `precision` command line: formats, convert, report, demo.
 
-Exit codes: 0 success, 2 usage error (bad flags, unknown format, bad regex),
-1 data error (unreadable or corrupted checkpoint, unwritable destination,
-non-finite values in a scaled conversion). Errors are one line on stderr,
-never a traceback.
+Exit codes: 0 success, 2 usage error (bad flags, unknown format, bad regex,
+flags that cannot go together, nothing to convert), 1 data error
+(unreadable or corrupted checkpoint, unwritable destination, non-finite
+values in a scaled conversion), 130 interrupted (Ctrl-C: nothing written).
+Errors are one line on stderr, never a traceback.
 
-This module holds the parser, the `formats` subcommand and `main`; `convert`
-and `report` live in `_cli_convert` and `_cli_report`, and what they share
-(the one-line errors, table formatting) in `_cli_output`.
+This module holds the parser, the `formats` subcommand and `main`. It
+imports neither JAX nor the commands until the arguments are parsed, so
+`--help`, `--version` and usage errors answer at once; `convert` and
+`report` live in `_convert` and `_report`, what they share (the one-line
+errors, table formatting) in `_output`.
 """
 
 from __future__ import annotations
@@ -18,60 +21,100 @@ import re
 import sys
 from typing import Any
 
-import dtypes
-
-from .._errors import PrecisionError
-from ._convert import _DEFAULT, _cmd_convert
-from ._output import PROG, _DataError, _table, _UsageError
-from ._report import _cmd_report
+from ._output import PROG, _DataError, _MissingDependency, _table, _UsageError
 
 __all__ = ["main"]
 
 
-# --------------------------------------------------------------------------
-# argument types
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
-
-def _format_arg(text: str) -> dtypes.Format:
     try:
-        return dtypes.get(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        return version("precision")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
+        return "unknown"
 
+
+# --------------------------------------------------------------------------
+# argument types (checked without importing JAX; formats and scalings are
+# resolved against the registry once the arguments are parsed)
 
 # --scaling grammar:
 #   none                  unscaled (float formats only)
 #   per-tensor[:pow2]     one scale per tensor
 #   per-axis:AXIS[:pow2]  one scale per index along AXIS
 #   per-block:SIZE[:pow2] one scale per SIZE consecutive values of the last axis
-def _scaling_arg(text: str) -> dtypes.Scaling | None:
-    parts = text.strip().lower().split(":")
-    pow2 = parts[-1] == "pow2"
-    if pow2:
-        parts = parts[:-1]
-    kind, args = parts[0], parts[1:]
-    try:
-        if kind == "none" and not args and not pow2:
-            return None
-        if kind == "per-tensor" and not args:
-            return dtypes.PerTensor(power_of_two=pow2)
-        if kind == "per-axis" and len(args) == 1:
-            return dtypes.PerAxis(int(args[0]), power_of_two=pow2)
-        if kind == "per-block" and len(args) == 1:
-            return dtypes.PerBlock(int(args[0]), power_of_two=pow2)
-    except ValueError:
-        pass
-    raise argparse.ArgumentTypeError(
-        f"bad scaling {text!r}; use per-tensor, per-axis:AXIS, per-block:SIZE (each optionally "
-        "followed by :pow2 for power-of-two scales) or none"
-    )
+_SCALING = re.compile(
+    r"none|per-tensor(:pow2)?|per-axis:-?\d{1,3}(:pow2)?|per-block:\d{1,9}(:pow2)?"
+)
+_SCALING_HELP = (
+    "use per-tensor, per-axis:AXIS, per-block:SIZE (each optionally followed by :pow2 for "
+    "power-of-two scales) or none"
+)
+
+
+def _scaling_text(text: str) -> str:
+    text = text.strip().lower()
+    if not _SCALING.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"bad scaling {text!r}; {_SCALING_HELP}")
+    return text
 
 
 def _regex_arg(text: str) -> re.Pattern:
     try:
-        return re.compile(text)
+        return re.compile(text, re.IGNORECASE)
     except re.error as exc:
         raise argparse.ArgumentTypeError(f"bad regular expression {text!r}: {exc}") from None
+
+
+_SEED_LIMIT = 2**63
+
+
+def _seed_arg(text: str) -> int:
+    try:
+        seed = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad seed {text!r}; give an integer") from None
+    if not 0 <= seed < _SEED_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"seed {text} is out of range; give an integer from 0 to 2**63 - 1"
+        )
+    return seed
+
+
+def _size_arg(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*", text.lower())
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"bad size {text!r}; give bytes with an optional unit, e.g. 5GB, 500MiB, 1000000"
+        )
+    unit = (m.group(2) or "b").rstrip("b") or "b"
+    base = 1024 if unit.endswith("i") else 1000
+    power = {"b": 0, "k": 1, "m": 2, "g": 3, "t": 4}[unit[0]]
+    size = int(float(m.group(1)) * base**power)
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"shard size {text!r} must be at least one byte")
+    return size
+
+
+def _db_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad SQNR threshold {text!r}; give decibels") from None
+    if value != value:
+        raise argparse.ArgumentTypeError("the SQNR threshold cannot be NaN")
+    return value
+
+
+def _positive_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -80,62 +123,74 @@ def _parser() -> argparse.ArgumentParser:
         description="Reduced-precision formats and checkpoints for JAX.",
         epilog="Run 'precision COMMAND --help' for the options of a command.",
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser(
         "formats",
         help="list the storage formats",
-        description="List every built-in storage format with its numbers and aliases.",
+        description="List every storage format of the registry with its numbers and aliases.",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=_cmd_formats)
 
     p = sub.add_parser(
         "convert",
         help="convert a checkpoint to another format",
         description=(
-            "Convert every floating tensor of a safetensors checkpoint to FORMAT, one tensor at "
-            "a time, and write the result atomically (the destination is replaced only once the "
-            "new file is complete)."
+            "Convert the floating tensors of a safetensors checkpoint (one file, or a sharded "
+            "directory with model.safetensors.index.json) to FORMAT, streaming each tensor in "
+            "blocks, and write the result atomically: nothing is written unless the whole "
+            "conversion succeeds, and an interrupt (Ctrl-C) leaves no trace."
         ),
         epilog=(
             "Examples: precision convert model.safetensors -o model-int8.safetensors --to int8; "
-            "precision convert m.safetensors -o m4.safetensors --to int4 --scaling per-block:32 "
-            "--exclude 'norm|bias'"
+            "precision convert llm/ -o llm-int4/ --to int4 --dry-run"
         ),
     )
-    p.add_argument("input", metavar="IN", help="checkpoint to read (safetensors)")
-    p.add_argument("-o", "--output", metavar="OUT", required=True, help="checkpoint to write")
+    p.add_argument(
+        "input",
+        metavar="IN",
+        help="checkpoint to read: a .safetensors file, a directory of shards with an index "
+        "file, or the index file itself",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT",
+        help="checkpoint to write: a file, or a directory of shards when IN is sharded or "
+        "--max-shard-size is given (required unless --dry-run)",
+    )
     p.add_argument(
         "--to",
         metavar="FORMAT",
         required=True,
-        type=_format_arg,
-        help="target format: a name or alias from 'precision formats'",
+        help="target format: any name or alias that 'precision formats' lists",
     )
     p.add_argument(
         "--scaling",
-        type=_scaling_arg,
-        default=_DEFAULT,
-        help=(
-            "per-tensor, per-axis:AXIS, per-block:SIZE (add :pow2 for power-of-two scales) or "
-            "none; default: per-tensor for integer formats, none for float formats"
-        ),
+        type=_scaling_text,
+        default=None,
+        help="per-tensor, per-axis:AXIS, per-block:SIZE (add :pow2 for power-of-two scales) or "
+        "none; default: per-block:32 for 4-bit and narrower integer formats, per-tensor for "
+        "int8, the format's own default for float formats",
     )
     p.add_argument(
         "--rounding",
-        choices=dtypes.ROUNDING_MODES,
         default="nearest_even",
-        help="rounding mode (default: nearest_even)",
+        help="rounding mode: nearest_even (default), nearest_away, toward_zero, up, down or "
+        "stochastic",
     )
     p.add_argument(
-        "--seed", type=int, default=0, help="random seed of --rounding stochastic (default 0)"
+        "--seed",
+        type=_seed_arg,
+        default=0,
+        help="random seed of --rounding stochastic (0 to 2**63 - 1; default 0)",
     )
     p.add_argument(
         "--include",
         metavar="REGEX",
         type=_regex_arg,
-        help="convert only tensors whose name matches (re.search)",
+        help="convert only tensors whose name matches (re.search, case-insensitive)",
     )
     p.add_argument(
         "--exclude",
@@ -144,25 +199,79 @@ def _parser() -> argparse.ArgumentParser:
         help="keep tensors whose name matches unchanged (applied after --include)",
     )
     p.add_argument(
+        "--keep",
+        metavar="REGEX",
+        help="keep tensors whose name matches unchanged; default for formats of 8 bits or "
+        "fewer: norms, biases and embeddings (see 'precision convert --list-keep'); "
+        "'none' keeps nothing",
+    )
+    p.add_argument(
+        "--list-keep",
+        action="store_true",
+        help="print the default --keep pattern and exit",
+    )
+    p.add_argument(
+        "--dry-run",
+        "--list",
+        dest="dry_run",
+        action="store_true",
+        help="print what each tensor becomes and why, write nothing",
+    )
+    p.add_argument(
+        "--no-stats",
+        action="store_true",
+        help="skip the SQNR statistics (faster; no SQNR warnings)",
+    )
+    p.add_argument(
+        "--warn-sqnr",
+        metavar="DB",
+        type=_db_arg,
+        default=None,
+        help="warn about tensors whose SQNR falls below DB decibels (default 15)",
+    )
+    p.add_argument(
+        "--max-shard-size",
+        metavar="SIZE",
+        type=_size_arg,
+        help="write a directory of shards no larger than SIZE each (e.g. 5GB, 500MiB; default "
+        "for a sharded input: 5GB)",
+    )
+    p.add_argument(
         "--overwrite", action="store_true", help="replace OUT if it exists (even when OUT is IN)"
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser(
         "report",
         help="compare two checkpoints tensor by tensor",
         description=(
-            "Compare the logical values of OTHER against REF, tensor by tensor (matched by name): "
-            "OTHER's format and bytes, max and mean relative error, and SQNR."
+            "Compare the logical values of OTHER against REF, tensor by tensor (matched by name, "
+            "read one at a time): OTHER's format and size, SQNR and errors. Only tensors that "
+            "differ are listed unless --all; the worst SQNR comes first."
         ),
         epilog="Example: precision report model.safetensors model-int8.safetensors --plot err.png",
     )
-    p.add_argument("ref", metavar="REF", help="reference checkpoint")
+    p.add_argument("ref", metavar="REF", help="reference checkpoint (file or sharded directory)")
     p.add_argument("other", metavar="OTHER", help="checkpoint to compare with REF")
-    p.add_argument("--plot", metavar="FILE.png", help="write histograms of the errors to a PNG")
+    p.add_argument(
+        "--plot", metavar="FILE.png", help="write SQNR bars and error histograms to a PNG"
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=_cmd_report)
+    p.add_argument("--all", action="store_true", help="list unchanged tensors too")
+    p.add_argument(
+        "--sort",
+        choices=["sqnr", "name", "size"],
+        default="sqnr",
+        help="table order: worst SQNR first (default), natural name order, or largest first",
+    )
+    p.add_argument(
+        "--top",
+        metavar="N",
+        type=_positive_arg,
+        default=None,
+        help="list only the first N rows of the table",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
     sub.add_parser(
         "demo",
@@ -176,7 +285,9 @@ def _parser() -> argparse.ArgumentParser:
 # formats
 
 
-def _format_row(fmt: dtypes.Format) -> dict[str, Any]:
+def _format_row(fmt: Any) -> dict[str, Any]:
+    import dtypes
+
     aliases = sorted(a for a, n in dtypes.ALIASES.items() if n == fmt.name)
     row: dict[str, Any] = {
         "name": fmt.name,
@@ -193,6 +304,8 @@ def _format_row(fmt: dtypes.Format) -> dict[str, Any]:
 
 
 def _cmd_formats(args: argparse.Namespace) -> int:
+    import dtypes
+
     rows = [_format_row(f) for f in dtypes.FORMATS.values()]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -228,45 +341,74 @@ def _cmd_formats(args: argparse.Namespace) -> int:
 def _demo(argv: list[str]) -> int:
     try:
         from . import _demo
-    except ImportError as exc:
-        print(f"{PROG}: error: the demo is not available ({exc})", file=sys.stderr)
-        return 1
-    try:
+
         return int(_demo.main(argv))
+    except ImportError as exc:
+        name = getattr(exc, "name", None) or ""
+        if not name or name.startswith("precision"):
+            print(f"{PROG}: error: the demo is not available ({exc})", file=sys.stderr)
+        else:
+            print(
+                f"{PROG}: error: the demo needs the {name.split('.')[0]} package; install it "
+                "with pip install 'precision[demo]'",
+                file=sys.stderr,
+            )
+        return 1
     except SystemExit as exc:  # the demo's own --help or usage error
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "formats":
+        return _cmd_formats(args)
+    if args.command == "convert":
+        from ._convert import _cmd_convert
+
+        return _cmd_convert(args)
+    from ._report import _cmd_report
+
+    return _cmd_report(args)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the `precision` command line with `argv` (default: sys.argv[1:]).
 
-    Returns the exit status: 0 success, 1 data error, 2 usage error.
+    Returns the exit status: 0 success, 1 data error, 2 usage error, 130
+    interrupted. JAX is imported only once the arguments are parsed.
 
     Examples:
         >>> main(["formats"])  # doctest: +ELLIPSIS
         format ...
         0
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "demo":
-        return _demo(argv[1:])
-    parser = _parser()
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a usage error (2), already printed
-        return int(exc.code or 0)
-    try:
-        return args.func(args)
-    except _UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except (_DataError, PrecisionError, ValueError, OSError) as exc:
-        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
-        return 1
+        argv = list(sys.argv[1:] if argv is None else argv)
+        if argv and argv[0] == "demo":
+            return _demo(argv[1:])
+        parser = _parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help/--version (0) or a usage error (2), already printed
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        try:
+            return _run(args)
+        except _UsageError as exc:
+            print(f"{PROG} {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+            return 2
+        except _MissingDependency as exc:
+            print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+            return 1
+        except (_DataError, OSError, ValueError, TypeError, MemoryError) as exc:
+            # PrecisionError subclasses are ValueError/TypeError: a data problem here.
+            print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+            return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; nothing was written", file=sys.stderr)
         return 130
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
+    text = " ".join(str(exc).split())
+    if isinstance(exc, MemoryError):
+        return f"out of memory ({text or 'MemoryError'})"
+    return text or type(exc).__name__

@@ -1,12 +1,17 @@
 """What the `precision` command line prints: its name, its one-line errors, its tables.
 
-`_DataError` and `_UsageError` are raised by the subcommands and reported
-by `main` (in `_cli`) as one line on stderr with exit status 1 or 2.
+`_DataError`, `_UsageError` and `_MissingDependency` are raised by the
+subcommands and reported by `main` (in `_main`) as one line on stderr with
+exit status 1, 2 and 1. `_progress` is the progress bar, drawn only on a
+terminal.
 """
 
 from __future__ import annotations
 
 import math
+import re
+import sys
+from typing import Any
 
 PROG = "precision"
 
@@ -19,16 +24,38 @@ class _UsageError(Exception):
     """Flags that cannot go together (exit status 2), reported as one line."""
 
 
+class _MissingDependency(Exception):
+    """An optional package the command needs is not installed (exit status 1)."""
+
+
+def _require(module: str, what: str) -> Any:
+    """Import `module`, or raise `_MissingDependency` naming the extra that installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        top = module.split(".")[0]
+        raise _MissingDependency(
+            f"{what} needs the {top} package; install it with pip install 'precision[cli]'"
+        ) from None
+
+
 # --------------------------------------------------------------------------
 # helpers
 
 
 def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError  # pragma: no cover
+
+
+def _natural_key(name: str) -> list[Any]:
+    """Sort key putting h.2 before h.10 (digit runs compare as numbers)."""
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", name) if p]
 
 
 def _table(rows: list[list[str]], header: list[str], right: set[int]) -> str:
@@ -45,3 +72,36 @@ def _table(rows: list[list[str]], header: list[str], right: set[int]) -> str:
 
 def _fmt_db(x: float) -> str:
     return "inf" if x == math.inf else ("-inf" if x == -math.inf else f"{x:.2f}")
+
+
+class _NoBar:
+    """What `_progress` gives when no bar is drawn."""
+
+    def update(self, n: int) -> None:
+        pass
+
+    def set_postfix_str(self, s: str, refresh: bool = True) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, quiet: bool, desc: str, unit: str = "B") -> Any:
+    """A tqdm bar on stderr when stderr is a terminal, not `quiet` and tqdm installed."""
+    if quiet or not sys.stderr.isatty():
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the bar is a convenience: without tqdm, no bar
+        return _NoBar()
+    scaled = unit == "B"
+    return tqdm(
+        total=total,
+        unit=unit,
+        unit_scale=scaled,
+        unit_divisor=1024 if scaled else 1000,
+        file=sys.stderr,
+        desc=desc,
+        leave=False,
+    )

@@ -1,4 +1,17 @@
-"""`precision report`: two checkpoints compared tensor by tensor."""
+"""`precision report`: two checkpoints compared tensor by tensor, streamed.
+
+One pair of tensors is in memory at a time (REF's logical float32 values and
+OTHER's storage plus its decoded values), and the statistics are taken in
+slices of `_CHUNK` values in float64, so the peak stays under three times the
+largest tensor. What the plot needs is kept per tensor as a fixed-size
+histogram, never as the errors themselves.
+
+Columns (docs/cli.md, "Reading a report"): SQNR in dB over the finite
+values; `max err/absmax`, the largest error relative to the tensor's
+largest magnitude (unlike an elementwise relative error it is not 1 for
+every value that rounds to zero); `mean abs err`. The JSON output also
+carries the elementwise relative errors.
+"""
 
 from __future__ import annotations
 
@@ -13,156 +26,318 @@ import numpy as np
 from .._checkpoint._io import encoded
 from .._checkpoint._layout import Leaf
 from .._checkpoint._reader import Reader
-from ._output import PROG, _DataError, _fmt_db, _human, _table
+from ._files import Source, leaf_nbytes
+from ._output import (
+    PROG,
+    _DataError,
+    _fmt_db,
+    _human,
+    _natural_key,
+    _progress,
+    _require,
+    _table,
+)
+
+_CHUNK = 1 << 20  # values per slice of the statistics
+
+#: Bin edges of the error histograms: |error| / max |ref| of the tensor.
+_EDGES = np.logspace(-10, 0, 51)
+
+#: Bars shown in the plot's SQNR chart (the worst ones).
+_PLOT_BARS = 40
+#: Tensors drawn one by one in the histogram panel (the worst ones).
+_PLOT_LINES = 6
 
 
-def _error_report(ref, approx):
-    try:
-        from ..testing import error_report
-    except ImportError:  # pragma: no cover - before the testing kit exports it
-        from ..testing._metrics import error_report
-    # No format: the table needs no ULP histogram, which is the costly part.
-    return error_report(ref, approx)
+class _Accumulator:
+    """Error statistics of one tensor whose largest finite |ref| is `absmax`, fed by slices."""
+
+    def __init__(self, absmax: float) -> None:
+        self.absmax = absmax
+        # Sums of squares are taken of values divided by a power of two near
+        # absmax, so they neither overflow nor underflow.
+        self._scale = 2.0 ** math.frexp(absmax)[1] if absmax > 0 else 1.0
+        self.size = 0
+        self.nonfinite = 0
+        self.changed = False
+        self.max_abs = 0.0
+        self.sum_abs = 0.0
+        self.max_rel = 0.0
+        self.sum_rel = 0.0
+        self.signal = 0.0
+        self.noise = 0.0
+        self.exact = 0
+        # counts of |error| / absmax below _EDGES[0], in each bin, and from 1 up
+        self.hist = np.zeros(len(_EDGES) + 1, np.int64)
+
+    def add(self, ref: np.ndarray, other: np.ndarray) -> None:
+        r = ref.astype(np.float64).ravel()
+        a = other.astype(np.float64).ravel()
+        self.size += r.size
+        same = (r == a) | (np.isnan(r) & np.isnan(a))
+        self.changed = self.changed or not bool(same.all())
+        finite = np.isfinite(r) & np.isfinite(a)
+        self.nonfinite += int(r.size - np.count_nonzero(finite))
+        r, a = r[finite], a[finite]
+        if not r.size:
+            return
+        with np.errstate(over="ignore"):
+            err = np.abs(a - r)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.where(r == 0, np.where(err == 0, 0.0, np.inf), err / np.abs(r))
+        self.max_abs = max(self.max_abs, float(err.max()))
+        self.sum_abs += float(err.sum())
+        self.max_rel = max(self.max_rel, float(rel.max()))
+        self.sum_rel += float(rel.sum())
+        self.signal += float(np.sum((r / self._scale) ** 2))
+        with np.errstate(over="ignore"):
+            self.noise += float(np.sum((err / self._scale) ** 2))
+        nonzero = err[err > 0]
+        self.exact += err.size - nonzero.size
+        idx = np.searchsorted(_EDGES, nonzero / (self.absmax or 1.0), side="right")
+        self.hist += np.bincount(idx, minlength=len(self.hist))[: len(self.hist)]
+
+    def result(self) -> dict[str, Any]:
+        n = self.size - self.nonfinite
+        if self.noise == 0:
+            sqnr = math.inf
+        elif self.signal == 0 or math.isinf(self.noise):
+            sqnr = -math.inf
+        else:
+            sqnr = 10 * math.log10(self.signal / self.noise)
+        return {
+            "size": self.size,
+            "nonfinite": self.nonfinite,
+            "changed": self.changed,
+            "max_abs_error": self.max_abs,
+            "mean_abs_error": self.sum_abs / n if n else 0.0,
+            "max_rel_error": self.max_rel,
+            "mean_rel_error": self.sum_rel / n if n else 0.0,
+            "max_error_over_absmax": self.max_abs / self.absmax if self.absmax else 0.0,
+            "sqnr_db": sqnr,
+            "exact_fraction": self.exact / n if n else 1.0,
+        }
 
 
-def _report_row(name: str, leaf: Leaf, nbytes: int, ref, other) -> dict[str, Any]:
-    rep = _error_report(ref, other)
-    fmt_name = leaf.format.name if leaf.format is not None else leaf.dtype.name
-    return {
-        "name": name,
-        "format": fmt_name,
-        "scaling": None if leaf.scaling is None else str(leaf.scaling),
-        "bytes": nbytes,
-        "max_abs_error": float(rep.max_abs_error),
-        "mean_abs_error": float(rep.mean_abs_error),
-        "max_rel_error": float(rep.max_rel_error),
-        "mean_rel_error": float(rep.mean_rel_error),
-        "sqnr_db": float(rep.sqnr_db),
-    }
-
-
-def _values(reader: Reader, leaf: Leaf):
+def _values(reader: Reader, leaf: Leaf) -> np.ndarray:
+    """The logical float32 values of a leaf (no copy for float32 storage)."""
     import jax.numpy as jnp
 
     data, scale = reader.read_leaf(leaf)
-    if leaf.kind == "array":
-        return jnp.asarray(data.astype(np.float32))
-    return encoded(leaf, data, scale).decode(jnp.float32)
+    if leaf.kind == "array" or (leaf.format is not None and leaf.scale is None and _raw(leaf)):
+        return data if data.dtype == np.float32 else data.astype(np.float32)
+    return np.asarray(encoded(leaf, data, scale).decode(jnp.float32))
 
 
-def _cmd_report(args: argparse.Namespace) -> int:
-    rows: list[dict[str, Any]] = []
-    errors: dict[str, np.ndarray] = {}
-    problems: list[str] = []
-    with Reader(args.ref) as ref, Reader(args.other) as other:
-        ref_leaves = {leaf.name: leaf for leaf in ref.leaves}
-        other_leaves = {leaf.name: leaf for leaf in other.leaves}
-        only_ref = [n for n in ref_leaves if n not in other_leaves]
-        only_other = [n for n in other_leaves if n not in ref_leaves]
-        for name, oleaf in other_leaves.items():
-            rleaf = ref_leaves.get(name)
-            if rleaf is None:
-                continue
-            if rleaf.shape != oleaf.shape:
-                problems.append(
-                    f"{name!r} has shape {list(rleaf.shape)} in REF but {list(oleaf.shape)} "
-                    "in OTHER"
-                )
-                continue
-            if not (_floating(rleaf) and _floating(oleaf)):
-                continue
-            r, o = _values(ref, rleaf), _values(other, oleaf)
-            nbytes = sum(other.entries[n].nbytes for n, _, _ in oleaf.arrays())
-            rows.append(_report_row(name, oleaf, nbytes, r, o))
-            if args.plot:
-                errors[name] = _rel_errors(np.asarray(r), np.asarray(o))
-    for name in only_ref:
-        print(f"{PROG}: note: {name!r} is only in REF", file=sys.stderr)
-    for name in only_other:
-        print(f"{PROG}: note: {name!r} is only in OTHER", file=sys.stderr)
-    if problems:
-        raise _DataError("; ".join(problems))
-    if not rows:
-        raise _DataError(f"{args.ref} and {args.other} have no floating tensor in common")
-    if args.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        table = [
-            [
-                r["name"],
-                r["format"],
-                str(r["bytes"]),
-                f"{r['max_rel_error']:.3e}",
-                f"{r['mean_rel_error']:.3e}",
-                _fmt_db(r["sqnr_db"]),
-            ]
-            for r in rows
-        ]
-        header = ["tensor", "format", "bytes", "max rel err", "mean rel err", "SQNR dB"]
-        print(_table(table, header, right={2, 3, 4, 5}))
-        total = sum(r["bytes"] for r in rows)
-        worst = min(rows, key=lambda r: r["sqnr_db"])
-        print(
-            f"\n{len(rows)} tensor(s), {_human(total)}; worst SQNR "
-            f"{_fmt_db(worst['sqnr_db'])} dB ({worst['name']})"
-        )
-    if args.plot:
-        _plot(errors, rows, args.plot)
-        if not args.json:
-            print(f"wrote {args.plot}")
-    return 0
+def _raw(leaf: Leaf) -> bool:
+    fmt = leaf.format
+    return fmt is not None and fmt.native_dtype is not None and fmt.native_dtype == leaf.data_dtype
 
 
 def _floating(leaf: Leaf) -> bool:
     return leaf.kind == "tensor" or leaf.dtype.kind == "f" or leaf.dtype.name == "bfloat16"
 
 
-def _rel_errors(ref: np.ndarray, other: np.ndarray) -> np.ndarray:
-    """Relative errors |other - ref| / |ref| of the finite, nonzero reference values."""
-    ref = ref.astype(np.float64).ravel()
-    other = other.astype(np.float64).ravel()
-    ok = np.isfinite(ref) & (ref != 0) & np.isfinite(other)
-    return np.abs(other[ok] - ref[ok]) / np.abs(ref[ok])
+def _compare(ref: np.ndarray, other: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
+    r, o = ref.reshape(-1), other.reshape(-1)
+    slices = [slice(i, i + _CHUNK) for i in range(0, r.size, _CHUNK)]
+    absmax = 0.0
+    for s in slices:
+        part = np.abs(r[s])
+        absmax = max(absmax, float(np.max(part, where=np.isfinite(part), initial=0.0)))
+    acc = _Accumulator(absmax)
+    for s in slices:
+        acc.add(r[s], o[s])
+    return acc.result(), acc.hist
 
 
-def _plot(errors: dict[str, np.ndarray], rows: list[dict[str, Any]], path: str) -> None:
+def _cmd_report(args: argparse.Namespace) -> int:
+    if args.plot:
+        _require("matplotlib", "report --plot")
+    rows: list[dict[str, Any]] = []
+    hists: dict[str, np.ndarray] = {}
+    problems: list[str] = []
+    with Source(args.ref) as ref, Source(args.other) as other:
+        ref_leaves = {leaf.name: (r, leaf) for r, leaf in ref.items}
+        other_leaves = {leaf.name: (r, leaf) for r, leaf in other.items}
+        only_ref = [n for n in ref_leaves if n not in other_leaves]
+        only_other = [n for n in other_leaves if n not in ref_leaves]
+        pairs = []
+        for name, (oreader, oleaf) in other_leaves.items():
+            if name not in ref_leaves:
+                continue
+            rreader, rleaf = ref_leaves[name]
+            if rleaf.shape != oleaf.shape:
+                problems.append(
+                    f"{name!r} has shape {list(rleaf.shape)} in REF but {list(oleaf.shape)} "
+                    "in OTHER"
+                )
+                continue
+            if _floating(rleaf) and _floating(oleaf):
+                pairs.append((name, rreader, rleaf, oreader, oleaf))
+        if problems:
+            raise _DataError("; ".join(problems))
+        progress = _progress(len(pairs), args.quiet, "comparing", unit="tensor")
+        try:
+            for name, rreader, rleaf, oreader, oleaf in pairs:
+                progress.set_postfix_str(name, refresh=False)
+                r = _values(rreader, rleaf)
+                o = _values(oreader, oleaf)
+                stats, hist = _compare(r, o)
+                del r, o
+                fmt_name = oleaf.format.name if oleaf.format is not None else oleaf.dtype.name
+                rows.append(
+                    {
+                        "name": name,
+                        "format": fmt_name,
+                        "scaling": None if oleaf.scaling is None else str(oleaf.scaling),
+                        "shape": list(oleaf.shape),
+                        "bytes": leaf_nbytes(oleaf),
+                        **stats,
+                    }
+                )
+                hists[name] = hist
+                progress.update(1)
+        finally:
+            progress.close()
+    for name in only_ref:
+        print(f"{PROG}: note: {name!r} is only in REF", file=sys.stderr)
+    for name in only_other:
+        print(f"{PROG}: note: {name!r} is only in OTHER", file=sys.stderr)
+    if not rows:
+        raise _DataError(f"{args.ref} and {args.other} have no floating tensor in common")
+    rows.sort(key=lambda r: _natural_key(r["name"]))
+    ordered = _ordered(rows, args.sort)
+    if args.json:
+        print(json.dumps(ordered, indent=2))
+    else:
+        _print_table(ordered, args)
+    if args.plot:
+        _plot(hists, rows, args.plot)
+        if not args.json:
+            print(f"wrote {args.plot}")
+    return 0
+
+
+def _ordered(rows: list[dict[str, Any]], how: str) -> list[dict[str, Any]]:
+    if how == "name":
+        return list(rows)
+    if how == "size":
+        return sorted(rows, key=lambda r: -r["bytes"])
+    return sorted(rows, key=lambda r: r["sqnr_db"])  # stable: natural order among equals
+
+
+def _print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    shown = rows if args.all else [r for r in rows if r["changed"]]
+    hidden = len(rows) - len(shown)
+    if args.top is not None:
+        shown = shown[: args.top]
+    table = [
+        [
+            r["name"],
+            r["format"] + ("" if r["scaling"] is None else f" {_brief(r['scaling'])}"),
+            _human(r["bytes"]),
+            _fmt_db(r["sqnr_db"]),
+            f"{r['max_error_over_absmax']:.2e}",
+            f"{r['mean_abs_error']:.2e}",
+        ]
+        for r in shown
+    ]
+    header = ["tensor", "format", "size", "SQNR dB", "max err/absmax", "mean abs err"]
+    if table:
+        print(_table(table, header, right={2, 3, 4, 5}))
+    changed = [r for r in rows if r["changed"]]
+    total = sum(r["bytes"] for r in rows)
+    line = f"\n{len(rows)} tensor(s) compared, {len(changed)} changed, {_human(total)} in OTHER"
+    if changed:
+        worst = min(changed, key=lambda r: r["sqnr_db"])
+        line += f"; worst SQNR {_fmt_db(worst['sqnr_db'])} dB ({worst['name']})"
+    print(line.lstrip("\n") if not table else line)
+    notes = []
+    if hidden:
+        notes.append(f"{hidden} unchanged tensor(s) not listed (--all lists them)")
+    if args.top is not None and len(shown) < len(rows) - hidden:
+        notes.append(f"showing the first {len(shown)} (--top)")
+    if notes:
+        print("; ".join(notes))
+
+
+def _brief(scaling: str) -> str:
+    return scaling.replace(" on axis -1", "")
+
+
+def _short(name: str, width: int = 38) -> str:
+    return name if len(name) <= width else "…" + name[-(width - 1) :]
+
+
+def _plot(hists: dict[str, np.ndarray], rows: list[dict[str, Any]], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
-    shown = sorted(rows, key=lambda r: r["sqnr_db"])[:10]
-    finite = [e[e > 0] for e in errors.values() if np.any(e > 0)]
-    lo = min((float(e.min()) for e in finite), default=1e-8)
-    hi = max((float(e.max()) for e in finite), default=1.0)
-    bins = np.logspace(np.log10(lo), np.log10(hi) + 1e-9, 60)
-    for r in shown:
-        e = errors[r["name"]]
-        e = e[e > 0]
-        if e.size:
-            ax.hist(e, bins=bins, histtype="step", label=f"{r['name']} ({r['format']})")
-    ax.set_xscale("log")
-    ax.set_xlabel("relative error |other - ref| / |ref|")
-    ax.set_ylabel("values")
-    title = "relative error per tensor"
-    if len(rows) > len(shown):
-        title += f" ({len(shown)} worst of {len(rows)})"
-    ax.set_title(title)
-    if shown:
-        ax.legend(fontsize="small")
-    names = [r["name"] for r in rows]
-    top = max([r["sqnr_db"] for r in rows if math.isfinite(r["sqnr_db"])] + [1.0]) * 1.1
-    sqnr = [min(max(r["sqnr_db"], 0.0), top) for r in rows]
-    bars = bx.barh(range(len(rows)), sqnr)
-    for bar, r in zip(bars, rows, strict=True):
-        if not math.isfinite(r["sqnr_db"]):
-            bar.set_hatch("//")
-            bx.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " exact", va="center")
-    bx.set_yticks(range(len(rows)), names, fontsize="small")
-    bx.invert_yaxis()
-    bx.set_xlabel("SQNR (dB)")
-    bx.set_title("signal-to-quantization-noise ratio")
+    changed = [r for r in rows if r["changed"]] or rows
+    worst = sorted(changed, key=lambda r: r["sqnr_db"])
+    bars = worst[:_PLOT_BARS]
+    height = max(5.0, 0.24 * len(bars) + 1.8)
+    fig, (ax, bx) = plt.subplots(
+        1, 2, figsize=(15, height), gridspec_kw={"width_ratios": [1, 1.15]}
+    )
+
+    # Left: the worst SQNRs as a sorted bar chart, worst on top.
+    finite = [r["sqnr_db"] for r in bars if math.isfinite(r["sqnr_db"])]
+    top = max([*finite, 1.0]) * 1.15
+    formats = sorted({r["format"] for r in bars})
+    colors = {f: plt.cm.tab10(i % 10) for i, f in enumerate(formats)}
+    y = np.arange(len(bars))
+    values = [
+        min(max(r["sqnr_db"], 0.0), top) if math.isfinite(r["sqnr_db"]) else top for r in bars
+    ]
+    ax.barh(y, values, color=[colors[r["format"]] for r in bars])
+    for yi, r, v in zip(y, bars, values, strict=True):
+        label = "exact" if r["sqnr_db"] == math.inf else f"{r['sqnr_db']:.1f}"
+        ax.text(v, yi, f" {label}", va="center", fontsize=7)
+    ax.set_yticks(y, [_short(r["name"]) for r in bars], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, top * 1.12)
+    ax.axvline(15, color="0.3", linestyle=":", linewidth=1)
+    ax.set_xlabel("SQNR (dB, higher is better; dotted line: 15 dB warning threshold)")
+    title = f"worst {len(bars)} of {len(changed)} changed tensors by SQNR"
+    if len(changed) <= len(bars):
+        title = f"SQNR of the {len(changed)} changed tensor(s), worst first"
+    ax.set_title(title, fontsize=10)
+    if len(formats) > 1:
+        handles = [plt.Rectangle((0, 0), 1, 1, color=colors[f]) for f in formats]
+        ax.legend(handles, formats, fontsize=7, loc="lower right", title="format")
+
+    # Right: the error distribution of each of the worst tensors, normalised
+    # per tensor (|error| / max |ref|, as a fraction of its values), and the
+    # average over every changed tensor as a grey band.
+    centers = np.sqrt(_EDGES[:-1] * _EDGES[1:])
+
+    def fractions(name: str) -> np.ndarray:
+        h = hists[name].astype(np.float64)
+        return h[1:-1] / max(h.sum(), 1.0)
+
+    everyone = np.mean([fractions(r["name"]) for r in changed], axis=0)
+    bx.fill_between(centers, everyone, step="mid", color="0.85", label="mean of all changed")
+    styles = ["-", "--", "-.", ":"]
+    for i, r in enumerate(worst[:_PLOT_LINES]):
+        f = fractions(r["name"])
+        bx.step(
+            centers,
+            f,
+            where="mid",
+            linestyle=styles[i % len(styles)],
+            linewidth=1.4,
+            label=f"{_short(r['name'], 32)} ({r['format']}, {_fmt_db(r['sqnr_db'])} dB, "
+            f"{r['exact_fraction']:.0%} exact)",
+        )
+    bx.set_xscale("log")
+    bx.set_xlabel("|error| / max |value| of the tensor (exact values not shown)")
+    bx.set_ylabel("fraction of the tensor's values")
+    bx.set_title("error distribution, normalised per tensor (worst SQNR)", fontsize=10)
+    bx.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    fig.savefig(path, format="png", dpi=110)
     plt.close(fig)

@@ -67,7 +67,8 @@ def assert_encoded_like_library(t: Tensor, x: np.ndarray, fmt: dtypes.Format, sc
     got = t.encoded
     assert (got.format, got.scaling, got.shape) == (fmt, expected.scaling, expected.shape)
     np.testing.assert_array_equal(
-        np.asarray(got.data).view(np.uint8), np.asarray(expected.data).view(np.uint8)
+        np.asarray(got.data).reshape(-1).view(np.uint8),
+        np.asarray(expected.data).reshape(-1).view(np.uint8),
     )
     if expected.scale is None:
         assert got.scale is None
@@ -131,10 +132,18 @@ def test_demo_missing_is_a_one_line_error(monkeypatch, capsys):
 # convert
 
 
+def preset_scaling(fmt: dtypes.Format):
+    """The documented default of --scaling: per-block 32 for integers of 4 bits or fewer."""
+    if fmt.kind == "int" and fmt.bits <= 4:
+        return dtypes.PerBlock(32)
+    return fmt.default_scaling()
+
+
 def check_converted(out, fmt: dtypes.Format) -> None:
     loaded = precision.load(out)
     for tensor in FLOATS:
-        assert_encoded_like_library(loaded[tensor], np.asarray(INPUT[tensor], np.float32), fmt)
+        x = np.asarray(INPUT[tensor], np.float32)
+        assert_encoded_like_library(loaded[tensor], x, fmt, preset_scaling(fmt))
     np.testing.assert_array_equal(loaded["position_ids"], INPUT["position_ids"])
 
 
@@ -143,7 +152,7 @@ def test_convert_in_subprocesses(checkpoint, tmp_path):
     procs = {}
     for name, cmd in runs.items():  # side by side: each pays for starting Python and JAX
         out = tmp_path / f"{name}.safetensors"
-        args = [*cmd, "convert", str(checkpoint), "-o", str(out), "--to", name]
+        args = [*cmd, "convert", str(checkpoint), "-o", str(out), "--to", name, "--keep", "none"]
         procs[name] = (out, subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     for name, (out, proc) in procs.items():
         stdout, stderr = proc.communicate(timeout=180)
@@ -156,7 +165,8 @@ def test_convert_in_subprocesses(checkpoint, tmp_path):
 @pytest.mark.parametrize("name", [n for n in dtypes.FORMATS if n != "float64"])
 def test_convert_to_every_format(checkpoint, tmp_path, capsys, name):
     out = tmp_path / "out.safetensors"
-    assert _cli.main(["convert", str(checkpoint), "-o", str(out), "--to", name, "-q"]) == 0
+    argv = ["convert", str(checkpoint), "-o", str(out), "--to", name, "-q", "--keep", "none"]
+    assert _cli.main(argv) == 0
     assert f"converted 3 tensor(s) to {name}" in capsys.readouterr().out
     check_converted(out, dtypes.get(name))
 
@@ -178,48 +188,82 @@ def test_convert_with_scaling(checkpoint, tmp_path, capsys, fmt, flag, scaling):
     for tensor in ["encoder.weight", "head.weight"]:
         x = np.asarray(INPUT[tensor], np.float32)
         assert_encoded_like_library(loaded[tensor], x, dtypes.get(fmt), scaling)
-    assert "kept 1: excluded" in capsys.readouterr().out
+    assert "kept 1: excluded (--exclude)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(
-    ("fmt", "flag", "scaling"),
-    [
-        ("bfloat16", "none", None),
-        ("e4m3", "none", None),
-        ("int4", "per-block:16", dtypes.PerBlock(16)),
-        ("int8", "per-axis:0:pow2", dtypes.PerAxis(0, power_of_two=True)),
-    ],
-)
-def test_row_block_conversion_gives_the_same_bytes(
-    checkpoint, tmp_path, monkeypatch, fmt, flag, scaling
+# Shapes that exercise every streamed path with tiny blocks (_BLOCK = 64
+# values): a ragged last block, odd last axes (packed rows with padding), a
+# long 1-D tensor, bfloat16 and float16 input, a scalar, an empty tensor.
+STREAM_INPUT = {
+    "a": RNG.standard_normal((9, 48)).astype(np.float32),
+    "b": (RNG.standard_normal((5, 7)) * 1e-3).astype(np.float32),
+    "c": RNG.standard_normal(1000).astype(np.float32),
+    "d": RNG.standard_normal((6, 32)).astype(ml_dtypes.bfloat16),
+    "e": RNG.standard_normal((3, 4, 16)).astype(np.float16),
+    "f": np.array(2.5, np.float32),
+    "g": np.zeros((0, 16), np.float32),
+    "h": np.array([1e-40, -1e-40, 0.0, 3.0, -2.0, 7e-39, 1.5, -0.5], np.float32),
+}
+
+STREAM_CASES = [
+    ("bfloat16", "none"),
+    ("e4m3", "none"),
+    ("float16", "none"),
+    ("int4", "per-block:16"),
+    ("int8", "per-block:16:pow2"),
+    ("int2", "per-block:8"),
+    ("int8", "per-tensor"),
+    ("int4", "per-tensor:pow2"),
+    ("e5m2", "per-tensor"),
+    ("int8", "per-axis:0:pow2"),
+    ("int4", "per-axis:0"),
+    ("int8", "per-axis:-1"),
+    ("int1", "per-tensor"),
+]
+
+
+@pytest.fixture(scope="module")
+def stream_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("stream") / "s.safetensors"
+    safetensors.numpy.save_file(STREAM_INPUT, str(path))
+    return path
+
+
+@pytest.mark.parametrize(("fmt", "flag"), STREAM_CASES, ids=["-".join(c) for c in STREAM_CASES])
+def test_block_conversion_gives_the_library_bytes(
+    stream_checkpoint, tmp_path, monkeypatch, fmt, flag
 ):
-    # Tiny row blocks: encoder.weight (6 x 40 float32, 160 bytes a row) goes in
-    # blocks of 2 rows, head.weight (4 x 32 bfloat16) in blocks of 5 rows.
-    monkeypatch.setattr(_cli_convert, "_STREAM_BYTES", 320)
+    monkeypatch.setattr(_cli_convert, "_BLOCK", 64)
     blocks = []
-    iter_rows = _checkpoint_reader.Reader.iter_rows
+    block = _cli_convert._Engine.block
     monkeypatch.setattr(
-        _checkpoint_reader.Reader,
-        "iter_rows",
-        lambda self, name, rows: blocks.append((name, rows)) or iter_rows(self, name, rows),
+        _cli_convert._Engine,
+        "block",
+        lambda self, x, *a: blocks.append(x.shape) or block(self, x, *a),
     )
     out = tmp_path / "out.safetensors"
-    args = ["convert", str(checkpoint), "-o", str(out), "--to", fmt, "--scaling", flag, "-q"]
-    assert _cli.main(args) == 0
-    assert ("encoder.weight", 2) in blocks  # the row-block path really ran
+    argv = ["convert", str(stream_checkpoint), "-o", str(out), "--to", fmt, "--scaling", flag]
+    assert _cli.main([*argv, "-q", "--keep", "none"]) == 0
+    streamed = flag.split(":")[:2] != ["per-axis", "-1"] and fmt != "int1"
+    assert len(blocks) >= 10 if streamed else not blocks  # the block paths really ran
+    scaling = _cli_convert._scaling(flag, dtypes.get(fmt))
     loaded = precision.load(out)
-    for tensor in ["encoder.weight", "head.weight"]:
-        x = np.asarray(INPUT[tensor], np.float32)
-        assert_encoded_like_library(loaded[tensor], x, dtypes.get(fmt), scaling)
+    for name, value in STREAM_INPUT.items():
+        x = np.asarray(value, np.float32)
+        t = loaded[name]
+        if t.format == dtypes.get(fmt):
+            assert_encoded_like_library(t, x, dtypes.get(fmt), scaling)
+        else:  # kept: the scaling does not fit (a scalar per axis, an empty tensor)
+            assert t.format.name in ("float32", "bfloat16", "float16"), name
 
 
-def test_row_block_conversion_checks_the_crc(tmp_path, monkeypatch, capsys):
+def test_block_conversion_checks_the_crc(tmp_path, monkeypatch, capsys):
     src, dst = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
     precision.save(src, {"w": RNG.standard_normal((8, 64)).astype(np.float32)})
     raw = bytearray(src.read_bytes())
-    raw[-10] ^= 1  # in the last row block
+    raw[-10] ^= 1  # in the last block
     src.write_bytes(bytes(raw))
-    monkeypatch.setattr(_cli_convert, "_STREAM_BYTES", 256)
+    monkeypatch.setattr(_cli_convert, "_BLOCK", 64)
     assert _cli.main(["convert", str(src), "-o", str(dst), "--to", "bf16", "-q"]) == 1
     assert "do not match the CRC-32" in capsys.readouterr().err
     assert not dst.exists()
@@ -227,7 +271,7 @@ def test_row_block_conversion_checks_the_crc(tmp_path, monkeypatch, capsys):
 
 def test_scaling_that_does_not_fit_keeps_the_tensor(checkpoint, tmp_path, capsys):
     out = tmp_path / "out.safetensors"
-    args = ["convert", str(checkpoint), "-o", str(out), "--to", "int8"]
+    args = ["convert", str(checkpoint), "-o", str(out), "--to", "int8", "--keep", "none"]
     assert _cli.main([*args, "--scaling", "per-axis:1"]) == 0
     assert "kept 1: per-axis 1 does not fit shape [40]" in capsys.readouterr().out
     assert precision.load(out)["encoder.bias"].format == dtypes.float32
@@ -290,7 +334,8 @@ def test_convert_onto_itself_needs_overwrite(checkpoint, tmp_path, capsys):
 
 def test_report_json_matches_error_report(checkpoint, tmp_path, capsys):
     out = tmp_path / "int8.safetensors"
-    assert _cli.main(["convert", str(checkpoint), "-o", str(out), "--to", "int8", "-q"]) == 0
+    argv = ["convert", str(checkpoint), "-o", str(out), "--to", "int8", "-q", "--keep", "none"]
+    assert _cli.main(argv) == 0
     capsys.readouterr()
     assert _cli.main(["report", str(checkpoint), str(out), "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
@@ -303,9 +348,12 @@ def test_report_json_matches_error_report(checkpoint, tmp_path, capsys):
         row = rows[name]
         assert row["format"] == "int8"
         assert row["max_rel_error"] == rep.max_rel_error
-        assert row["mean_rel_error"] == rep.mean_rel_error
+        assert row["mean_rel_error"] == pytest.approx(rep.mean_rel_error, rel=1e-12)
         assert row["max_abs_error"] == rep.max_abs_error
-        assert row["sqnr_db"] == rep.sqnr_db
+        assert row["sqnr_db"] == pytest.approx(rep.sqnr_db, rel=1e-12)
+        ref = np.asarray(INPUT[name], np.float64)
+        expected = rep.max_abs_error / np.max(np.abs(ref))
+        assert row["max_error_over_absmax"] == pytest.approx(expected, rel=1e-12)
         codes = int(np.prod(sizes[name]))
         assert row["bytes"] == codes + 4 * int(np.prod(sizes[name + ":scale"]))
 
@@ -317,11 +365,13 @@ def test_report_table_and_plot(checkpoint, tmp_path):
     result = run("report", str(checkpoint), str(out), "--plot", str(png))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split() == "tensor format bytes max rel err mean rel err SQNR dB".split()
-    table = {line.split()[0]: line.split() for line in lines[2:5]}
+    header = "tensor format size SQNR dB max err/absmax mean abs err"
+    assert lines[0].split() == header.split()
+    table = {line.split()[0]: line.split() for line in lines[2:4]}
+    assert set(table) == {"encoder.weight", "encoder.bias"}  # head.weight unchanged: not listed
     assert table["encoder.weight"][1] == "bfloat16"
-    assert table["encoder.weight"][2] == str(6 * 40 * 2)
-    assert table["head.weight"][-1] == "inf"  # was bfloat16 already: exact
+    assert table["encoder.weight"][2:4] == [str(6 * 40 * 2), "B"]
+    assert "1 unchanged tensor(s) not listed" in result.stdout
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     image = matplotlib.image.imread(png)
