@@ -9,8 +9,9 @@ Rounding to table entries:
 
 - `nearest_even`: the nearest entry; a value exactly halfway between two
   neighbours goes to the one with the even index. The halfway points are
-  exact in float64 and the comparisons are made against the float32
-  neighbours of those points, so the choice is exact for every float32.
+  computed exactly (as fractions, when the format is built) and the
+  comparisons are made against their float32 neighbours, so the choice is
+  exact for every float32.
 - `stochastic`: between neighbours `a <= y <= b`, `b` with probability
   `(y - a) / (b - a)` (unbiased inside the table's range); values beyond the
   table go to its end entries.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from fractions import Fraction
 from typing import Any, ClassVar
 
 import jax
@@ -84,6 +86,13 @@ class CodebookFormat(Format):
                 f"({table32.size} distinct after rounding to float32); pass a table such as "
                 "[-1.0, -0.5, 0.0, 0.5, 1.0]"
             )
+        tiny = (table32 != 0) & (np.abs(table32) < np.float32(2.0**-126))
+        if tiny.any():
+            raise FormatError(
+                f"CodebookFormat entries must be 0 or at least 2**-126 in magnitude, got the "
+                f"float32 subnormal {float(table32[tiny][0])!r} (XLA on CPU reads subnormals as "
+                "zero, so it could not be told apart from 0); scale the table up"
+            )
         if np.max(np.abs(table32)) == 0:
             raise FormatError("a CodebookFormat table needs a nonzero entry to scale to")
         object.__setattr__(self, "values", tuple(float(v) for v in table32))
@@ -119,14 +128,7 @@ class CodebookFormat(Format):
 
     def _thresholds(self) -> np.ndarray:
         """float32 t_k with: code > k exactly when y > t_k (nearest, ties to even)."""
-        v = self._table().astype(np.float64)
-        mids = (v[1:] + v[:-1]) / 2  # exact in float64
-        m32 = mids.astype(np.float32)
-        down = np.where(m32.astype(np.float64) > mids, np.nextafter(m32, np.float32(-np.inf)), m32)
-        up = np.where(m32.astype(np.float64) < mids, np.nextafter(m32, np.float32(np.inf)), m32)
-        upper_even = (np.arange(1, len(v)) % 2) == 0
-        # upper wins at the tie: y >= up, i.e. y > the float32 just below `up`
-        return np.where(upper_even, np.nextafter(up, np.float32(-np.inf)), down).astype(np.float32)
+        return _thresholds(self.values)
 
     # -- operations ------------------------------------------------------
     def encode(
@@ -171,6 +173,27 @@ class CodebookFormat(Format):
 
     def __repr__(self) -> str:
         return f"CodebookFormat(<{len(self.values)} values>, name={self.name!r})"
+
+
+@functools.lru_cache(maxsize=64)
+def _thresholds(values: tuple[float, ...]) -> np.ndarray:
+    """See `CodebookFormat._thresholds` (cached: exact rational arithmetic per entry)."""
+    v = [Fraction(a) for a in values]
+    out = []
+    for k in range(len(v) - 1):
+        mid = (v[k] + v[k + 1]) / 2  # exact
+        upper_even = (k + 1) % 2 == 0
+        # the largest float32 t with "y > t" meaning "y > mid" (or "y >= mid"
+        # when the upper entry wins the tie)
+        t = np.float32(float(mid))
+        while Fraction(float(t)) > mid or (upper_even and Fraction(float(t)) == mid):
+            t = np.nextafter(t, np.float32(-np.inf))
+        while Fraction(float(np.nextafter(t, np.float32(np.inf)))) < mid or (
+            not upper_even and Fraction(float(np.nextafter(t, np.float32(np.inf)))) == mid
+        ):
+            t = np.nextafter(t, np.float32(np.inf))
+        out.append(t)
+    return np.asarray(out, np.float32)
 
 
 def _packed_nbytes(shape: tuple[int, ...], bits: int) -> int:
