@@ -1,5 +1,6 @@
 """Precision-aware tensors for JAX: logical values over reduced-precision storage."""
 
+from ._apply import apply as apply
 from ._checkpoint import load as load
 from ._checkpoint import save as save
 from ._context import default_format as default_format
@@ -9,12 +10,12 @@ from ._errors import DeviceMismatchError as DeviceMismatchError
 from ._errors import FormatError as FormatError
 from ._errors import PrecisionError as PrecisionError
 from ._errors import PrecisionMismatchError as PrecisionMismatchError
-from ._interpreter import apply as apply
 from ._loss_scale import DynamicLossScale as DynamicLossScale
 from ._loss_scale import NoOpLossScale as NoOpLossScale
 from ._loss_scale import StaticLossScale as StaticLossScale
 from ._loss_scale import all_finite as all_finite
 from ._loss_scale import select_tree as select_tree
+from ._policy import DEFAULT_FLOAT32_OPS as DEFAULT_FLOAT32_OPS
 from ._policy import Policy as Policy
 from ._tensor import Tensor as Tensor
 from ._tensor import device_put as device_put
@@ -25,6 +26,7 @@ from ._tree import tree_nbytes as tree_nbytes
 from ._updates import apply_updates as apply_updates
 
 __all__ = [
+    "DEFAULT_FLOAT32_OPS",
     "CheckpointError",
     "DeviceMismatchError",
     "DynamicLossScale",

@@ -21,6 +21,7 @@ __all__ = [
     "Primitive",
     "bind_eqn",
     "closed",
+    "is_differentiated",
     "is_tracer",
     "prims",
 ]
@@ -36,6 +37,23 @@ Primitive = jex.Primitive
 def is_tracer(x: Any) -> bool:
     """Whether `x` is an abstract value of some JAX transformation."""
     return isinstance(x, jax.core.Tracer)
+
+
+def is_differentiated(x: Any) -> bool:
+    """Whether `x` is being differentiated (a JVP or linearize tracer, at any depth).
+
+    Forward-mode and linearize tracers carry a `tangent`; batching tracers
+    wrap their value in `val`. A value traced by `jit` alone is neither. Duck
+    typing on these two attributes avoids importing JAX's private tracer
+    classes (jax 0.10: `ad.JVPTracer`, `ad.LinearizeTracer`, `batching.BatchTracer`).
+    """
+    seen = 0
+    while is_tracer(x) and seen < 64:
+        if hasattr(x, "tangent") and hasattr(x, "primal"):
+            return True
+        x = getattr(x, "val", None)
+        seen += 1
+    return False
 
 
 def closed(jaxpr: Any) -> tuple[Any, list[Any]]:

@@ -20,7 +20,36 @@ from ._context import resolve_format
 from ._errors import FormatError
 from ._tree import is_floating, is_tensor, to_full_precision, to_reduced_precision
 
-__all__ = ["Policy"]
+__all__ = ["DEFAULT_FLOAT32_OPS", "Policy"]
+
+#: Primitives that `apply` computes in float32 under a declared narrower compute
+#: format (the automatic-mixed-precision habit): exponentials, logarithms and
+#: powers, whose relative error grows with their argument, the statistics of
+#: softmax and normalisation layers (sums, square roots), and special functions.
+#: Their results stay float32 until an op outside the list brings them back to
+#: the compute format. Replace the list with `Policy(float32_ops=...)`.
+DEFAULT_FLOAT32_OPS: frozenset[str] = frozenset(
+    {
+        "exp",
+        "exp2",
+        "log",
+        "log1p",
+        "expm1",
+        "pow",
+        "logistic",
+        "erf",
+        "erfc",
+        "erf_inv",
+        "lgamma",
+        "digamma",
+        "rsqrt",
+        "reduce_sum",
+        "reduce_prod",
+        "cumsum",
+        "cumprod",
+        "cumlogsumexp",
+    }
+)
 
 _FIELDS = {
     "params": "params",
@@ -50,6 +79,9 @@ class Policy:
         params: format the parameters are kept in (format or name).
         compute: format the forward pass runs in; defaults to `params`.
         output: format results are returned in; defaults to `params`.
+        float32_ops: primitive names that `precision.apply(f, policy=...)`
+            computes in float32 under a narrower compute format (default
+            `DEFAULT_FLOAT32_OPS`; pass `()` for every op in `compute`).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -66,8 +98,16 @@ class Policy:
     params: dtypes.Format = dtypes.float32
     compute: dtypes.Format | None = None
     output: dtypes.Format | None = None
+    float32_ops: frozenset[str] = DEFAULT_FLOAT32_OPS
 
     def __post_init__(self):
+        ops = self.float32_ops
+        if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
+            raise TypeError(
+                f"Policy: float32_ops must be a collection of primitive names such as "
+                f'{{"exp", "reduce_sum"}}, got {ops!r}'
+            )
+        object.__setattr__(self, "float32_ops", frozenset(ops))
         params = resolve_format(self.params)
         object.__setattr__(self, "params", params)
         for name in ("compute", "output"):

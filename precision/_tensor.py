@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -10,21 +9,24 @@ import jax.numpy as jnp
 import numpy as np
 
 import dtypes
-from dtypes._codec import _check_finite
-from dtypes._rounding import check_rounding
 
+from . import _operators
 from ._context import get_default_format, resolve_format
 from ._errors import DeviceMismatchError
 from ._jax_compat import is_tracer
+from ._storage import (
+    carries_gradient,
+    decoder,
+    encoder,
+    full_format,
+    guarded_encoder,
+    needs_straight_through,
+    straight_through,
+)
 
-__all__ = ["Tensor", "decode_storage", "device_put", "encode_values", "full_format"]
+__all__ = ["Tensor", "check_devices", "device_put"]
 
 _LOGICAL = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def full_format(dtype: Any) -> dtypes.Format:
-    """The format a floating numpy dtype is itself (float32 -> dtypes.float32)."""
-    return dtypes.get(np.dtype(dtype).name)
 
 
 def _x64() -> bool:
@@ -75,116 +77,6 @@ def _as_array(x: Any) -> tuple[Any, np.dtype]:
             "numbers; pass a float, int or bool array (e.g. np.asarray(values, np.float32))"
         )
     return x, dt
-
-
-def decode_storage(fmt: dtypes.Format, data, scale, scaling, last, dtype) -> jax.Array:
-    """Logical values from storage arrays (the one decode every path shares)."""
-    if scale is None and not fmt.packed and data.dtype != np.uint8:
-        return data if data.dtype == dtype else data.astype(dtype)
-    return fmt.decode(dtypes.Encoded(data, scale, fmt, scaling, last), dtype)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
-def _reduce_precision(x, mantissa_bits: int, top: float):
-    return jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=mantissa_bits)
-
-
-@_reduce_precision.defjvp
-def _reduce_precision_jvp(mantissa_bits, top, primals, tangents):
-    (x,), (t,) = primals, tangents
-    # straight-through, zero where the value overflowed (as `Format.round`)
-    return _reduce_precision(x, mantissa_bits, top), jnp.where(jnp.abs(x) <= top, t, 0)
-
-
-def round_nearest(fmt: dtypes.Format, x: Any, scaling=None) -> Any:
-    """`fmt.round(x, scaling=scaling)` in round-to-nearest-even, fast where possible.
-
-    For IEEE-style formats with float32's 8 exponent bits (bfloat16, tf32, and
-    custom `FloatFormat(8, m)`), rounding float32 values is mantissa rounding
-    only, which XLA's `reduce_precision` does in one fused op with the same
-    bits as the integer rounding of `dtypes` (checked bit for bit in the
-    tests; the format's subnormals are float32 subnormals, which it keeps).
-    Formats with fewer exponent bits are not given to it: on CPU it flushes
-    their subnormals to zero.
-    """
-    if (
-        scaling is None
-        and fmt.kind == "float"
-        and fmt.exponent_bits == 8
-        and not fmt.finite
-        and not fmt.saturate
-        and 0 < fmt.mantissa_bits < 23
-        and np.dtype(getattr(x, "dtype", np.float64)) == np.float32
-    ):
-        return _reduce_precision(x, fmt.mantissa_bits, fmt.max)
-    return fmt.round(x, scaling=scaling)
-
-
-def encode_values(fmt: dtypes.Format, x, scaling, rounding="nearest_even", key=None):
-    """(data, scale, scaling, last) storing `x` in `fmt`.
-
-    Unscaled float formats round with `fmt.round` and cast to the container:
-    the cast of an on-grid value is exact, and `fmt.round` is straight-through,
-    so the conversion is differentiable. Scaled and integer formats go through
-    `fmt.encode`, whose integer codes carry no gradient.
-    """
-    if fmt.kind == "float" and scaling is None and fmt.container != np.uint8:
-        if fmt.is_full_precision and np.dtype(x.dtype) == fmt.container:
-            return x, None, None, None
-        if rounding == "nearest_even":
-            y = round_nearest(fmt, x)
-        else:
-            y = fmt.round(x, rounding=rounding, key=key)
-        return y.astype(fmt.container), None, None, None
-    enc = fmt.encode(x, scaling=scaling, rounding=rounding, key=key)
-    last = enc.shape[-1] if (fmt.packed and enc.shape) else None
-    return enc.data, enc.scale, enc.scaling, last
-
-
-def carries_gradient(fmt: dtypes.Format, scaling) -> bool:
-    """Whether storage in `fmt` can carry a gradient itself (unscaled native floats)."""
-    return fmt.kind == "float" and scaling is None and fmt.container != np.uint8
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
-def straight_through(fmt, scaling, last, dtype, x, data, scale):
-    """The decoded storage, with the straight-through derivative towards `x`.
-
-    Integer codes cannot carry a gradient, so a Tensor converted from a traced
-    value keeps this as well: its value is exactly `decode(data, scale)`; its
-    derivative is 1, or 0 where a power-of-two encoding clipped `x` (the
-    clipped straight-through estimator, as `Format.round`).
-    """
-    return decode_storage(fmt, data, scale, scaling, last, dtype)
-
-
-@straight_through.defjvp
-def _straight_through_jvp(fmt, scaling, last, dtype, primals, tangents):
-    x, data, scale = primals
-    y = decode_storage(fmt, data, scale, scaling, last, dtype)
-    t = tangents[0].astype(y.dtype)
-    if scaling is not None and scaling.power_of_two and not getattr(fmt, "binary", False):
-        top = fmt.max + (0.5 if fmt.kind == "int" else 0.0)
-        bound = scaling.broadcast(scale, x.shape) * np.float32(top) if x.ndim else scale * top
-        t = jnp.where(jnp.abs(x) <= bound, t, jnp.zeros_like(t))
-    return y, t
-
-
-@functools.cache
-def _encoder(fmt: dtypes.Format, scaling, rounding: str):
-    """A jitted `x, key -> (data, scale)` for one static encoding (eager calls of
-    the bit-level rounding would otherwise dispatch dozens of small ops)."""
-
-    def enc(x, key):
-        data, scale, _, _ = encode_values(fmt, x, scaling, rounding, key)
-        return data, scale
-
-    return jax.jit(enc)
-
-
-@functools.cache
-def _decoder(fmt: dtypes.Format, scaling, last, dtype):
-    return jax.jit(lambda data, scale: decode_storage(fmt, data, scale, scaling, last, dtype))
 
 
 def _describe_devices(devs: frozenset) -> str:
@@ -436,7 +328,7 @@ class Tensor:
         data, fmt = self._data, self._format
         if self._scale is None and not fmt.packed and data.dtype != np.uint8:
             return data if data.dtype == self._dtype else data.astype(self._dtype)
-        decode = _decoder(fmt, self._scaling, self._last, self._dtype)
+        decode = decoder(fmt, self._scaling, self._last, self._dtype)
         return decode(data, self._scale)
 
     def numpy(self) -> np.ndarray:
@@ -497,24 +389,22 @@ class Tensor:
         x = self._values()
         if fmt == full_format(self._dtype) and scaling is None:
             return Tensor._make(x, None, fmt, None, self._dtype, None)
-        check_rounding(rounding, key)
-        if scaling is not None and not isinstance(scaling, dtypes.Scaling):
-            raise TypeError(
-                "scaling must be dtypes.PerTensor(), PerAxis(axis) or PerBlock(size), "
-                f"got {scaling!r}"
-            )
+        dtypes.check_rounding(rounding, key)
         if scaling is None:
             scaling = fmt.default_scaling()
-        if scaling is not None:
-            if x.ndim:
-                scaling.validate(x.shape)
-            _check_finite(x, fmt)
-        data, scale = _encoder(fmt, scaling, rounding)(x, key)
+        fmt.check(x, scaling=scaling)
         last = x.shape[-1] if (fmt.packed and x.ndim) else None
-        st = None
+        if needs_straight_through(x, fmt, scaling):
+            # Differentiated: the codes carry no gradient, so the Tensor keeps
+            # the straight-through view of its source while it is traced.
+            enc = encoder(fmt, scaling, rounding)(jax.lax.stop_gradient(x), key)
+            st = straight_through(fmt, scaling, last, self._dtype, x, enc.data, enc.scale)
+            return Tensor._make(enc.data, enc.scale, fmt, scaling, self._dtype, last, st)
         if is_tracer(x) and not carries_gradient(fmt, scaling):
-            st = straight_through(fmt, scaling, last, self._dtype, x, data, scale)
-        return Tensor._make(data, scale, fmt, scaling, self._dtype, last, st)
+            enc = guarded_encoder(fmt, scaling, rounding)(x, key)
+        else:
+            enc = encoder(fmt, scaling, rounding)(x, key)
+        return Tensor._make(enc.data, enc.scale, fmt, scaling, self._dtype, last)
 
     def to_full_precision(self) -> Tensor:
         """The same logical values stored in the logical dtype's own format."""
@@ -557,11 +447,51 @@ class Tensor:
         ).replace("\n", "\n       ")
         return f"Tensor({head}, device={self.device},\n       {values})"
 
-    def __hash__(self):
-        raise TypeError("Tensor is not hashable (it holds array values)")
+    __hash__ = None  # comparisons are elementwise, as for arrays
 
-    # Operators and methods are attached in _ops (they are calls of `apply`).
+    # -- operators and methods: thin calls of `precision.apply` ------------------
     __array_priority__ = 100
+    __add__, __radd__ = _operators.binary("add"), _operators.reflected("add")
+    __sub__, __rsub__ = _operators.binary("sub"), _operators.reflected("sub")
+    __mul__, __rmul__ = _operators.binary("mul"), _operators.reflected("mul")
+    __truediv__, __rtruediv__ = _operators.binary("truediv"), _operators.reflected("truediv")
+    __floordiv__ = _operators.binary("floordiv")
+    __rfloordiv__ = _operators.reflected("floordiv")
+    __mod__, __rmod__ = _operators.binary("mod"), _operators.reflected("mod")
+    __pow__, __rpow__ = _operators.binary("pow"), _operators.reflected("pow")
+    __matmul__, __rmatmul__ = _operators.binary("matmul"), _operators.reflected("matmul")
+    __lt__, __le__ = _operators.binary("lt"), _operators.binary("le")
+    __gt__, __ge__ = _operators.binary("gt"), _operators.binary("ge")
+    __eq__, __ne__ = _operators.binary("eq"), _operators.binary("ne")  # type: ignore[assignment]
+    __neg__, __pos__, __abs__ = (
+        _operators.unary("neg"),
+        _operators.unary("pos"),
+        _operators.unary("abs"),
+    )
+    __getitem__ = _operators.method("getitem")
+    sum = _operators.reduction("sum")
+    mean = _operators.reduction("mean")
+    max = _operators.reduction("max")
+    min = _operators.reduction("min")
+    argmax = _operators.reduction("argmax")
+    argmin = _operators.reduction("argmin")
+
+    def reshape(self, *shape: Any) -> Tensor:
+        """The Tensor with a new logical shape (storage codes move where the scaling allows)."""
+        if len(shape) == 1 and isinstance(shape[0], tuple | list):
+            shape = tuple(shape[0])
+        return _operators.method("reshape")(self, tuple(shape))
+
+    def transpose(self, *axes: Any) -> Tensor:
+        """Axes permuted (reversed when none are given)."""
+        if len(axes) == 1 and isinstance(axes[0], tuple | list):
+            axes = tuple(axes[0])
+        return _operators.method("transpose")(self, tuple(axes) if axes else None)
+
+    @property
+    def T(self) -> Tensor:
+        """Axes reversed."""
+        return _operators.method("transpose")(self, None)
 
 
 def _scale_sharding(target, data, scale):
@@ -599,102 +529,3 @@ def device_put(tree: Any, device_or_sharding: Any) -> Any:
         return leaf
 
     return jax.tree_util.tree_map(move, tree, is_leaf=lambda x: isinstance(x, Tensor))
-
-
-# -- operators and methods: thin calls of `apply` ------------------------------------
-def install_operators(apply) -> None:
-    """Attach operators and methods to Tensor as calls of `apply` (done once by
-    `_interpreter` at import, which breaks the Tensor <-> apply import cycle)."""
-
-    def _binary(fn, name: str):
-        op = apply(fn)
-
-        def method(self, other):
-            return op(self, other)
-
-        method.__name__ = name
-        return method
-
-    def _reflected(fn, name: str):
-        op = apply(lambda a, b: fn(b, a))
-
-        def method(self, other):
-            return op(self, other)
-
-        method.__name__ = name
-        return method
-
-    def _unary(fn, name: str):
-        op = apply(fn)
-
-        def method(self):
-            return op(self)
-
-        method.__name__ = name
-        return method
-
-    for _name, _fn in {
-        "add": jnp.add,
-        "sub": jnp.subtract,
-        "mul": jnp.multiply,
-        "truediv": jnp.true_divide,
-        "floordiv": jnp.floor_divide,
-        "mod": jnp.mod,
-        "pow": jnp.power,
-        "matmul": jnp.matmul,
-    }.items():
-        setattr(Tensor, f"__{_name}__", _binary(_fn, f"__{_name}__"))
-        setattr(Tensor, f"__r{_name}__", _reflected(_fn, f"__r{_name}__"))
-    for _name, _fn in {
-        "lt": jnp.less,
-        "le": jnp.less_equal,
-        "gt": jnp.greater,
-        "ge": jnp.greater_equal,
-        "eq": jnp.equal,
-        "ne": jnp.not_equal,
-    }.items():
-        setattr(Tensor, f"__{_name}__", _binary(_fn, f"__{_name}__"))
-    Tensor.__neg__ = _unary(jnp.negative, "__neg__")
-    Tensor.__pos__ = _unary(jnp.positive, "__pos__")
-    Tensor.__abs__ = _unary(jnp.abs, "__abs__")
-    Tensor.__hash__ = None  # comparisons are elementwise, as for arrays
-
-    _getitem = apply(lambda x, idx: x[idx])
-    _reshape = apply(lambda x, shape: x.reshape(shape))
-    _transpose = apply(lambda x, axes: x.transpose(axes))
-    _reductions = {
-        name: apply(getattr(jnp, name))
-        for name in ("sum", "mean", "max", "min", "argmax", "argmin")
-    }
-
-    def _getitem_method(self, idx):
-        return _getitem(self, idx)
-
-    def _reshape_method(self, *shape):
-        """The Tensor with a new logical shape (codes move; values are unchanged)."""
-        if len(shape) == 1 and isinstance(shape[0], tuple | list):
-            shape = tuple(shape[0])
-        return _reshape(self, tuple(shape))
-
-    def _transpose_method(self, *axes):
-        """Axes permuted (reversed when none are given)."""
-        if len(axes) == 1 and isinstance(axes[0], tuple | list):
-            axes = tuple(axes[0])
-        return _transpose(self, tuple(axes) if axes else None)
-
-    def _reduction(name: str):
-        op = _reductions[name]
-
-        def method(self, axis=None, keepdims=False):
-            return op(self, axis=axis, keepdims=keepdims)
-
-        method.__name__ = name
-        method.__doc__ = f"`jnp.{name}` over the logical values, under the precision rules."
-        return method
-
-    Tensor.__getitem__ = _getitem_method
-    Tensor.reshape = _reshape_method
-    Tensor.transpose = _transpose_method
-    Tensor.T = property(lambda self: _transpose(self, None), doc="Axes reversed.")
-    for _name in _reductions:
-        setattr(Tensor, _name, _reduction(_name))

@@ -18,7 +18,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from ._interpreter import apply
+from ._apply import apply
 
 _WRAPPED: dict[str, Any] = {}
 

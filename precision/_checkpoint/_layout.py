@@ -487,6 +487,7 @@ def unflatten(items: list[tuple[tuple[tuple[str, Any], ...], Any]]) -> Any:
 
 _CHUNK = 1 << 22  # elements per slice of the elementwise checks
 _TINY32 = 0x00800000  # float32 bits of 2**-126, the smallest normal (and smallest scale)
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _slices(flat: np.ndarray):
@@ -640,14 +641,16 @@ def scale_violation(leaf: Leaf, scale: np.ndarray) -> str | None:
     """Why `scale` (a leaf's float32 scales) holds a value no encoder gives, or None.
 
     Every scale is a positive, finite float32 normal (an all-zero group gets
-    1, a tiny one 2**-126); int1's scale is a mean of |x|, which is 0 for an
-    all-zero group; under `power_of_two` every scale is an exact power of two.
+    1, a tiny one 2**-126) small enough that the format's largest code times
+    it is finite; int1's scale is a mean of |x|, which is 0 for an all-zero
+    group; under `power_of_two` every scale is an exact power of two.
     """
     fmt = leaf.format
     if leaf.kind != "tensor" or fmt is None or leaf.scaling is None or scale.size == 0:
         return None
     u = np.asarray(scale).reshape(-1).view(np.uint32)
     binary = fmt.kind == "int" and fmt.binary
+    top = float(fmt.qmax if fmt.kind == "int" else fmt.max)
     for part in _slices(u):
         if np.any(part >> np.uint32(31)):
             return "has a negative scale"
@@ -660,4 +663,7 @@ def scale_violation(leaf: Leaf, scale: np.ndarray) -> str | None:
             return "has a zero or subnormal scale (every scale is at least 2**-126)"
         if leaf.scaling.power_of_two and np.any(part & np.uint32(0x7FFFFF)):
             return "has a scale that is not a power of two under power_of_two=True"
+        # Encoders pick scales so that the largest code decodes finite.
+        if np.any(part.view(np.float32).astype(np.float64) * top > _F32_MAX):
+            return f"has a scale so large that {top:g} times it overflows float32"
     return None

@@ -34,7 +34,7 @@ from jax import lax
 
 import dtypes
 
-from .._interpreter import apply
+from .._apply import apply
 from .._loss_scale import DynamicLossScale, NoOpLossScale, all_finite, select_tree
 from .._tensor import Tensor
 from .._tree import to_full_precision, to_reduced_precision, tree_nbytes

@@ -301,8 +301,13 @@ def test_straight_through_values_equal_the_stored_values(fmt, scaling):
     x = jnp.array([[0.3, -1.7], [2.2, 0.9]])
     eager = Tensor(x).to_reduced_precision(fmt, scaling=scaling)
     traced = jax.jit(lambda v: Tensor(v).to_reduced_precision(fmt, scaling=scaling))(x)
-    assert eager._st is None  # concrete conversions hold storage only
-    assert traced._st is not None
+    # Concrete conversions and conversions under `jit` alone hold storage only:
+    # exactly the arrays `nbytes` counts, and the same pytree either way.
+    for t in (eager, traced):
+        assert t._st is None
+        leaves = jax.tree_util.tree_leaves(t)
+        assert sum(leaf.nbytes for leaf in leaves) == t.nbytes
+    assert jax.tree_util.tree_structure(eager) == jax.tree_util.tree_structure(traced)
     expected = np.asarray(eager.format.decode(eager.encoded))
     np.testing.assert_array_equal(np.asarray(traced), expected)
     np.testing.assert_array_equal(np.asarray(traced.format.decode(traced.encoded)), expected)
@@ -337,3 +342,17 @@ def test_int8_mlp_grads_through_apply_agree_with_float32():
     ref = jax.grad(lambda ws: mlp(x, *ws))((w1, w2))
     for a, b in zip(g, ref, strict=True):
         assert _rel(a, b) < 0.05
+
+
+@pytest.mark.parametrize(("fmt", "scaling"), STORAGE_WITHOUT_GRADIENT)
+def test_differentiating_a_conversion_from_outside_its_trace_is_refused(fmt, scaling):
+    # jax.grad(jax.jit(loss)): the conversion was traced without a tangent, so
+    # its codes would pass a zero gradient silently; the derivative rule refuses.
+    x = jnp.array([[0.3, -1.7], [2.2, 0.9]])
+
+    def loss(v):
+        return jnp.sum(jnp.asarray(Tensor(v).to_reduced_precision(fmt, scaling=scaling)))
+
+    with pytest.raises(precision.PrecisionError, match=r"jax\.jit\(jax\.grad"):
+        jax.grad(jax.jit(loss))(x)
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.grad(loss))(x)), np.ones((2, 2)))

@@ -1,0 +1,391 @@
+"""`precision.apply`: run any JAX function on Tensors under the precision rules.
+
+`apply(f)` returns a function that flattens its arguments, stands each
+Tensor in as its logical value (decoded inside the compiled function, where
+XLA fuses the decode into its consumer), traces `f` to a jaxpr, and evaluates
+that jaxpr with `_interpreter.evaluate`. All of this happens inside one
+`jax.jit` per static signature (tree structure, formats, scalings, shapes,
+the declaration), so repeated eager calls neither retrace nor recompile.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+import dtypes
+
+from .. import _jax_compat as compat
+from .._compute import Context, State, Stored
+from .._context import resolve_format
+from .._errors import PrecisionError
+from .._storage import (
+    carries_gradient,
+    decode_storage,
+    encode_values,
+    full_format,
+    is_float,
+    straight_through,
+)
+from .._tensor import Tensor, check_devices
+from ._interpreter import evaluate
+
+__all__ = ["apply"]
+
+_TENSOR, _ARRAY, _WEAK, _STATIC = 0, 1, 2, 3
+_PAIR = object()  # key tag of the two-Tensor fast path
+_concrete: list[type] = []  # the concrete array type, found at the first call (not at import)
+
+
+def _concrete_type() -> type:
+    if not _concrete:
+        _concrete.append(type(jax.numpy.zeros(())))
+    return _concrete[0]
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+@functools.cache
+def _positional_treedef(n: int):
+    return jax.tree_util.tree_structure(((0,) * n, {}))
+
+
+def _static_key(leaf: Any) -> Any:
+    if isinstance(leaf, slice):
+        return ("slice", leaf.start, leaf.stop, leaf.step)
+    try:
+        hash(leaf)
+    except TypeError:
+        raise TypeError(
+            f"apply: argument leaf of type {type(leaf).__name__} is neither an array, a Tensor "
+            "nor a hashable static value; pass arrays or hashable options"
+        ) from None
+    return (type(leaf), leaf)
+
+
+class _Entry:
+    """One compiled signature: the jitted evaluator and how to rebuild its outputs."""
+
+    __slots__ = ("fn", "out_desc", "out_sig", "out_tree")
+
+    def __init__(self):
+        self.fn = None
+        self.out_desc = None
+        self.out_sig = None
+        self.out_tree = None
+
+    def rebuild(self, flat: list[Any]) -> Any:
+        if self.out_tree.num_leaves == 1 and self.out_tree.num_nodes == 1:
+            # a single result (every operator): no tree to rebuild
+            desc = self.out_desc[0]
+            if desc is None:
+                return flat[0]
+            fmt, scaling, dtype, last, has_scale, has_st = desc
+            scale = flat[1] if has_scale else None
+            st = flat[1 + has_scale] if has_st else None
+            out = Tensor._make(flat[0], scale, fmt, scaling, dtype, last, st)
+            # the result's static signature is the same on every call: reuse it
+            if self.out_sig is None:
+                self.out_sig = out.signature()
+            else:
+                out._sig = self.out_sig
+            return out
+        it = iter(flat)
+        leaves = []
+        for desc in self.out_desc:
+            if desc is None:
+                leaves.append(next(it))
+                continue
+            fmt, scaling, dtype, last, has_scale, has_st = desc
+            data = next(it)
+            scale = next(it) if has_scale else None
+            st = next(it) if has_st else None
+            leaves.append(Tensor._make(data, scale, fmt, scaling, dtype, last, st))
+        return jax.tree_util.tree_unflatten(self.out_tree, leaves)
+
+
+def _storage_of(value: Any, state: State, dtype: np.dtype, ctx: Context) -> dtypes.Encoded:
+    """The storage of one Tensor result: moved codes, the declared output, or its format."""
+    if ctx.output is not None:
+        fmt = ctx.output
+        return encode_values(fmt, value, fmt.default_scaling())
+    if state.stored is not None:
+        enc = state.stored.enc
+        scale = enc.scale
+        if scale is not None and isinstance(enc.scaling, dtypes.PerTensor) and enc.shape:
+            scale = scale.reshape((1,) * len(enc.shape))  # as a fresh per-tensor encoding
+        return dtypes.Encoded(
+            enc.data,
+            scale,
+            enc.format,
+            enc.scaling,
+            enc.shape[-1] if enc.format.packed and enc.shape else None,
+        )
+    fmt = state.format
+    if fmt.is_full_precision and np.dtype(value.dtype) != fmt.container:
+        fmt = full_format(dtype)
+    return encode_values(fmt, value, None)
+
+
+def _build(
+    f: Callable, treedef, kinds: list[int], leaves: list[Any], ctx: Context, diff: bool
+) -> _Entry:
+    entry = _Entry()
+    tensors = {
+        i: (
+            leaf._format,
+            leaf._scaling,
+            leaf._dtype,
+            leaf._last,
+            leaf._scale is not None,
+            leaf._st is not None,
+        )
+        for i, leaf in enumerate(leaves)
+        if kinds[i] == _TENSOR
+    }
+    statics = {i: leaf for i, leaf in enumerate(leaves) if kinds[i] == _STATIC}
+
+    def run(*dyn):
+        it = iter(dyn)
+        values, states, positions = [], [], []
+        for i, kind in enumerate(kinds):
+            if kind == _STATIC:
+                continue
+            if kind == _TENSOR:
+                fmt, scaling, dtype, last, has_scale, has_st = tensors[i]
+                data = next(it)
+                scale = next(it) if has_scale else None
+                st = next(it) if has_st else None
+                if has_st:
+                    values.append(st)
+                    if carries_gradient(fmt, scaling):
+                        states.append(State(fmt, True))
+                    else:
+                        states.append(State(full_format(dtype), True, None, fmt.name))
+                elif scaling is None and fmt.kind == "float":
+                    values.append(decode_storage(fmt, data, scale, scaling, last, dtype))
+                    states.append(State(fmt, True))
+                else:
+                    enc = dtypes.Encoded(data, scale, fmt, scaling, last)
+                    values.append(decode_storage(fmt, data, scale, scaling, last, dtype))
+                    states.append(State(full_format(dtype), True, Stored(enc, dtype), fmt.name))
+            elif kind == _ARRAY:
+                x = next(it)
+                values.append(x)
+                states.append(State(full_format(x.dtype), False) if is_float(x) else None)
+            else:
+                values.append(next(it))
+                states.append(None)
+            positions.append(i)
+
+        def flat_f(*xs):
+            full = [statics.get(i) for i in range(len(kinds))]
+            for i, x in zip(positions, xs, strict=True):
+                full[i] = x
+            args, kwargs = jax.tree_util.tree_unflatten(treedef, full)
+            return f(*args, **kwargs)
+
+        closed, out_shape = jax.make_jaxpr(flat_f, return_shape=True)(*values)
+        outs = evaluate(
+            closed.jaxpr, list(closed.consts), list(zip(values, states, strict=True)), ctx
+        )
+        out_leaves, entry.out_tree = jax.tree_util.tree_flatten(out_shape)
+        flat, desc = [], []
+        for (v, s), spec in zip(outs, out_leaves, strict=True):
+            if s is None or not s.tensor or not is_float(v):
+                flat.append(v)
+                desc.append(None)
+                continue
+            dtype = np.dtype(spec.dtype)
+            enc = _storage_of(v, s, dtype, ctx)
+            flat.append(enc.data)
+            if enc.scale is not None:
+                flat.append(enc.scale)
+            last = enc.shape[-1] if (enc.format.packed and enc.shape) else None
+            st = diff and not carries_gradient(enc.format, enc.scaling)
+            if st:
+                flat.append(
+                    straight_through(enc.format, enc.scaling, last, dtype, v, enc.data, enc.scale)
+                )
+            desc.append((enc.format, enc.scaling, dtype, last, enc.scale is not None, st))
+        entry.out_desc = desc
+        return flat
+
+    entry.fn = jax.jit(run)
+    return entry
+
+
+def _context(compute: Any, policy: Any) -> Context:
+    """The declaration of one `apply` call, validated once, when it is made."""
+    from .._policy import Policy
+
+    if policy is not None:
+        if isinstance(policy, str):
+            policy = Policy.parse(policy)
+        if not isinstance(policy, Policy):
+            raise TypeError(
+                f"apply: `policy` must be a precision.Policy or its string form such as "
+                f'"params=float32,compute=bfloat16,output=float32", got {type(policy).__name__}'
+            )
+    fmt = None
+    if compute is not None:
+        fmt = resolve_format(compute)
+    elif policy is not None:
+        fmt = policy.compute
+    if fmt is not None and fmt.kind != "float":
+        raise ValueError(
+            f"apply: compute={fmt.name!r} is a storage encoding, not an arithmetic precision: "
+            "integer and scaled formats hold values at rest and are decoded where they are "
+            'used; declare an unscaled float format, e.g. compute="bfloat16"'
+        )
+    ops = frozenset() if policy is None else policy.float32_ops
+    if policy is None and fmt is not None and not fmt.is_full_precision:
+        from .._policy import DEFAULT_FLOAT32_OPS
+
+        ops = DEFAULT_FLOAT32_OPS
+    if fmt is not None and fmt.is_full_precision:
+        fmt, ops = None, frozenset()  # float32 compute is the undeclared default for storage
+    output = None
+    if policy is not None and policy.output != policy.compute:
+        output = policy.output
+    return Context(fmt, ops, output)
+
+
+def apply(f: Callable, *, compute: Any = None, policy: Any = None) -> Callable:
+    """Make `f` (any JAX function) run on Tensors under the precision rules.
+
+    The returned function accepts Tensors anywhere in its (pytree) arguments,
+    plus raw arrays (full precision), Python floats and numpy scalars (weak:
+    they adopt the format they meet; traced, so new values do not recompile),
+    PRNG keys (passed through) and hashable static options (ints, strings,
+    slices: part of the cache key). Inside `f` each Tensor is its logical value.
+
+    Compute formats (unscaled floats: bfloat16, float16, tf32, fp8, float32)
+    are arithmetic precisions: every floating result of an op on bfloat16
+    inputs is rounded onto bfloat16's grid. Storage encodings (int8, int4,
+    scaled fp8, MX blocks) are decoded where they are used, exactly, into the
+    logical dtype, and results are not re-encoded: an int8 weight and a
+    float32 bias meet freely. Two compute formats never mix silently.
+
+    Args:
+        f: a function of arrays, e.g. a model's apply function.
+        compute: declare the compute format of every op (a name or format):
+            float32 values and decoded storage are brought to it at their
+            first use; a Tensor in another reduced compute format still
+            raises. Under a declared narrower format the ops of
+            `precision.DEFAULT_FLOAT32_OPS` (softmax and normalisation
+            statistics, losses, reductions) stay in float32.
+        policy: a `precision.Policy` or its string: its `compute` is declared
+            as above, its `float32_ops` replace the default list, and Tensor
+            results are returned in its `output` format.
+
+    Returns:
+        The wrapped function.
+
+    Raises:
+        PrecisionMismatchError: two compute formats meet in one operation, or
+            storage meets a narrower compute format without a declaration
+            (raised before anything is computed).
+        DeviceMismatchError: Tensors on different devices.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import precision
+        >>> x = precision.Tensor([1.0, 2.0, 3.0]).to_reduced_precision("bfloat16")
+        >>> y = precision.apply(lambda a: jnp.exp(a) / 3.0)(x)
+        >>> y.format.name, y.numpy().tolist()
+        ('bfloat16', [0.90625, 2.453125, 6.71875])
+        >>> w = precision.Tensor([[1.0, -2.0], [0.5, 4.0]]).to_reduced_precision("int8")
+        >>> out = precision.apply(lambda w, b: w @ jnp.ones(2) + b)(w, jnp.array([0.5, 0.5]))
+        >>> out.format.name  # int8 weights and a float32 bias: float32 arithmetic
+        'float32'
+        >>> half = precision.apply(lambda w: w.sum(), compute="bfloat16")(w)
+        >>> half.format.name
+        'bfloat16'
+    """
+    ctx = _context(compute, policy)
+    cache: dict[Any, _Entry] = {}
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        if not kwargs and len(args) == 2:
+            a, b = args
+            if (
+                type(a) is Tensor
+                and type(b) is Tensor
+                and a._scale is None
+                and b._scale is None
+                and a._st is None
+                and b._st is None
+            ):
+                # Fastest path (binary operators on unscaled Tensors): the key
+                # is the two cached signatures, the arguments the two arrays.
+                entry = cache.get((_PAIR, a._sig or a.signature(), b._sig or b.signature()))
+                if entry is not None:
+                    da, db = a._data, b._data
+                    concrete = _concrete_type()
+                    if type(da) is not concrete or type(db) is not concrete:
+                        return _slow(args, kwargs)
+                    if da.sharding is not db.sharding and da.sharding != db.sharding:
+                        check_devices(args)
+                    return entry.rebuild(entry.fn(da, db))
+        return _slow(args, kwargs)
+
+    def _slow(args, kwargs):
+        if not kwargs and all(type(a) is Tensor for a in args):
+            # Fast path (operators): positional Tensors need no tree walk.
+            leaves, treedef = args, _positional_treedef(len(args))
+        else:
+            leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
+        kinds, key, dyn = [], [treedef], []
+        for leaf in leaves:
+            if isinstance(leaf, Tensor):
+                kinds.append(_TENSOR)
+                dyn.append(leaf._data)
+                if leaf._scale is not None:
+                    dyn.append(leaf._scale)
+                if leaf._st is not None:
+                    dyn.append(leaf._st)
+                key.append(leaf.signature())
+            elif isinstance(leaf, jax.Array | np.ndarray) or compat.is_tracer(leaf):
+                kinds.append(_ARRAY)
+                dyn.append(leaf)
+                key.append((leaf.shape, leaf.dtype))
+            elif isinstance(leaf, float | np.floating):
+                kinds.append(_WEAK)
+                dyn.append(float(leaf))
+                key.append(_WEAK)
+            else:
+                kinds.append(_STATIC)
+                key.append(_static_key(leaf))
+        if len(dyn) > 1:
+            check_devices(leaves)
+        diff = any(compat.is_differentiated(x) for x in dyn)
+        key.append(diff)
+        key = tuple(key)
+        entry = cache.get(key)
+        if entry is None:
+            entry = cache[key] = _build(f, treedef, kinds, leaves, ctx, diff)
+            if (
+                len(leaves) == 2
+                and kinds == [_TENSOR, _TENSOR]
+                and len(dyn) == 2
+                and not kwargs
+                and not diff
+            ):
+                cache[(_PAIR, key[1], key[2])] = entry
+        try:
+            flat = entry.fn(*dyn)
+        except PrecisionError as err:
+            # Raised while tracing, before anything ran: re-raise it plainly,
+            # without the JAX-internal frames and notes the trace attached.
+            raise type(err)(*err.args) from None
+        return entry.rebuild(flat)
+
+    return wrapper

@@ -1,0 +1,321 @@
+"""The jaxpr walk: evaluate a traced function equation by equation under the rules.
+
+`evaluate` binds each equation's primitive on `(value, state)` pairs through
+the rule `_compute.rule_for` names. It knows no formats itself: the rules
+decide. Call-like equations (`jit`, `closed_call`, `remat`) are evaluated
+inline; `custom_jvp_call` and `custom_vjp_call` are re-wrapped so the primal
+runs under the rules while derivatives come from the function's own rule;
+`cond`, `scan` and `while` run their bodies through the interpreter inside
+the same `lax` control flow, loop carries kept in one compute format (a carry
+that starts weak, e.g. zeros, adopts the format the body gives it). A scan
+over stacked storage (an int4 weight per layer) scans the codes and scales
+themselves and decodes one layer per iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+
+import dtypes
+
+from .. import _jax_compat as compat
+from .._compute import Context, State, Stored, Val, join, prepare, rule_for
+from .._storage import decode_storage, is_float
+
+__all__ = ["evaluate"]
+
+
+# -- evaluation ----------------------------------------------------------------
+def evaluate(jaxpr: Any, consts: list[Any], invals: list[Val], ctx: Context) -> list[Val]:
+    """Evaluate an open jaxpr on `(value, state)` pairs under the precision rules."""
+    env: dict[Any, Val] = {}
+
+    def read(var) -> Val:
+        if isinstance(var, compat.Literal):
+            return (var.val, None)
+        return env[var]
+
+    for var, c in zip(jaxpr.constvars, consts, strict=True):
+        env[var] = (c, None)  # constants made inside the function are weak
+    for var, v in zip(jaxpr.invars, invals, strict=True):
+        env[var] = v
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        handler = _HIGHER_ORDER.get(eqn.primitive)
+        outs = handler(eqn, ins, ctx) if handler else rule_for(eqn.primitive.name)(eqn, ins, ctx)
+        for var, out in zip(eqn.outvars, outs, strict=True):
+            env[var] = out
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _plain(states: list[State | None]) -> list[State | None]:
+    """States for a sub-function traced apart (its storage arrays are not visible there)."""
+    return [None if s is None else s.plain() for s in states]
+
+
+def _run(jaxpr: Any, states: list[State | None], ctx: Context, box: list | None = None) -> Callable:
+    """A function of plain values evaluating `jaxpr` with fixed input states."""
+    inner, consts = compat.closed(jaxpr)
+
+    def fn(*xs):
+        outs = evaluate(inner, consts, list(zip(xs, states, strict=True)), ctx)
+        if box is not None:
+            box[:] = [None if s is None else s.plain() for _, s in outs]
+        return tuple(v for v, _ in outs)
+
+    return fn
+
+
+def _abstract_states(jaxpr: Any, args: list[Any], states: list[State | None], ctx) -> list:
+    """The output states of `jaxpr`, found by abstract evaluation (no compute)."""
+    box: list = []
+    jax.eval_shape(_run(jaxpr, _plain(states), ctx, box), *args)
+    return box
+
+
+def _adopt_to(value: Any, state: State | None, target: State | None) -> Any:
+    """A loop carry or branch output brought to the format its slot holds."""
+    if target is None or state is not None or not is_float(value):
+        return value
+    return prepare([(value, None)], target)[0]
+
+
+def _call(eqn, ins: list[Val], ctx: Context) -> list[Val]:
+    inner, consts = compat.closed(compat.inner_jaxpr(eqn))
+    return evaluate(inner, consts, ins, ctx)
+
+
+def _remat(eqn, ins: list[Val], ctx: Context) -> list[Val]:
+    box: list = []
+    fn = _run(eqn.params["jaxpr"], _plain([s for _, s in ins]), ctx, box)
+    params = eqn.params
+    outs = jax.checkpoint(fn, prevent_cse=params["prevent_cse"], policy=params["policy"])(
+        *(v for v, _ in ins)
+    )
+    return list(zip(outs, box, strict=True))
+
+
+def _custom_jvp(eqn, ins: list[Val], ctx: Context) -> list[Val]:
+    """The primal under the rules; tangents from the function's own jvp rule."""
+    box: list = []
+    primal = _run(eqn.params["call_jaxpr"], _plain([s for _, s in ins]), ctx, box)
+    wrapped = jax.custom_jvp(primal)
+
+    @wrapped.defjvp
+    def _jvp(primals, tangents):
+        outs = primal(*primals)
+        _, tans = jax.jvp(lambda *xs: tuple(compat.bind_eqn(eqn, *xs)), primals, tangents)
+        return outs, tans
+
+    outs = wrapped(*(v for v, _ in ins))
+    return list(zip(outs, box, strict=True))
+
+
+def _custom_vjp(eqn, ins: list[Val], ctx: Context) -> list[Val]:
+    """The primal under the rules; cotangents from the function's own fwd/bwd."""
+    box: list = []
+    primal = _run(eqn.params["call_jaxpr"], _plain([s for _, s in ins]), ctx, box)
+    wrapped = jax.custom_vjp(primal)
+
+    def fwd(*xs):
+        return primal(*xs), xs
+
+    def bwd(xs, cts):
+        _, vjp = jax.vjp(lambda *a: tuple(compat.bind_eqn(eqn, *a)), *xs)
+        return vjp(tuple(cts))
+
+    wrapped.defvjp(fwd, bwd)
+    outs = wrapped(*(v for v, _ in ins))
+    return list(zip(outs, box, strict=True))
+
+
+def _cond(eqn, ins: list[Val], ctx: Context) -> list[Val]:
+    (index, _), ops = ins[0], ins[1:]
+    branches = eqn.params["branches"]
+    values, states = [v for v, _ in ops], _plain([s for _, s in ops])
+    per_branch = [_abstract_states(br, values, states, ctx) for br in branches]
+    joined: list[State | None] = []
+    for slot in zip(*per_branch, strict=True):
+        acc = None
+        for s in slot:
+            acc = join("cond", acc, s)
+        joined.append(acc)
+
+    def make(br):
+        box: list = []
+        run = _run(br, states, ctx, box)
+
+        def fn(*xs):
+            outs = run(*xs)
+            return tuple(_adopt_to(o, s, t) for o, s, t in zip(outs, box, joined, strict=True))
+
+        return fn
+
+    outs = lax.switch(index, [make(br) for br in branches], *values)
+    return list(zip(outs, joined, strict=True))
+
+
+def _fixed_point(op: str, carry_states, abstract_args) -> tuple[list, list]:
+    """Carry states stable under the body: weak carries adopt the body's format."""
+    states = _plain(list(carry_states))
+    for _ in range(len(states) + 2):
+        outs = abstract_args(states)
+        new = [join(op, s, o) for s, o in zip(states, outs[: len(states)], strict=True)]
+        if new == states:
+            return states, outs
+        states = new
+    raise AssertionError(f"carry formats of `{op}` did not settle")  # pragma: no cover
+
+
+def _scan_slice(enc: dtypes.Encoded) -> tuple[tuple, Callable] | None:
+    """(arrays to scan over, rebuild of one iteration's encoding) for stacked storage.
+
+    The stacking axis is 0; the scale follows when it varies along it (per
+    axis 0, or per block on another axis) and is a loop constant otherwise.
+    """
+    shape, scaling = enc.shape, enc.scaling
+    if len(shape) < 2 and enc.format.packed:
+        return None
+    fmt, last = enc.format, (shape[-1] if enc.format.packed else None)
+    if enc.scale is None:
+        return (enc.data,), lambda d: dtypes.Encoded(d, None, fmt, None, last)
+    scale = enc.scale.reshape(scaling.scale_shape(shape))
+    if isinstance(scaling, dtypes.PerTensor):
+        one = scale.reshape(scale.shape[1:])
+        return (enc.data,), lambda d: dtypes.Encoded(d, one, fmt, scaling, last)
+    axis = scaling.axis % len(shape)
+    if axis == 0:
+        if isinstance(scaling, dtypes.PerBlock):
+            return None
+        inner = dtypes.PerTensor(power_of_two=scaling.power_of_two)
+        return (enc.data, scale), lambda d, s: dtypes.Encoded(d, s, fmt, inner, last)
+    moved = (
+        dtypes.PerAxis(axis - 1, power_of_two=scaling.power_of_two)
+        if isinstance(scaling, dtypes.PerAxis)
+        else dtypes.PerBlock(scaling.size, axis=axis - 1, power_of_two=scaling.power_of_two)
+    )
+    if isinstance(scaling, dtypes.PerAxis):
+        const = scale.reshape(scale.shape[1:])
+        return (enc.data,), lambda d: dtypes.Encoded(d, const, fmt, moved, last)
+    return (enc.data, scale), lambda d, s: dtypes.Encoded(d, s, fmt, moved, last)
+
+
+def _scan(eqn, ins: list[Val], ctx: Context) -> list[Val]:
+    p = eqn.params
+    nc, nk = p["num_consts"], p["num_carry"]
+    consts, carry, xs = ins[:nc], ins[nc : nc + nk], ins[nc + nk :]
+    const_vals, const_states = [v for v, _ in consts], _plain([s for _, s in consts])
+    x_states = _plain([s for _, s in xs])
+    x_specs = [
+        jax.ShapeDtypeStruct(
+            np.shape(v)[1:], np.asarray(v).dtype if not hasattr(v, "dtype") else v.dtype
+        )
+        for v, _ in xs
+    ]
+
+    def abstract(states):
+        args = [*const_vals, *(v for v, _ in carry), *x_specs]
+        return _abstract_states(p["jaxpr"], args, [*const_states, *states, *x_states], ctx)
+
+    carry_states, outs = _fixed_point("scan", [s for _, s in carry], abstract)
+    y_states = outs[nk:]
+    init = [_adopt_to(v, s, t) for (v, s), t in zip(carry, carry_states, strict=True)]
+
+    # Stacked storage is scanned as codes and scales: one slice decoded per step.
+    scanned, rebuilds = [], []
+    for v, s in xs:
+        sliced = _scan_slice(s.stored.enc) if s is not None and s.stored is not None else None
+        if sliced is None:
+            scanned.append((v,))
+            rebuilds.append(None)
+        else:
+            scanned.append(sliced[0])
+            rebuilds.append((sliced[1], s))
+    inner, inner_consts = compat.closed(p["jaxpr"])
+    box: list = []
+
+    def body(c, x):
+        x_ins = []
+        for arrays, rebuild, st in zip(x, rebuilds, x_states, strict=True):
+            if rebuild is None:
+                x_ins.append((arrays[0], st))
+                continue
+            make, outer = rebuild
+            enc = make(*arrays)
+            value = decode_storage(
+                enc.format,
+                enc.data,
+                enc.scale,
+                enc.scaling,
+                enc.shape[-1] if enc.format.packed else None,
+                outer.stored.dtype,
+            )
+            stored = Stored(enc, outer.stored.dtype)
+            x_ins.append((value, State(outer.format, outer.tensor, stored, outer.source)))
+        outs = evaluate(
+            inner,
+            inner_consts,
+            [
+                *zip(const_vals, const_states, strict=True),
+                *zip(c, carry_states, strict=True),
+                *x_ins,
+            ],
+            ctx,
+        )
+        box[:] = [None if s is None else s.plain() for _, s in outs]
+        new = [_adopt_to(o, s, t) for (o, s), t in zip(outs[:nk], carry_states, strict=True)]
+        return new, [o for o, _ in outs[nk:]]
+
+    final, ys = lax.scan(
+        body,
+        init,
+        [tuple(a) for a in scanned],
+        length=p["length"],
+        reverse=p["reverse"],
+        unroll=p["unroll"],
+    )
+    return [*zip(final, carry_states, strict=True), *zip(ys, y_states, strict=True)]
+
+
+def _while(eqn, ins: list[Val], ctx: Context) -> list[Val]:
+    p = eqn.params
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    cconsts, bconsts, carry = ins[:cn], ins[cn : cn + bn], ins[cn + bn :]
+    bvals, bstates = [v for v, _ in bconsts], _plain([s for _, s in bconsts])
+    cvals, cstates = [v for v, _ in cconsts], _plain([s for _, s in cconsts])
+
+    def abstract(states):
+        args = [*bvals, *(v for v, _ in carry)]
+        return _abstract_states(p["body_jaxpr"], args, [*bstates, *states], ctx)
+
+    carry_states, _ = _fixed_point("while", [s for _, s in carry], abstract)
+    init = tuple(_adopt_to(v, s, t) for (v, s), t in zip(carry, carry_states, strict=True))
+    cond_run = _run(p["cond_jaxpr"], [*cstates, *carry_states], ctx)
+    box: list = []
+    body_run = _run(p["body_jaxpr"], [*bstates, *carry_states], ctx, box)
+
+    def cond_fn(c):
+        return cond_run(*cvals, *c)[0]
+
+    def body_fn(c):
+        outs = body_run(*bvals, *c)
+        return tuple(_adopt_to(o, s, t) for o, s, t in zip(outs, box, carry_states, strict=True))
+
+    final = lax.while_loop(cond_fn, body_fn, init)
+    return list(zip(final, carry_states, strict=True))
+
+
+_HIGHER_ORDER: dict[Any, Callable[[Any, list[Val], Context], list[Val]]] = {
+    **{p: _call for p in compat.CALLS},
+    compat.REMAT: _remat,
+    compat.CUSTOM_JVP: _custom_jvp,
+    compat.CUSTOM_VJP: _custom_vjp,
+    compat.COND: _cond,
+    compat.SCAN: _scan,
+    compat.WHILE: _while,
+}

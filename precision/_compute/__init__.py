@@ -1,0 +1,16 @@
+"""The precision rules of DESIGN §3 ("Storage and compute"), in one place.
+
+See README.md beside this file for the design in prose.
+"""
+
+from . import _contractions as _contractions  # registers the contraction rules
+from ._rules import RULES as RULES
+from ._rules import Val as Val
+from ._rules import prepare as prepare
+from ._rules import rule_for as rule_for
+from ._state import Context as Context
+from ._state import State as State
+from ._state import Stored as Stored
+from ._state import join as join
+
+__all__ = ["RULES", "Context", "State", "Stored", "Val", "join", "prepare", "rule_for"]

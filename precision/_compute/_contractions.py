@@ -1,0 +1,177 @@
+"""`dot_general` and `conv_general_dilated`: where codes are used and where values are.
+
+The choice is made in one function, `contraction_rule`, with a reason for
+each branch:
+
+1. Two integer storage operands whose scales factor out of the sum take the
+   exact path: int32 accumulation of the codes, then one rescale. Exact and
+   the narrow hardware path (an `s8 x s8 -> s32` dot).
+2. Otherwise storage operands are decoded *at the contraction*, after an
+   optimization barrier with the other operand, so XLA cannot hoist every
+   layer's decode to the start of the program (8 unrolled int4 layers would
+   otherwise hold every float32 weight at once).
+3. Compute-format operands (bfloat16, float16, fp8) go to XLA in their
+   native container with float32 accumulation where the backend has fast
+   kernels (GPU/TPU; bfloat16 dots on CPUs with AMX when
+   `PRECISION_CPU_BF16_DOTS=1`); elsewhere the values, already on the
+   format's grid, are multiplied in float32 (products of two values of at
+   most 12 significant bits are exact in float32, so both paths keep the
+   contract: exact products, float32 accumulation). tf32 multiplies at
+   HIGHEST precision.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import dtypes
+
+from .._storage import decode_storage
+from ._rules import RULES, Val, finish, op_state, prepare
+from ._state import Context, Stored
+
+__all__ = ["contraction_rule"]
+
+
+@functools.cache
+def _cpu_native_formats() -> frozenset[str]:
+    """Formats whose own dot `apply` hands to XLA's CPU backend: none by default.
+
+    With `PRECISION_CPU_BF16_DOTS=1` in the environment (read once), bfloat16
+    dots go to XLA's bfloat16 kernel, which uses the processor's AMX tiles
+    where it has them: 1.3 TFLOP/s against 0.23 for float32 at 2048x2048 on a
+    2-core Xeon with `amx_bf16` (benchmarks/accelerator.py); without AMX it is
+    slower than float32. It is opt-in because its sums come in another order
+    than the float32 path's, so results would change with the processor.
+    """
+    if os.environ.get("PRECISION_CPU_BF16_DOTS", "") == "1":
+        return frozenset({"bfloat16"})
+    return frozenset()
+
+
+def _native_path(op: str, fmt: dtypes.Format) -> np.dtype | None:
+    """The container to hand XLA's contraction directly, if the format has one and it is fast."""
+    if fmt.kind != "float":
+        return None
+    native = fmt.native_dtype
+    if native is None or fmt.is_full_precision or native.itemsize >= 4:
+        return None
+    if jax.default_backend() == "cpu" and (
+        op != "dot_general" or native.name not in _cpu_native_formats()
+    ):
+        return None  # (XLA's bfloat16 convolutions on CPU are no faster than float32's)
+    return native
+
+
+def _decode_at_use(stored: Stored, other: Any) -> Any:
+    """Decode `stored` after `other` exists, so the decode sits next to its consumer."""
+    enc = stored.enc
+    arrays = (enc.data, enc.scale) if enc.scale is not None else (enc.data,)
+    tied = lax.optimization_barrier((*arrays, other))
+    data, scale = tied[0], (tied[1] if enc.scale is not None else None)
+    last = enc.shape[-1] if (enc.format.packed and enc.shape) else None
+    return decode_storage(enc.format, data, scale, enc.scaling, last, stored.dtype)
+
+
+def contraction_rule(eqn, vals: list[Val], ctx: Context) -> list[Val]:
+    op = eqn.primitive.name
+    state = op_state(op, vals, ctx)
+    if state is None:
+        return [(eqn.primitive.bind(*(v for v, _ in vals), **eqn.params), None)]
+    (a, sa), (b, sb) = vals
+    stored_a = sa.stored if sa is not None else None
+    stored_b = sb.stored if sb is not None else None
+    if op == "dot_general" and stored_a is not None and stored_b is not None:
+        exact = _integer_dot(eqn, a, b, stored_a, stored_b)
+        if exact is not None:
+            return finish(op, [exact], state)
+    if stored_a is not None and stored_b is None:
+        a = _decode_at_use(stored_a, b)
+    elif stored_b is not None and stored_a is None:
+        b = _decode_at_use(stored_b, a)
+    a, b = prepare([(a, sa), (b, sb)], state)
+    params = dict(eqn.params)
+    native = _native_path(op, state.format)
+    if native is not None:
+        a, b = a.astype(native), b.astype(native)
+        params["preferred_element_type"] = eqn.outvars[0].aval.dtype
+    elif state.format == dtypes.tf32:
+        params["precision"] = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
+    out = eqn.primitive.bind(a, b, **params)
+    return finish(op, [out], state)
+
+
+def _codes(stored: Stored) -> jax.Array:
+    """The integer codes of an integer encoding (unpacked), as int8."""
+    enc = stored.enc
+    if not enc.format.packed:
+        return enc.data
+    ones = jnp.ones_like(enc.scale)  # decoding with unit scales gives the codes, exactly
+    last = enc.shape[-1] if enc.shape else None
+    return decode_storage(enc.format, enc.data, ones, enc.scaling, last, np.float32).astype(np.int8)
+
+
+def _scale_factor(enc: dtypes.Encoded, contract: tuple[int, ...], keep_order) -> Any | None:
+    """The operand's scales as a function of its kept dims, or None if they vary
+    along a contracted dim (then they do not factor out of the sum)."""
+    shape, scaling, scale = enc.shape, enc.scaling, enc.scale
+    ndim = len(shape)
+    if isinstance(scaling, dtypes.PerAxis | dtypes.PerBlock) and scaling.axis % ndim in contract:
+        return None
+    full = scaling.broadcast(scale.reshape(scaling.scale_shape(shape)), shape) if ndim else scale
+    for d in sorted(contract, reverse=True):
+        full = lax.index_in_dim(full, 0, axis=d, keepdims=False)
+    kept = [d for d in range(ndim) if d not in contract]
+    return jnp.transpose(full, [kept.index(d) for d in keep_order])
+
+
+def _integer_dot(eqn, a, b, ea: Stored, eb: Stored):
+    """Exact int32 accumulation of the codes, then one rescale, when both
+    operands are integer storage whose scales factor out.
+
+    The codes' products and their sum are exact in int32 (|sum| <= K * qmax**2);
+    the result then differs from a float32 product of the decoded values only
+    by float32 rounding. Gradients are those of the float32 product (the codes
+    carry none), through a custom jvp.
+    """
+    fa, fb = ea.enc.format, eb.enc.format
+    if fa.kind != "int" or fb.kind != "int":
+        return None
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lc, rc, lb, rb = tuple(lc), tuple(rc), tuple(lb), tuple(rb)
+    l_free = [d for d in range(a.ndim) if d not in lc and d not in lb]
+    r_free = [d for d in range(b.ndim) if d not in rc and d not in rb]
+    sa = _scale_factor(ea.enc, lc, [*lb, *l_free])
+    sb = _scale_factor(eb.enc, rc, [*rb, *r_free])
+    if sa is None or sb is None:
+        return None
+    nb = len(lb)
+    sa = sa.reshape(sa.shape + (1,) * len(r_free))
+    sb = sb.reshape(sb.shape[:nb] + (1,) * len(l_free) + sb.shape[nb:])
+    dims = eqn.params["dimension_numbers"]
+    out_dtype = eqn.outvars[0].aval.dtype
+
+    @jax.custom_jvp
+    def exact(a, b, ca, cb, sa, sb):
+        acc = lax.dot_general(ca, cb, dims, preferred_element_type=jnp.int32)
+        return (acc.astype(jnp.float32) * sa * sb).astype(out_dtype)
+
+    @exact.defjvp
+    def _jvp(primals, tangents):
+        a, b = primals[:2]
+        ta, tb = tangents[:2]
+        bind = functools.partial(eqn.primitive.bind, **eqn.params)
+        return exact(*primals), bind(ta, b) + bind(a, tb)
+
+    return exact(a, b, _codes(ea), _codes(eb), sa, sb)
+
+
+RULES["dot_general"] = contraction_rule
+RULES["conv_general_dilated"] = contraction_rule

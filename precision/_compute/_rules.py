@@ -1,0 +1,212 @@
+"""The precision rules: one table keyed by primitive name.
+
+A rule receives one equation and its `(value, state)` inputs and returns the
+outputs' pairs. The default rule (DESIGN §3, "Op semantics"):
+
+1. the op's compute format is the format its formatted inputs share, else the
+   format declared for the call, else the logical dtype (a storage encoding
+   counts as its logical dtype: it decodes exactly);
+2. two compute formats meeting raise `PrecisionMismatchError` before anything
+   runs, unless a compute format was declared, which brings full-precision
+   inputs (raw arrays, float32 Tensors, decoded storage) to it;
+3. weak inputs adopt that format;
+4. the primitive runs on the logical values, and each floating output is
+   rounded onto the compute format's grid (the identity for float32), except
+   for ops that only move, select or negate elements;
+5. ops named in the declared float32 list run on their inputs' exact values
+   and keep float32 results (softmax, normalisation statistics, losses).
+
+Storage encodings are never an arithmetic precision: a result is not
+re-encoded into one. Pure moves of a storage value keep its codes where the
+scaling allows it (`Stored`), so `t.reshape(...)` of an int8 Tensor is int8.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+import dtypes
+
+from .._errors import PrecisionMismatchError
+from .._jax_compat import bind_eqn
+from .._storage import full_format, is_float, round_nearest
+from ._state import Context, State, Stored, mismatch
+
+__all__ = ["RULES", "Val", "default_rule", "op_state", "prepare", "rule_for"]
+
+Val = tuple[Any, State | None]
+Rule = Callable[[Any, list[Val], Context], list[Val]]
+
+# Ops whose floating outputs are input elements moved, selected or negated:
+# an element keeps its exact value, so a value on a compute format's grid
+# stays on it and rounding would be the identity.
+MOVES = frozenset(
+    {
+        "reshape",
+        "transpose",
+        "broadcast_in_dim",
+        "squeeze",
+        "expand_dims",
+        "slice",
+        "dynamic_slice",
+        "dynamic_update_slice",
+        "gather",
+        "concatenate",
+        "rev",
+        "copy",
+        "copy_p",
+        "select_n",
+        "pad",
+        "neg",
+        "abs",
+        "max",
+        "min",
+        "reduce_max",
+        "reduce_min",
+        "cummax",
+        "cummin",
+        "sort",
+        "stop_gradient",
+        "sharding_constraint",
+        "device_put",
+        "optimization_barrier",
+        "clamp",
+    }
+)
+
+# Ops that map a value on a binary float grid to a value on the same grid
+# (integers below 2**(mantissa+1) are on every such grid, larger grid values
+# are integers already); for unscaled float formats rounding is the identity.
+GRID_PRESERVING = frozenset({"sign", "floor", "ceil", "round", "reduce_precision"})
+
+# Moves that storage codes can make themselves (one operand, its elements
+# kept, negated or their magnitude taken: symmetric codes allow both), valid
+# for an unpacked encoding with one scale for the whole tensor ...
+CODE_MOVES = frozenset(
+    {
+        "reshape",
+        "transpose",
+        "broadcast_in_dim",
+        "squeeze",
+        "expand_dims",
+        "slice",
+        "dynamic_slice",
+        "rev",
+        "neg",
+        "abs",
+    }
+)
+# ... and the identities, valid for every encoding.
+IDENTITIES = frozenset({"copy", "copy_p", "stop_gradient", "sharding_constraint"})
+
+
+def op_state(op: str, vals: list[Val], ctx: Context) -> State | None:
+    """The state an op computes in, checking the no-mixing rule (raises before computing)."""
+    if ctx.compute is None or op in ctx.float32_ops:
+        states = [s for v, s in vals if s is not None and is_float(v)]
+        if not states:
+            return None
+        for s in states[1:]:
+            if s.format != states[0].format:
+                raise mismatch(op, states[0], s)
+        source = next((s.source for s in states if s.source is not None), None)
+        state = State(states[0].format, any(s.tensor for s in states), None, source)
+        if ctx.compute is not None and state is not None and not state.format.is_full_precision:
+            if state.format != ctx.compute:
+                raise _declared_mismatch(op, state, ctx)
+            # a float32 op under a narrower compute format keeps its exact inputs
+            return State(full_format(np.float32), state.tensor)
+        return state
+    tensor, floating = False, False
+    for v, s in vals:
+        if s is None or not is_float(v):
+            continue
+        floating = True
+        tensor = tensor or s.tensor
+        if s.format != ctx.compute and not s.format.is_full_precision:
+            raise _declared_mismatch(op, s, ctx)
+    return State(ctx.compute, tensor) if floating else None
+
+
+def _declared_mismatch(op: str, state: State, ctx: Context) -> PrecisionMismatchError:
+    c = ctx.compute.name
+    return PrecisionMismatchError(
+        f"`{op}` meets a {state.format.name} tensor under the declared compute format {c}: "
+        f"a declaration brings full-precision values and storage to {c}, never another "
+        f'reduced format; convert it first, e.g. t.to_reduced_precision("{c}") or '
+        "t.to_full_precision()"
+    )
+
+
+def prepare(vals: list[Val], state: State) -> list[Any]:
+    """Inputs brought to the op's compute format: weak and full-precision values rounded."""
+    fmt = state.format
+    out = []
+    for v, s in vals:
+        if not is_float(v) or fmt.is_full_precision or (s is not None and s.format == fmt):
+            out.append(v)
+        else:
+            out.append(round_nearest(fmt, jnp.asarray(v)))
+    return out
+
+
+def finish(op: str, outs: list[Any], state: State) -> list[Val]:
+    """Outputs rounded onto the compute format's grid (unless the op keeps it)."""
+    result = []
+    for o in outs:
+        if not is_float(o):
+            result.append((o, None))
+        elif op in MOVES or (op in GRID_PRESERVING and state.format.kind == "float"):
+            result.append((o, state))
+        elif op == "convert_element_type" and np.dtype(o.dtype).itemsize >= 4:
+            result.append((o, state))  # widening: every format's grid fits in float32
+        else:
+            result.append((round_nearest(state.format, o), state))
+    return result
+
+
+def _moved_storage(eqn, vals: list[Val], state: State) -> Stored | None:
+    """The storage encoding of a moved storage value, if the move keeps it valid."""
+    op = eqn.primitive.name
+    if op not in CODE_MOVES and op not in IDENTITIES:
+        return None
+    floats = [(v, s) for v, s in vals if is_float(v)]
+    if len(floats) != 1 or floats[0][1] is None or floats[0][1].stored is None:
+        return None
+    stored = floats[0][1].stored
+    enc = stored.enc
+    if op in IDENTITIES:
+        return stored
+    if enc.format.packed or not isinstance(enc.scaling, dtypes.PerTensor):
+        return None
+    # The codes move exactly like the values; the one scale stays.
+    others = [v for v, _ in vals[1:]]
+    data = bind_eqn(eqn, enc.data, *others)[0]
+    moved = dtypes.Encoded(data, enc.scale.reshape(()), enc.format, enc.scaling)
+    return Stored(moved, stored.dtype)
+
+
+def default_rule(eqn, vals: list[Val], ctx: Context) -> list[Val]:
+    op = eqn.primitive.name
+    state = op_state(op, vals, ctx)
+    if state is None:
+        return [(o, None) for o in bind_eqn(eqn, *(v for v, _ in vals))]
+    moved = _moved_storage(eqn, vals, state) if ctx.compute is None else None
+    outs = bind_eqn(eqn, *prepare(vals, state))
+    result = finish(op, outs, state)
+    if moved is not None and len(result) == 1:
+        ((o, s),) = result
+        return [(o, State(s.format, s.tensor, moved, s.source))]
+    return result
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule_for(name: str) -> Rule:
+    """The rule of a primitive (the default one unless the table names it)."""
+    return RULES.get(name, default_rule)

@@ -1,0 +1,118 @@
+"""What the rules know about a value: its `State`, and what the call declared (`Context`).
+
+Every value the interpreter handles is a `(value, state)` pair. The state is
+`None` for a *weak* value (a Python scalar, a constant made inside the
+function, anything derived only from those) and for non-floating values;
+else it names the compute format whose grid the value is on, whether it
+descends from a Tensor argument, and, for a value that is exactly a storage
+encoding (an int8 weight, possibly reshaped or sliced), that encoding, so a
+result can keep the codes and an integer contraction can use them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+import dtypes
+
+from .._errors import PrecisionMismatchError
+
+__all__ = ["Context", "State", "Stored", "join", "mismatch", "undeclared"]
+
+
+class Stored(NamedTuple):
+    """A storage encoding that a value equals exactly.
+
+    `enc` holds the arrays as stored (packed codes and scales). It is kept
+    through structural moves that the scaling allows, and dropped by any
+    computation.
+    """
+
+    enc: dtypes.Encoded
+    dtype: np.dtype  # the logical dtype it decodes into
+
+
+class State(NamedTuple):
+    """Where a floating value lives.
+
+    `format` is the compute format whose grid holds the value (float32 for a
+    decoded storage encoding); `tensor` says it descends from a Tensor
+    argument (else from a raw array); `stored` is the storage encoding the
+    value equals exactly, when there is one.
+    """
+
+    format: dtypes.Format
+    tensor: bool
+    stored: Stored | None = None
+    source: str | None = None  # the storage format a full-precision value was decoded from
+
+    def plain(self) -> State:
+        """The state without its storage encoding (a computed value)."""
+        return self if self.stored is None else State(self.format, self.tensor, None, self.source)
+
+
+class Context(NamedTuple):
+    """What a call of `apply` declared: the compute format, the float32 op list, the output."""
+
+    compute: dtypes.Format | None = None
+    float32_ops: frozenset[str] = frozenset()
+    output: dtypes.Format | None = None
+
+
+def _describe(state: State) -> str:
+    if state.source is not None:
+        return f"{state.format.name} values decoded from {state.source} storage"
+    kind = "tensor" if state.tensor else "array"
+    return f"{state.format.name} {kind}"
+
+
+def undeclared(op: str, stored: State, other: State) -> PrecisionMismatchError:
+    """Storage decoded into a narrower compute format without a declaration."""
+    name = other.format.name
+    return PrecisionMismatchError(
+        f"`{op}` meets {_describe(stored)} and a {_describe(other)}: computing "
+        f"{stored.source} storage in {name} rounds it, so the compute format must be "
+        f'declared once, at the call: precision.apply(f, compute="{name}"); or convert the '
+        f"{name} tensor with t.to_full_precision() to compute in {stored.format.name}, or "
+        f'the storage with t.to_reduced_precision("{name}")'
+    )
+
+
+def mismatch(op: str, a: State, b: State) -> PrecisionMismatchError:
+    """The error for two compute formats meeting in one operation."""
+    if a.source is not None and b.source is None and b.format.bits < a.format.bits:
+        return undeclared(op, a, b)
+    if b.source is not None and a.source is None and a.format.bits < b.format.bits:
+        return undeclared(op, b, a)
+    if not a.tensor or not b.tensor:
+        arr, ten = (a, b) if not a.tensor else (b, a)
+        return PrecisionMismatchError(
+            f"cannot combine a full-precision {arr.format.name} array and a {ten.format.name} "
+            f"tensor in `{op}`: a raw array argument is full precision and formats never mix "
+            f"silently; wrap it explicitly, e.g. "
+            f'precision.Tensor(x).to_reduced_precision("{ten.format.name}"), convert the tensor '
+            "with t.to_full_precision(), or declare the compute format: "
+            f'precision.apply(f, compute="{ten.format.name}")'
+        )
+    return PrecisionMismatchError(
+        f"cannot combine {a.format.name} and {b.format.name} tensors in `{op}`; convert one "
+        f'explicitly, e.g. b.to_reduced_precision("{a.format.name}") or a.to_full_precision()'
+    )
+
+
+def join(op: str, a: State | None, b: State | None) -> State | None:
+    """The common state of two values (without storage), or raise when formats differ."""
+    if a is None:
+        return None if b is None else b.plain()
+    if b is None:
+        return a.plain()
+    if a.format != b.format:
+        raise mismatch(op, a, b)
+    return State(a.format, a.tensor or b.tensor, None, a.source or b.source)
+
+
+def dtype_of(x: Any) -> Any:
+    dt = getattr(x, "dtype", None)
+    return dt if dt is not None else np.asarray(x).dtype

@@ -1,0 +1,218 @@
+"""The one bridge between `precision` and `dtypes`: roles, encode, decode, round.
+
+Everything `precision` needs to know about a format goes through here, so the
+Tensor, the rules and the checkpoint code never reach into `dtypes` internals.
+
+A format plays one of two *roles* (DESIGN §3, "Storage and compute"):
+
+- a **compute** format is an unscaled float format (bfloat16, float16, tf32,
+  float8 without a scale, custom `FloatFormat`s, and float32/float64):
+  arithmetic can happen in it, each result rounded onto its grid;
+- a **storage** encoding is any integer format (always scaled) and any scaled
+  float encoding (fp8 per tensor, MX blocks, ...): values at rest, decoded
+  exactly into the logical dtype where they are used.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import dtypes
+
+from ._errors import PrecisionError
+from ._jax_compat import is_differentiated
+
+__all__ = [
+    "Role",
+    "check_encodable",
+    "decode_storage",
+    "encode_values",
+    "full_format",
+    "guarded_encoder",
+    "is_float",
+    "role",
+    "round_nearest",
+    "straight_through",
+]
+
+Role = Literal["compute", "storage"]
+
+
+def full_format(dtype: Any) -> dtypes.Format:
+    """The format a floating numpy dtype is itself (float32 -> dtypes.float32)."""
+    return dtypes.get(np.dtype(dtype).name)
+
+
+def role(fmt: dtypes.Format, scaling: dtypes.Scaling | None) -> Role:
+    """`"compute"` for unscaled float formats, `"storage"` for every other encoding.
+
+    Examples:
+        >>> import dtypes
+        >>> role(dtypes.bfloat16, None), role(dtypes.int8, dtypes.PerTensor())
+        ('compute', 'storage')
+    """
+    return "compute" if fmt.kind == "float" and scaling is None else "storage"
+
+
+def is_float(x: Any) -> bool:
+    """Whether `x` holds floating values (PRNG keys and other extended dtypes do not)."""
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        dt = np.asarray(x).dtype
+    return bool(jax.dtypes.issubdtype(dt, jnp.floating))
+
+
+def decode_storage(fmt: dtypes.Format, data, scale, scaling, last, dtype) -> jax.Array:
+    """Logical values from storage arrays (the one decode every path shares)."""
+    if scale is None and not fmt.packed and data.dtype != np.uint8:
+        return data if data.dtype == dtype else data.astype(dtype)
+    return fmt.decode(dtypes.Encoded(data, scale, fmt, scaling, last), dtype)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
+def _reduce_precision(x, mantissa_bits: int, top: float):
+    return jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=mantissa_bits)
+
+
+@_reduce_precision.defjvp
+def _reduce_precision_jvp(mantissa_bits, top, primals, tangents):
+    (x,), (t,) = primals, tangents
+    # straight-through, zero where the value overflowed (as `Format.round`)
+    return _reduce_precision(x, mantissa_bits, top), jnp.where(jnp.abs(x) <= top, t, 0)
+
+
+def round_nearest(fmt: dtypes.Format, x: Any) -> Any:
+    """`fmt.round(x)` (unscaled, nearest-even), fast where possible.
+
+    For IEEE-style formats with float32's 8 exponent bits (bfloat16, tf32, and
+    custom `FloatFormat(8, m)`), rounding float32 values is mantissa rounding
+    only, which XLA's `reduce_precision` does in one fused op with the same
+    bits as the integer rounding of `dtypes` (checked bit for bit in the
+    tests; the format's subnormals are float32 subnormals, which it keeps).
+    Formats with fewer exponent bits are not given to it: on CPU it flushes
+    their subnormals to zero.
+    """
+    if fmt.is_full_precision:
+        return x
+    if (
+        fmt.kind == "float"
+        and fmt.exponent_bits == 8
+        and not fmt.finite
+        and not fmt.saturate
+        and 0 < fmt.mantissa_bits < 23
+        and np.dtype(getattr(x, "dtype", np.float64)) == np.float32
+    ):
+        return _reduce_precision(x, fmt.mantissa_bits, fmt.max)
+    return fmt.round(x)
+
+
+def check_encodable(fmt: dtypes.Format, x: Any, scaling: dtypes.Scaling | None) -> None:
+    """Every check `fmt.encode` makes before computing, made once for every entry point.
+
+    Tensor conversion, tree conversion and `apply_updates` all call this, so
+    NaN or inf given to a format that cannot hold it is refused the same way
+    everywhere (eagerly; under tracing a scaled group's scale becomes NaN).
+    """
+    fmt.check(x, scaling=scaling)
+
+
+def encode_values(fmt: dtypes.Format, x, scaling, rounding="nearest_even", key=None):
+    """`dtypes.Encoded` storing `x` in `fmt` (no validation: see `check_encodable`).
+
+    Unscaled float formats round with `fmt.round` and cast to the container:
+    the cast of an on-grid value is exact, and `fmt.round` is straight-through,
+    so the conversion is differentiable. Scaled and integer formats go through
+    `fmt.encode`, whose integer codes carry no gradient.
+    """
+    if fmt.kind == "float" and scaling is None and fmt.container != np.uint8:
+        if fmt.is_full_precision and np.dtype(x.dtype) == fmt.container:
+            return dtypes.Encoded(x, None, fmt, None)
+        if rounding == "nearest_even":
+            y = round_nearest(fmt, x)
+        else:
+            y = fmt.round(x, rounding=rounding, key=key)
+        return dtypes.Encoded(y.astype(fmt.container), None, fmt, None)
+    return fmt.encode(x, scaling=scaling, rounding=rounding, key=key)
+
+
+def carries_gradient(fmt: dtypes.Format, scaling) -> bool:
+    """Whether storage in `fmt` can carry a gradient itself (unscaled native floats)."""
+    return fmt.kind == "float" and scaling is None and fmt.container != np.uint8
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
+def straight_through(fmt, scaling, last, dtype, x, data, scale):
+    """The decoded storage, with the straight-through derivative towards `x`.
+
+    Integer codes cannot carry a gradient, so the derivative of a conversion
+    is defined here, at the point where the codes are read: the value is
+    exactly `decode(data, scale)`; its derivative is 1, or 0 where a
+    power-of-two encoding clipped `x` (the clipped straight-through
+    estimator, as `Format.round`).
+    """
+    return decode_storage(fmt, data, scale, scaling, last, dtype)
+
+
+@straight_through.defjvp
+def _straight_through_jvp(fmt, scaling, last, dtype, primals, tangents):
+    x, data, scale = primals
+    y = decode_storage(fmt, data, scale, scaling, last, dtype)
+    t = tangents[0].astype(y.dtype)
+    if scaling is not None and scaling.power_of_two and not getattr(fmt, "binary", False):
+        top = fmt.max + (0.5 if fmt.kind == "int" else 0.0)
+        bound = scaling.broadcast(scale, x.shape) * np.float32(top) if x.ndim else scale * top
+        t = jnp.where(jnp.abs(x) <= bound, t, jnp.zeros_like(t))
+    return y, t
+
+
+def needs_straight_through(x: Any, fmt: dtypes.Format, scaling) -> bool:
+    """Whether a conversion of `x` must keep a differentiable view of its source.
+
+    Only while `x` is being differentiated: a Tensor made under `jit` alone
+    holds exactly its storage (honest bytes, the same pytree as eagerly).
+    """
+    return not carries_gradient(fmt, scaling) and is_differentiated(x)
+
+
+@functools.cache
+def encoder(fmt: dtypes.Format, scaling, rounding: str):
+    """A jitted `x, key -> Encoded` for one static encoding (eager calls of
+    the bit-level rounding would otherwise dispatch dozens of small ops)."""
+    return jax.jit(lambda x, key: encode_values(fmt, x, scaling, rounding, key))
+
+
+@functools.cache
+def guarded_encoder(fmt: dtypes.Format, scaling, rounding: str):
+    """`encoder`, for a traced value that is not being differentiated now.
+
+    Such a Tensor holds its codes alone (honest bytes). If the surrounding
+    trace is differentiated later (`jax.grad(jax.jit(loss))`), the codes would
+    pass a gradient of zero silently; the derivative rule refuses instead.
+    """
+
+    @jax.custom_jvp
+    def enc(x, key):
+        return encode_values(fmt, x, scaling, rounding, key)
+
+    @enc.defjvp
+    def _refuse(primals, tangents):
+        raise PrecisionError(
+            f"a conversion to {fmt.name} made inside a traced function is being differentiated "
+            "from outside that trace (e.g. jax.grad(jax.jit(loss))): integer and scaled codes "
+            "carry no gradient, and the straight-through estimator is attached only when the "
+            "conversion itself is differentiated; put the differentiation inside: "
+            "jax.jit(jax.grad(loss))"
+        )
+
+    return jax.jit(enc)
+
+
+@functools.cache
+def decoder(fmt: dtypes.Format, scaling, last, dtype):
+    """A jitted `data, scale -> values` for one static storage layout."""
+    return jax.jit(lambda data, scale: decode_storage(fmt, data, scale, scaling, last, dtype))
