@@ -14,7 +14,7 @@ from jax import lax
 import dtypes
 import precision
 from precision import Tensor
-from precision._compute import _contractions, _rules
+from precision._compute import _contractions
 from precision._compute._rules import GRID_PRESERVING, MOVES
 from precision._compute._state import State, join
 from precision._storage import round_nearest
