@@ -648,6 +648,8 @@ def scale_violation(leaf: Leaf, scale: np.ndarray) -> str | None:
     fmt = leaf.format
     if leaf.kind != "tensor" or fmt is None or leaf.scaling is None or scale.size == 0:
         return None
+    if np.dtype(scale.dtype) != np.float32:
+        return None  # only float32 scales are stored (`Leaf.arrays`); the shape check refuses
     u = np.asarray(scale).reshape(-1).view(np.uint32)
     binary = fmt.kind == "int" and fmt.binary
     top = float(fmt.qmax if fmt.kind == "int" else fmt.max)
