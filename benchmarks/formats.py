@@ -3,6 +3,7 @@
 Usage:
     python benchmarks/formats.py                # 64M float32 values (256 MiB per array)
     python benchmarks/formats.py --quick        # 1M values, a smoke run
+    python benchmarks/formats.py --packed-and-scaled   # only packed fp6, E8M0, NVFP4, NF4
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/formats.py
 
 Every timing is the best of `--repeat` runs after one warm-up run (compilation
@@ -179,11 +180,76 @@ def int_rows(table, x, x_np, repeat) -> None:
         table.add(f"unpack+dequantize {fmt.name}", t_dec)
 
 
+def unpacked_fp6(fmt: dtypes.FloatFormat) -> tuple[Callable, Callable]:
+    """Encode to one uint8 code per value and decode it: fp6 as it was stored before packing."""
+    from dtypes import _codec, _float_codes
+
+    enc = jax.jit(
+        lambda v: _float_codes.to_codes(fmt, _codec._round_values(fmt, v, "nearest_even", None))
+    )
+    dec = jax.jit(lambda c: _float_codes.from_codes(fmt, c))
+    return enc, dec
+
+
+def packed_and_scaled_rows(table: Table, x: jax.Array, x_np: np.ndarray, repeat: int) -> None:
+    """Dense fp6 packing, E8M0 and e4m3 (NVFP4) scales, the NF4 code book."""
+    fp6 = dtypes.get("float6_e3m2fn")
+    enc_unpacked, dec_unpacked = unpacked_fp6(fp6)
+    t, t_ref = best_of_pair(encode_fn(fp6, x), lambda: enc_unpacked(x), repeat)
+    table.add("encode float6_e3m2fn packed", t, "jit unpacked fp6", t_ref, ">= 0.67")
+    t, t_ref = best_of_pair(encode_fn(fp6, x), lambda: x_np.astype(ml_dtypes.float6_e3m2fn), repeat)
+    table.add("encode float6_e3m2fn packed", t, "ml_dtypes astype", t_ref)
+    codes = enc_unpacked(x)
+    t, t_ref = best_of_pair(decode_fn(fp6.encode(x)), lambda: dec_unpacked(codes), repeat)
+    table.add("decode float6_e3m2fn packed", t, "jit unpacked fp6", t_ref)
+    codes_np = x_np.astype(ml_dtypes.float6_e3m2fn)
+    t, t_ref = best_of_pair(decode_fn(fp6.encode(x)), lambda: codes_np.astype(np.float32), repeat)
+    table.add("decode float6_e3m2fn packed", t, "ml_dtypes astype", t_ref)
+
+    f32_mx = dtypes.PerBlock(32, power_of_two=True)
+    for name in ("mxfp8_e4m3", "mxfp4", "mxint8"):
+        fmt = dtypes.get(name)
+        t, t_ref = best_of_pair(encode_fn(fmt, x), encode_fn(fmt, x, scaling=f32_mx), repeat)
+        table.add(f"encode {name} (E8M0 scales)", t, "float32 pow2 scales", t_ref, ">= 1")
+        t, t_ref = best_of_pair(
+            decode_fn(fmt.encode(x)), decode_fn(fmt.encode(x, scaling=f32_mx)), repeat
+        )
+        table.add(f"decode {name} (E8M0 scales)", t, "float32 pow2 scales", t_ref, ">= 1")
+
+    nvfp4, mxfp4 = dtypes.get("nvfp4"), dtypes.get("mxfp4")
+    t, t_ref = best_of_pair(encode_fn(nvfp4, x), encode_fn(mxfp4, x), repeat)
+    table.add("encode nvfp4 (e4m3 + tensor scale)", t, "jit mxfp4 encode", t_ref)
+    t, t_ref = best_of_pair(decode_fn(nvfp4.encode(x)), decode_fn(mxfp4.encode(x)), repeat)
+    table.add("decode nvfp4", t, "jit mxfp4 decode", t_ref)
+
+    nf4 = dtypes.get("nf4")
+    g64 = dtypes.PerBlock(64)
+    t, t_ref = best_of_pair(encode_fn(nf4, x), encode_fn(dtypes.int4, x, scaling=g64), repeat)
+    table.add("encode nf4 (PerBlock(64))", t, "jit int4 PerBlock(64)", t_ref)
+    t, t_ref = best_of_pair(
+        decode_fn(nf4.encode(x)), decode_fn(dtypes.int4.encode(x, scaling=g64)), repeat
+    )
+    table.add("decode nf4", t, "jit int4 PerBlock(64)", t_ref)
+
+    g128, g128_bf16 = dtypes.PerBlock(128), dtypes.PerBlock(128, scale_format="bfloat16")
+    t, t_ref = best_of_pair(
+        encode_fn(dtypes.int4, x, scaling=g128_bf16),
+        encode_fn(dtypes.int4, x, scaling=g128),
+        repeat,
+    )
+    table.add("encode int4 g128 (bf16 scales)", t, "float32 scales", t_ref)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=64 * 2**20, help="number of float32 values")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per case (best kept)")
     parser.add_argument("--quick", action="store_true", help="1M values, 3 repeats")
+    parser.add_argument(
+        "--packed-and-scaled",
+        action="store_true",
+        help="only the rows of packed fp6, E8M0/NVFP4 scales and NF4",
+    )
     args = parser.parse_args(argv)
     n, repeat = (2**20, 3) if args.quick else (args.n, args.repeat)
 
@@ -192,6 +258,10 @@ def main(argv: list[str] | None = None) -> None:
     x = jax.device_put(x_np)
     table = Table()
     copy_rows(table, x, x_np, repeat)
+    if args.packed_and_scaled:
+        packed_and_scaled_rows(table, x, x_np, repeat)
+        _report(n, repeat, load_at_start, table)
+        return
 
     targets = {"bfloat16": ">= 0.75", "float16": ">= 3", "float8_e4m3fn": ">= 3",
                "float8_e5m2": ">= 3"}  # fmt: skip
@@ -214,12 +284,17 @@ def main(argv: list[str] | None = None) -> None:
         table.add(f"encode {fmt.name} stochastic", t, "jit nearest_even", t_ref, ">= 0.4")
 
     int_rows(table, x, x_np, repeat)
+    packed_and_scaled_rows(table, x, x_np, repeat)
 
-    mx = dtypes.PerBlock(32, power_of_two=True)
+    mx = dtypes.PerBlock(32, power_of_two=True)  # float32 scales; E8M0 rows come below
     for name, fmt in (("MXFP8", dtypes.float8_e4m3fn), ("MXFP4", fp4), ("MXINT8", dtypes.int8)):
         table.add(f"encode {name} ({fmt.name}, PerBlock(32) pow2)",
                   best_of(encode_fn(fmt, x, scaling=mx), repeat))  # fmt: skip
 
+    _report(n, repeat, load_at_start, table)
+
+
+def _report(n: int, repeat: int, load_at_start: str, table: Table) -> None:
     print(f"precision format benchmark: n = {n:,} float32 values ({n * 4 / 2**20:.0f} MiB), "
           f"best of {repeat} after a warm-up")  # fmt: skip
     print(f"machine:   {machine()}")

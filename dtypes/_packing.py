@@ -11,10 +11,10 @@ whole number of bytes (`packed_length`). Signed int codes are stored in
 two's complement; int1 stores one bit per value, 1 for +1 and 0 for -1.
 
 Everything is vectorised jnp: the codes are cut into groups of
-`lcm(bits, 8) / bits` codes that fill `lcm(bits, 8) / 8` bytes exactly, and
-each byte of a group (or each code, when unpacking) is a fixed OR of
-shifted fields of the whole array, unrolled over the at most 16 bytes of a
-group and never over the data.
+`lcm(bits, 8) / bits` codes that fill `lcm(bits, 8) / 8` bytes exactly, read
+as uint32 words by a bitcast, and each output word of a group is a fixed OR
+of shifted fields, unrolled over the at most 8 codes of a group and never
+over the data.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 __all__ = ["group_shape", "pack", "packed_length", "unpack"]
 
@@ -87,24 +88,49 @@ def pack(codes: jax.Array, bits: int) -> jax.Array:
         codes = (codes > 0).astype(jnp.uint8)
     if 8 % bits == 0 and bits < 8:
         return _pack_sub_byte(codes, bits, n)
+    if bits == 8:
+        return codes.astype(jnp.uint8)
+    if bits == 16:  # two little-endian bytes per code
+        pairs = lax.bitcast_convert_type(codes.astype(jnp.uint16), jnp.uint8)
+        return pairs.reshape((*codes.shape[:-1], 2 * n))
+    return _pack_dense(codes, bits, n)
+
+
+def _pack_dense(codes: jax.Array, bits: int, n: int) -> jax.Array:
+    """Widths that do not divide a byte: whole groups as uint32 words, by shifts.
+
+    The codes of a group sit one per container (uint8, or uint16 past 8 bits),
+    so a bitcast reads them as uint32 words for free; each code's field moves
+    to its stream position with a shift, the output words are bitcast back to
+    bytes and the group's last unused bytes dropped. Everything is elementwise
+    on arrays of one word per group, which vectorises; no strided gathers.
+    """
     per_group, group_bytes = group_shape(bits)
+    cb = 1 if bits <= 8 else 2  # container bytes per code
+    container = jnp.uint8 if cb == 1 else jnp.uint16
+    in_words, out_words = per_group * cb // 4, -(-group_bytes // 4)
     groups = math.ceil(n / per_group)
-    wide = jnp.uint32 if bits > 8 else jnp.uint16
-    field = _pad_last(codes, groups * per_group).astype(wide) & wide((1 << bits) - 1)
-    field = field.reshape((*codes.shape[:-1], groups, per_group))
-    out = []
-    for j in range(group_bytes):  # a fixed layout, unrolled over <= 16 bytes
-        acc = None
-        for i in range(per_group):
-            shift = i * bits - 8 * j  # where code i starts relative to byte j
-            if shift >= 8 or shift + bits <= 0:
-                continue
-            f = field[..., i]
-            part = (f << shift) if shift >= 0 else (f >> -shift)
-            acc = part if acc is None else acc | part
-        out.append((acc & wide(0xFF)).astype(jnp.uint8))
-    data = jnp.stack(out, axis=-1).reshape((*codes.shape[:-1], groups * group_bytes))
+    lead = codes.shape[:-1]
+    field = _pad_last(codes, groups * per_group).astype(container)
+    words = lax.bitcast_convert_type(field.reshape((*lead, groups, in_words, 4 // cb)), jnp.uint32)
+    mask = jnp.uint32((1 << bits) - 1)
+    out: list[jax.Array | None] = [None] * out_words
+    for i in range(per_group):  # a fixed layout, unrolled over <= 8 codes
+        src = 8 * cb * i
+        v = (words[..., src // 32] >> jnp.uint32(src % 32)) & mask
+        pos = i * bits
+        w, d = pos // 32, pos % 32
+        out[w] = _or(out[w], v << jnp.uint32(d))
+        if d + bits > 32:
+            out[w + 1] = _or(out[w + 1], v >> jnp.uint32(32 - d))
+    packed = jnp.stack(out, axis=-1)
+    as_bytes = lax.bitcast_convert_type(packed, jnp.uint8).reshape((*lead, groups, 4 * out_words))
+    data = as_bytes[..., :group_bytes].reshape((*lead, groups * group_bytes))
     return data[..., : packed_length(n, bits)]
+
+
+def _or(acc: jax.Array | None, part: jax.Array) -> jax.Array:
+    return part if acc is None else acc | part
 
 
 def _pack_sub_byte(codes: jax.Array, bits: int, n: int) -> jax.Array:
@@ -152,22 +178,31 @@ def _unpack_sub_byte(data: jax.Array, bits: int, n: int) -> jax.Array:
 
 
 def _unpack_dense(data: jax.Array, bits: int, n: int) -> jax.Array:
+    """Inverse of `_pack_dense` (and of the 16-bit byte pairs)."""
+    lead = data.shape[:-1]
+    if bits == 8:
+        return data[..., :n]
+    if bits == 16:
+        pairs = data[..., : 2 * n].reshape((*lead, n, 2))
+        return lax.bitcast_convert_type(pairs, jnp.uint16)
     per_group, group_bytes = group_shape(bits)
+    cb = 1 if bits <= 8 else 2
+    container = jnp.uint8 if cb == 1 else jnp.uint16
+    in_words, out_words = per_group * cb // 4, -(-group_bytes // 4)
     groups = math.ceil(n / per_group)
-    wide = jnp.uint32 if bits > 8 else jnp.uint16
-    out_dtype = jnp.uint16 if bits > 8 else jnp.uint8
-    b = _pad_last(data[..., : groups * group_bytes], groups * group_bytes).astype(wide)
-    b = b.reshape((*data.shape[:-1], groups, group_bytes))
-    out = []
+    b = _pad_last(data[..., : groups * group_bytes], groups * group_bytes)
+    b = b.reshape((*lead, groups, group_bytes))
+    b = _pad_last(b, 4 * out_words).reshape((*lead, groups, out_words, 4))
+    words = lax.bitcast_convert_type(b, jnp.uint32)
+    mask = jnp.uint32((1 << bits) - 1)
+    out: list[jax.Array | None] = [None] * in_words
     for i in range(per_group):  # a fixed layout, unrolled over <= 8 codes
-        acc = None
-        for j in range(group_bytes):
-            shift = 8 * j - i * bits  # where byte j starts relative to code i
-            if shift >= bits or shift + 8 <= 0:
-                continue
-            f = b[..., j]
-            part = (f << shift) if shift >= 0 else (f >> -shift)
-            acc = part if acc is None else acc | part
-        out.append((acc & wide((1 << bits) - 1)).astype(out_dtype))
-    codes = jnp.stack(out, axis=-1).reshape((*data.shape[:-1], groups * per_group))
-    return codes[..., :n]
+        pos = i * bits
+        w, d = pos // 32, pos % 32
+        v = words[..., w] >> jnp.uint32(d)
+        if d + bits > 32:
+            v = v | (words[..., w + 1] << jnp.uint32(32 - d))
+        dst = 8 * cb * i
+        out[dst // 32] = _or(out[dst // 32], (v & mask) << jnp.uint32(dst % 32))
+    codes = lax.bitcast_convert_type(jnp.stack(out, axis=-1), container)
+    return codes.reshape((*lead, groups * per_group))[..., :n]

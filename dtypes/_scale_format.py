@@ -113,8 +113,11 @@ def narrow(
     if fmt == "float32":
         return scale, None, inv, pre
     if fmt == "float8_e8m0fnu":
-        stored = (scale * np.float32(2.0**offset)).astype(jnp.float8_e8m0fnu)
-        return stored, None, inv, pre
+        # `scale` is a power of two in [2**-126, 2**127] or NaN: its E8M0 byte is
+        # its float32 biased exponent (NaN's is 0xFF, E8M0's NaN), taken from the bits.
+        bits = lax.bitcast_convert_type(scale * np.float32(2.0**offset), jnp.uint32)
+        byte = ((bits >> 23) & jnp.uint32(0xFF)).astype(jnp.uint8)
+        return lax.bitcast_convert_type(byte, jnp.float8_e8m0fnu), None, inv, pre
     if fmt == "float8_e4m3fn":
         return _two_level(x, scaling, top)
     dtype = _DTYPES[fmt]
@@ -151,9 +154,17 @@ def widen(
     stored: jax.Array, tensor_scale: jax.Array | None, scaling: Scaling, offset: int
 ) -> jax.Array:
     """float32 per-group scales that decode multiplies codes by."""
-    s = stored.astype(jnp.float32)
-    if scaling.scale_format == "float8_e8m0fnu" and offset:
-        s = s * np.float32(2.0**-offset)
+    if scaling.scale_format == "float8_e8m0fnu":
+        # byte b is 2**(b - 127), built from bits; 0xFF is NaN (byte 0, 2**-127, a
+        # float32 subnormal, is never written by an encoder and reads as 0 here)
+        byte = lax.bitcast_convert_type(stored, jnp.uint8).astype(jnp.uint32)
+        s = lax.bitcast_convert_type(
+            jnp.where(byte == 0xFF, jnp.uint32(0x7FC00000), byte << 23), jnp.float32
+        )
+        if offset:
+            s = s * np.float32(2.0**-offset)
+    else:
+        s = stored.astype(jnp.float32)
     if tensor_scale is not None:
         s = s * tensor_scale.astype(jnp.float32)
     return s
