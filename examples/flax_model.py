@@ -1,10 +1,13 @@
 """A Flax model converted to reduced precision and run through `precision.apply`.
 
 The model is an ordinary `flax.linen` module; nothing in it knows about
-precision. Its parameters are converted with one call per format, the input
-with `Tensor.to_reduced_precision`, and `precision.apply(model.apply)` runs
-the unchanged forward pass with every operation rounded to that format. The
-table compares each format's outputs with the float32 model and reports the
+precision. Its parameters are converted with one call per format and
+`precision.apply(model.apply)` runs the unchanged forward pass. With a compute
+format (bfloat16, float16, tf32) the input is converted too and every
+operation is rounded to that format. With a storage encoding (fp8 per tensor,
+int8, int4) the weights stay narrow and are decoded where they are used; the
+arithmetic is float32, or the compute format declared with `compute=`. The
+table compares each run's outputs with the float32 model and reports the
 bytes the parameters take.
 
     python examples/flax_model.py
@@ -37,21 +40,31 @@ def main() -> None:
     reference = np.asarray(model.apply(variables, x))
     run = precision.apply(model.apply)
 
-    print(f"{'format':<16} {'max |error|':>12} {'param bytes':>12}")
+    print(f"{'weights':<16} {'max |error|':>12} {'param bytes':>12}")
     print(f"{'float32':<16} {0.0:>12.2e} {precision.tree_nbytes(variables):>12,}")
-    for name, scaling in [
-        ("bfloat16", None),
-        ("float16", None),
-        ("tf32", None),
-        ("float8_e4m3fn", dtypes.PerTensor()),
-        ("int8", dtypes.PerTensor()),
-    ]:
-        params = precision.to_reduced_precision(variables, name, scaling=scaling)
-        image = precision.Tensor(x).to_reduced_precision(name, scaling=scaling)
+    # Compute formats: parameters and input in the format, every op rounded into it.
+    for name in ("bfloat16", "float16", "tf32"):
+        params = precision.to_reduced_precision(variables, name)
+        image = precision.Tensor(x).to_reduced_precision(name)
         out = run(params, image)  # a Tensor in `name`, like its inputs
         assert out.format == dtypes.get(name)
         error = float(np.max(np.abs(np.asarray(out) - reference)))
         print(f"{name:<16} {error:>12.2e} {precision.tree_nbytes(params):>12,}")
+
+    # Storage encodings: weights kept narrow and decoded where they are used;
+    # the arithmetic is float32, or the compute format declared at the call.
+    for name, scaling, compute in [
+        ("float8_e4m3fn", dtypes.PerTensor(), None),
+        ("int8", dtypes.PerAxis(-1), None),
+        ("int4", dtypes.PerBlock(32), None),
+        ("int8", dtypes.PerAxis(-1), "bfloat16"),
+    ]:
+        params = precision.to_reduced_precision(variables, name, scaling=scaling, exclude="bias")
+        out = precision.apply(model.apply, compute=compute)(params, x)
+        assert out.format == dtypes.get(compute or "float32")
+        error = float(np.max(np.abs(np.asarray(out) - reference)))
+        label = name + (f" ({compute})" if compute else "")
+        print(f"{label:<16} {error:>12.2e} {precision.tree_nbytes(params):>12,}")
 
     # Mixing formats is refused: a bfloat16 model meeting a float16 input.
     try:

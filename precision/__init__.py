@@ -19,6 +19,7 @@ from ._policy import DEFAULT_FLOAT32_OPS as DEFAULT_FLOAT32_OPS
 from ._policy import Policy as Policy
 from ._tensor import Tensor as Tensor
 from ._tensor import device_put as device_put
+from ._tensor import storage_shardings as storage_shardings
 from ._tree import is_reduced_precision as is_reduced_precision
 from ._tree import to_full_precision as to_full_precision
 from ._tree import to_reduced_precision as to_reduced_precision
@@ -47,6 +48,7 @@ __all__ = [
     "load",
     "save",
     "select_tree",
+    "storage_shardings",
     "to_full_precision",
     "to_reduced_precision",
     "tree_nbytes",

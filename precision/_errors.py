@@ -1,6 +1,16 @@
-"""The exception hierarchy: one base, each also the builtin users already catch."""
+"""The exception hierarchy: one base, each also the builtin users already catch.
+
+`PrecisionError` and `FormatError` are the very classes `dtypes` raises
+(defined in `dtypes._errors`, with its `RoundingError`, `ScalingError`,
+`ShapeError`, `NonFiniteError` and `PrecisionTypeError`), so one
+`except precision.PrecisionError:` catches every error both packages raise
+on purpose.
+"""
 
 from __future__ import annotations
+
+from dtypes._errors import FormatError as FormatError
+from dtypes._errors import PrecisionError as PrecisionError
 
 __all__ = [
     "CheckpointError",
@@ -8,11 +18,8 @@ __all__ = [
     "FormatError",
     "PrecisionError",
     "PrecisionMismatchError",
+    "UpdateError",
 ]
-
-
-class PrecisionError(Exception):
-    """Base class of every error this library raises on purpose."""
 
 
 class PrecisionMismatchError(PrecisionError, TypeError):
@@ -25,10 +32,6 @@ class PrecisionMismatchError(PrecisionError, TypeError):
 
 class DeviceMismatchError(PrecisionError, ValueError):
     """An operation met tensors on different devices; move one with `to_device`."""
-
-
-class FormatError(PrecisionError, ValueError):
-    """A format name or object that is not known."""
 
 
 class CheckpointError(PrecisionError, ValueError):
@@ -58,3 +61,7 @@ class SaveError(PrecisionError, ValueError):
 
 class SaveTypeError(PrecisionError, TypeError):
     """A leaf, key or format that a checkpoint cannot hold."""
+
+
+class UpdateError(PrecisionError, ValueError):
+    """An optimizer update that does not fit its parameter (shape or dtype)."""

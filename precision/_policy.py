@@ -22,12 +22,6 @@ from ._tree import is_floating, is_tensor, to_full_precision, to_reduced_precisi
 
 __all__ = ["DEFAULT_FLOAT32_OPS", "Policy"]
 
-#: Primitives that `apply` computes in float32 under a declared narrower compute
-#: format (the automatic-mixed-precision habit): exponentials, logarithms and
-#: powers, whose relative error grows with their argument, the statistics of
-#: softmax and normalisation layers (sums, square roots), and special functions.
-#: Their results stay float32 until an op outside the list brings them back to
-#: the compute format. Replace the list with `Policy(float32_ops=...)`.
 DEFAULT_FLOAT32_OPS: frozenset[str] = frozenset(
     {
         "exp",
@@ -50,6 +44,14 @@ DEFAULT_FLOAT32_OPS: frozenset[str] = frozenset(
         "cumlogsumexp",
     }
 )
+"""Primitives that `apply` computes in float32 under a declared narrower compute format.
+
+The automatic-mixed-precision habit: exponentials, logarithms and powers, whose
+relative error grows with their argument, the statistics of softmax and
+normalisation layers (sums, reciprocal square roots), and special functions.
+Their results stay float32 until an op outside the list brings them back to
+the compute format. Replace the list with `Policy(float32_ops=...)`.
+"""
 
 _FIELDS = {
     "params": "params",

@@ -24,7 +24,7 @@ from ._storage import (
     straight_through,
 )
 
-__all__ = ["Tensor", "check_devices", "device_put"]
+__all__ = ["Tensor", "check_devices", "device_put", "storage_shardings"]
 
 _LOGICAL = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -382,8 +382,8 @@ class Tensor:
         Examples:
             >>> import dtypes
             >>> t = Tensor([0.1, -2.0, 3.0]).to_reduced_precision("int8")
-            >>> t.format.name, t.scaling
-            ('int8', PerTensor(power_of_two=False))
+            >>> t.format.name, t.scaling.describe()
+            ('int8', 'per-tensor')
         """
         fmt = get_default_format() if format is None else resolve_format(format)
         x = self._values()
@@ -510,8 +510,89 @@ def _scale_sharding(target, data, scale):
     return jax.sharding.NamedSharding(target.mesh, jax.sharding.PartitionSpec(*out))
 
 
+def _is_placement(x: Any) -> bool:
+    return isinstance(x, jax.Device | jax.sharding.Sharding)
+
+
+def _storage_sharding(t: Tensor, target: Any, where: str) -> tuple[Any, Any]:
+    """(data sharding, scale sharding) for Tensor `t` placed like its logical values."""
+    if not isinstance(target, jax.sharding.NamedSharding):
+        return target, target
+    spec = list(target.spec) + [None] * (t.ndim - len(target.spec))
+    if t.format.packed and t.ndim and spec[-1] is not None:
+        names = spec[-1] if isinstance(spec[-1], tuple) else (spec[-1],)
+        n = int(np.prod([target.mesh.shape[a] for a in names]))
+        packed = t._data.shape[-1]
+        if packed % n:
+            raise DeviceMismatchError(
+                f"{where}: the last axis of a {t.format.name} Tensor of shape {t.shape} is "
+                f"packed into {packed} bytes, which {n} devices cannot split evenly (logical "
+                f"length {t.shape[-1]}); shard another axis, or pad the last axis to a "
+                f"multiple of {n * 8 // t.format.code_bits} values"
+            )
+    data_sharding = target
+    scale_sharding = None
+    if t._scale is not None:
+        scale_sharding = _scale_sharding(target, t._data, t._scale)
+    return data_sharding, scale_sharding
+
+
+def storage_shardings(tree: Any, shardings: Any) -> Any:
+    """Shardings for the storage of `tree`, from shardings of its logical values.
+
+    `shardings` has the structure of `tree` with one sharding per leaf, as for
+    a tree of plain arrays (a Tensor leaf gets the sharding of its logical
+    values). The result mirrors `tree` itself, Tensors included, so it can be
+    given to `jax.jit(..., in_shardings=...)` or `jax.device_put`: each
+    Tensor's codes take the sharding, its scales follow the data dimensions
+    they belong to (replicated where a scale dimension is 1 or does not
+    divide), and a packed last axis that the devices cannot split evenly is
+    refused with the logical and packed sizes named.
+
+    Raises:
+        DeviceMismatchError: a packed last axis cannot be split as asked.
+
+    Examples:
+        >>> import jax
+        >>> import numpy as np
+        >>> from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        >>> import precision
+        >>> mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
+        >>> tree = {"w": precision.Tensor(np.ones((4, 8))).to_reduced_precision("int4")}
+        >>> out = precision.storage_shardings(tree, {"w": NamedSharding(mesh, P("x", None))})
+        >>> type(out["w"]).__name__
+        'Tensor'
+    """
+    flat, treedef = jax.tree_util.tree_flatten_with_path(
+        tree, is_leaf=lambda x: isinstance(x, Tensor)
+    )
+    try:
+        targets = treedef.flatten_up_to(shardings)
+    except (ValueError, TypeError) as err:
+        raise DeviceMismatchError(
+            f"shardings must have the structure of the tree, one sharding per leaf; got {err}"
+        ) from None
+    out = []
+    for (path, leaf), target in zip(flat, targets, strict=True):
+        if isinstance(leaf, Tensor):
+            where = jax.tree_util.keystr(path) or "<root>"
+            data_s, scale_s = _storage_sharding(leaf, target, where)
+            out.append(
+                Tensor._make(
+                    data_s, scale_s, leaf._format, leaf._scaling, leaf._dtype, leaf._last, None
+                )
+            )
+        else:
+            out.append(target)
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
 def device_put(tree: Any, device_or_sharding: Any) -> Any:
     """Move every Tensor and array leaf of `tree` to a device or sharding.
+
+    `device_or_sharding` is one device or sharding for the whole tree, or a
+    tree of them with the structure of `tree` (one per leaf, as for plain
+    arrays); a Tensor's scales follow its data (see `storage_shardings`).
 
     Examples:
         >>> import jax
@@ -519,13 +600,32 @@ def device_put(tree: Any, device_or_sharding: Any) -> Any:
         >>> tree = {"w": Tensor([1.0, 2.0]).to_reduced_precision(), "n": 3}
         >>> device_put(tree, jax.devices()[0])["w"].device == jax.devices()[0]
         True
+        >>> cpu = jax.devices()[0]
+        >>> device_put(tree, {"w": cpu, "n": None})["w"].device == cpu
+        True
     """
-
-    def move(leaf):
-        if isinstance(leaf, Tensor):
-            return leaf.to_device(device_or_sharding)
-        if isinstance(leaf, jax.Array | np.ndarray):
-            return jax.device_put(leaf, device_or_sharding)
-        return leaf
-
-    return jax.tree_util.tree_map(move, tree, is_leaf=lambda x: isinstance(x, Tensor))
+    if _is_placement(device_or_sharding) or device_or_sharding is None:
+        targets = jax.tree_util.tree_map(
+            lambda _: device_or_sharding, tree, is_leaf=lambda x: isinstance(x, Tensor)
+        )
+    else:
+        targets = device_or_sharding
+    flat, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: isinstance(x, Tensor))
+    try:
+        placements = treedef.flatten_up_to(targets)
+    except (ValueError, TypeError) as err:
+        raise DeviceMismatchError(
+            "device_put: the placement must be one device or sharding, or a tree of them with "
+            f"the structure of the tree; got {err}"
+        ) from None
+    out = []
+    for leaf, target in zip(flat, placements, strict=True):
+        if target is None:
+            out.append(leaf)
+        elif isinstance(leaf, Tensor):
+            out.append(leaf.to_device(target))
+        elif isinstance(leaf, jax.Array | np.ndarray):
+            out.append(jax.device_put(leaf, target))
+        else:
+            out.append(leaf)
+    return jax.tree_util.tree_unflatten(treedef, out)

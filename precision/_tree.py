@@ -52,7 +52,9 @@ def is_floating(leaf: Any) -> bool:
     dtype = getattr(leaf, "dtype", None)
     if dtype is None or not hasattr(leaf, "shape"):
         return False
-    return np.issubdtype(np.dtype(dtype), np.floating)
+    # jax.dtypes.issubdtype also answers for extended dtypes (PRNG keys), which
+    # numpy cannot interpret: a key is not a floating leaf and passes untouched.
+    return bool(jax.dtypes.issubdtype(dtype, jnp.floating))
 
 
 def _path_str(path: tuple[Any, ...]) -> str:
@@ -112,7 +114,7 @@ def to_reduced_precision(
     tree: Any,
     format: str | dtypes.Format | None = None,
     *,
-    scaling: dtypes.Scaling | None = None,
+    scaling: dtypes.Scaling | Callable[[tuple[Any, ...], Any], dtypes.Scaling | None] | None = None,
     rounding: str = "nearest_even",
     key: jax.Array | None = None,
     where: Where = None,
@@ -130,7 +132,10 @@ def to_reduced_precision(
             an Optax state.
         format: target format (name or `dtypes.Format`); None uses
             `precision.get_default_format()` (bfloat16 unless changed).
-        scaling: scaling for every converted leaf (e.g. `dtypes.PerAxis(-1)`).
+        scaling: scaling for every converted leaf (e.g. `dtypes.PerAxis(-1)`), or a
+            callable `scaling(path, leaf) -> Scaling | None` choosing one per leaf
+            (per-rank or per-layout choices in one call: e.g. `PerAxis(0)` for
+            Equinox conv kernels `(O, I, kh, kw)`, None for 1-D biases).
         rounding: one of `dtypes.ROUNDING_MODES`.
         key: `jax.random` key for `rounding="stochastic"`; it is split so
             each converted leaf draws its own bits.
@@ -161,16 +166,7 @@ def to_reduced_precision(
         'bfloat16'
     """
     fmt = get_default_format() if format is None else resolve_format(format)
-    if rounding not in dtypes.ROUNDING_MODES:
-        raise ValueError(
-            f"unknown rounding mode {rounding!r}; expected one of "
-            f"{', '.join(dtypes.ROUNDING_MODES)}"
-        )
-    if rounding == "stochastic" and key is None:
-        raise ValueError(
-            "rounding='stochastic' needs a random key: pass key=jax.random.key(0); it is "
-            "split so each leaf draws its own bits"
-        )
+    dtypes.check_rounding(rounding, key)
     select = _selector(where, exclude)
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_tensor)
     chosen = [i for i, (path, leaf) in enumerate(flat) if is_floating(leaf) and select(path, leaf)]
@@ -185,7 +181,8 @@ def to_reduced_precision(
         path, leaf = flat[i]
         try:
             t = leaf if isinstance(leaf, Tensor) else Tensor(leaf)
-            out[i] = t.to_reduced_precision(fmt, scaling=scaling, rounding=rounding, key=k)
+            chosen_scaling = scaling(path, leaf) if callable(scaling) else scaling
+            out[i] = t.to_reduced_precision(fmt, scaling=chosen_scaling, rounding=rounding, key=k)
         except (TypeError, ValueError) as err:
             errors.append((_path_str(path), err))
     _raise_collected(errors, f"converted to {fmt.name}")
@@ -259,5 +256,18 @@ def tree_nbytes(tree: Any) -> int:
         if isinstance(leaf, Tensor):
             total += leaf.nbytes
         elif hasattr(leaf, "dtype") and hasattr(leaf, "shape"):
-            total += int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+            total += _array_nbytes(leaf)
     return total
+
+
+def _array_nbytes(leaf: Any) -> int:
+    """Bytes of an array or shape-dtype leaf, with Python integers (no overflow)."""
+    size = 1
+    for n in leaf.shape:
+        size *= int(n)
+    dtype = leaf.dtype
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        # a typed key holds its key data: e.g. two uint32 words for threefry
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
+        return size * int(np.prod(data.shape, dtype=np.int64)) * np.dtype(data.dtype).itemsize
+    return size * np.dtype(dtype).itemsize

@@ -18,6 +18,7 @@ import numpy as np
 
 import dtypes
 
+from ._errors import UpdateError
 from ._tensor import Tensor
 from ._tree import is_tensor
 
@@ -67,6 +68,8 @@ def apply_updates(
     Raises:
         ValueError: unknown rounding mode, missing key, or trees whose
             structures do not match.
+        UpdateError: an update whose shape differs from its parameter's, or
+            that is not real floating (a `ValueError`).
 
     Examples:
         >>> import jax
@@ -80,16 +83,7 @@ def apply_updates(
         >>> sorted(set(sr["w"].numpy().tolist())) <= [1.0, 1.0078125]
         True
     """
-    if rounding not in dtypes.ROUNDING_MODES:
-        raise ValueError(
-            f"unknown rounding mode {rounding!r}; expected one of "
-            f"{', '.join(dtypes.ROUNDING_MODES)}"
-        )
-    if rounding == "stochastic" and key is None:
-        raise ValueError(
-            "rounding='stochastic' needs a random key: pass key=jax.random.key(step) "
-            "(a fresh one every step; it is split per leaf)"
-        )
+    dtypes.check_rounding(rounding, key)
     flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_tensor)
     try:
         ups = treedef.flatten_up_to(updates)
@@ -112,11 +106,24 @@ def apply_updates(
             continue
         if isinstance(u, Tensor):
             u = jnp.asarray(u)
+        u = jnp.asarray(u)
+        where = jax.tree_util.keystr(path) or "<root>"
+        if tuple(u.shape) != tuple(p.shape):
+            raise UpdateError(
+                f"{where}: an update of shape {tuple(u.shape)} for a parameter of shape "
+                f"{tuple(p.shape)}; updates must match their parameters exactly (broadcasting "
+                "would change the parameter's shape): check the optimizer's output"
+            )
+        if not jax.dtypes.issubdtype(u.dtype, jnp.floating):
+            raise UpdateError(
+                f"{where}: an update of dtype {u.dtype} for a floating parameter; pass real "
+                "floating updates (a complex update's imaginary part would be dropped)"
+            )
         k = keys.get(i)
         try:
-            out.append(_update_leaf(p, jnp.asarray(u), rounding, k))
+            out.append(_update_leaf(p, u, rounding, k))
         except (TypeError, ValueError) as err:
-            raise type(err)(f"{jax.tree_util.keystr(path)}: {err}") from err
+            raise type(err)(f"{where}: {err}") from err
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
@@ -124,7 +131,8 @@ def _is_float_leaf(p: Any) -> bool:
     if isinstance(p, Tensor):
         return True
     dtype = getattr(p, "dtype", None)
-    return dtype is not None and np.issubdtype(np.dtype(dtype), np.floating)
+    # jax.dtypes also reads extended dtypes (PRNG keys), which are not floating
+    return dtype is not None and bool(jax.dtypes.issubdtype(dtype, jnp.floating))
 
 
 def _rounds(p: Any) -> bool:

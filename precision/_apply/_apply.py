@@ -305,9 +305,11 @@ def apply(f: Callable, *, compute: Any = None, policy: Any = None) -> Callable:
         >>> out = precision.apply(lambda w, b: w @ jnp.ones(2) + b)(w, jnp.array([0.5, 0.5]))
         >>> out.format.name  # int8 weights and a float32 bias: float32 arithmetic
         'float32'
-        >>> half = precision.apply(lambda w: w.sum(), compute="bfloat16")(w)
-        >>> half.format.name
+        >>> half = precision.apply(jnp.tanh, compute="bfloat16")(w)
+        >>> half.format.name  # the int8 codes decoded into bfloat16 arithmetic
         'bfloat16'
+        >>> precision.apply(jnp.sum, compute="bfloat16")(w).format.name  # sums stay float32
+        'float32'
     """
     ctx = _context(compute, policy)
     cache: dict[Any, _Entry] = {}

@@ -253,12 +253,32 @@ def _per_byte_ok(fmt: dtypes.Format, last: int) -> bool:
     return not fmt.packed or (last * fmt.code_bits) % 8 == 0
 
 
+def _castable(fmt: dtypes.Format, scaling: dtypes.Scaling | None, rounding: str) -> bool:
+    """Whether encoding is a plain numpy cast into the format's ml_dtypes type.
+
+    The library encodes unscaled nearest-even values into a format with a
+    native type as XLA's convert, which matches ml_dtypes bit for bit (the
+    tests compare every path with `Format.encode`); numpy does it without
+    compiling anything.
+    """
+    native = getattr(fmt, "native_dtype", None)
+    return (
+        scaling is None
+        and rounding == "nearest_even"
+        and native is not None
+        and not getattr(fmt, "saturate", False)
+        and np.dtype(native) == np.dtype(fmt.container)
+    )
+
+
 def _mode(plan: _Plan, rounding: str) -> str:
     leaf, out = plan.leaf, plan.out
     fmt, scaling, shape = out.format, out.scaling, out.shape
     assert fmt is not None
     if not _raw(leaf, plan.reader.foreign) or rounding == "stochastic" or not shape:
         return "whole"
+    if _castable(fmt, scaling, rounding):
+        return "cast"
     if 0 in shape:
         return "whole"
     binary = getattr(fmt, "binary", False)
@@ -320,6 +340,25 @@ def _energy(x, y):
     xs = jnp.where(finite, x * inv, jnp.float32(0))
     d = jnp.where(finite, (x - y) * inv, jnp.float32(0))
     return m, jnp.sum(xs * xs), jnp.sum(d * d)
+
+
+def _numpy_energy(x: np.ndarray, y: np.ndarray, stats: _Stats) -> None:
+    """Add Σx² and Σ(x - y)² of one block to `stats`: float32 dot products when finite."""
+    back = y.astype(np.float32) if y.dtype != np.float32 else y
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = x - back
+        sig, noi = float(np.dot(x, x)), float(np.dot(d, d))
+    if math.isfinite(sig) and math.isfinite(noi):
+        stats.add(1.0, sig, noi)
+        return
+    # Non-finite values, or squares beyond float32: the careful way.
+    finite = np.isfinite(x)
+    xs = np.where(finite, x, 0).astype(np.float64)
+    m = float(np.max(np.abs(xs), initial=0.0)) or 1.0
+    ds = np.where(finite, x.astype(np.float64) - back.astype(np.float64), 0.0)
+    with np.errstate(invalid="ignore"):
+        ds = np.where(np.isnan(ds), np.inf, ds)  # a finite value that became NaN is lost
+    stats.add(m, float(np.sum((xs / m) ** 2)), float(np.sum((ds / m) ** 2)))
 
 
 class _Engine:
@@ -515,6 +554,8 @@ class _Converter:
                     yield name, self._copy(plan.reader, name)
             elif plan.mode == "whole":
                 yield from self._whole(plan, i)
+            elif plan.mode == "cast":
+                yield plan.out.name, self._cast(plan)
             else:
                 scales: list[np.ndarray] = []
                 yield plan.out.name, self._streamed(plan, scales)
@@ -527,12 +568,28 @@ class _Converter:
             yield block
             self.progress.update(block.nbytes)
 
+    def _cast(self, plan: _Plan) -> Iterator[np.ndarray]:
+        """Blocks cast by numpy into the format's ml_dtypes type, with their statistics."""
+        out = plan.out
+        assert out.format is not None
+        target = np.dtype(out.format.container)
+        stats = _Stats()
+        for block in _Blocks(plan.reader, plan.leaf.name).blocks(_BLOCK):
+            x = block if block.dtype == np.float32 else block.astype(np.float32)
+            y = x if target == np.float32 else x.astype(target)
+            if self.engine.stats:
+                _numpy_energy(x, y, stats)
+            yield y.view(out.data_dtype)
+            self.progress.update(block.nbytes)
+        if self.engine.stats:
+            self.sqnr[plan.leaf.name] = stats.sqnr
+
     def _streamed(self, plan: _Plan, scales: list[np.ndarray]) -> Iterator[np.ndarray]:
         out, engine = plan.out, self.engine
         scaling = out.scaling
         total = math.prod(out.shape)
         g = _granule(plan)
-        per_block = min(max(g, (_BLOCK // g) * g), _round_up(total, g))
+        per_block = _block_values(total, g)
         if plan.mode == "rows":
             shape: tuple[int, ...] = (per_block // math.prod(out.shape[1:]), *out.shape[1:])
         elif isinstance(scaling, dtypes.PerBlock):
@@ -607,6 +664,19 @@ def _granule(plan: _Plan) -> int:
     if plan.mode == "rows":
         g = math.lcm(g, math.prod(out.shape[1:]))
     return g
+
+
+def _block_values(total: int, g: int) -> int:
+    """Values per block for a tensor of `total` values: one of a few fixed sizes.
+
+    Few sizes mean few compiled programs (compiling costs more than encoding
+    a small tensor padded to 4096 values); each is a multiple of `g`.
+    """
+    for size in (_BLOCK >> 8, _BLOCK >> 4, _BLOCK):
+        size = max(g, size // g * g)
+        if size >= total:
+            return size
+    return max(g, _BLOCK // g * g)
 
 
 def _round_up(n: int, g: int) -> int:

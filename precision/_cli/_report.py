@@ -38,10 +38,14 @@ from ._output import (
     _table,
 )
 
-_CHUNK = 1 << 20  # values per slice of the statistics
+_CHUNK = 1 << 18  # values per slice of the statistics
 
-#: Bin edges of the error histograms: |error| / max |ref| of the tensor.
-_EDGES = np.logspace(-10, 0, 51)
+# Error histograms: |error| / max |ref| of the tensor, one bin per power of
+# two from 2**-40 (the first bin also counts everything below) to 2**1 (the
+# last bin also counts everything above).
+_LOW_EXPONENT = -39
+_BINS = 41
+_EDGES = 2.0 ** np.arange(_LOW_EXPONENT - 1, _LOW_EXPONENT - 1 + _BINS + 1)
 
 #: Bars shown in the plot's SQNR chart (the worst ones).
 _PLOT_BARS = 40
@@ -50,13 +54,14 @@ _PLOT_LINES = 6
 
 
 class _Accumulator:
-    """Error statistics of one tensor whose largest finite |ref| is `absmax`, fed by slices."""
+    """Error statistics of one tensor whose largest finite |ref| is `absmax`, fed by slices.
+
+    Sums are float64 (squares of float32 values neither overflow nor
+    underflow there); the histogram counts |error| / absmax by power of two.
+    """
 
     def __init__(self, absmax: float) -> None:
         self.absmax = absmax
-        # Sums of squares are taken of values divided by a power of two near
-        # absmax, so they neither overflow nor underflow.
-        self._scale = 2.0 ** math.frexp(absmax)[1] if absmax > 0 else 1.0
         self.size = 0
         self.nonfinite = 0
         self.changed = False
@@ -67,35 +72,43 @@ class _Accumulator:
         self.signal = 0.0
         self.noise = 0.0
         self.exact = 0
-        # counts of |error| / absmax below _EDGES[0], in each bin, and from 1 up
-        self.hist = np.zeros(len(_EDGES) + 1, np.int64)
+        self.hist = np.zeros(_BINS, np.int64)
 
     def add(self, ref: np.ndarray, other: np.ndarray) -> None:
-        r = ref.astype(np.float64).ravel()
-        a = other.astype(np.float64).ravel()
+        r = ref.ravel().astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = other.ravel().astype(np.float64) - r
         self.size += r.size
-        same = (r == a) | (np.isnan(r) & np.isnan(a))
-        self.changed = self.changed or not bool(same.all())
-        finite = np.isfinite(r) & np.isfinite(a)
-        self.nonfinite += int(r.size - np.count_nonzero(finite))
-        r, a = r[finite], a[finite]
+        finite = np.isfinite(d)  # float32 inputs: finite exactly when both are
+        if not finite.all():
+            bad_r, bad_o = ref.ravel()[~finite], other.ravel()[~finite]
+            if not np.array_equal(bad_r, bad_o, equal_nan=True):
+                self.changed = True
+            self.nonfinite += int(r.size - np.count_nonzero(finite))
+            r, d = r[finite], d[finite]
         if not r.size:
             return
-        with np.errstate(over="ignore"):
-            err = np.abs(a - r)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rel = np.where(r == 0, np.where(err == 0, 0.0, np.inf), err / np.abs(r))
+        err = np.abs(d, out=d)
+        nonzero = np.count_nonzero(err)
+        self.changed = self.changed or nonzero > 0
+        self.exact += err.size - nonzero
         self.max_abs = max(self.max_abs, float(err.max()))
         self.sum_abs += float(err.sum())
+        self.signal += float(np.dot(r, r))
+        self.noise += float(np.dot(err, err))
+        ar = np.abs(r, out=r)
+        zero = ar == 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.divide(err, ar, out=ar)
+        if zero.any():
+            rel[zero] = np.where(err[zero] == 0, 0.0, np.inf)
         self.max_rel = max(self.max_rel, float(rel.max()))
         self.sum_rel += float(rel.sum())
-        self.signal += float(np.sum((r / self._scale) ** 2))
-        with np.errstate(over="ignore"):
-            self.noise += float(np.sum((err / self._scale) ** 2))
-        nonzero = err[err > 0]
-        self.exact += err.size - nonzero.size
-        idx = np.searchsorted(_EDGES, nonzero / (self.absmax or 1.0), side="right")
-        self.hist += np.bincount(idx, minlength=len(self.hist))[: len(self.hist)]
+        if nonzero:
+            scaled = err[err > 0] / (self.absmax or 1.0)
+            exponent = np.frexp(scaled)[1]  # scaled in [2**(e-1), 2**e)
+            idx = np.clip(exponent - _LOW_EXPONENT, 0, _BINS - 1)
+            self.hist += np.bincount(idx, minlength=_BINS)
 
     def result(self) -> dict[str, Any]:
         n = self.size - self.nonfinite
@@ -315,9 +328,10 @@ def _plot(hists: dict[str, np.ndarray], rows: list[dict[str, Any]], path: str) -
     # average over every changed tensor as a grey band.
     centers = np.sqrt(_EDGES[:-1] * _EDGES[1:])
 
+    counted = {r["name"]: max(r["size"] - r["nonfinite"], 1) for r in changed}
+
     def fractions(name: str) -> np.ndarray:
-        h = hists[name].astype(np.float64)
-        return h[1:-1] / max(h.sum(), 1.0)
+        return hists[name].astype(np.float64) / counted[name]
 
     everyone = np.mean([fractions(r["name"]) for r in changed], axis=0)
     bx.fill_between(centers, everyone, step="mid", color="0.85", label="mean of all changed")
