@@ -61,6 +61,7 @@ def formats(
     min_bits: int = 1,
     max_bits: int = 64,
     include_custom: bool = False,
+    include_named: bool = False,
 ) -> st.SearchStrategy[Format]:
     """Formats from the registry (`dtypes.FORMATS`), optionally custom float layouts too.
 
@@ -76,6 +77,10 @@ def formats(
             2 <= e <= 8 and 0 <= m <= 23, IEEE-style or `finite`, saturating
             or not (only when "float" is among `kinds`). Layouts whose values
             leave float32's range (finite with e = 8) are not drawn.
+        include_named: also draw the float and int entries of
+            `dtypes.ENCODINGS`: ml_dtypes' layouts (`float4_e2m1fn`, both fp6,
+            `float8_e4m3`, `float8_e3m4`) and the OCP MX / NVFP4 compositions
+            (`mxfp4`, `nvfp4`, `mxint8`, …), which carry their own scaling.
 
     Returns:
         A strategy of `dtypes.Format`s.
@@ -102,9 +107,12 @@ def formats(
     import jax
 
     x64 = jax.config.read("jax_enable_x64")
+    pool = list(dtypes.FORMATS.values())
+    if include_named:
+        pool += [f for f in dtypes.ENCODINGS.values() if f.kind in _KINDS]
     registry = [
         f
-        for f in dtypes.FORMATS.values()
+        for f in pool
         if f.kind in kinds and min_bits <= f.bits <= max_bits and (x64 or f.bits <= 32)
     ]
     branches: list[st.SearchStrategy[Format]] = []
@@ -181,7 +189,11 @@ def keys() -> st.SearchStrategy[jax.Array]:
 
 
 def scalings(
-    fmt: Format | None = None, *, ndim: int = 1, block_sizes: Sequence[int] = (32, 2, 4, 8, 16, 3)
+    fmt: Format | None = None,
+    *,
+    ndim: int = 1,
+    block_sizes: Sequence[int] = (32, 2, 4, 8, 16, 3),
+    scale_formats: Sequence[str] = ("float32",),
 ) -> st.SearchStrategy[Scaling | None]:
     """Scalings that fit arrays with `ndim` dimensions, for `fmt`.
 
@@ -196,6 +208,10 @@ def scalings(
         ndim: rank of the arrays the scaling will meet; 0 allows only
             `None` and `PerTensor()`.
         block_sizes: `PerBlock` sizes to draw from (the first is preferred).
+        scale_formats: formats of the scales to draw from (`dtypes.SCALE_FORMATS`;
+            the first is preferred). Only valid pairs are drawn: E8M0 with
+            `power_of_two`, float8_e4m3fn (two-level) without it and only for
+            float formats, int1 only with float32/bfloat16/float16 scales.
 
     Examples:
         >>> from hypothesis import given, settings
@@ -207,7 +223,8 @@ def scalings(
         >>> test_fits()
     """
     # int1's scale is a mean, which has no power-of-two variant.
-    power_of_two = st.just(False) if isinstance(fmt, IntFormat) and fmt.binary else st.booleans()
+    binary = isinstance(fmt, IntFormat) and fmt.binary
+    pairs = _scale_pairs(fmt, binary, scale_formats)
     branches: list[st.SearchStrategy[Any]] = []
     if fmt is None or fmt.kind == "float":
         branches.append(st.none())
@@ -215,13 +232,44 @@ def scalings(
             # A format with float32's exponent range gains nothing from a scale
             # (and dtypes refuses one): unscaled only.
             return st.none()
-    branches.append(st.builds(PerTensor, power_of_two=power_of_two))
+    branches.append(_scaling(PerTensor, pairs))
     if ndim >= 1:
         axes = st.integers(0, ndim - 1)
-        branches.append(st.builds(PerAxis, axes, power_of_two=power_of_two))
+        branches.append(_scaling(PerAxis, pairs, axes))
         sizes = st.sampled_from(tuple(block_sizes))
-        branches.append(st.builds(PerBlock, sizes, axes, power_of_two=power_of_two))
+        branches.append(_scaling(PerBlock, pairs, sizes, axes))
     return st.one_of(branches)
+
+
+def _scale_pairs(fmt: Format | None, binary: bool, scale_formats: Sequence[str]):
+    """(power_of_two, scale_format) pairs valid for `fmt`, simplest first."""
+    unknown = [f for f in scale_formats if f not in dtypes.SCALE_FORMATS]
+    if unknown or not scale_formats:
+        raise ValueError(
+            f"scalings(scale_formats={tuple(scale_formats)!r}): each must be one of "
+            f"{', '.join(dtypes.SCALE_FORMATS)}"
+        )
+    pairs = []
+    for name in scale_formats:
+        for p in (False, True):
+            if p and binary:
+                continue
+            if name == "float8_e8m0fnu" and (not p or binary):
+                continue
+            if name == "float8_e4m3fn" and (p or (fmt is not None and fmt.kind != "float")):
+                continue
+            pairs.append((p, name))
+    if not pairs:
+        raise ValueError(
+            f"no scale format in {tuple(scale_formats)!r} can scale {getattr(fmt, 'name', fmt)}"
+        )
+    return st.sampled_from(pairs)
+
+
+@st.composite
+def _scaling(draw, cls, pairs, *args):
+    p, name = draw(pairs)
+    return cls(*(draw(a) for a in args), power_of_two=p, scale_format=name)
 
 
 # -- scalar values ------------------------------------------------------------

@@ -29,6 +29,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import dtypes
 from dtypes import PerBlock
@@ -371,3 +373,47 @@ def test_compositions_are_formats_with_their_scaling():
     b = mxfp4.encode(x)
     np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
     np.testing.assert_array_equal(np.asarray(a.decode()), np.asarray(b.decode()))
+
+
+# -- hypothesis strategies of precision.testing --------------------------------
+
+
+@given(data=st.data())
+def test_strategies_draw_the_named_formats_and_scale_formats(data):
+    from precision.testing import formats, scalings
+
+    fmt = data.draw(formats(kinds=("float", "int"), include_named=True, max_bits=16))
+    scaling = data.draw(scalings(fmt, ndim=2, scale_formats=dtypes.SCALE_FORMATS))
+    if scaling is None:
+        return
+    assert scaling.scale_format in dtypes.SCALE_FORMATS
+    if scaling.scale_format == "float8_e8m0fnu":
+        assert scaling.power_of_two
+    # nbytes: the packed codes plus the scales at their width (+4 for two levels)
+    shape = (3, 64)
+    count = math.prod(scaling.scale_shape(shape))
+    width = np.dtype(
+        {
+            "float32": np.float32,
+            "float8_e8m0fnu": ml_dtypes.float8_e8m0fnu,
+            "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+            "bfloat16": ml_dtypes.bfloat16,
+            "float16": np.float16,
+        }[scaling.scale_format]
+    ).itemsize
+    data_bytes = 3 * -(-64 * fmt.code_bits // 8)
+    extra = 4 if scaling.scale_format == "float8_e4m3fn" else 0
+    assert fmt.nbytes(shape, scaling) == data_bytes + count * width + extra
+
+
+def test_named_formats_are_drawn():
+    from precision.testing import formats
+
+    seen: set[str] = set()
+
+    @given(formats(include_named=True, max_bits=8))
+    def collect(fmt):
+        seen.add(fmt.name)
+
+    collect()
+    assert seen & set(dtypes.ENCODINGS)
