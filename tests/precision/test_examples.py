@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,12 +67,14 @@ def test_post_training_quantization():
     ]
 
 
-@pytest.mark.parametrize("page", ["docs/training.md", "docs/models.md"])
+@pytest.mark.parametrize("page", ["docs/concepts.md", "docs/training.md", "docs/models.md"])
 def test_docs_page_examples_run(page):
     source = (ROOT / page).read_text()
     test = doctest.DocTestParser().get_doctest(source, {}, page, page, 0)
     assert test.examples, f"{page} has no >>> examples"
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     failures: list[str] = []
-    runner.run(test, out=failures.append)
+    # a reader copies these examples into a session with JAX's default promotion
+    with jax.numpy_rank_promotion("allow"), jax.numpy_dtype_promotion("standard"):
+        runner.run(test, out=failures.append)
     assert runner.failures == 0, "".join(failures)
