@@ -8,15 +8,24 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from jax import lax
 
-from . import _float_codes, _packing
+from . import _float_codes, _packing, _scale_format
 from ._encoded import Encoded
+from ._errors import (
+    FormatError,
+    NonFiniteError,
+    PrecisionTypeError,
+    ScalingError,
+    ShapeError,
+)
 from ._rounding import check_rounding, round_float, round_integer
 from ._scaling import Scaling, group_sizes
 
@@ -34,7 +43,7 @@ def as_float_array(x: Any) -> jax.Array:
         arr = np.asarray(x)
     dtype = np.dtype(arr.dtype)
     if jnp.issubdtype(dtype, jnp.complexfloating):
-        raise TypeError(
+        raise PrecisionTypeError(
             f"cannot encode complex values (dtype {dtype}); encode the real and imaginary "
             "parts separately (jnp.real(x), jnp.imag(x))"
         )
@@ -42,7 +51,7 @@ def as_float_array(x: Any) -> jax.Array:
         return jnp.asarray(arr)
     if jnp.issubdtype(dtype, jnp.integer) or dtype == np.bool_:
         return jnp.asarray(arr, jnp.float32)
-    raise TypeError(
+    raise PrecisionTypeError(
         f"cannot encode an array of dtype {dtype} (from {type(x).__name__}); "
         "pass numbers: a float, int or bool array"
     )
@@ -64,7 +73,7 @@ def _check_finite(x: jax.Array, fmt: Format) -> None:
     bad = ~np.isfinite(np.asarray(x, np.float64))
     first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
     value = np.asarray(x, np.float64)[first] if bad.ndim else float(np.asarray(x))
-    raise ValueError(
+    raise NonFiniteError(
         f"cannot encode {int(bad.sum())} non-finite value(s) into scaled {fmt.name}: the first "
         f"is {value} at index {first}. A scale computed over them would be NaN; replace them "
         "first (e.g. jnp.nan_to_num(x)) or encode into an unscaled float format"
@@ -110,10 +119,64 @@ def _group_absmax(x: jax.Array, scaling: Scaling) -> jax.Array:
     # gradient of decode(encode(x)) is 1, not the sensitivity of the
     # rounding error to the group's absmax.
     x = lax.stop_gradient(x)
+    # NaN is read as +inf before the max: XLA:CPU's vectorised max (under
+    # `jit`, from about 4096 elements) drops NaN, but never an inf, and a
+    # group holding either gets a NaN scale. So a NaN group's "absmax" is inf.
+    a = jnp.where(jnp.isnan(x), jnp.float32(jnp.inf).astype(x.dtype), jnp.abs(x))
     # `initial=0` gives an empty group absmax 0, hence scale 1 like an all-zero group.
     return scaling.group_reduce(
-        jnp.abs(x), lambda a, axes: jnp.max(a, axis=axes, keepdims=True, initial=0.0)
+        a, lambda a, axes: jnp.max(a, axis=axes, keepdims=True, initial=0.0)
     )
+
+
+def _pairwise_sum(a: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """Sum over `axes` (dims kept) by pairwise halving, in one fixed order.
+
+    For n non-negative float32 terms the relative error is at most
+    ceil(log2 n) * 2**-24 (a plain float32 reduction's bound grows with n),
+    and the order, hence the result, is the same on every backend.
+    """
+    keep = [i for i in range(a.ndim) if i not in axes]
+    moved = jnp.transpose(a, keep + list(axes))
+    lead = moved.shape[: len(keep)]
+    n = math.prod(moved.shape[len(keep) :])
+    out_shape = tuple(1 if i in axes else a.shape[i] for i in range(a.ndim))
+    if n == 0:
+        return jnp.zeros(out_shape, a.dtype)
+    flat = moved.reshape((*lead, n))
+    while flat.shape[-1] > 1:
+        m = flat.shape[-1]
+        half = m // 2
+        summed = flat[..., :half] + flat[..., half : 2 * half]
+        flat = jnp.concatenate([summed, flat[..., 2 * half :]], axis=-1) if m % 2 else summed
+    return flat.reshape(out_shape)
+
+
+def _mean_abs(x: jax.Array, scaling: Scaling) -> jax.Array:
+    """Per-group mean(|x|) of flushed float32 `x`: no overflow, and accurate.
+
+    Each group is scaled by a power of two 2**-k (k = floor(log2(absmax)), exact)
+    so its terms lie in [0, 2) and their sum cannot overflow, summed pairwise,
+    divided by the group's element count and scaled back. Relative error at most
+    (ceil(log2 n) + 2) * 2**-24 for a group of n elements (pairwise sum, the
+    count's rounding to float32, the division); terms below 2**-126 * absmax
+    count as zero, as float32 subnormals do everywhere else. A group with NaN
+    or inf gets NaN; an all-zero group gets 0.
+    """
+    x = lax.stop_gradient(x)
+    absmax = _group_absmax(x, scaling).astype(jnp.float32)
+    finite = jnp.isfinite(absmax)
+    positive = finite & (absmax > 0)
+    k = jnp.minimum(_floor_log2(jnp.where(positive, absmax, jnp.float32(1))), 126)
+    terms = jnp.abs(x) * scaling.broadcast(_pow2(-k), x.shape)
+    total = scaling.group_reduce(terms, _pairwise_sum)
+    counts = group_sizes(scaling, x.shape)
+    mean = (total / jnp.maximum(counts, jnp.float32(1))) * _pow2(k)
+    # The exact mean never exceeds absmax; this keeps rounding at float32's top finite.
+    mean = jnp.minimum(mean, absmax)
+    # a mean below the smallest normal would be flushed to zero on CPU
+    mean = jnp.where((total > 0) & (mean < TINY), TINY, mean)
+    return jnp.where(finite & ~jnp.isnan(total), mean, jnp.float32(jnp.nan))
 
 
 TINY = np.float32(2.0**-126)  # float32's smallest normal
@@ -184,8 +247,19 @@ def _scales(
 
 
 def _times_reciprocal(x: jax.Array, scaling: Scaling, inv: jax.Array, pre: jax.Array):
-    """x * (top / absmax) per group, as `(x * pre) * inv` (see `_scales`)."""
-    return (x * scaling.broadcast(pre, x.shape)) * scaling.broadcast(inv, x.shape)
+    """x * (top / absmax) per group, as `(x * pre) * inv` (see `_scales`).
+
+    A product below float32's smallest normal is flushed to zero by XLA on
+    CPU, which would make `up` round a positive value to code 0 (and `down` a
+    negative one). Such a product is replaced by ±2**-126: it has the sign and
+    the non-zeroness of the exact product and, like it, lies far below half of
+    every scaled format's smallest step, so every rounding mode decides as it
+    would on the exact value.
+    """
+    inv_b = scaling.broadcast(inv, x.shape)
+    y = (x * scaling.broadcast(pre, x.shape)) * inv_b
+    lost = (y == 0) & (x != 0) & (inv_b > 0)
+    return jnp.where(lost, jnp.where(x > 0, TINY, -TINY), y)
 
 
 def _round_values(fmt: FloatFormat, x: jax.Array, rounding: str, key, *, saturate=None):
@@ -194,8 +268,16 @@ def _round_values(fmt: FloatFormat, x: jax.Array, rounding: str, key, *, saturat
     dtype = np.dtype(x.dtype)
     if dtype.itemsize < 4:
         x = x.astype(jnp.float32)
-    if fmt.exponent_bits == 11 or (fmt.is_full_precision and np.dtype(x.dtype) == np.float32):
-        return x  # every float32 value is on the float32 and float64 grids
+    if fmt.exponent_bits == 11:
+        # Every float32/float64 value is on the float64 grid; a saturating
+        # float64 format still clamps ±inf, to float64's max (see result_dtype).
+        if not grid.saturate:
+            return x
+        x = x.astype(jnp.float64)
+        top = jnp.asarray(np.finfo(np.float64).max, jnp.float64)
+        return jnp.where(jnp.isinf(x), jnp.where(x > 0, top, -top), x)
+    if fmt.is_full_precision and np.dtype(x.dtype) == np.float32:
+        return x  # every float32 value is on the float32 grid
     if (
         rounding == "nearest_even"
         and fmt.exponent_bits == 8
@@ -227,7 +309,7 @@ def _resolve_scaling(fmt: Format, scaling: Scaling | None) -> Scaling | None:
     if scaling is None:
         return fmt.default_scaling()
     if not isinstance(scaling, Scaling):
-        raise TypeError(
+        raise PrecisionTypeError(
             f"scaling must be PerTensor(), PerAxis(axis) or PerBlock(size), got {scaling!r}"
         )
     return scaling
@@ -236,28 +318,29 @@ def _resolve_scaling(fmt: Format, scaling: Scaling | None) -> Scaling | None:
 def _validate(fmt: Format, x: jax.Array, scaling: Scaling | None) -> None:
     """Every check that can be made before computing: shapes, and eager values."""
     if scaling is not None and fmt.kind == "float" and fmt.emax >= 127:
-        raise ValueError(
+        raise ScalingError(
             f"{fmt.name} already has float32's exponent range, so scaling cannot help it and "
             f"its scales would be float32 subnormals (flushed to zero by XLA on CPU); encode "
             f"without scaling, or scale into a narrower format such as float8_e4m3fn"
         )
     if scaling is not None and scaling.power_of_two and fmt.kind == "int" and fmt.binary:
-        raise ValueError(
+        raise ScalingError(
             "int1 scales are mean(|x|) per group and have no power-of-two variant; "
             f"pass {type(scaling).__name__} without power_of_two=True"
         )
+    _scale_format.check(fmt, scaling)
     if scaling is not None and x.ndim:
         scaling.validate(x.shape)
     if scaling is not None:
         _check_finite(x, fmt)
     elif fmt.kind == "float" and fmt.finite and not fmt.nan:
         if not _is_tracer(x) and _any_nan_now(x):
-            raise ValueError(
+            raise NonFiniteError(
                 f"cannot encode NaN into {fmt.name}, which has no NaN code; use a scaled "
                 "encoding (the group's scale becomes NaN) or a format with NaN"
             )
     if fmt.kind == "float" and fmt.exponent_bits == 11 and not jax.config.read("jax_enable_x64"):
-        raise ValueError(
+        raise FormatError(
             "encoding into float64 needs 64-bit JAX: set jax.config.update('jax_enable_x64', "
             "True) first, or keep the values in float32"
         )
@@ -301,10 +384,16 @@ def _encode_float(fmt: FloatFormat, x, scaling, rounding, key) -> Encoded:
         return _store_float(fmt, _round_values(fmt, x, rounding, key), None, None)
     x = x.astype(jnp.float32)
     scale, inv, pre = _scales(x, fmt, scaling, fmt.max, fmt.emax)
+    # scales as stored in the scaling's scale format (float32, E8M0, e4m3 + tensor scale…)
+    scale, tensor_scale, inv, pre = _scale_format.narrow(
+        flush_subnormals(x), scaling, scale, inv, pre, fmt.max, 0
+    )
     y = _times_reciprocal(flush_subnormals(x), scaling, inv, pre)
     # The scale is chosen so values fit; saturating keeps float fuzz at the
     # top of a group (and OCP's power-of-two overshoot) from becoming inf/NaN.
-    return _store_float(fmt, _round_values(fmt, y, rounding, key, saturate=True), scale, scaling)
+    enc = _store_float(fmt, _round_values(fmt, y, rounding, key, saturate=True), scale, scaling)
+    enc.tensor_scale = tensor_scale
+    return enc
 
 
 def _store_float(fmt: FloatFormat, values: jax.Array, scale, scaling) -> Encoded:
@@ -324,26 +413,24 @@ def _pack(codes: jax.Array, scale, fmt: Format, scaling) -> Encoded:
 
 
 def _int_codes(fmt: IntFormat, x: jax.Array, scaling: Scaling, rounding: str, key):
-    """(codes as float32, scale, reciprocal, unclipped rounded codes)."""
+    """(codes as float32, stored scale, reciprocal, unclipped rounded codes, tensor scale)."""
     if fmt.binary:
         x = flush_subnormals(x)
-        total = scaling.group_reduce(
-            jnp.abs(lax.stop_gradient(x)), lambda a, axes: jnp.sum(a, axis=axes, keepdims=True)
-        )
-        scale = total / _opaque(total, group_sizes(scaling, x.shape))
-        # a mean below the smallest normal would be flushed to zero on CPU
-        scale = jnp.where((total > 0) & (scale < TINY), TINY, scale)
-        # A group holding ±inf has an infinite mean: make it NaN like every scale.
-        scale = jnp.where(jnp.isfinite(scale), scale, jnp.float32(jnp.nan))
+        # A group holding NaN or ±inf gets a NaN scale, like every scale.
+        scale = _mean_abs(x, scaling)
         # sign(x) with 0 mapping to +1; NaN input gives a NaN scale above.
         codes = jnp.where(x >= 0, jnp.float32(1), jnp.float32(-1))
-        return codes, scale, None, codes
+        scale, _, _, _ = _scale_format.narrow(x, scaling, scale, scale, scale, 1.0, 0)
+        return codes, scale, None, codes, None
     top_exponent = math.floor(math.log2(fmt.qmax))
     scale, inv, pre = _scales(x, fmt, scaling, fmt.qmax, top_exponent)
+    scale, tensor_scale, inv, pre = _scale_format.narrow(
+        flush_subnormals(x), scaling, scale, inv, pre, fmt.qmax, top_exponent
+    )
     y = _times_reciprocal(flush_subnormals(x), scaling, inv, pre)
     rounded = round_integer(y, rounding, key)
     codes = jnp.clip(rounded, -fmt.qmax, fmt.qmax)
-    return codes, scale, inv, rounded
+    return codes, scale, inv, rounded, tensor_scale
 
 
 def _encode_int(fmt: IntFormat, x, scaling: Scaling, rounding, key) -> Encoded:
@@ -351,15 +438,17 @@ def _encode_int(fmt: IntFormat, x, scaling: Scaling, rounding, key) -> Encoded:
     if scalar:
         x = x.reshape(1)
     x = x.astype(jnp.float32)
-    codes, scale, _, _ = _int_codes(fmt, x, scaling, rounding, key)
+    codes, scale, _, _, tensor_scale = _int_codes(fmt, x, scaling, rounding, key)
     codes = codes.astype(jnp.int8)
     if scalar:
         scale = scale.reshape(())
     if scalar:
         codes = codes.reshape(())
     if not fmt.packed:
-        return Encoded(codes, scale, fmt, scaling)
-    return _pack(codes, scale, fmt, scaling)
+        return Encoded(codes, scale, fmt, scaling, tensor_scale=tensor_scale)
+    enc = _pack(codes, scale, fmt, scaling)
+    enc.tensor_scale = tensor_scale
+    return enc
 
 
 def _codes(fmt: Format, enc: Encoded) -> jax.Array:
@@ -376,14 +465,17 @@ def _codes(fmt: Format, enc: Encoded) -> jax.Array:
 
 def decode(fmt: Format, enc: Encoded, dtype: Any = np.float32) -> jax.Array:
     if not isinstance(enc, Encoded):
-        raise TypeError(f"decode expects an Encoded, got {type(enc).__name__}")
+        raise PrecisionTypeError(
+            f"decode expects an Encoded, got {type(enc).__name__}; build one with "
+            f"{fmt.name}.encode(x)"
+        )
     if enc.format != fmt:
-        raise ValueError(
+        raise FormatError(
             f"cannot decode a {enc.format.name} encoding as {fmt.name}; "
             f"call enc.decode() or {enc.format.name}.decode(enc)"
         )
     if np.dtype(enc.data.dtype) != fmt.container:
-        raise TypeError(
+        raise PrecisionTypeError(
             f"a {fmt.name} encoding holds {fmt.container} data, got {enc.data.dtype}; "
             f"build it with {fmt.name}.encode(x)"
         )
@@ -396,18 +488,23 @@ def _decode_jit(fmt: Format, enc: Encoded, dtype) -> jax.Array:
     if enc.scale is None:
         return codes.astype(dtype)
     shape = enc.shape
-    scale = enc.scale if shape else enc.scale.reshape(())
+    scale = _scale_format.widen(enc.scale, enc.tensor_scale, enc.scaling, _scale_format.offset(fmt))
+    scale = scale if shape else scale.reshape(())
     if shape:
         scale = enc.scaling.broadcast(scale, shape)
     return (codes.astype(jnp.float32) * scale).astype(dtype)
 
 
 def _qdq(fmt: Format, scaling, rounding: str, x: jax.Array, key):
-    """(quantize-dequantized x in x's dtype, straight-through gradient mask)."""
-    dtype = x.dtype
+    """(quantize-dequantized x in `result_dtype`, straight-through gradient mask)."""
+    dtype = result_dtype(fmt, np.dtype(x.dtype), scaling)
     if fmt.kind == "float" and scaling is None:
         y = _round_values(fmt, x, rounding, key).astype(dtype)
-        mask = jnp.abs(x) <= fmt.max
+        xw = x.astype(jnp.float32) if np.dtype(x.dtype).itemsize < 4 else x
+        if fmt.max <= float(np.finfo(xw.dtype).max):
+            mask = jnp.abs(xw) <= fmt.max
+        else:  # every finite input is in range (float64 formats)
+            mask = jnp.isfinite(xw)
         return y, mask
     if scaling is None:
         scaling = fmt.default_scaling()
@@ -415,12 +512,17 @@ def _qdq(fmt: Format, scaling, rounding: str, x: jax.Array, key):
     xf = (x.reshape(1) if scalar else x).astype(jnp.float32)
     if fmt.kind == "float":
         scale, inv, pre = _scales(xf, fmt, scaling, fmt.max, fmt.emax)
+        stored, tensor_scale, inv, pre = _scale_format.narrow(
+            flush_subnormals(xf), scaling, scale, inv, pre, fmt.max, 0
+        )
+        scale = _scale_format.widen(stored, tensor_scale, scaling, 0)
         y = _times_reciprocal(flush_subnormals(xf), scaling, inv, pre)
         q = _round_values(fmt, y, rounding, key, saturate=True)
         out = q * scaling.broadcast(scale, xf.shape)
         mask = (jnp.abs(y) <= fmt.max) if scaling.power_of_two else jnp.ones(xf.shape, bool)
     else:
-        codes, scale, _, rounded = _int_codes(fmt, xf, scaling, rounding, key)
+        codes, stored, _, rounded, tensor_scale = _int_codes(fmt, xf, scaling, rounding, key)
+        scale = _scale_format.widen(stored, tensor_scale, scaling, _scale_format.offset(fmt))
         out = codes * scaling.broadcast(scale, xf.shape)
         if scaling.power_of_two and not fmt.binary:
             # Only power-of-two scales can push a code out of range: those
@@ -443,7 +545,7 @@ def _fake_quantize_jvp(fmt, scaling, rounding, primals, tangents):
     x, key = primals
     tx = tangents[0]
     y, mask = _qdq(fmt, scaling, rounding, x, key)
-    return y, jnp.where(mask, tx, jnp.zeros_like(tx))
+    return y, jnp.where(mask, tx, jnp.zeros_like(tx)).astype(y.dtype)
 
 
 _fake_quantize_jit = jax.jit(_fake_quantize, static_argnums=(0, 1, 2))
@@ -457,16 +559,91 @@ def fake_quantize(fmt: Format, x: Any, scaling: Scaling | None, rounding: str, k
     return _fake_quantize_jit(fmt, scaling, rounding, x, key)
 
 
+def _params_of_dtype(dtype: np.dtype) -> tuple[int, int, float, bool, bool]:
+    fi = ml_dtypes.finfo(dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        specials = np.array([np.inf, np.nan], np.float32).astype(dtype).astype(np.float32)
+    return (
+        int(fi.nmant),
+        int(fi.minexp),
+        float(fi.max),
+        bool(np.isinf(specials[0])),
+        bool(np.isnan(specials[1])),
+    )
+
+
+def _holds(outer: tuple, inner: tuple) -> bool:
+    """Whether every value (finite, inf, NaN) of the `inner` grid is one of `outer`'s."""
+    m_o, emin_o, max_o, inf_o, nan_o = outer
+    m_i, emin_i, max_i, inf_i, nan_i = inner
+    return (
+        m_o >= m_i
+        and emin_o - m_o <= emin_i - m_i  # smallest subnormals
+        and max_o >= max_i
+        and (inf_o or not inf_i)
+        and (nan_o or not nan_i)
+    )
+
+
+def result_dtype(fmt: Format, dtype: np.dtype, scaling: Scaling | None) -> np.dtype:
+    """The dtype `fmt.round` returns for `dtype` input (see `Format.round`).
+
+    `dtype` itself when it holds every value the rounding can produce: then
+    casting the result to it is exact. Otherwise float32 (float64 for float64
+    input or a float64 format): a narrow input dtype would round the result a
+    second time (float16 input 65504 rounded onto bfloat16 is 65536, which
+    float16 holds only as inf).
+    """
+    dtype = np.dtype(dtype)
+    if dtype == np.float64:
+        return dtype
+    is_float = fmt.kind == "float"
+    wide = np.dtype(np.float64 if is_float and fmt.exponent_bits == 11 else np.float32)
+    if not is_float or scaling is not None or fmt.default_scaling() is not None:
+        # values are float32 codes times float32 scales
+        return dtype if dtype == np.float32 else np.dtype(np.float32)
+    d = _params_of_dtype(dtype)
+    f = (fmt.mantissa_bits, fmt.emin, fmt.max, fmt.has_inf, bool(fmt.nan))
+    if _holds(d, f):
+        return dtype
+    if _holds((*f[:3], True, True), (*d[:3], False, False)):
+        # The format holds every finite value of `dtype`: rounding is the
+        # identity on them, and only ±inf can leave `dtype` (a saturating or
+        # inf-less format without NaN puts its own max there).
+        if not d[3] or (fmt.has_inf and not fmt.saturate) or (fmt.nan and not fmt.saturate):
+            return dtype
+        return dtype if fmt.max <= d[2] else wide
+    return wide
+
+
+def _shape_of(shape: Any) -> tuple[int, ...]:
+    """`shape` as a tuple of Python ints, or a `ShapeError` saying what is wrong."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ShapeError(
+            f"a shape is a tuple of non-negative ints, got {type(shape).__name__} {shape!r}"
+        ) from None
+    for d in dims:
+        if isinstance(d, bool | np.bool_) or not isinstance(d, numbers.Integral) or d < 0:
+            raise ShapeError(
+                f"a shape is a tuple of non-negative ints, got {dims!r} (the dimension {d!r} "
+                "is not); pass e.g. (1024, 1024)"
+            )
+    return tuple(int(d) for d in dims)
+
+
 def nbytes(fmt: Format, shape: tuple[int, ...], scaling: Scaling | None) -> int:
+    # Python ints throughout: a numpy int64 product wraps past 2**63.
+    shape = _shape_of(shape)
     if scaling is None:
         scaling = fmt.default_scaling()
     if fmt.packed:
-        lead = int(np.prod(shape[:-1], dtype=np.int64)) if shape else 1
+        lead = math.prod(shape[:-1]) if shape else 1
         last = shape[-1] if shape else 1
         data = lead * _packing.packed_length(last, fmt.code_bits)
     else:
-        data = int(np.prod(shape, dtype=np.int64)) * fmt.container.itemsize
+        data = math.prod(shape) * fmt.container.itemsize
     if scaling is None:
         return data
-    scale_shape = scaling.scale_shape(shape) if shape else ()
-    return data + 4 * int(np.prod(scale_shape, dtype=np.int64))
+    return data + _scale_format.scale_nbytes(scaling, shape)

@@ -29,9 +29,13 @@ class Encoded:
         scale: float32 scales, shaped like `scaling.scale_shape(shape)`, or None.
         format: the `Format` the codes are in.
         scaling: the `Scaling` used, or None for an unscaled float encoding.
+        tensor_scale: the float32 per-tensor scale of a two-level encoding
+            (NVFP4: e4m3 block scales times this), else None.
+        zero_point: per-group zero points of an asymmetric integer encoding
+            (uint8, shaped like `scale`), else None.
     """
 
-    __slots__ = ("_last", "data", "format", "scale", "scaling")
+    __slots__ = ("_last", "data", "format", "scale", "scaling", "tensor_scale", "zero_point")
 
     def __init__(
         self,
@@ -40,19 +44,26 @@ class Encoded:
         format: Format,
         scaling: Scaling | None,
         last: int | None = None,
+        *,
+        tensor_scale: jax.Array | None = None,
+        zero_point: jax.Array | None = None,
     ):
         self.data = data
         self.scale = scale
         self.format = format
         self.scaling = scaling
         self._last = last
+        self.tensor_scale = tensor_scale
+        self.zero_point = zero_point
 
     def tree_flatten(self):
-        return (self.data, self.scale), (self.format, self.scaling, self._last)
+        children = (self.data, self.scale, self.tensor_scale, self.zero_point)
+        return children, (self.format, self.scaling, self._last)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(children[0], children[1], *aux)
+        data, scale, tensor_scale, zero_point = children
+        return cls(data, scale, *aux, tensor_scale=tensor_scale, zero_point=zero_point)
 
     @property
     def packed(self) -> bool:
@@ -72,11 +83,10 @@ class Encoded:
     @property
     def nbytes(self) -> int:
         """Bytes of the arrays actually held: data plus scales."""
-        n = int(np.prod(self.data.shape, dtype=np.int64)) * np.dtype(self.data.dtype).itemsize
-        if self.scale is not None:
-            n += (
-                int(np.prod(self.scale.shape, dtype=np.int64)) * np.dtype(self.scale.dtype).itemsize
-            )
+        n = 0
+        for a in (self.data, self.scale, self.tensor_scale, self.zero_point):
+            if a is not None:
+                n += int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize
         return n
 
     def decode(self, dtype: Any = np.float32) -> jax.Array:

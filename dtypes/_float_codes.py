@@ -60,7 +60,8 @@ def to_codes(fmt: FloatFormat, v: jax.Array) -> jax.Array:
     code = jnp.where(mag > 0x7F800000, jnp.uint32(_nan_code(fmt)), code)
     if fmt.finite and not fmt.nan:
         sign = jnp.where(mag > 0x7F800000, jnp.uint32(0), sign)
-    return (code | (sign << (e + m))).astype(jnp.uint8)
+    # layouts of 9 to 16 bits (packed densely) have uint16 codes
+    return (code | (sign << (e + m))).astype(jnp.uint8 if fmt.bits <= 8 else jnp.uint16)
 
 
 def from_codes(fmt: FloatFormat, codes: jax.Array) -> jax.Array:
@@ -112,4 +113,9 @@ def nearest_codes(fmt: FloatFormat, x: jax.Array) -> jax.Array | None:
         upper_even = (k + 1) % 2 == 0
         above = (mag >= mid) if upper_even else (mag > mid)
         count = count + above.astype(jnp.uint32)
-    return (count | ((u >> 31) << (e + m))).astype(jnp.uint8)
+    # NaN (only reachable under tracing: encode refuses it eagerly) takes
+    # code 0, as in `to_codes`, instead of counting past every midpoint to ±max.
+    nan = mag > jnp.uint32(0x7F800000)
+    count = jnp.where(nan, jnp.uint32(0), count)
+    sign = jnp.where(nan, jnp.uint32(0), u >> 31)
+    return (count | (sign << (e + m))).astype(jnp.uint8)

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _codec
 from ._encoded import Encoded
+from ._errors import FormatError, PrecisionTypeError
 from ._rounding import Grid
 from ._scaling import Scaling
 
@@ -47,8 +48,8 @@ class Format:
 
     @property
     def packed(self) -> bool:
-        """Whether several codes share one byte of the container."""
-        return self.code_bits < 8
+        """Whether codes are packed densely into bytes (fields narrower than the container's)."""
+        return self.code_bits != self.container.itemsize * 8
 
     @property
     def is_full_precision(self) -> bool:
@@ -56,8 +57,12 @@ class Format:
         return False
 
     def default_scaling(self) -> Scaling | None:
-        """The scaling used when `encode` is called with `scaling=None`."""
-        return None
+        """The scaling used when `encode` is called with `scaling=None`.
+
+        A named composition (`mxfp4`, `nvfp4`, …) is a format carrying its
+        scaling in the `scaling` field; that scaling is the default.
+        """
+        return getattr(self, "scaling", None)
 
     # -- operations ------------------------------------------------------
     def encode(
@@ -81,9 +86,11 @@ class Format:
             An `Encoded` pytree holding exactly the bytes the format needs.
 
         Raises:
-            ValueError: bad rounding mode, missing key, or non-finite values
-                given eagerly to a scaled encoding.
-            TypeError: complex, string or object input.
+            RoundingError: bad rounding mode or missing key (a `ValueError`).
+            NonFiniteError: NaN/inf given eagerly to a scaled encoding, or NaN
+                to a format without a NaN code (a `ValueError`).
+            ScalingError: a scaling that does not fit `x` (a `ValueError`).
+            PrecisionTypeError: complex, string or object input (a `TypeError`).
         """
         return _codec.encode(self, x, scaling, rounding, key)
 
@@ -108,17 +115,63 @@ class Format:
         rounding: str = "nearest_even",
         key: jax.Array | None = None,
     ) -> jax.Array:
-        """Snap `x` onto this format's grid, keeping `x`'s dtype.
+        """Snap `x` onto this format's grid (quantize-dequantize).
 
-        Equals `decode(encode(x))` (quantize-dequantize). The gradient is
+        Equals `decode(encode(x))`. The result has `x`'s dtype whenever that
+        dtype holds every value the rounding can produce, so it is exact; an
+        input dtype that cannot (bfloat16 or float16 input to a format whose
+        grid it does not contain, any narrow input to a scaled or integer
+        encoding, float32 input to a saturating float64 format) is computed
+        and returned in float32 (float64 for float64 formats) instead of being
+        rounded a second time. See `result_dtype`. The gradient is
         straight-through: 1 where the value is representable, 0 where it was
         clipped to the format's range.
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> import dtypes
+            >>> x = jnp.array([65536.0], jnp.bfloat16)
+            >>> r = dtypes.float16.round(x, rounding="toward_zero")
+            >>> r.dtype, r.tolist()
+            (dtype('float32'), [65504.0])
+            >>> dtypes.bfloat16.round(x).dtype
+            dtype(bfloat16)
         """
         return _codec.fake_quantize(self, x, scaling, rounding, key)
 
+    def result_dtype(self, dtype: Any, scaling: Scaling | None = None) -> np.dtype:
+        """The dtype `round` returns for input of `dtype` (and `scaling`).
+
+        `dtype` itself when it holds every value the rounding can produce;
+        otherwise float32, or float64 for float64 input and float64 formats.
+
+        Examples:
+            >>> import ml_dtypes, numpy as np
+            >>> import dtypes
+            >>> dtypes.float8_e4m3fn.result_dtype(ml_dtypes.bfloat16)
+            dtype(bfloat16)
+            >>> dtypes.float16.result_dtype(ml_dtypes.bfloat16)
+            dtype('float32')
+            >>> dtypes.int8.result_dtype(np.float16)
+            dtype('float32')
+        """
+        return _codec.result_dtype(self, np.dtype(dtype), scaling)
+
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
-        """Exact bytes an encoding of `shape` holds, scales included."""
-        return _codec.nbytes(self, tuple(shape), scaling)
+        """Exact bytes an encoding of `shape` holds, scales included.
+
+        Computed with Python integers, so any shape gives the exact count.
+
+        Raises:
+            ShapeError: `shape` holds something other than non-negative ints
+                (a `ValueError`).
+
+        Examples:
+            >>> import dtypes
+            >>> dtypes.int8.nbytes((2**32, 2**32)) == 2**64 + 4
+            True
+        """
+        return _codec.nbytes(self, shape, scaling)
 
 
 # Layouts that ml_dtypes/numpy implement natively, keyed by
@@ -167,6 +220,7 @@ class FloatFormat(Format):
     finite: bool = dataclasses.field(default=False, kw_only=True)
     nan: bool | None = dataclasses.field(default=None, kw_only=True)
     saturate: bool = dataclasses.field(default=False, kw_only=True)
+    scaling: Scaling | None = dataclasses.field(default=None, kw_only=True)
     name: str = dataclasses.field(default="", kw_only=True, compare=False)
 
     kind: ClassVar[str] = "float"
@@ -174,9 +228,11 @@ class FloatFormat(Format):
     def __post_init__(self):
         e, m = self.exponent_bits, self.mantissa_bits
         if not all(isinstance(b, int) and not isinstance(b, bool) for b in (e, m)):
-            raise TypeError(f"FloatFormat needs int bit counts, got ({e!r}, {m!r})")
+            raise PrecisionTypeError(
+                f"FloatFormat needs int bit counts, got ({e!r}, {m!r}); pass e.g. FloatFormat(4, 3)"
+            )
         if (e, m) != (11, 52) and not (1 <= e <= 8 and 0 <= m <= 23):
-            raise ValueError(
+            raise FormatError(
                 f"FloatFormat({e}, {m}) is not supported: exponent_bits must be in 1..8 and "
                 "mantissa_bits in 0..23 (the layouts a float32 can hold exactly), or (11, 52)"
             )
@@ -184,25 +240,28 @@ class FloatFormat(Format):
         if nan is None:
             nan = (not self.finite) or (1 + e + m >= 8)
         if not self.finite and not nan:
-            raise ValueError("an IEEE-style (finite=False) format always has NaN")
+            raise FormatError(
+                f"FloatFormat({e}, {m}, nan=False): an IEEE-style (finite=False) format always "
+                "has NaN; pass finite=True for a format without NaN"
+            )
         object.__setattr__(self, "nan", bool(nan))
         if self.finite and e == 8:
-            raise ValueError(
+            raise FormatError(
                 f"FloatFormat(8, {m}, finite=True) would reach 2**128, past float32's range, "
                 "which every format must fit in; use finite=False (IEEE style) for 8 exponent bits"
             )
         if not self.finite and e == 1:
-            raise ValueError(
+            raise FormatError(
                 f"FloatFormat(1, {m}) with infinities has no normal numbers (its only "
                 "exponent binade above the subnormals holds inf/NaN); pass finite=True"
             )
         if not self.finite and m == 0:
-            raise ValueError(
+            raise FormatError(
                 f"FloatFormat({e}, 0) cannot hold NaN (its top binade is only ±inf); "
                 "give it a mantissa bit or pass finite=True"
             )
         if self.finite and self.nan and m == 0:
-            raise ValueError(
+            raise FormatError(
                 f"FloatFormat({e}, 0, finite=True) would spend its whole top binade on NaN; "
                 "pass nan=False or give it mantissa bits"
             )
@@ -210,13 +269,24 @@ class FloatFormat(Format):
             object.__setattr__(self, "name", self._default_name())
 
     def _default_name(self) -> str:
+        """A name that no other layout has, and that `dtypes.get` reads back.
+
+        `fn` marks a finite layout with the usual NaN choice (one NaN code from
+        8 bits up, as float8_e4m3fn; none below, as float6_e3m2fn/float4_e2m1fn);
+        the other choice is spelled out (`fn_nonan`, `fn_nan`), so
+        FloatFormat(4, 3, finite=True, nan=False), whose max is 480, is not
+        called float8_e4m3fn (max 448).
+        """
         native = _NATIVE.get(self._layout())
-        base = (
-            native[0]
-            if native
-            else f"float{self.bits}_e{self.exponent_bits}m{self.mantissa_bits}"
-            + ("fn" if self.finite else "")
-        )
+        if native:
+            base = native[0]
+        else:
+            base = f"float{self.bits}_e{self.exponent_bits}m{self.mantissa_bits}"
+            if self.finite:
+                usual_nan = self.bits >= 8
+                base += (
+                    "fn" if bool(self.nan) == usual_nan else ("fn_nan" if self.nan else "fn_nonan")
+                )
         return base + ("_sat" if self.saturate else "")
 
     def _layout(self) -> tuple[int, int, bool, bool]:
@@ -277,15 +347,15 @@ class FloatFormat(Format):
 
     @property
     def container(self) -> np.dtype:
-        """The native type if one exists; else uint8 codes (≤ 8 bits) or float32."""
+        """The native type if one exists; else packed uint8 codes (≤ 16 bits) or float32."""
         if self.native_dtype is not None:
             return self.native_dtype
-        return np.dtype(np.uint8) if self.bits <= 8 else np.dtype(np.float32)
+        return np.dtype(np.uint8) if self.bits <= 16 else np.dtype(np.float32)
 
     @property
     def code_bits(self) -> int:
-        if self.native_dtype is None and self.bits <= 4:
-            return 2 if self.bits == 2 else 4  # 3-bit layouts take a 4-bit field
+        if self.native_dtype is None and self.bits <= 16:
+            return self.bits  # packed densely: fp6 takes 4 values in 3 bytes
         return self.container.itemsize * 8
 
     @property
@@ -303,8 +373,12 @@ class FloatFormat(Format):
         args = [str(self.exponent_bits), str(self.mantissa_bits)]
         if self.finite:
             args.append("finite=True")
+            if bool(self.nan) != (self.bits >= 8):
+                args.append(f"nan={self.nan}")
         if self.saturate:
             args.append("saturate=True")
+        if self.scaling is not None:
+            args.append(f"scaling={self.scaling!r}")
         return f"FloatFormat({', '.join(args)}, name={self.name!r})"
 
 
@@ -325,6 +399,7 @@ class IntFormat(Format):
     """
 
     bits: int
+    scaling: Scaling | None = dataclasses.field(default=None, kw_only=True)
     name: str = dataclasses.field(default="", kw_only=True, compare=False)
 
     kind: ClassVar[str] = "int"
@@ -335,8 +410,9 @@ class IntFormat(Format):
             or isinstance(self.bits, bool)
             or self.bits not in (1, 2, 4, 8)
         ):
-            raise ValueError(
-                f"IntFormat({self.bits!r}) is not supported: bits must be 8, 4, 2 or 1"
+            raise FormatError(
+                f"IntFormat({self.bits!r}) is not supported: bits must be 8, 4, 2 or 1; "
+                "pass e.g. IntFormat(8)"
             )
         if not self.name:
             object.__setattr__(self, "name", f"int{self.bits}")
@@ -365,9 +441,12 @@ class IntFormat(Format):
         return self.bits
 
     def default_scaling(self) -> Scaling:
+        if self.scaling is not None:
+            return self.scaling
         from ._scaling import PerTensor
 
         return PerTensor()
 
     def __repr__(self) -> str:
-        return f"IntFormat({self.bits}, name={self.name!r})"
+        scaling = f", scaling={self.scaling!r}" if self.scaling is not None else ""
+        return f"IntFormat({self.bits}{scaling}, name={self.name!r})"

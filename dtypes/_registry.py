@@ -6,6 +6,9 @@ test parameters, so a new format is one new row.
 
 from __future__ import annotations
 
+import re
+
+from ._errors import FormatError, PrecisionTypeError
 from ._formats import FloatFormat, Format, IntFormat
 
 __all__ = [
@@ -92,22 +95,30 @@ ALIASES: dict[str, str] = {
 def get(name: str | Format) -> Format:
     """The format called `name` (canonical name or alias, any case).
 
-    A `Format` is returned as it is, so APIs can accept either.
+    A `Format` is returned as it is, so APIs can accept either. Every
+    format's own `.name` resolves to an equal format: the layout names
+    `float{bits}_e{e}m{m}` with the suffixes `fn` / `fn_nan` / `fn_nonan`
+    and `_sat` (see `FloatFormat`), and `_sat` after any float format's name.
 
     Raises:
-        ValueError: `name` is not a known format; the message lists them.
-        TypeError: `name` is neither a string nor a Format.
+        FormatError: `name` is not a known format; the message lists them
+            (a `ValueError`).
+        PrecisionTypeError: `name` is neither a string nor a Format (a `TypeError`).
 
     Examples:
         >>> get("bf16") is bfloat16
         True
         >>> get("e4m3").max
         448.0
+        >>> get("float8_e4m3") == FloatFormat(4, 3), get("float6_e3m2fn").max
+        (True, 28.0)
+        >>> get("bfloat16_sat") == FloatFormat(8, 7, saturate=True)
+        True
     """
     if isinstance(name, Format):
         return name
     if not isinstance(name, str):
-        raise TypeError(
+        raise PrecisionTypeError(
             f"a format is a name like 'bfloat16' or a dtypes.Format, got {type(name).__name__} "
             f"{name!r}"
         )
@@ -116,9 +127,51 @@ def get(name: str | Format) -> Format:
     try:
         return FORMATS[key]
     except KeyError:
-        known = ", ".join(FORMATS)
-        aliases = ", ".join(ALIASES)
-        raise ValueError(
-            f"unknown format {name!r}; known formats: {known} (aliases: {aliases}), or build "
-            "one with dtypes.FloatFormat(exponent_bits, mantissa_bits)"
-        ) from None
+        pass
+    from ._named import ENCODING_ALIASES, ENCODINGS
+
+    encoding = ENCODINGS.get(ENCODING_ALIASES.get(key, key))
+    if encoding is not None:
+        return encoding
+    fmt = _from_layout_name(key)
+    if fmt is not None:
+        return fmt
+    known = ", ".join([*FORMATS, *ENCODINGS])
+    aliases = ", ".join(ALIASES)
+    raise FormatError(
+        f"unknown format {name!r}; known formats: {known} (aliases: {aliases}), or build "
+        "one with dtypes.FloatFormat(exponent_bits, mantissa_bits)"
+    )
+
+
+_LAYOUT_NAME = re.compile(r"float(\d+)_e(\d+)m(\d+)(fn|fn_nan|fn_nonan)?")
+
+
+def _from_layout_name(key: str) -> Format | None:
+    """The float format a derived name such as `float6_e3m2fn_sat` describes, or None."""
+    if key.endswith("_sat"):
+        base = FORMATS.get(ALIASES.get(key[:-4], key[:-4])) or _from_layout_name(key[:-4])
+        if isinstance(base, FloatFormat) and not base.saturate:
+            return FloatFormat(
+                base.exponent_bits,
+                base.mantissa_bits,
+                finite=base.finite,
+                nan=base.nan,
+                saturate=True,
+            )
+        return None
+    match = _LAYOUT_NAME.fullmatch(key)
+    if match is None:
+        return None
+    bits, e, m = (int(g) for g in match.groups()[:3])
+    suffix = match.group(4)
+    if bits != 1 + e + m:
+        return None
+    finite = suffix is not None
+    nan = None if suffix in (None, "fn") else suffix == "fn_nan"
+    try:
+        fmt = FloatFormat(e, m, finite=finite, nan=nan)
+    except ValueError:
+        return None
+    # only a name the layout would be given itself (no second spelling of one layout)
+    return fmt if fmt.name == key else None

@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ._errors import RoundingError
+
 __all__ = ["ROUNDING_MODES", "check_rounding", "random_bits", "round_float", "round_integer"]
 
 ROUNDING_MODES: tuple[str, ...] = (
@@ -39,13 +41,13 @@ ROUNDING_MODES: tuple[str, ...] = (
 
 
 def check_rounding(rounding: str, key) -> None:
-    """Validate a rounding mode name and its key; raise a precise error."""
-    if rounding not in ROUNDING_MODES:
-        raise ValueError(
+    """Validate a rounding mode name and its key; raise `RoundingError` (a `ValueError`)."""
+    if not isinstance(rounding, str) or rounding not in ROUNDING_MODES:
+        raise RoundingError(
             f"unknown rounding mode {rounding!r}; expected one of {', '.join(ROUNDING_MODES)}"
         )
     if rounding == "stochastic" and key is None:
-        raise ValueError(
+        raise RoundingError(
             "rounding='stochastic' needs a random key: pass key=jax.random.key(0) "
             "(split it between calls so each rounding draws fresh bits)"
         )
@@ -87,18 +89,27 @@ def _mix32(h):
     return h ^ (h >> 16)
 
 
-def random_bits(key, shape: tuple[int, ...]) -> jax.Array:
+def random_bits(key, shape: tuple[int, ...], word: int = 0) -> jax.Array:
     """Uniform uint32 bits for `shape` from a counter-based hash of the element index.
 
     `jax.random.bits` for a whole tensor costs 12-34x a rounding pass on CPU;
     hashing the element index with two key-derived words fuses into the
     rounding kernel and costs about one extra pass. Only the two seed words
-    come from `jax.random`, so any key implementation works.
+    come from `jax.random`, so any key implementation works. `word=1` gives a
+    second, independent word per element (from two more seed words).
+
+    The bits depend only on the key and the element's index: one key applied
+    to two arrays of the same shape gives the same bits, hence identical
+    rounding decisions wherever the two arrays' remainders agree. Split the
+    key (or `fold_in` a leaf index) for every array that must round
+    independently.
     """
-    seeds = jax.random.bits(key, (2,), jnp.uint32)
-    index = lax.iota(jnp.uint32, int(np.prod(shape, dtype=np.int64))).reshape(shape)
-    h = _mix32(index * jnp.uint32(0x9E3779B9) + seeds[0])
-    return _mix32(h ^ seeds[1])
+    # Four seed words drawn from the key itself (not from fold_in(key, 1), which
+    # JAX makes equal to split(key)[1], a key the caller may use elsewhere).
+    seeds = jax.random.bits(key, (4,), jnp.uint32)
+    index = lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
+    h = _mix32(index * jnp.uint32(0x9E3779B9) + seeds[2 * word])
+    return _mix32(h ^ seeds[2 * word + 1])
 
 
 def _float_bits(value: float, src: _Source) -> int:
@@ -117,7 +128,13 @@ def round_float(x: jax.Array, grid: Grid, rounding: str, key=None) -> jax.Array:
     U = src.uint
     Ms, W = src.mantissa_bits, src.width
     if grid.mantissa_bits == Ms and grid.emin <= 1 - src.bias and grid.max >= np.finfo(dtype).max:
-        return x  # the grid is the input's own: nothing to round
+        # The grid is the input's own: nothing to round. Saturation still
+        # applies to ±inf (FloatFormat(8, 23, saturate=True) clamps them like
+        # every other saturating format does).
+        if not grid.saturate:
+            return x
+        top = jnp.asarray(np.finfo(dtype).max, dtype)
+        return jnp.where(jnp.isinf(x), jnp.where(x > 0, top, -top), x)
 
     u = lax.bitcast_convert_type(x, U)
     sign_mask = U(1 << (W - 1))
@@ -144,10 +161,8 @@ def round_float(x: jax.Array, grid: Grid, rounding: str, key=None) -> jax.Array:
     zero = jnp.zeros_like(mag)
     if rounding == "stochastic":
         bits = random_bits(key, x.shape).astype(U)
-        if W == 64:
-            bits = (bits << U(32)) | _mix32(
-                bits.astype(jnp.uint32) ^ jnp.uint32(0x5BD1E995)
-            ).astype(U)
+        if W == 64:  # two independent words: 64 random bits, not 32 stretched
+            bits = (bits << U(32)) | random_bits(key, x.shape, word=1).astype(U)
     if rounding == "nearest_even":
         add = jnp.where(dc > 0, half - U(1) + lsb, zero)
     elif rounding == "nearest_away":
@@ -162,7 +177,7 @@ def round_float(x: jax.Array, grid: Grid, rounding: str, key=None) -> jax.Array:
         # Adding dc uniform bits carries past the ulp with probability rem / 2**dc.
         add = jnp.where(dc > 0, bits >> (U(W) - jnp.maximum(dc, U(1))), zero)
     else:
-        raise ValueError(f"unknown rounding mode {rounding!r}")
+        raise RoundingError(f"unknown rounding mode {rounding!r}")
     out = (mag + add) & ~low
 
     # Below the target's smallest subnormal S (d > Ms) the neighbours are 0
@@ -253,7 +268,41 @@ def round_integer(y: jax.Array, rounding: str, key=None) -> jax.Array:
         # |y - t| is exact, unlike |y| + 0.5, which can round up across a tie.
         return t + jnp.where(jnp.abs(y - t) >= 0.5, jnp.sign(y), 0.0).astype(y.dtype)
     if rounding == "stochastic":
-        f = jnp.floor(y)
-        u = (random_bits(key, y.shape) >> 8).astype(jnp.float32) * np.float32(2.0**-24)
-        return f + (u < (y - f)).astype(y.dtype)
-    raise ValueError(f"unknown rounding mode {rounding!r}")
+        # Round the magnitude: |y| - floor(|y|) is exact in float32, whereas
+        # y - floor(y) of a small negative y (1 - 2**-30) is not. The
+        # magnitude goes up with probability equal to that fraction, resolved
+        # exactly by 64 random bits (see `_below`).
+        a = jnp.abs(y)
+        f = jnp.floor(a)
+        r = f + _below(a - f, key).astype(y.dtype)
+        return jnp.where(y < 0, -r, r)
+    raise RoundingError(f"unknown rounding mode {rounding!r}")
+
+
+def _below(frac: jax.Array, key) -> jax.Array:
+    """True with probability `frac` (float32 in [0, 1)), per element.
+
+    Compares 64 independent random bits, read as a fraction of 2**64, with
+    `frac * 2**64`, which is an integer for every `frac >= 2**-41` (a float32
+    has 24 significant bits): the probability is then exactly `frac`. Below
+    2**-41 it is `floor(frac * 2**64) / 2**64`, short of `frac` by less than
+    2**-64. (With 24 random bits, as a float32 uniform draw has, an element
+    2**-30 above a code rounded up 2**6 times too often.)
+    """
+    u = lax.bitcast_convert_type(frac.astype(jnp.float32), jnp.uint32)
+    biased = (u >> 23).astype(jnp.int32)
+    sig = (u & jnp.uint32(0x7FFFFF)) | jnp.where(biased > 0, jnp.uint32(1 << 23), jnp.uint32(0))
+    # frac = sig * 2**(max(biased, 1) - 150), so frac * 2**64 = sig * 2**s:
+    s = jnp.maximum(biased, 1) - 86
+    left = jnp.clip(s, 0, 31).astype(jnp.uint32)
+    right = jnp.clip(-s, 0, 31).astype(jnp.uint32)
+    # (hi, lo) = the 64-bit integer sig * 2**s, floored when s < 0 (s <= 40 as frac < 1)
+    hi = jnp.where(
+        s >= 32,
+        sig << jnp.clip(s - 32, 0, 31).astype(jnp.uint32),
+        jnp.where(s > 0, sig >> jnp.clip(32 - s, 1, 31).astype(jnp.uint32), jnp.uint32(0)),
+    )
+    lo = jnp.where(s >= 32, jnp.uint32(0), jnp.where(s >= 0, sig << left, sig >> right))
+    rh = random_bits(key, frac.shape)
+    rl = random_bits(key, frac.shape, word=1)
+    return (rh < hi) | ((rh == hi) & (rl < lo))

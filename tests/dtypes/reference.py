@@ -399,7 +399,9 @@ def float_scaled(
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
     """Pack integer codes along the last axis, little end first, in pure Python.
 
-    int4/int2 fields hold two's complement codes; int1 holds 1 for +1, 0 for -1.
+    Any width: code i fills bits i*bits onward of one little-endian bit stream
+    (bit k of the stream is bit k % 8 of byte k // 8). int4/int2 fields hold
+    two's complement codes; int1 holds 1 for +1, 0 for -1.
     The last axis is padded with zero fields to whole bytes.
 
     Examples:
@@ -407,7 +409,6 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
         [241, 7]
     """
     codes = np.asarray(codes)
-    per = 8 // bits
     n = codes.shape[-1]
     nbytes = -(-n * bits // 8)
     flat = codes.reshape(-1, n)
@@ -416,19 +417,23 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
         for i in range(n):
             c = int(flat[r, i])
             field = (1 if c > 0 else 0) if bits == 1 else c & ((1 << bits) - 1)
-            out[r, i // per] |= field << (bits * (i % per))
+            for k in range(bits):  # code i fills stream bits i*bits .. i*bits + bits - 1
+                pos = i * bits + k
+                out[r, pos // 8] |= ((field >> k) & 1) << (pos % 8)
     return out.reshape((*codes.shape[:-1], nbytes))
 
 
 def unpack(data: np.ndarray, bits: int, n: int) -> np.ndarray:
     """Inverse of `pack`: `n` codes per row, sign-extended (int1: ±1)."""
     data = np.asarray(data, np.uint8)
-    per = 8 // bits
     flat = data.reshape(-1, data.shape[-1])
     out = np.zeros((flat.shape[0], n), np.int64)
     for r in range(flat.shape[0]):
         for i in range(n):
-            field = (int(flat[r, i // per]) >> (bits * (i % per))) & ((1 << bits) - 1)
+            field = 0
+            for k in range(bits):
+                pos = i * bits + k
+                field |= ((int(flat[r, pos // 8]) >> (pos % 8)) & 1) << k
             if bits == 1:
                 out[r, i] = 1 if field else -1
             else:
