@@ -1,0 +1,238 @@
+"""The table of wrong calls: every public function refuses bad input the same way.
+
+One row per wrong call: the call (given a fresh temporary directory), the
+exception class it must raise, and text the message must contain: the value
+received and the fix. Every row also checks what holds for all of them: the
+exception is a `precision.PrecisionError` and the builtin users already
+catch (`ValueError` or `TypeError`), so `except ValueError:` keeps working.
+
+Add a row here for every new argument check; the command line has its own
+table in tests/precision/test_cli.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dtypes
+import precision
+from precision import CheckpointError, DynamicLossScale, StaticLossScale, select_tree
+from precision._errors import LossScaleError, LossScaleTypeError, SaveError, SaveTypeError
+from precision.testing._plugin import MarkerError, selected_formats
+
+NAN = float("nan")
+INF = float("inf")
+
+
+def _not_a_checkpoint(tmp: Path) -> Any:
+    path = tmp / "notes.txt"
+    path.write_bytes(b"hello, this is text and not a checkpoint")
+    return precision.load(path)
+
+
+def _save(tree: Any, **kwargs: Any) -> Callable[[Path], Any]:
+    return lambda tmp: precision.save(tmp / "x.safetensors", tree, **kwargs)
+
+
+def _overwrite_flag(tmp: Path) -> Any:
+    precision.save(tmp / "x.safetensors", {"a": np.ones(2)})
+    return precision.save(tmp / "x.safetensors", {"a": np.ones(2)}, overwrite="no")
+
+
+# (call, exception class, substrings the message must contain)
+WRONG_CALLS = [
+    # -- formats, scalings and rounding (dtypes) --------------------------------------
+    pytest.param(
+        lambda tmp: dtypes.get("bfloat17"),
+        precision.FormatError,
+        ["'bfloat17'", "known formats", "bfloat16"],
+        id="get-unknown-name",
+    ),
+    pytest.param(
+        lambda tmp: dtypes.get(3), TypeError, ["int 3", "'bfloat16'"], id="get-not-a-name"
+    ),
+    pytest.param(
+        lambda tmp: dtypes.PerAxis(1.5), ValueError, ["float 1.5", "PerAxis(0)"], id="peraxis-float"
+    ),
+    pytest.param(
+        lambda tmp: dtypes.PerBlock(True),
+        ValueError,
+        ["bool True", "PerBlock(32)"],
+        id="block-bool",
+    ),
+    pytest.param(
+        lambda tmp: dtypes.PerTensor(power_of_two="no"),
+        ValueError,
+        ["str 'no'", "power_of_two=True"],
+        id="power-of-two-str",
+    ),
+    pytest.param(
+        lambda tmp: precision.Tensor([1.0]).to_reduced_precision("int8", rounding="nearest"),
+        ValueError,
+        ["'nearest'", "nearest_even"],
+        id="unknown-rounding",
+    ),
+    pytest.param(
+        lambda tmp: precision.Tensor([NAN]).to_reduced_precision("int8"),
+        ValueError,
+        ["nan", "nan_to_num"],
+        id="nan-into-int8",
+    ),
+    pytest.param(
+        lambda tmp: dtypes.int4.nbytes((-2, 5)),
+        ValueError,
+        ["(-2, 5)", "(1024, 1024)"],
+        id="nbytes-negative-dim",
+    ),
+    # -- trees and policies -------------------------------------------------------------
+    pytest.param(
+        lambda tmp: precision.to_reduced_precision({"a": np.ones(2)}, "bf17"),
+        precision.FormatError,
+        ["'bf17'", "known formats"],
+        id="tree-unknown-format",
+    ),
+    pytest.param(
+        lambda tmp: precision.default_format("bf17").__enter__(),
+        precision.FormatError,
+        ["'bf17'", "known formats"],
+        id="default-format-unknown",
+    ),
+    # -- loss scaling -------------------------------------------------------------------
+    pytest.param(
+        lambda tmp: StaticLossScale(NAN),
+        LossScaleError,
+        ["nan", "2.0**15"],
+        id="static-scale-nan",
+    ),
+    pytest.param(
+        lambda tmp: DynamicLossScale(2.0, factor=INF),
+        LossScaleError,
+        ["inf", "factor=2"],
+        id="dynamic-factor-inf",
+    ),
+    pytest.param(
+        lambda tmp: DynamicLossScale(2.0, min_loss_scale=INF),
+        LossScaleError,
+        ["inf", "min_loss_scale=1.0"],
+        id="dynamic-min-inf",
+    ),
+    pytest.param(
+        lambda tmp: DynamicLossScale(2.0, counter=-1),
+        LossScaleError,
+        ["-1", "counter=0"],
+        id="dynamic-counter-negative",
+    ),
+    pytest.param(
+        lambda tmp: DynamicLossScale(2.0, period=0),
+        LossScaleError,
+        ["int 0", "period=2000"],
+        id="dynamic-period-zero",
+    ),
+    pytest.param(
+        lambda tmp: DynamicLossScale(2.0).adjust(NAN),
+        LossScaleTypeError,
+        ["nan", "all_finite(grads)"],
+        id="adjust-float-flag",
+    ),
+    pytest.param(
+        lambda tmp: DynamicLossScale(2.0).adjust(jnp.array([True, False])),
+        LossScaleError,
+        ["(2,)", "all_finite(grads)"],
+        id="adjust-vector-flag",
+    ),
+    pytest.param(
+        lambda tmp: select_tree(NAN, {"w": jnp.ones(2)}, {"w": jnp.zeros(2)}),
+        LossScaleTypeError,
+        ["nan", "all_finite(grads)"],
+        id="select-tree-float-pred",
+    ),
+    pytest.param(
+        lambda tmp: select_tree(True, {"a": jnp.ones(1)}, {"b": jnp.ones(1)}),
+        LossScaleError,
+        ["'a'", "'b'", "same tree"],
+        id="select-tree-structures",
+    ),
+    pytest.param(
+        lambda tmp: select_tree(
+            True, {"a": jnp.ones(1, jnp.float16)}, {"a": jnp.ones(1, jnp.float32)}
+        ),
+        LossScaleTypeError,
+        ["['a']", "float16", "float32", ".astype("],
+        id="select-tree-dtypes",
+    ),
+    pytest.param(
+        lambda tmp: StaticLossScale(2.0).scale(
+            {"t": precision.Tensor([1.0]).to_reduced_precision("bf16")}
+        ),
+        LossScaleTypeError,
+        ["Tensor", "to_full_precision()"],
+        id="scale-a-tensor-leaf",
+    ),
+    # -- checkpoints --------------------------------------------------------------------
+    pytest.param(
+        _not_a_checkpoint, CheckpointError, ["notes.txt", "not a safetensors"], id="load-text"
+    ),
+    pytest.param(
+        _overwrite_flag, SaveTypeError, ["str 'no'", "overwrite=True"], id="save-overwrite-str"
+    ),
+    pytest.param(
+        _save({"a": "text"}), SaveTypeError, ["'a'", "str", "arrays of dtypes"], id="save-str-leaf"
+    ),
+    pytest.param(
+        _save({1.5: np.ones(1)}), SaveTypeError, ["1.5", "strings or integers"], id="save-float-key"
+    ),
+    pytest.param(
+        _save({"n" * 5000: np.ones(1)}),
+        SaveError,
+        ["5000 characters", "4096"],
+        id="save-long-name",
+    ),
+    pytest.param(
+        _save({"a": {"b": np.ones(1)}, "a.b": np.ones(1)}),
+        SaveError,
+        ["'a.b'", "rename one of the keys"],
+        id="save-name-clash",
+    ),
+    pytest.param(
+        _save(
+            {"w": precision.Tensor.from_encoded(dtypes.FloatFormat(5, 2, name="int8").encode(1.0))}
+        ),
+        SaveError,
+        ["'int8'", "name='int8_custom'"],
+        id="save-custom-format-named-int8",
+    ),
+    # -- the pytest plugin --------------------------------------------------------------
+    pytest.param(
+        lambda tmp: selected_formats(kinds="complex"),
+        MarkerError,
+        ["'complex'", "'float' or 'int'"],
+        id="formats-marker-kind",
+    ),
+    pytest.param(
+        lambda tmp: selected_formats(kinds="int", min_bits=16),
+        MarkerError,
+        ["min_bits=16", "selects no format"],
+        id="formats-marker-empty",
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "says"), WRONG_CALLS)
+def test_a_wrong_call_raises_a_precision_error_naming_value_and_fix(tmp_path, call, error, says):
+    with pytest.raises(error) as info:
+        call(tmp_path)
+    exc = info.value
+    assert isinstance(exc, precision.PrecisionError), type(exc).__mro__
+    assert isinstance(exc, ValueError | TypeError), type(exc).__mro__
+    message = str(exc)
+    missing = [s for s in says if s not in message]
+    assert not missing, f"{type(exc).__name__}: {message!r} does not say {missing}"
+    # nothing was left behind by a refused save
+    assert all(not name.startswith(".") for name in os.listdir(tmp_path)), os.listdir(tmp_path)
