@@ -171,6 +171,7 @@ def test_nav_pages_exist():
         "Models",
         "Testing",
         "Command line",
+        "Reliability",
         "Benchmarks",
         "API reference",
     ]
