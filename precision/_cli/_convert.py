@@ -14,6 +14,10 @@ usually only one block of it (`_Engine`):
   appended as an extra value, which gives every value the scale of the
   whole tensor, so the codes are those of the whole-tensor encode;
 * **rows** — per-axis scaling along the first axis: blocks of whole rows;
+* **columns** — per-axis scaling along another axis: one pass for every
+  group's absmax, then row blocks encoded with one more row holding them;
+* **cast** — unscaled nearest-even conversion into a format with an
+  ml_dtypes type: a numpy cast in blocks, nothing compiled;
 * **whole** — everything else (stochastic rounding, int1's mean scales,
   per-axis along other axes, inputs stored in a precision format): the
   tensor is encoded at once, its statistics taken in row slices.
@@ -297,6 +301,8 @@ def _mode(plan: _Plan, rounding: str) -> str:
         return "whole"
     if isinstance(scaling, dtypes.PerAxis) and scaling.axis % ndim == 0 and ndim >= 2:
         return "rows"
+    if isinstance(scaling, dtypes.PerAxis) and ndim >= 2:
+        return "columns"
     return "whole"
 
 
@@ -347,7 +353,8 @@ def _numpy_energy(x: np.ndarray, y: np.ndarray, stats: _Stats) -> None:
     back = y.astype(np.float32) if y.dtype != np.float32 else y
     with np.errstate(over="ignore", invalid="ignore"):
         d = x - back
-        sig, noi = float(np.dot(x, x)), float(np.dot(d, d))
+        sig = float(np.einsum("i,i->", x, x, dtype=np.float64))
+        noi = float(np.einsum("i,i->", d, d, dtype=np.float64))
     if math.isfinite(sig) and math.isfinite(noi):
         stats.add(1.0, sig, noi)
         return
@@ -384,13 +391,19 @@ class _Engine:
 
         fmt, rounding, stats = self.fmt, self.rounding, self.stats
         appended = absmax is not None
-        key = ("block", x.shape, x.dtype.name, scaling, appended)
+        slab = appended and np.ndim(absmax) > 0
+        key = ("block", x.shape, x.dtype.name, scaling, appended, slab)
 
         def build():
             def f(raw, top):
                 xf = raw.astype(jnp.float32)
                 finite = jnp.all(jnp.isfinite(xf))
-                if appended:
+                if slab:  # one more row: every group's absmax
+                    enc = fmt.encode(jnp.concatenate([xf, top]), scaling=scaling, rounding=rounding)
+                    data, scale = enc.data[: xf.shape[0]], enc.scale
+                    y = enc.decode(jnp.float32)[: xf.shape[0]] if stats else None
+                    flat = xf
+                elif appended:
                     flat = xf.reshape(-1)
                     n = flat.shape[0]
                     enc = fmt.encode(
@@ -411,7 +424,7 @@ class _Engine:
             return f
 
         fn = self._jit(key, build)
-        top = np.float32(0) if absmax is None else np.float32(absmax)
+        top = np.float32(0) if absmax is None else np.asarray(absmax, np.float32)
         data, scale, finite, energy = fn(x, top)
         data = np.asarray(data)  # waits: the input buffer may be reused after this
         return data, (None if scale is None else np.asarray(scale)), bool(finite), energy
@@ -590,7 +603,7 @@ class _Converter:
         total = math.prod(out.shape)
         g = _granule(plan)
         per_block = _block_values(total, g)
-        if plan.mode == "rows":
+        if plan.mode in ("rows", "columns"):
             shape: tuple[int, ...] = (per_block // math.prod(out.shape[1:]), *out.shape[1:])
         elif isinstance(scaling, dtypes.PerBlock):
             size = int(scaling.size)
@@ -606,6 +619,8 @@ class _Converter:
                 if not np.isfinite(m):
                     raise self._not_finite(plan)
                 absmax = max(absmax, m)
+        elif plan.mode == "columns":  # every group's absmax first, as a slab of one row
+            absmax = self._slab(plan, blocks, per_block)
         stats = _Stats()
         done = 0
         for block in blocks.blocks(per_block, pad=True):
@@ -618,12 +633,33 @@ class _Converter:
             # Padding is proportional in every mode: whole rows, whole scale
             # groups, or (packed) a multiple of a byte's worth of values.
             yield data.reshape(-1)[: data.size * n // per_block].view(out.data_dtype)
-            if scale is not None and (absmax is None or not scales):
-                scales.append(scale.reshape(-1)[: max(1, scale.size * n // per_block)])
+            if scale is not None and absmax is None:
+                scales.append(scale.reshape(-1)[: scale.size * n // per_block])
+            elif scale is not None and not scales:  # shared by every block: one copy
+                scales.append(scale.reshape(-1))
             done += n
             self.progress.update(n * plan.leaf.data_dtype.itemsize)
         if engine.stats:
             self.sqnr[plan.leaf.name] = stats.sqnr
+
+    def _slab(self, plan: _Plan, blocks: _Blocks, per_block: int) -> np.ndarray:
+        """One row, shaped like the tensor's rows, holding each per-axis group's absmax."""
+        out = plan.out
+        scaling = out.scaling
+        assert isinstance(scaling, dtypes.PerAxis)
+        ndim = len(out.shape)
+        axis = scaling.axis % ndim
+        others = tuple(i for i in range(ndim) if i != axis)
+        top = np.zeros(out.shape[axis], np.float32)
+        for block in blocks.blocks(per_block):
+            part = np.abs(block.reshape(-1, *out.shape[1:]))
+            m = np.max(part, axis=others) if part.size else top
+            if not np.all(np.isfinite(m)):
+                raise self._not_finite(plan)
+            np.maximum(top, m, out=top)
+        along = [1] * ndim
+        along[axis] = out.shape[axis]
+        return np.ascontiguousarray(np.broadcast_to(top.reshape(along), (1, *out.shape[1:])))
 
     def _whole(self, plan: _Plan, i: int) -> Iterator[tuple[str, Any]]:
         import jax
@@ -661,8 +697,8 @@ def _granule(plan: _Plan) -> int:
     g = 8 if fmt.packed else 1
     if isinstance(out.scaling, dtypes.PerBlock):
         g = math.lcm(g, int(out.scaling.size))
-    if plan.mode == "rows":
-        g = math.lcm(g, math.prod(out.shape[1:]))
+    if plan.mode in ("rows", "columns"):
+        g = math.prod(out.shape[1:])
     return g
 
 
