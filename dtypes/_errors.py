@@ -66,18 +66,3 @@ class NonFiniteError(PrecisionError, ValueError):
     format without a NaN code has nowhere to put NaN. The message says how
     many values and where the first is.
     """
-
-
-# Shown as `dtypes.FormatError` etc. in tracebacks and docs: the public name,
-# not the private module that defines it.
-for _cls in (
-    PrecisionError,
-    FormatError,
-    PrecisionTypeError,
-    RoundingError,
-    ScalingError,
-    ShapeError,
-    NonFiniteError,
-):
-    _cls.__module__ = "dtypes"
-del _cls
