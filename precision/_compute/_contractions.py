@@ -6,9 +6,9 @@ each branch:
 1. Two integer storage operands whose scales factor out of the sum take the
    exact path: int32 accumulation of the codes, then one rescale. Exact and
    the narrow hardware path (an `s8 x s8 -> s32` dot).
-2. Otherwise storage operands are decoded *at the contraction*, after an
-   optimization barrier with the other operand, so XLA cannot hoist every
-   layer's decode to the start of the program (8 unrolled int4 layers would
+2. Otherwise storage operands are decoded *at the contraction*; on CPU inside
+   a conditional on the other operand, so XLA cannot hoist every layer's
+   decode to the start of the program (8 unrolled int4 layers would
    otherwise hold every float32 weight at once).
 3. Compute-format operands (bfloat16, float16, fp8) go to XLA in their
    native container with float32 accumulation where the backend has fast
@@ -71,13 +71,31 @@ def _native_path(op: str, fmt: dtypes.Format) -> np.dtype | None:
 
 
 def _decode_at_use(stored: Stored, other: Any) -> Any:
-    """Decode `stored` after `other` exists, so the decode sits next to its consumer."""
+    """Decode `stored` once `other` exists, so the decode sits next to its consumer.
+
+    XLA schedules an operand's decode wherever it likes, and an unrolled model's
+    decodes do not depend on anything: XLA:CPU computes every layer's float32
+    weights at the start (8 int4 layers of 1024 x 1024: 32 MiB live at once,
+    as plain JAX does), and an optimization barrier is removed before
+    scheduling. A conditional whose predicate is read from `other` cannot be
+    hoisted above it; both branches are the same decode, so the result does
+    not depend on the predicate (it is False only for a NaN, which then stays
+    in its own elements of the product).
+    """
     enc = stored.enc
-    arrays = (enc.data, enc.scale) if enc.scale is not None else (enc.data,)
-    tied = lax.optimization_barrier((*arrays, other))
-    data, scale = tied[0], (tied[1] if enc.scale is not None else None)
     last = enc.shape[-1] if (enc.format.packed and enc.shape) else None
-    return decode_storage(enc.format, data, scale, enc.scaling, last, stored.dtype)
+
+    def decode(data, scale):
+        return decode_storage(enc.format, data, scale, enc.scaling, last, stored.dtype)
+
+    probe = jnp.ravel(other)[:1] if np.size(other) else None
+    if (
+        probe is None
+        or not jnp.issubdtype(probe.dtype, jnp.floating)
+        or jax.default_backend() != "cpu"  # GPU/TPU fuse a decode into its dot instead
+    ):
+        return decode(enc.data, enc.scale)
+    return lax.cond(probe[0] == probe[0], decode, decode, enc.data, enc.scale)
 
 
 def contraction_rule(eqn, vals: list[Val], ctx: Context) -> list[Val]:
@@ -85,6 +103,10 @@ def contraction_rule(eqn, vals: list[Val], ctx: Context) -> list[Val]:
     state = op_state(op, vals, ctx)
     if state is None:
         return [(eqn.primitive.bind(*(v for v, _ in vals), **eqn.params), None)]
+    if ctx.contract is not None and op not in ctx.float32_ops:
+        from ._quantized import quantized_contraction  # (it builds on this module)
+
+        return quantized_contraction(eqn, vals, ctx, state)
     (a, sa), (b, sb) = vals
     stored_a = sa.stored if sa is not None else None
     stored_b = sb.stored if sb is not None else None

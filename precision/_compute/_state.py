@@ -54,11 +54,13 @@ class State(NamedTuple):
 
 
 class Context(NamedTuple):
-    """What a call of `apply` declared: the compute format, the float32 op list, the output."""
+    """What a call of `apply` declared: the compute format, the float32 op list, the output,
+    and the quantization of contractions (a `precision.Contract`, or None)."""
 
     compute: dtypes.Format | None = None
     float32_ops: frozenset[str] = frozenset()
     output: dtypes.Format | None = None
+    contract: Any = None
 
 
 def _describe(state: State) -> str:

@@ -365,3 +365,38 @@ def test_a_storage_result_is_never_re_quantized(name, scaling):
 def test_native_cpu_dots_are_opt_in(monkeypatch, setting, expected):
     monkeypatch.setenv("PRECISION_CPU_BF16_DOTS", setting)
     assert _contractions._cpu_native_formats.__wrapped__() == expected
+
+
+def _temp_bytes(fn, *args) -> int:
+    return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+@pytest.mark.parametrize("layout", ["unrolled", "scan"])
+def test_weight_only_layers_are_decoded_one_at_a_time(layout):
+    # 8 int4 layers of 256 x 256: one decoded layer is 256 KiB, all eight 2 MiB.
+    depth, width = 8, 256
+    gen = np.random.default_rng(5)
+    stack = gen.normal(size=(depth, width, width)).astype(np.float32) / 16
+    x = jnp.ones((4, width))
+    block = dtypes.PerBlock(32)
+    if layout == "scan":
+        weights = Tensor(stack).to_reduced_precision("int4", scaling=block)
+
+        def mlp(w, x):
+            return lax.scan(lambda h, wi: (jnp.tanh(h @ wi), None), x, w)[0]
+    else:
+        weights = [Tensor(w).to_reduced_precision("int4", scaling=block) for w in stack]
+
+        def mlp(ws, x):
+            for w in ws:
+                x = jnp.tanh(x @ w)
+            return x
+
+    layer = width * width * 4
+    assert _temp_bytes(precision.apply(mlp), weights, x) <= 2 * layer + 64 * 1024
+    # and the values are those of plain JAX on the decoded weights
+    decoded = jax.tree_util.tree_map(np.asarray, weights, is_leaf=lambda t: isinstance(t, Tensor))
+    ref = np.asarray(mlp(decoded, x))
+    np.testing.assert_allclose(
+        np.asarray(precision.apply(mlp)(weights, x)), ref, rtol=1e-5, atol=1e-6
+    )
