@@ -74,6 +74,11 @@ MAX_RANK = 32
 MAX_ELEMENTS = 1 << 48
 #: Keys in one leaf's key path.
 MAX_PATH_DEPTH = 256
+#: JSON values one header (or its precision metadata) may hold, bounded before
+#: it is parsed by counting the bytes `,` `[` `{` (each value but the first
+#: of a container follows a comma): parsing builds at most this many objects.
+#: A flat tree saved by `save` needs about 17 per array.
+MAX_JSON_TOKENS = 1 << 23
 
 METADATA_KEY = "precision"
 VERSION_KEY = "precision_version"  # a second marker: one damaged key cannot pass as foreign
@@ -333,6 +338,27 @@ def path_name(path: tuple[tuple[str, Any], ...]) -> str:
     return ".".join(str(key) for _, key in path) if path else "tensor"
 
 
+def _refuse_unstored_layout(name: str, enc: Encoded) -> None:
+    """Refuse the encodings this file layout cannot yet describe (narrow or two-level
+    scales, zero points, code books, named compositions), before anything is written."""
+    fmt, scaling = enc.format, enc.scaling
+    what = None
+    if not isinstance(fmt, FloatFormat | IntFormat):
+        what = f"the {fmt.name} encoding ({type(fmt).__name__})"
+    elif getattr(fmt, "scaling", None) is not None:
+        what = f"the composition {fmt.name} (a format carrying its scaling)"
+    elif scaling is not None and scaling.scale_format != "float32":
+        what = f"{scaling.scale_format} scales"
+    elif enc.tensor_scale is not None or enc.zero_point is not None:
+        what = "a tensor scale or zero points"
+    if what is not None:
+        raise SaveTypeError(
+            f"cannot save {name!r}: checkpoints do not store {what} yet (only FloatFormat and "
+            "IntFormat element formats with float32 scales); keep such tensors out of the "
+            "tree, or re-encode them with float32 scales (e.g. PerBlock(32, power_of_two=True))"
+        )
+
+
 def _describe(path: tuple[tuple[str, Any], ...], leaf: Any) -> tuple[Leaf, list[np.ndarray]]:
     """A leaf's storage description and its arrays (data first)."""
     name = path_name(path)
@@ -354,6 +380,7 @@ def _describe(path: tuple[tuple[str, Any], ...], leaf: Any) -> tuple[Leaf, list[
             f"cannot save Tensor {name!r} of logical dtype {dtype}: a checkpoint holds "
             f"{' and '.join(_LOGICAL)} Tensors; convert it with .astype('float32') first"
         )
+    _refuse_unstored_layout(name, enc)
     scale = None if enc.scale is None else name + SCALE_SUFFIX
     spec = Leaf(name, path, "tensor", dtype, tuple(enc.shape), enc.format, enc.scaling, scale)
     arrays = [np.asarray(enc.data)]
@@ -390,10 +417,25 @@ def flatten(tree: Any) -> list[tuple[Leaf, list[np.ndarray]]]:
     return out
 
 
+def _specials(text: str) -> int:
+    return text.count(",") + text.count("[") + text.count("{")
+
+
+def _json_tokens_bound(spec: Leaf) -> int:
+    """More than the `,` `[` `{` a leaf adds to a header (entries, metadata, CRCs)."""
+    tokens = 40 + 4 * len(spec.path) + 2 * len(spec.shape) + 4 * _specials(spec.name)
+    tokens += sum(_specials(str(key)) for _, key in spec.path)
+    for name, _, shape in spec.arrays():
+        tokens += 8 + len(shape) + 3 * _specials(name)
+    return tokens
+
+
 def check_limits(leaves: list[Leaf]) -> None:
     """Raise `SaveError` when leaves exceed what a checkpoint may hold (`MAX_*`)."""
     count = 0
+    tokens = 0
     for spec in leaves:
+        tokens += _json_tokens_bound(spec)
         if len(spec.path) > MAX_PATH_DEPTH:
             raise SaveError(
                 f"cannot save {spec.name[:200]!r}: its key path has {len(spec.path)} keys, more "
@@ -412,6 +454,12 @@ def check_limits(leaves: list[Leaf]) -> None:
         raise SaveError(
             f"cannot save {count} arrays in one checkpoint (the limit is {MAX_ARRAYS}); save "
             "the tree in several files"
+        )
+    if tokens > MAX_JSON_TOKENS:
+        raise SaveError(
+            f"cannot save this tree in one checkpoint: its header would hold up to {tokens} "
+            f"JSON values (the limit is {MAX_JSON_TOKENS}; deep key paths cost the most); "
+            "save the tree in several files"
         )
 
 

@@ -3,7 +3,7 @@
 A `Reader` parses a safetensors header and checks every field of it (and of
 the `"precision"` metadata, when present) against the file and against the
 limits of `_layout` (`MAX_ARRAYS`, `MAX_NAME_LENGTH`, `MAX_RANK`,
-`MAX_ELEMENTS`, `MAX_PATH_DEPTH`, and `MAX_JSON_TOKENS` here) before a byte
+`MAX_ELEMENTS`, `MAX_PATH_DEPTH`, `MAX_JSON_TOKENS`) before a byte
 of tensor data is allocated; then it reads tensors one at a time, whole or in
 row blocks, each checked against the CRC-32 recorded when it was saved and
 against the invariants every encoder guarantees (`data_violation`,
@@ -33,6 +33,7 @@ from ._layout import (
     _LOGICAL,
     MAX_ARRAYS,
     MAX_ELEMENTS,
+    MAX_JSON_TOKENS,
     MAX_PATH_DEPTH,
     METADATA_KEY,
     SCALE_SUFFIX,
@@ -60,11 +61,6 @@ _DTYPE_FORMATS: dict[str, Format] = {
 }
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
-#: JSON values one header (or its precision metadata) may hold, bounded before
-#: it is parsed by counting the bytes `,` `[` `{` (each value but the first
-#: of a container follows a comma): parsing builds at most this many objects.
-#: A file written by `save` needs about 40 per array.
-MAX_JSON_TOKENS = 1 << 23
 _ALIGN = 64  # jax aliases host buffers aligned like this instead of copying them
 
 

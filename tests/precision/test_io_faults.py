@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 import dtypes
 import precision
 from precision import CheckpointError, Tensor
-from precision._checkpoint import _io
+from precision._checkpoint import _io, _layout
 from precision._cli import _main as _cli
 from precision._errors import SaveError
 
@@ -814,3 +814,37 @@ def test_sigkill_leaves_a_named_temporary_that_the_next_save_removes(tmp_path):
     assert ".precision-tmp." in left[0]
     precision.save(out / "next.safetensors", {"a": np.ones(2)})
     assert os.listdir(out) == ["next.safetensors"]
+
+
+def _header_tokens(path) -> int:
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = raw[8 : 8 + n]
+    return header.count(b",") + header.count(b"[") + header.count(b"{")
+
+
+@pytest.mark.parametrize("depth", [0, 1, 12])
+def test_the_save_side_token_bound_covers_the_real_header(tmp_path, depth):
+    x = np.ones((2, 3), np.float32)
+    leaf = {
+        "a,b[c]{d}": Tensor(x).to_reduced_precision("int4", scaling=dtypes.PerAxis(0)),
+        "plain": np.zeros((2, 1, 3), np.int32),
+        "bf": Tensor(x).to_reduced_precision("bf16"),
+    }
+    tree = leaf
+    for i in range(depth):
+        tree = {f"level{i}": tree, f"list{i}": [leaf]}
+    path = tmp_path / "t.safetensors"
+    precision.save(path, tree)
+    bound = sum(_layout._json_tokens_bound(spec) for spec, _ in _layout.flatten(tree))
+    assert _header_tokens(path) <= bound
+
+
+def test_save_refuses_a_tree_whose_header_would_hold_too_many_json_values():
+    deep = tuple(("key", f"k{i}") for i in range(_layout.MAX_PATH_DEPTH))
+    leaves = [
+        _layout.Leaf(f"leaf{i}", (*deep[:-1], ("key", f"leaf{i}")), "array", np.dtype("u1"), (1,))
+        for i in range(10_000)
+    ]
+    with pytest.raises(SaveError, match=r"JSON values .* deep key paths cost the most"):
+        _layout.check_limits(leaves)
