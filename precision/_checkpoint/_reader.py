@@ -500,8 +500,13 @@ class Reader:
         return None
 
     # -- data --------------------------------------------------------------
-    def _check_values(self, name: str, array: np.ndarray, *, whole_rows: bool = True) -> None:
-        """Refuse an array (or row block) that breaks its encoding's invariants."""
+    def check_values(self, name: str, array: np.ndarray, *, whole_rows: bool = True) -> None:
+        """Refuse an array (or block of whole rows) that breaks its encoding's invariants.
+
+        `read` and `iter_rows` call it; a caller reading bytes itself calls it
+        on what it read (`whole_rows=False` for a 1-D block that does not end
+        the array). Plain arrays and foreign files have no invariants.
+        """
         role = self._role.get(name)
         if role is None:
             return
@@ -552,7 +557,7 @@ class Reader:
                 "(the file is corrupted)"
             )
         del view
-        self._check_values(name, out)
+        self.check_values(name, out)
         return out
 
     def iter_rows(self, name: str, rows: int) -> Iterator[np.ndarray]:
@@ -586,7 +591,7 @@ class Reader:
             if self.crc is not None:
                 crc = zlib.crc32(view, crc)
             del view
-            self._check_values(name, out, whole_rows=start + n == entry.shape[0])
+            self.check_values(name, out, whole_rows=start + n == entry.shape[0])
             yield out
         if self.crc is not None and crc != self.crc[name]:
             raise self.error(
