@@ -547,6 +547,29 @@ def _any(flat: np.ndarray, bad) -> bool:
     return any(bool(np.any(bad(part))) for part in _slices(flat))
 
 
+def _has_field(flat: np.ndarray, bits: int, value: int) -> bool:
+    """Whether any `bits`-wide field (2 or 4) of the bytes `flat` equals `value`.
+
+    Eight bytes at a time as uint64 words: XOR turns the wanted fields into
+    zero fields, and `(t - LOW) & ~t & HIGH` is nonzero exactly when some
+    field of `t` is zero (a borrow can only set bits above a real zero field),
+    a few word operations instead of a shift and compare per field.
+    """
+    reps = 64 // bits
+    low = sum(1 << (k * bits) for k in range(reps))
+    high = low << (bits - 1)
+    pattern = np.uint64(value * low)
+    low64, high64 = np.uint64(low), np.uint64(high)
+    words = flat[: flat.size - flat.size % 8].view(np.uint64)
+    for part in _slices(words):
+        t = part ^ pattern
+        if np.any((t - low64) & ~t & high64):
+            return True
+    tail = flat[flat.size - flat.size % 8 :].astype(np.uint16)
+    mask = (1 << bits) - 1
+    return any(bool(np.any(((tail >> k) & mask) == value)) for k in range(0, 8, bits))
+
+
 def _padding_violation(fmt: Format, n: int, data: np.ndarray) -> str | None:
     """Nonzero bits past the last code of each row (the packed last byte)."""
     used = (n * fmt.code_bits) % 8
@@ -597,6 +620,18 @@ def _wide_float_violation(fmt: FloatFormat, values: np.ndarray, scaled: bool) ->
     low = np.uint32((1 << (23 - m)) - 1)
     top = int(np.array(fmt.max, np.float32).view(np.uint32))
     min_normal = int(np.array(fmt.min_normal, np.float32).view(np.uint32))
+    if e == 8 and fmt.has_inf and fmt.nan:
+        # float32's exponent range (tf32): only the low mantissa bits of
+        # finite values must be zero; every inf and NaN pattern is allowed
+        # unscaled, none scaled.
+        exponent = np.uint32(0x7F800000)
+        for part in _slices(u):
+            special = (part & exponent) == exponent
+            if scaled and np.any(special):
+                return "holds inf or NaN values its format cannot hold"
+            if np.any((part & low).astype(bool) & ~special):
+                return f"holds values off {fmt.name}'s grid (nonzero low mantissa bits)"
+        return None
     for part in _slices(u):
         mag = part & np.uint32(0x7FFFFFFF)
         special = mag >= np.uint32(0x7F800000)
@@ -643,17 +678,7 @@ def data_violation(leaf: Leaf, data: np.ndarray, *, whole_rows: bool = True) -> 
         if fmt.kind == "int":
             if fmt.binary:
                 return None  # every bit is a code, ±1
-            half = np.uint8(1 << (fmt.bits - 1))  # the two's complement code -2**(bits-1)
-            per_byte = 8 // fmt.bits
-            field = np.uint8((1 << fmt.bits) - 1)
-
-            def bad(part):
-                out = np.zeros(part.shape, bool)
-                for k in range(per_byte):
-                    out |= ((part >> np.uint8(k * fmt.bits)) & field) == half
-                return out
-
-            if _any(data.reshape(-1), bad):
+            if _has_field(data.reshape(-1), fmt.bits, 1 << (fmt.bits - 1)):
                 low = -(1 << (fmt.bits - 1))
                 return (
                     f"holds the code {low}, outside the symmetric range [-{fmt.qmax}, {fmt.qmax}]"

@@ -848,3 +848,21 @@ def test_save_refuses_a_tree_whose_header_would_hold_too_many_json_values():
     ]
     with pytest.raises(SaveError, match=r"JSON values .* deep key paths cost the most"):
         _layout.check_limits(leaves)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_the_word_at_a_time_field_search_agrees_with_a_field_by_field_reference(bits):
+    rng = np.random.default_rng(bits)
+    value, mask = 1 << (bits - 1), (1 << bits) - 1
+    high = 0xAA if bits == 2 else 0x88  # the top bit of every field
+    # Mostly bytes without any field's top bit, so the answer is often False.
+    quiet = np.array([b for b in range(256) if b & high == 0], np.uint8)
+    every = np.arange(256, dtype=np.uint8)
+    for n in [1, 7, 8, 9, 15, 16, 17, 64, 1000]:
+        for _ in range(200):
+            pool = quiet if rng.random() < 0.5 else every
+            arr = rng.choice(pool, n).astype(np.uint8)
+            if rng.random() < 0.3:
+                arr[rng.integers(0, n)] = rng.choice(every)
+            reference = any(np.any(((arr >> k) & mask) == value) for k in range(0, 8, bits))
+            assert _layout._has_field(arr, bits, value) == reference, (arr.tolist(), bits)
