@@ -1,0 +1,258 @@
+"""Real models under `precision.apply`: step time, XLA temporaries and peak memory.
+
+Usage:
+    python benchmarks/models.py                 # GPT-2-small-like and ResNet-18, full size
+    python benchmarks/models.py --quick         # small versions (a couple of minutes)
+    python benchmarks/models.py --model gpt2    # one model
+
+Models (Flax linen, random weights): a GPT-2-small-like decoder (12 layers,
+d 768, 12 heads, T 256, vocabulary 50257, causal mask, LayerNorm, tied
+embedding) and a ResNet-18 (BatchNorm in eval mode, 32 x 32 inputs, batch 8).
+Each row runs in a fresh subprocess (so peak RSS is its own):
+
+- `fp32`: plain JAX on float32 weights (the baseline of the weight-only rows);
+- `bf16-cast`: plain JAX with weights and input cast to bfloat16 (the
+  baseline of the bf16-compute rows);
+- `apply-bf16`: `precision.apply(model.apply, compute="bfloat16")` on float32
+  weights;
+- `int8`, `int4`, `fp8` (weight-only: int8 per output channel, int4 per
+  block of 32, float8_e4m3fn per tensor; norms, biases and embeddings kept
+  float32) with float32 compute, and the same with `compute="bfloat16"`.
+
+Forward rows time the jitted forward pass; `qat` rows time a jitted gradient
+step with the conversion inside the loss (quantization-aware training).
+Targets on CPU: weight-only forward <= 1.15x fp32, bf16-compute forward
+<= 1.1x bf16-cast; int4 memory <= storage + 2 decoded layers + activations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+ROWS = [
+    ("fp32", None, None),
+    ("bf16-cast", None, None),
+    ("apply-bf16", None, "bfloat16"),
+    ("int8", "int8", None),
+    ("int4", "int4", None),
+    ("fp8", "float8_e4m3fn", None),
+    ("int8/bf16", "int8", "bfloat16"),
+    ("int4/bf16", "int4", "bfloat16"),
+    ("fp8/bf16", "float8_e4m3fn", "bfloat16"),
+]
+
+
+def _models(quick: bool):
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    class Block(nn.Module):
+        heads: int
+
+        @nn.compact
+        def __call__(self, x, mask):
+            h = nn.LayerNorm()(x)
+            h = nn.MultiHeadDotProductAttention(self.heads)(h, h, mask=mask)
+            x = x + h
+            h = nn.LayerNorm()(x)
+            h = nn.Dense(4 * x.shape[-1])(h)
+            return x + nn.Dense(x.shape[-1])(nn.gelu(h))
+
+    class GPT(nn.Module):
+        vocab: int
+        width: int
+        depth: int
+        heads: int
+        length: int
+
+        @nn.compact
+        def __call__(self, tokens):
+            embed = nn.Embed(self.vocab, self.width)
+            pos = self.param("pos", nn.initializers.normal(0.02), (self.length, self.width))
+            x = embed(tokens) + pos[None, : tokens.shape[1]]
+            mask = nn.make_causal_mask(tokens)
+            for _ in range(self.depth):
+                x = Block(self.heads)(x, mask)
+            return embed.attend(nn.LayerNorm()(x))
+
+    class Residual(nn.Module):
+        channels: int
+        stride: int
+
+        @nn.compact
+        def __call__(self, x):
+            y = nn.Conv(self.channels, (3, 3), self.stride, use_bias=False)(x)
+            y = nn.relu(nn.BatchNorm(use_running_average=True)(y))
+            y = nn.Conv(self.channels, (3, 3), use_bias=False)(y)
+            y = nn.BatchNorm(use_running_average=True)(y)
+            if x.shape != y.shape:
+                x = nn.Conv(self.channels, (1, 1), self.stride, use_bias=False)(x)
+                x = nn.BatchNorm(use_running_average=True)(x)
+            return nn.relu(x + y)
+
+    class ResNet(nn.Module):
+        stages: tuple[int, ...]
+
+        @nn.compact
+        def __call__(self, x):
+            x = nn.relu(nn.BatchNorm(use_running_average=True)(nn.Conv(64, (3, 3))(x)))
+            for i, width in enumerate(self.stages):
+                x = Residual(width, 1 if i == 0 else 2)(x)
+                x = Residual(width, 1)(x)
+            return nn.Dense(10)(jnp.mean(x, axis=(1, 2)))
+
+    if quick:
+        gpt = GPT(vocab=4096, width=256, depth=4, heads=4, length=128)
+        resnet = ResNet(stages=(64, 128))
+        return {"gpt2": (gpt, (1, 128), "tokens"), "resnet": (resnet, (8, 32, 32, 3), "image")}
+    gpt = GPT(vocab=50257, width=768, depth=12, heads=12, length=256)
+    resnet = ResNet(stages=(64, 128, 256, 512))
+    return {"gpt2": (gpt, (1, 256), "tokens"), "resnet": (resnet, (8, 32, 32, 3), "image")}
+
+
+def _median_time(fn, repeats: int) -> float:
+    import jax
+
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_one(model_name: str, row: str, quick: bool, mode: str) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import dtypes
+    import precision
+
+    model, shape, kind = _models(quick)[model_name]
+    key = jax.random.key(0)
+    if kind == "tokens":
+        x = jax.random.randint(key, shape, 0, model.vocab)
+    else:
+        x = jax.random.normal(key, shape)
+    variables = jax.jit(model.init)(jax.random.key(1), x)
+    _, fmt, compute = next(r for r in ROWS if r[0] == row)
+    scalings = {
+        "int8": dtypes.PerAxis(-1),
+        "int4": dtypes.PerBlock(32),
+        "float8_e4m3fn": dtypes.PerTensor(),
+    }
+
+    def kernels(path, leaf):
+        name = jax.tree_util.keystr(path)
+        return leaf.ndim > 1 and "embedding" not in name and "pos" not in name
+
+    def convert(params):
+        return precision.to_reduced_precision(params, fmt, scaling=scalings[fmt], where=kernels)
+
+    def loss_of(out):
+        return jnp.mean(jnp.asarray(out, jnp.float32) ** 2)
+
+    if row == "fp32":
+        forward, args = jax.jit(model.apply), (variables, x)
+
+        def step(v, x):
+            return jax.grad(lambda v: loss_of(model.apply(v, x)))(v)
+    elif row == "bf16-cast":
+        cast = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), variables)
+        xb = x.astype(jnp.bfloat16) if kind == "image" else x
+        forward, args = jax.jit(model.apply), (cast, xb)
+
+        def step(v, x):
+            return jax.grad(lambda v: loss_of(model.apply(v, x)))(v)
+    elif fmt is None:
+        run = precision.apply(model.apply, compute=compute)
+        forward, args = jax.jit(run), (variables, x)
+
+        def step(v, x):
+            return jax.grad(lambda v: loss_of(run(v, x)))(v)
+    else:
+        run = precision.apply(model.apply, compute=compute)
+        forward, args = jax.jit(run), (convert(variables), x)
+
+        def step(v, x):
+            return jax.grad(lambda v: loss_of(run(convert(v), x)))(v)
+
+    if mode == "qat":
+        fn, fn_args = jax.jit(step), ((variables if row != "bf16-cast" else args[0]), args[1])
+    else:
+        fn, fn_args = forward, args
+    compiled = fn.lower(*fn_args).compile()
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    seconds = _median_time(lambda: fn(*fn_args), 3 if quick else 5)
+    stored = precision.tree_nbytes(args[0])
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out = np.asarray(jnp.asarray(forward(*args), jnp.float32))
+    return {
+        "model": model_name,
+        "row": row,
+        "mode": mode,
+        "seconds": seconds,
+        "temp_bytes": temp,
+        "param_bytes": stored,
+        "peak_rss": rss,
+        "finite": bool(np.all(np.isfinite(out))),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--model", choices=["gpt2", "resnet", "all"], default="all")
+    parser.add_argument("--modes", default="forward,qat")
+    parser.add_argument("--one", nargs=3, metavar=("MODEL", "ROW", "MODE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(run_one(*args.one[:2], args.quick, args.one[2])))
+        return 0
+    models = ["gpt2", "resnet"] if args.model == "all" else [args.model]
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    print(
+        f"{'model':<7} {'mode':<8} {'row':<11} {'ms':>9} {'ratio':>7} {'vs':<9} "
+        f"{'temp MiB':>9} {'params MiB':>11} {'RSS MiB':>8} finite"
+    )
+    for model in models:
+        for mode in args.modes.split(","):
+            if mode == "qat":
+                rows = [r for r in ROWS if r[1] is not None or r[0] == "fp32"]
+            else:
+                rows = ROWS
+            base: dict[str, float] = {}
+            for row, _fmt, compute in rows:
+                cmd = [sys.executable, __file__, "--one", model, row, mode]
+                if args.quick:
+                    cmd.append("--quick")
+                proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                if proc.returncode:
+                    print(f"{model:<7} {mode:<8} {row:<11} failed: {proc.stderr.strip()[-300:]}")
+                    continue
+                r = json.loads(proc.stdout.strip().splitlines()[-1])
+                base.setdefault(row, r["seconds"])
+                ref = "bf16-cast" if compute == "bfloat16" else "fp32"
+                ratio = r["seconds"] / base[ref] if ref in base else float("nan")
+                print(
+                    f"{model:<7} {mode:<8} {row:<11} {1e3 * r['seconds']:>9.1f} {ratio:>7.2f} "
+                    f"{ref:<9} {r['temp_bytes'] / 2**20:>9.1f} {r['param_bytes'] / 2**20:>11.1f} "
+                    f"{r['peak_rss'] / 2**20:>8.0f} {r['finite']}",
+                    flush=True,
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
