@@ -157,6 +157,23 @@ class Format:
         """
         return _codec.result_dtype(self, np.dtype(dtype), scaling)
 
+    def data_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """Shape of the data array an encoding of logical `shape` holds.
+
+        Packed codes take whole bytes along the last axis (a scalar takes one).
+
+        Examples:
+            >>> import dtypes
+            >>> dtypes.int4.data_shape((3, 5)), dtypes.int8.data_shape((3, 5))
+            ((3, 3), (3, 5))
+        """
+        shape = tuple(int(n) for n in shape)
+        if not self.packed:
+            return shape
+        if not shape:
+            return (1,)
+        return (*shape[:-1], (shape[-1] * self.code_bits + 7) // 8)
+
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
         """Exact bytes an encoding of `shape` holds, scales included.
 

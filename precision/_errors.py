@@ -1,7 +1,7 @@
 """The exception hierarchy: one base, each also the builtin users already catch.
 
 `PrecisionError` and `FormatError` are the very classes `dtypes` raises
-(defined in `dtypes._errors`, with its `RoundingError`, `ScalingError`,
+(defined in `dtypes`, with its `RoundingError`, `ScalingError`,
 `ShapeError`, `NonFiniteError` and `PrecisionTypeError`), so one
 `except precision.PrecisionError:` catches every error both packages raise
 on purpose.
@@ -9,8 +9,8 @@ on purpose.
 
 from __future__ import annotations
 
-from dtypes._errors import FormatError as FormatError
-from dtypes._errors import PrecisionError as PrecisionError
+from dtypes import FormatError as FormatError
+from dtypes import PrecisionError as PrecisionError
 
 __all__ = [
     "CheckpointError",

@@ -30,7 +30,6 @@ from jax import tree_util
 
 import dtypes
 from dtypes import Encoded, FloatFormat, Format, IntFormat, PerAxis, PerBlock, PerTensor, Scaling
-from dtypes._packing import packed_length
 
 from .._errors import CheckpointError, SaveError, SaveTypeError
 
@@ -114,9 +113,7 @@ class Leaf:
         fmt = self.format
         if fmt is None or not fmt.packed:
             return self.shape
-        if not self.shape:
-            return (1,)
-        return (*self.shape[:-1], packed_length(self.shape[-1], fmt.code_bits))
+        return fmt.data_shape(self.shape)
 
     @property
     def container(self) -> np.dtype:

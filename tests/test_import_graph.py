@@ -1,0 +1,110 @@
+"""The import graph: one direction between the packages, no cycles inside them.
+
+`precision` imports `dtypes` through its public names only (never a private
+`dtypes._module`), `dtypes` never imports `precision`, and within each
+package the module-level imports form no cycle. Imports inside functions
+(lazy imports that defer heavy work) and under `TYPE_CHECKING` do not count.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("dtypes", "precision")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _top_level_imports(module: str, path: Path) -> list[str]:
+    """Absolute names imported at module level (outside functions and TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text())
+    found: list[str] = []
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, ast.Import):
+                found.extend(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                target = _resolve(module, path.name == "__init__.py", node)
+                found.append(target)
+                found.extend(f"{target}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.If):
+                test = ast.unparse(node.test)
+                if "TYPE_CHECKING" not in test:
+                    visit(node.body)
+                    visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+
+    visit(tree.body)
+    return found
+
+
+GRAPH = {name: _top_level_imports(name, path) for name, path in _modules().items()}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if m.startswith("precision")))
+def test_precision_uses_only_public_dtypes(module):
+    private = [n for n in GRAPH[module] if n.startswith("dtypes._")]
+    lazy = [
+        n
+        for n in ast.walk(ast.parse(_modules()[module].read_text()))
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("dtypes._")
+    ]
+    assert not private, f"{module} imports private dtypes modules: {private}"
+    assert not lazy, f"{module} imports private dtypes modules inside a function"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if m.startswith("dtypes")))
+def test_dtypes_never_imports_precision(module):
+    assert not [n for n in GRAPH[module] if n.split(".")[0] == "precision"]
+
+
+def test_no_import_cycles():
+    modules = set(GRAPH)
+    edges = {
+        m: sorted({n for n in GRAPH[m] if n in modules and n != m and not m.startswith(n + ".")})
+        for m in GRAPH
+    }
+    # a package's __init__ re-exporting its own modules is not a cycle through them
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def walk(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in edges[node]:
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                walk(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for m in sorted(modules):
+        if m not in state:
+            walk(m, [])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
