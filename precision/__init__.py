@@ -5,6 +5,7 @@ from ._checkpoint import load as load
 from ._checkpoint import save as save
 from ._context import default_format as default_format
 from ._context import get_default_format as get_default_format
+from ._contract import Contract as Contract
 from ._errors import CheckpointError as CheckpointError
 from ._errors import DeviceMismatchError as DeviceMismatchError
 from ._errors import FormatError as FormatError
@@ -29,6 +30,7 @@ from ._updates import apply_updates as apply_updates
 __all__ = [
     "DEFAULT_FLOAT32_OPS",
     "CheckpointError",
+    "Contract",
     "DeviceMismatchError",
     "DynamicLossScale",
     "FormatError",

@@ -221,8 +221,9 @@ def _build(
     return entry
 
 
-def _context(compute: Any, policy: Any) -> Context:
+def _context(compute: Any, policy: Any, contract: Any = None) -> Context:
     """The declaration of one `apply` call, validated once, when it is made."""
+    from .._contract import as_contract
     from .._policy import Policy
 
     if policy is not None:
@@ -254,10 +255,12 @@ def _context(compute: Any, policy: Any) -> Context:
     output = None
     if policy is not None and policy.output != policy.compute:
         output = policy.output
-    return Context(fmt, ops, output)
+    return Context(fmt, ops, output, as_contract(contract))
 
 
-def apply(f: Callable, *, compute: Any = None, policy: Any = None) -> Callable:
+def apply(
+    f: Callable, *, compute: Any = None, policy: Any = None, contract: Any = None
+) -> Callable:
     """Make `f` (any JAX function) run on Tensors under the precision rules.
 
     The returned function accepts Tensors anywhere in its (pytree) arguments,
@@ -284,6 +287,13 @@ def apply(f: Callable, *, compute: Any = None, policy: Any = None) -> Callable:
         policy: a `precision.Policy` or its string: its `compute` is declared
             as above, its `float32_ops` replace the default list, and Tensor
             results are returned in its `output` format.
+        contract: quantize every `dot_general` / `conv_general_dilated` at
+            the contraction: a format name (`"int8"`: W8A8 with per-row
+            scales and int32 accumulation; `"float8_e4m3fn"`: fp8 with one
+            scale per tensor) or a `precision.Contract` (forward and
+            backward formats, tensorwise / rowwise / MX scaling). Results
+            are rescaled into the compute format; gradients are
+            straight-through.
 
     Returns:
         The wrapped function.
@@ -311,7 +321,7 @@ def apply(f: Callable, *, compute: Any = None, policy: Any = None) -> Callable:
         >>> precision.apply(jnp.sum, compute="bfloat16")(w).format.name  # sums stay float32
         'float32'
     """
-    ctx = _context(compute, policy)
+    ctx = _context(compute, policy, contract)
     cache: dict[Any, _Entry] = {}
 
     @functools.wraps(f)

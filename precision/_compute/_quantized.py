@@ -1,0 +1,357 @@
+"""Quantization at the contraction: W8A8 and fp8 (`apply(f, contract=...)`).
+
+When a call declares a `Contract`, `contraction_rule` hands every floating
+`dot_general` / `conv_general_dilated` to `quantized_contraction`. Both
+operands are quantized at that point, with current (absmax) scales, and the
+contraction runs on the narrow values:
+
+- **Layout.** Each operand is viewed as a matrix of *rows* by *summed*
+  elements: rows are its non-contracting indices (batch and free dims of a
+  `dot_general`; the batch dim of a convolution's input, the output-feature
+  dim of its kernel), the summed part is everything the contraction adds
+  over (for a convolution the feature dim last, so MX blocks run along
+  channels). `"rowwise"` gives each row one scale (per token for
+  activations, per output channel for weights), `"tensorwise"` one scale in
+  all, `"mx"` one E8M0 scale per 32 consecutive summed elements. The codes
+  and scales are exactly `fmt.encode(rows, scaling=...)` of `dtypes` on that
+  matrix (`PerTensor()`, `PerAxis(0)`, OCP `PerBlock(32)`).
+- **Integer formats, tensorwise or rowwise** (W8A8): scales are constant
+  along the summed dims, so they factor out of the sum: the codes contract
+  with int32 accumulation (`preferred_element_type=int32`, an
+  `s8 x s8 -> s32` dot on every backend), then one rescale,
+  `(float32(acc) * scale_a) * scale_b`. An integer storage operand whose
+  scales factor out (an int8 weight `PerAxis` on its output channel) uses
+  its stored codes; it is not re-quantized.
+- **Float8 formats, and MX blocks** (scales vary along the sum): operands
+  are dequantized next to the contraction as `convert(f8) * scale`, the form
+  XLA's GPU GEMM rewriter matches (`MultiplyAnyOrder(Convert(fp8),
+  Broadcast(scale))` in `gemm_rewriter.cc`) to call cuBLASLt's fp8 GEMM with
+  the scales as its alpha terms; float32 accumulation. An operand stored in
+  the forward format itself is used as stored.
+- **Gradients** (custom vjp): straight-through the quantization. The
+  cotangent, quantized to `Contract.backward` when one is declared (per
+  tensor / per row of the output / MX blocks along its last dim, by the
+  same `scaling`), contracts with the *dequantized* forward operands in
+  float32: the two backward GEMMs of the fp8 HYBRID recipe. Residuals are
+  the narrow codes and scales, never float32 copies.
+
+NaN and inf in an operand make its group's scale NaN (the `dtypes` rule),
+so they reach exactly the outputs that row (or the whole tensor, per
+tensor) feeds, and never disappear.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import dtypes
+
+from .._storage import decode_storage
+from ._contractions import _codes, _decode_at_use, _scale_factor
+from ._rules import Val, finish, prepare
+from ._state import Context, State, Stored
+
+__all__ = ["Layout", "dequantize", "layouts", "quantize", "quantized_contraction", "scaling_for"]
+
+MX = dtypes.PerBlock(32, axis=-1, power_of_two=True, scale_format="float8_e8m0fnu")
+
+
+def scaling_for(name: str) -> dtypes.Scaling:
+    """The `dtypes` scaling of the rows-by-summed matrix for a `Contract` scaling name."""
+    if name == "tensorwise":
+        return dtypes.PerTensor()
+    if name == "rowwise":
+        return dtypes.PerAxis(0)
+    return MX
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How one operand is seen as rows x summed elements (static).
+
+    `kept` are the dims that index rows (in the order the result uses them),
+    `summed` the dims the contraction adds over (MX blocks run along the
+    last of them).
+    """
+
+    shape: tuple[int, ...]
+    kept: tuple[int, ...]
+    summed: tuple[int, ...]
+
+    @property
+    def kept_shape(self) -> tuple[int, ...]:
+        return tuple(self.shape[d] for d in self.kept)
+
+    @property
+    def summed_shape(self) -> tuple[int, ...]:
+        return tuple(self.shape[d] for d in self.summed)
+
+    def moved(self, x: jax.Array) -> jax.Array:
+        """`x` with its kept dims first, then its summed dims."""
+        return jnp.transpose(x, (*self.kept, *self.summed))
+
+    def unmoved(self, x: jax.Array) -> jax.Array:
+        """The inverse of `moved`."""
+        perm = (*self.kept, *self.summed)
+        return jnp.transpose(x, [perm.index(d) for d in range(len(self.shape))])
+
+    def rows(self, x: jax.Array) -> jax.Array:
+        """`x` as a (rows, summed) matrix."""
+        return self.moved(x).reshape(math.prod(self.kept_shape), math.prod(self.summed_shape))
+
+    def back(self, m: jax.Array) -> jax.Array:
+        """A (rows, summed) matrix in the operand's own layout."""
+        return self.unmoved(m.reshape(self.kept_shape + self.summed_shape))
+
+    def row_scale(self, scale: jax.Array) -> jax.Array:
+        """Per-row (or one) scale of the matrix as an array over the kept dims."""
+        if scale.size == 1:
+            return scale.astype(jnp.float32).reshape((1,) * len(self.kept))
+        return scale.astype(jnp.float32).reshape(self.kept_shape)
+
+    def spread(self, kept_scale: jax.Array) -> jax.Array:
+        """A scale over the kept dims, broadcastable to the operand's layout."""
+        shape = [1] * len(self.shape)
+        for i, d in enumerate(self.kept):
+            shape[d] = kept_scale.shape[i]
+        perm = list(self.kept) + [d for d in range(len(self.shape)) if d not in self.kept]
+        moved = kept_scale.reshape(kept_scale.shape + (1,) * (len(self.shape) - len(self.kept)))
+        return jnp.transpose(moved, [perm.index(d) for d in range(len(self.shape))]).reshape(shape)
+
+
+def layouts(eqn, a_shape, b_shape) -> tuple[Layout, Layout]:
+    """The two operands' layouts for one contraction equation."""
+    if eqn.primitive.name == "dot_general":
+        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+        lc, rc, lb, rb = tuple(lc), tuple(rc), tuple(lb), tuple(rb)
+        l_free = tuple(d for d in range(len(a_shape)) if d not in lc and d not in lb)
+        r_free = tuple(d for d in range(len(b_shape)) if d not in rc and d not in rb)
+        return Layout(tuple(a_shape), lb + l_free, lc), Layout(tuple(b_shape), rb + r_free, rc)
+    lhs, rhs, _ = eqn.params["dimension_numbers"]
+    # With batch groups the input's batch dim is split across groups: one scale for it.
+    kept_a = (lhs[0],) if eqn.params.get("batch_group_count", 1) == 1 else ()
+    summed_a = tuple(d for d in (*lhs[2:], lhs[1]) if d not in kept_a)
+    if not kept_a:
+        summed_a = (lhs[0], *summed_a)
+    return (
+        Layout(tuple(a_shape), kept_a, summed_a),
+        Layout(tuple(b_shape), (rhs[0],), (*rhs[2:], rhs[1])),
+    )
+
+
+def quantize(x: jax.Array, layout: Layout, fmt: dtypes.Format, scaling: str) -> dtypes.Encoded:
+    """The operand's rows encoded in `fmt` (codes and scales exactly as `dtypes` makes them)."""
+    return fmt.encode(layout.rows(x.astype(jnp.float32)), scaling=scaling_for(scaling))
+
+
+def dequantize(enc: dtypes.Encoded, layout: Layout) -> jax.Array:
+    """Float32 values of a quantized operand, in its own layout.
+
+    Float32 scales are applied as `convert(codes) * scale`, a broadcast of a
+    scalar (tensorwise) or of one value per row: XLA's GPU GEMM rewriter
+    folds exactly this into an fp8 cuBLASLt call. MX scales go through the
+    `dtypes` decode (E8M0 bytes widened to float32 powers of two).
+    """
+    if isinstance(enc.scaling, dtypes.PerTensor | dtypes.PerAxis) and enc.scale.dtype == np.float32:
+        scale = enc.scale.reshape(()) if enc.scale.size == 1 else enc.scale
+        values = enc.data.astype(jnp.float32) * scale
+    else:
+        values = enc.decode(np.float32)
+    return layout.back(values)
+
+
+def _out_scale(eqn, out_ndim: int, sa: jax.Array, sb: jax.Array, la: Layout, lb_: Layout):
+    """The two operands' kept-dim scales, broadcastable to the output."""
+    if eqn.primitive.name == "dot_general":
+        (_, _), (lb, _) = eqn.params["dimension_numbers"]
+        nb = len(lb)
+        n_lfree = len(la.kept) - nb
+        n_rfree = len(lb_.kept) - nb
+        sa = sa.reshape(sa.shape + (1,) * n_rfree)
+        sb = sb.reshape(sb.shape[:nb] + (1,) * n_lfree + sb.shape[nb:])
+        return sa, sb
+    _, _, out = eqn.params["dimension_numbers"]
+
+    def place(s, dim, kept):
+        shape = [1] * out_ndim
+        if kept:
+            shape[dim] = s.shape[0]
+        return s.reshape(shape)
+
+    return place(sa, out[0], la.kept), place(sb, out[1], lb_.kept)
+
+
+def _grad_layout(eqn, shape: tuple[int, ...]) -> Layout:
+    """Rows of a cotangent: per token (all but the last dim) or per image of a convolution."""
+    nd = len(shape)
+    if not nd:
+        return Layout(shape, (), ())
+    if eqn.primitive.name == "dot_general":
+        return Layout(shape, tuple(range(nd - 1)), (nd - 1,))
+    _, _, out = eqn.params["dimension_numbers"]
+    return Layout(shape, (out[0],), (*out[2:], out[1]))
+
+
+def _int_stored(
+    stored: Stored | None, layout: Layout, forward: dtypes.Format, moved: bool
+) -> tuple[jax.Array, jax.Array] | None:
+    """(codes, kept-dim scale) of an integer storage operand whose scales factor out and
+    whose codes fit the declared format (int4 codes serve an int8 contraction, not the
+    other way round). With `moved`, the codes come kept dims first (see `_int_rows`)."""
+    if stored is None:
+        return None
+    enc = stored.enc
+    fmt = enc.format
+    if (
+        fmt.kind != "int"
+        or not isinstance(fmt, dtypes.IntFormat)
+        or fmt.bits > forward.bits
+        or enc.scale is None
+        or enc.tensor_scale is not None
+        or enc.scaling.scale_format != "float32"
+    ):
+        return None
+    scale = _scale_factor(enc, layout.summed, list(layout.kept))
+    if scale is None:
+        return None
+    codes = _codes(stored)
+    return (layout.moved(codes) if moved else codes), scale.astype(jnp.float32)
+
+
+def _zero_cotangent(x: Any) -> Any:
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, jax.dtypes.float0)
+
+
+def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> list[Val]:
+    """The declared quantized contraction of one equation (see the module docstring)."""
+    spec = ctx.contract
+    op = eqn.primitive.name
+    (a, sa), (b, sb) = vals
+    stored_a = sa.stored if sa is not None else None
+    stored_b = sb.stored if sb is not None else None
+    la, lb = layouts(eqn, a.shape, b.shape)
+    fmt, scaling = spec.forward, spec.scaling
+    integer = fmt.kind == "int" and scaling != "mx"
+
+    # Operands: float values brought to the compute format, or storage used as stored.
+    # Integer codes of a dot_general are contracted with their kept dims first and
+    # summed dims last (a "row-major times transposed" GEMM): XLA:CPU hands that
+    # form to its s8 x s8 -> s32 kernel, and upcasts the codes to s32 for others.
+    moved = op == "dot_general"
+    ext_a = _int_stored(stored_a, la, fmt, moved) if integer else None
+    ext_b = _int_stored(stored_b, lb, fmt, moved) if integer else None
+    same_a = not integer and stored_a is not None and stored_a.enc.format == fmt
+    same_b = not integer and stored_b is not None and stored_b.enc.format == fmt
+    if stored_a is not None and ext_a is None and not same_a:
+        a = _decode_at_use(stored_a, b)  # decoded next to its use, then quantized
+    if stored_b is not None and ext_b is None and not same_b:
+        b = _decode_at_use(stored_b, a)
+    a, b = prepare([(a, sa), (b, sb)], state)
+    a_dtype, b_dtype = a.dtype, b.dtype
+    ext = (
+        ext_a,
+        ext_b,
+        stored_a.enc if same_a else None,
+        stored_b.enc if same_b else None,
+    )
+    last_a = stored_a.enc.shape[-1] if same_a and stored_a.enc.format.packed else None
+    last_b = stored_b.enc.shape[-1] if same_b and stored_b.enc.format.packed else None
+
+    out_aval = eqn.outvars[0].aval
+    out_dtype = out_aval.dtype
+    params = dict(eqn.params)
+    params["preferred_element_type"] = np.dtype(np.float32)
+    bind_f32 = lambda x, y: eqn.primitive.bind(x, y, **params)
+
+    def operands(a, b, ext):
+        """Residuals: the narrow operands (codes and scales), never float copies."""
+        ea, eb, sta, stb = ext
+        if integer:
+            qa = ea if ea is not None else _int_rows(a, la, fmt, scaling, moved)
+            qb = eb if eb is not None else _int_rows(b, lb, fmt, scaling, moved)
+            return qa, qb
+        qa = sta if same_a else quantize(a, la, fmt, scaling)
+        qb = stb if same_b else quantize(b, lb, fmt, scaling)
+        return qa, qb
+
+    def values(q, layout: Layout, same: bool, last) -> jax.Array:
+        """Float32 values of a quantized operand (what the backward pass contracts with)."""
+        if integer:
+            codes, kept_scale = q
+            if not moved:
+                return codes.astype(jnp.float32) * layout.spread(kept_scale)
+            rows = kept_scale.reshape(kept_scale.shape + (1,) * len(layout.summed))
+            return layout.unmoved(codes.astype(jnp.float32) * rows)
+        if same:
+            return decode_storage(q.format, q.data, q.scale, q.scaling, last, np.float32)
+        return dequantize(q, layout)
+
+    def forward(qa, qb) -> jax.Array:
+        if integer:
+            (ca, ka), (cb, kb) = qa, qb
+            iparams = dict(eqn.params)
+            iparams["preferred_element_type"] = np.dtype(np.int32)
+            if moved:
+                nb, na, nk = (
+                    len(eqn.params["dimension_numbers"][1][0]),
+                    len(la.kept),
+                    len(la.summed),
+                )
+                nbk = len(lb.kept)
+                iparams["dimension_numbers"] = (
+                    (tuple(range(na, na + nk)), tuple(range(nbk, nbk + nk))),
+                    (tuple(range(nb)), tuple(range(nb))),
+                )
+            acc = eqn.primitive.bind(ca, cb, **iparams)
+            oa, ob = _out_scale(eqn, acc.ndim, ka, kb, la, lb)
+            return ((acc.astype(jnp.float32) * oa) * ob).astype(out_dtype)
+        va = values(qa, la, same_a, last_a)
+        vb = values(qb, lb, same_b, last_b)
+        return bind_f32(va, vb).astype(out_dtype)
+
+    @jax.custom_vjp
+    def contract(a, b, ext):
+        return forward(*operands(a, b, ext))
+
+    def contract_fwd(a, b, ext):
+        qa, qb = operands(a, b, ext)
+        return forward(qa, qb), (qa, qb, ext)
+
+    def contract_bwd(res, g):
+        qa, qb, ext = res
+        g = g.astype(jnp.float32)
+        if spec.backward is not None:
+            gl = _grad_layout(eqn, g.shape)
+            g = dequantize(quantize(g, gl, spec.backward, scaling), gl)
+        va = values(qa, la, same_a, last_a)
+        vb = values(qb, lb, same_b, last_b)
+        _, vjp = jax.vjp(bind_f32, va, vb)
+        da, db = vjp(g)
+        return (
+            da.astype(a_dtype),
+            db.astype(b_dtype),
+            jax.tree_util.tree_map(_zero_cotangent, ext),
+        )
+
+    contract.defvjp(contract_fwd, contract_bwd)
+    out = contract(a, b, ext)
+    return finish(op, [out], state)
+
+
+def _int_rows(x: jax.Array, layout: Layout, fmt: dtypes.Format, scaling: str, moved: bool):
+    """(codes, scale over its kept dims) of a float operand; the codes in the operand's
+    layout, or with `moved` its kept dims first and summed dims last."""
+    enc = quantize(x, layout, fmt, scaling)
+    if moved:
+        codes = enc.data.reshape(layout.kept_shape + layout.summed_shape)
+    else:
+        codes = layout.back(enc.data)
+    return codes, layout.row_scale(enc.scale)

@@ -1,0 +1,148 @@
+"""`Contract`: a declared quantization of contractions (W8A8, fp8 recipes).
+
+A `Contract` says how the operands of every `dot_general` and
+`conv_general_dilated` inside `precision.apply(f, contract=...)` are
+quantized *at the contraction*: the forward format of both operands, the
+format of the cotangents in the backward pass (None keeps them in the
+compute format), and how scales are chosen. It is a frozen value object,
+validated when it is made, so a wrong name fails at the declaration and
+never deep inside a trace.
+
+Scaling is current ("dynamic"): each scale is the absmax of the values being
+quantized, at the moment they are quantized. Delayed scaling (a history of
+absmax values carried as state between steps) is deliberately absent; see
+docs/training.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import dtypes
+
+from ._context import resolve_format
+from ._errors import FormatError, PrecisionError
+
+__all__ = ["SCALINGS", "Contract", "as_contract"]
+
+Scaling = Literal["tensorwise", "rowwise", "mx"]
+SCALINGS: tuple[str, ...] = ("tensorwise", "rowwise", "mx")
+"""How a `Contract` chooses scales: one per tensor, one per row (the
+operand's non-contracting index: a token, an output channel), or OCP MX
+blocks of 32 along the contracted axis with power-of-two E8M0 scales."""
+
+
+class ContractTypeError(PrecisionError, TypeError):
+    """A `contract=` declaration of the wrong type."""
+
+
+def _operand_format(value: Any, what: str) -> dtypes.Format:
+    """A format that an operand of a contraction can be quantized to, or raise."""
+    fmt = resolve_format(value)
+    if fmt.scaling is not None:
+        raise FormatError(
+            f"Contract {what}={fmt.name!r} carries its own scaling; give the element format and "
+            f'choose the scaling with `scaling=`, e.g. Contract("float8_e4m3fn", scaling="mx")'
+        )
+    ok_int = isinstance(fmt, dtypes.IntFormat) and not fmt.binary and fmt.bits <= 8
+    ok_float = isinstance(fmt, dtypes.FloatFormat) and fmt.bits <= 8 and fmt.emax < 127
+    if not (ok_int or ok_float):
+        raise FormatError(
+            f"Contract {what}={fmt.name!r}: a contraction is quantized to a symmetric integer "
+            "format of 2 to 8 bits (int8, int4) or a float format of at most 8 bits "
+            "(float8_e4m3fn, float8_e5m2); for arithmetic in a wider format declare "
+            f'compute= instead, e.g. precision.apply(f, compute="{fmt.name}")'
+        )
+    return fmt
+
+
+@dataclasses.dataclass(frozen=True)
+class Contract:
+    """How contractions are quantized inside `precision.apply(f, contract=...)`.
+
+    Both operands of each `dot_general` / `conv_general_dilated` are
+    quantized to `forward` with absmax scales chosen by `scaling`; an integer
+    storage operand whose scales factor out of the sum uses its own codes.
+    Integer formats accumulate in int32 (an `s8 x s8 -> s32` dot) and are
+    rescaled once; float8 operands are dequantized as `convert(f8) * scale`
+    next to the dot (the form XLA's GPU fp8 GEMM rewriter turns into one
+    cuBLASLt call) and accumulate in float32. The result is then rounded
+    onto the compute format. Gradients are straight-through the
+    quantization; with `backward` set the cotangent of each contraction is
+    quantized to it (the same scaling rule) before the two backward
+    contractions.
+
+    Attributes:
+        forward: format of both operands in the forward pass: a symmetric
+            integer format (int8, int4) or a float format of at most 8 bits
+            (float8_e4m3fn, float8_e5m2), by name or object.
+        backward: format of the cotangents of each contraction, or None to
+            keep them in the compute format (int8 QAT does; the fp8 HYBRID
+            recipe uses "float8_e5m2").
+        scaling: "tensorwise", "rowwise" (one scale per non-contracting
+            index of an operand: per token for activations, per output
+            channel for weights) or "mx" (blocks of 32 along the contracted
+            axis, E8M0 scales). None: "rowwise" for integer formats,
+            "tensorwise" for float8.
+
+    Raises:
+        FormatError: a format that is not a narrow integer or float format,
+            or an unknown scaling (both `ValueError`s).
+
+    Examples:
+        >>> import precision
+        >>> c = precision.Contract("float8_e4m3fn", backward="float8_e5m2")
+        >>> c.forward.name, c.backward.name, c.scaling
+        ('float8_e4m3fn', 'float8_e5m2', 'tensorwise')
+        >>> precision.Contract("int8").scaling
+        'rowwise'
+    """
+
+    forward: Any
+    backward: Any = None
+    scaling: Scaling | None = None
+
+    def __post_init__(self):
+        fwd = _operand_format(self.forward, "forward")
+        bwd = None if self.backward is None else _operand_format(self.backward, "backward")
+        scaling = self.scaling
+        if scaling is None:
+            scaling = "rowwise" if fwd.kind == "int" else "tensorwise"
+        if not isinstance(scaling, str) or scaling not in SCALINGS:
+            raise FormatError(
+                f"Contract scaling={scaling!r} is not one of {', '.join(SCALINGS)}; pass e.g. "
+                'Contract("int8", scaling="rowwise")'
+            )
+        object.__setattr__(self, "forward", fwd)
+        object.__setattr__(self, "backward", bwd)
+        object.__setattr__(self, "scaling", scaling)
+
+    def describe(self) -> str:
+        """One line: forward / backward formats and the scaling.
+
+        Examples:
+            >>> import precision
+            >>> precision.Contract("int8").describe()
+            'int8 forward, rowwise scales'
+        """
+        back = f", {self.backward.name} backward" if self.backward is not None else ""
+        return f"{self.forward.name} forward{back}, {self.scaling} scales"
+
+
+def as_contract(value: Any) -> Contract | None:
+    """A `Contract` from `contract=`: None, a format name or object, or a `Contract`.
+
+    Raises:
+        ContractTypeError: any other type (a `TypeError`).
+        FormatError: an unknown or unsuitable format name.
+    """
+    if value is None or isinstance(value, Contract):
+        return value
+    if isinstance(value, str | dtypes.Format):
+        return Contract(value)
+    raise ContractTypeError(
+        f"apply: `contract` must be a format name such as 'int8' or 'float8_e4m3fn', or a "
+        f"precision.Contract, got {type(value).__name__} {value!r}; pass e.g. "
+        'precision.apply(f, contract=precision.Contract("float8_e4m3fn", backward="float8_e5m2"))'
+    )

@@ -1,0 +1,288 @@
+"""Declared quantization at the contraction: W8A8 and fp8 (`apply(f, contract=...)`).
+
+References are built independently of the rule under test: the operands'
+rows are laid out with numpy, encoded with `dtypes` (the documented scale
+rule: absmax per row / per tensor / per MX block of 32), and contracted with
+numpy (int64 dots of the codes, float64 sums of decoded values).
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import dtypes
+import precision
+from precision import Contract, Tensor
+from precision._compute._quantized import layouts, quantize
+
+rng = np.random.default_rng(7)
+MX = dtypes.PerBlock(32, axis=-1, power_of_two=True, scale_format="float8_e8m0fnu")
+ROW_SCALING = {"tensorwise": dtypes.PerTensor(), "rowwise": dtypes.PerAxis(0), "mx": MX}
+
+
+def normal(*shape, scale=1.0):
+    return (rng.normal(size=shape) * scale).astype(np.float32)
+
+
+def int8_rows(m: np.ndarray):
+    """int64 codes and float32 per-row scales of a (rows, summed) matrix (dtypes' rule)."""
+    enc = dtypes.int8.encode(m, scaling=dtypes.PerAxis(0))
+    return np.asarray(enc.data).astype(np.int64), np.asarray(enc.scale, np.float32)
+
+
+def decoded_rows(m: np.ndarray, fmt, scaling: str) -> np.ndarray:
+    enc = dtypes.get(fmt).encode(m, scaling=ROW_SCALING[scaling])
+    return np.asarray(enc.decode(np.float32), np.float64)
+
+
+def run_both(f, *args):
+    """The result eagerly and under jit (they must agree bit for bit)."""
+    eager = np.asarray(f(*args))
+    jitted = np.asarray(jax.jit(f)(*args))
+    np.testing.assert_array_equal(eager, jitted)
+    return eager
+
+
+# -- W8A8: integer codes, int32 accumulation, one rescale ---------------------
+
+
+def test_w8a8_dot_general_with_batch_dims_matches_int64_reference():
+    a, b = normal(3, 5, 16, scale=2.0), normal(3, 16, 4)
+    dims = (((2,), (1,)), ((0,), (0,)))
+    f = precision.apply(lambda a, b: lax.dot_general(a, b, dims), contract="int8")
+    out = run_both(f, a, b)
+    # rows: (batch, token) of a, (batch, column) of b; summed: the contracted dim
+    ca, sa = int8_rows(a.reshape(15, 16))
+    cb, sb = int8_rows(b.transpose(0, 2, 1).reshape(12, 16))
+    acc = np.einsum("bik,bjk->bij", ca.reshape(3, 5, 16), cb.reshape(3, 4, 16))
+    ref = (acc.astype(np.float32) * sa.reshape(3, 5, 1)) * sb.reshape(3, 1, 4)
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("which", ["scores", "values"])
+def test_w8a8_einsum_attention_matches_int64_reference(which):
+    if which == "scores":  # q k^T: both operands are activations, both per token
+        q, k = normal(2, 6, 8), normal(2, 7, 8, scale=3.0)
+        f = precision.apply(lambda q, k: jnp.einsum("bqd,bkd->bqk", q, k), contract="int8")
+        out = run_both(f, q, k)
+        cq, sq = int8_rows(q.reshape(12, 8))
+        ck, sk = int8_rows(k.reshape(14, 8))
+        acc = np.einsum("bqd,bkd->bqk", cq.reshape(2, 6, 8), ck.reshape(2, 7, 8))
+        ref = (acc.astype(np.float32) * sq.reshape(2, 6, 1)) * sk.reshape(2, 1, 7)
+    else:  # p v: probabilities per query row, values per feature column
+        p, v = np.abs(normal(2, 6, 7)), normal(2, 7, 8)
+        f = precision.apply(lambda p, v: jnp.einsum("bqk,bkd->bqd", p, v), contract="int8")
+        out = run_both(f, p, v)
+        cp, sp = int8_rows(p.reshape(12, 7))
+        cv, sv = int8_rows(v.transpose(0, 2, 1).reshape(16, 7))
+        acc = np.einsum("bqk,bdk->bqd", cp.reshape(2, 6, 7), cv.reshape(2, 8, 7))
+        ref = (acc.astype(np.float32) * sp.reshape(2, 6, 1)) * sv.reshape(2, 1, 8)
+    np.testing.assert_array_equal(out, ref)
+
+
+def conv_int64(x: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """NHWC x HWIO, stride 1, SAME padding, exact integer sums."""
+    kh, kw = k.shape[:2]
+    padded = np.pad(x, ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0)))
+    n, h, w, _ = x.shape
+    out = np.zeros((n, h, w, k.shape[3]), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            out += np.einsum("nhwc,co->nhwo", padded[:, i : i + h, j : j + w], k[i, j])
+    return out
+
+
+def test_w8a8_convolution_matches_int64_reference():
+    x, k = normal(2, 5, 5, 3), normal(3, 3, 3, 4)
+
+    def conv(x, k):
+        return lax.conv_general_dilated(
+            x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    out = run_both(precision.apply(conv, contract="int8"), x, k)
+    # rows: one per image of the input, one per output channel of the kernel
+    cx, sx = int8_rows(x.reshape(2, -1))
+    ck, sk = int8_rows(k.transpose(3, 0, 1, 2).reshape(4, -1))
+    acc = conv_int64(cx.reshape(x.shape), ck.reshape(4, 3, 3, 3).transpose(1, 2, 3, 0))
+    ref = (acc.astype(np.float32) * sx.reshape(2, 1, 1, 1)) * sk.reshape(1, 1, 1, 4)
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_w8a8_uses_stored_int8_codes_of_a_weight():
+    x, w = normal(4, 16), normal(16, 8)
+    wt = Tensor(w).to_reduced_precision("int8", scaling=dtypes.PerAxis(1))
+    enc = wt.encoded
+    f = precision.apply(lambda x, w: x @ w, contract="int8")
+    out = run_both(f, x, wt)
+    result = f(x, wt)
+    assert isinstance(result, Tensor)
+    assert result.format.name == "float32"
+    cx, sx = int8_rows(x)
+    acc = cx @ np.asarray(enc.data).astype(np.int64)  # the stored codes, not re-quantized
+    ref = (acc.astype(np.float32) * sx.reshape(4, 1)) * np.asarray(enc.scale).reshape(1, 8)
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_w8a8_rescales_once_into_the_declared_compute_format():
+    x, w = normal(4, 16), normal(16, 8)
+    xt = Tensor(x).to_reduced_precision("bfloat16")
+    out = precision.apply(lambda x, w: x @ w, compute="bfloat16", contract="int8")(xt, w)
+    assert out.format.name == "bfloat16"
+    cx, sx = int8_rows(np.asarray(xt))
+    cw, sw = int8_rows(dtypes.bfloat16.round(w).T)  # float32 weights enter as bfloat16
+    ref = ((cx @ cw.T).astype(np.float32) * sx.reshape(4, 1)) * sw.reshape(1, 8)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(dtypes.bfloat16.round(ref)))
+
+
+def hlo_types(text: str) -> dict[str, str]:
+    """Instruction name -> element type, from compiled HLO text."""
+    return dict(re.findall(r"%([\w.\-]+) = (\w+)\[", text))
+
+
+def test_w8a8_mlp_compiles_to_s8_dots_with_s32_accumulation():
+    x, w1, w2 = normal(16, 32), normal(32, 64), normal(64, 8)
+
+    def mlp(x, w1, w2):
+        return jax.nn.relu(x @ w1) @ w2
+
+    f = precision.apply(mlp, contract="int8")
+    text = jax.jit(f).lower(x, w1, w2).compile().as_text()
+    types = hlo_types(text)
+    dots = re.findall(r"= (\w+)\[[^\]]*\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)", text)
+    assert len(dots) == 2, text
+    for out_type, lhs, rhs in dots:
+        assert out_type == "s32"
+        assert types[lhs] == "s8"
+        assert types[rhs] == "s8"
+    assert not re.search(r"= f32\[[^\]]*\]\S* dot\(", text)
+
+
+# -- fp8: operands are dtypes encodings, float32 accumulation -----------------
+
+
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise", "mx"])
+def test_fp8_operands_equal_dtypes_encodings(scaling):
+    a, b = normal(2, 3, 64, scale=5.0), normal(64, 6)
+    eqn = jax.make_jaxpr(lambda a, b: a @ b)(a, b).jaxpr.eqns[-1]
+    la, lb = layouts(eqn, a.shape, b.shape)
+    fmt = dtypes.float8_e4m3fn
+    for x, rows, layout in ((a, a.reshape(6, 64), la), (b, b.T, lb)):
+        got = quantize(jnp.asarray(x), layout, fmt, scaling)
+        ref = fmt.encode(rows, scaling=ROW_SCALING[scaling])
+        assert got.data.dtype == jnp.float8_e4m3fn
+        np.testing.assert_array_equal(
+            np.asarray(got.data).view(np.uint8), np.asarray(ref.data).view(np.uint8)
+        )
+        np.testing.assert_array_equal(np.asarray(got.scale), np.asarray(ref.scale))
+
+
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise", "mx"])
+def test_fp8_contraction_is_the_product_of_the_encodings(scaling):
+    a, b = normal(2, 3, 64, scale=5.0), normal(64, 6)
+    contract = Contract("float8_e4m3fn", scaling=scaling)
+    out = run_both(precision.apply(lambda a, b: a @ b, contract=contract), a, b)
+    qa = decoded_rows(a.reshape(6, 64), "float8_e4m3fn", scaling)
+    qb = decoded_rows(b.T, "float8_e4m3fn", scaling)
+    ref = (qa @ qb.T).reshape(2, 3, 6)
+    np.testing.assert_allclose(out, ref, rtol=2e-6, atol=1e-5)
+    # and the quantization is visible: the float32 product is further away
+    assert np.abs(out - a @ b).max() > 100 * np.abs(out - ref).max()
+
+
+def test_fp8_tensorwise_dequantizes_in_the_gemm_rewriter_pattern():
+    a, b = normal(8, 32), normal(32, 4)
+    f = precision.apply(lambda a, b: a @ b, contract="float8_e4m3fn")
+    text = jax.jit(f).lower(a, b).as_text()
+    # convert(f8 -> f32) then a multiply by a broadcast scalar scale, feeding the dot
+    assert re.search(
+        r"stablehlo.convert %\S+ : \(tensor<8x32xf8E4M3FN>\) -> tensor<8x32xf32>", text
+    )
+    assert re.search(
+        r"stablehlo.convert %\S+ : \(tensor<4x32xf8E4M3FN>\) -> tensor<4x32xf32>", text
+    )
+    assert re.search(
+        r"broadcast_in_dim %\S+, dims = \[\] : \(tensor<f32>\) -> tensor<8x32xf32>", text
+    )
+
+
+# -- gradients ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backward", [None, "float8_e5m2"])
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+def test_fp8_backward_cotangents_are_encoded_when_declared(backward, scaling):
+    x, w, g = normal(4, 3, 32), normal(32, 16), normal(4, 3, 16, scale=1e-3)
+    contract = Contract("float8_e4m3fn", backward=backward, scaling=scaling)
+    f = precision.apply(lambda x, w: x @ w, contract=contract)
+    _, vjp = jax.vjp(f, x, w)
+    dx, dw = (np.asarray(t) for t in vjp(g))
+    qx = decoded_rows(x.reshape(12, 32), "float8_e4m3fn", scaling)
+    qw = decoded_rows(w.T, "float8_e4m3fn", scaling)  # (16, 32)
+    rows = g.reshape(12, 16)
+    qg = rows.astype(np.float64) if backward is None else decoded_rows(rows, backward, scaling)
+    # straight-through: the cotangent meets the quantized forward operands
+    np.testing.assert_allclose(dx, (qg @ qw).reshape(x.shape), rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(dw, qx.T @ qg, rtol=1e-5, atol=1e-9)
+    if backward is not None:
+        unquantized = (rows.astype(np.float64) @ qw).reshape(x.shape)
+        assert np.abs(dx - unquantized).max() > 1e-3 * np.abs(unquantized).max()
+
+
+def test_w8a8_gradients_are_straight_through_under_jit():
+    x, w, g = normal(5, 16), normal(16, 8), normal(5, 8)
+    f = precision.apply(lambda x, w: x @ w, contract="int8")
+    dx, dw = jax.jit(jax.grad(lambda x, w: jnp.sum(f(x, w) * g), argnums=(0, 1)))(x, w)
+    cx, sx = int8_rows(x)
+    cw, sw = int8_rows(w.T)
+    qx, qw = cx * sx.astype(np.float64), cw * sw.astype(np.float64)
+    np.testing.assert_allclose(np.asarray(dx), g @ qw, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(dw), qx.T @ g, rtol=1e-5, atol=1e-6)
+
+
+# -- the no-mixing rule, and declarations ------------------------------------
+
+
+def test_contract_without_compute_keeps_the_no_mixing_rule():
+    x = Tensor(normal(4, 16)).to_reduced_precision("bfloat16")
+    w8 = Tensor(normal(16, 8)).to_reduced_precision("int8")
+    f = precision.apply(lambda x, w: x @ w, contract="int8")
+    with pytest.raises(precision.PrecisionMismatchError, match=r'compute="bfloat16"'):
+        f(x, w8)
+    with pytest.raises(precision.PrecisionMismatchError, match="bfloat16"):
+        f(x, normal(16, 8))  # a raw float32 array meets a bfloat16 tensor
+    declared = precision.apply(lambda x, w: x @ w, compute="bfloat16", contract="int8")
+    assert declared(x, w8).format.name == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"forward": "bfloat16"}, ValueError, "at most 8 bits"),
+        ({"forward": "int1"}, ValueError, "symmetric integer"),
+        ({"forward": "mxfp8"}, ValueError, "its own scaling"),
+        ({"forward": "int8", "scaling": "blockwise"}, ValueError, "tensorwise, rowwise, mx"),
+        ({"forward": "float8_e4m3fn", "backward": "float16"}, ValueError, "backward"),
+        ({"forward": "nope"}, ValueError, "nope"),
+    ],
+)
+def test_contract_refuses_what_it_cannot_do(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        Contract(**kwargs)
+
+
+def test_apply_refuses_a_contract_of_the_wrong_type():
+    with pytest.raises(TypeError, match=r"precision\.Contract"):
+        precision.apply(jnp.dot, contract=8)
+
+
+def test_contract_shorthand_and_defaults():
+    assert Contract("int8") == Contract(dtypes.int8, scaling="rowwise")
+    assert Contract("e4m3").scaling == "tensorwise"
+    assert Contract("e4m3", backward="e5m2").backward == dtypes.float8_e5m2
