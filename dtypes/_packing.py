@@ -11,10 +11,10 @@ whole number of bytes (`packed_length`). Signed int codes are stored in
 two's complement; int1 stores one bit per value, 1 for +1 and 0 for -1.
 
 Everything is vectorised jnp: the codes are cut into groups of
-`lcm(bits, 8) / bits` codes that fill `lcm(bits, 8) / 8` bytes exactly, read
-as uint32 words by a bitcast, and each output word of a group is a fixed OR
-of shifted fields, unrolled over the at most 8 codes of a group and never
-over the data.
+`lcm(bits, 8) / bits` codes that fill `lcm(bits, 8) / 8` bytes exactly, and
+each byte of a group (each code, when unpacking) is a reduction over the
+group of fixed shifts, unrolled over the at most 15 bytes of a group and
+never over the data.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 __all__ = ["group_shape", "pack", "packed_length", "unpack"]
@@ -97,40 +98,37 @@ def pack(codes: jax.Array, bits: int) -> jax.Array:
 
 
 def _pack_dense(codes: jax.Array, bits: int, n: int) -> jax.Array:
-    """Widths that do not divide a byte: whole groups as uint32 words, by shifts.
+    """Widths that do not divide a byte: groups as uint32 words, then bytes.
 
-    The codes of a group sit one per container (uint8, or uint16 past 8 bits),
-    so a bitcast reads them as uint32 words for free; each code's field moves
-    to its stream position with a shift, the output words are bitcast back to
-    bytes and the group's last unused bytes dropped. Everything is elementwise
-    on arrays of one word per group, which vectorises; no strided gathers.
+    Each 32-bit word of a group's bit stream is one reduction over the group's
+    codes, each shifted into place (the fields are disjoint, so the sum is an
+    OR); the words are then cut into bytes. The codes are read by as many
+    reductions as a group has words (one for fp6), so whatever computed them
+    is not repeated per output byte when XLA fuses it in; reductions over a
+    short last axis vectorise on XLA:CPU, where strided slices do not.
     """
     per_group, group_bytes = group_shape(bits)
-    cb = 1 if bits <= 8 else 2  # container bytes per code
-    container = jnp.uint8 if cb == 1 else jnp.uint16
-    in_words, out_words = per_group * cb // 4, -(-group_bytes // 4)
+    n_words = -(-group_bytes // 4)
     groups = math.ceil(n / per_group)
     lead = codes.shape[:-1]
-    field = _pad_last(codes, groups * per_group).astype(container)
-    words = lax.bitcast_convert_type(field.reshape((*lead, groups, in_words, 4 // cb)), jnp.uint32)
-    mask = jnp.uint32((1 << bits) - 1)
-    out: list[jax.Array | None] = [None] * out_words
-    for i in range(per_group):  # a fixed layout, unrolled over <= 8 codes
-        src = 8 * cb * i
-        v = (words[..., src // 32] >> jnp.uint32(src % 32)) & mask
-        pos = i * bits
-        w, d = pos // 32, pos % 32
-        out[w] = _or(out[w], v << jnp.uint32(d))
-        if d + bits > 32:
-            out[w + 1] = _or(out[w + 1], v >> jnp.uint32(32 - d))
-    packed = jnp.stack(out, axis=-1)
-    as_bytes = lax.bitcast_convert_type(packed, jnp.uint8).reshape((*lead, groups, 4 * out_words))
-    data = as_bytes[..., :group_bytes].reshape((*lead, groups * group_bytes))
-    return data[..., : packed_length(n, bits)]
-
-
-def _or(acc: jax.Array | None, part: jax.Array) -> jax.Array:
-    return part if acc is None else acc | part
+    field = _pad_last(codes, groups * per_group).astype(jnp.uint32)
+    field = field.reshape((*lead, groups, per_group)) & jnp.uint32((1 << bits) - 1)
+    at = (1,) * (field.ndim - 1) + (per_group,)
+    words = []
+    for w in range(n_words):  # a fixed layout, unrolled over <= 4 words
+        left = np.full(per_group, 32, np.uint32)  # shifting out every bit: no part
+        right = np.zeros(per_group, np.uint32)
+        for i in range(per_group):
+            s = i * bits - 32 * w  # where code i starts relative to word w
+            if -bits < s < 32:
+                left[i], right[i] = max(s, 0), max(-s, 0)
+        parts = (field << left.reshape(at)) >> right.reshape(at)
+        words.append(jnp.sum(parts, axis=-1, dtype=jnp.uint32))
+    stacked = jnp.stack(words, axis=-1)[..., None]
+    shifts = np.array([0, 8, 16, 24], np.uint32).reshape((1,) * (stacked.ndim - 1) + (4,))
+    as_bytes = ((stacked >> shifts) & jnp.uint32(0xFF)).astype(jnp.uint8)
+    as_bytes = as_bytes.reshape((*lead, groups, 4 * n_words))[..., :group_bytes]
+    return as_bytes.reshape((*lead, groups * group_bytes))[..., : packed_length(n, bits)]
 
 
 def _pack_sub_byte(codes: jax.Array, bits: int, n: int) -> jax.Array:
@@ -178,7 +176,7 @@ def _unpack_sub_byte(data: jax.Array, bits: int, n: int) -> jax.Array:
 
 
 def _unpack_dense(data: jax.Array, bits: int, n: int) -> jax.Array:
-    """Inverse of `_pack_dense` (and of the 16-bit byte pairs)."""
+    """Inverse of `_pack_dense` (and of the 8- and 16-bit layouts)."""
     lead = data.shape[:-1]
     if bits == 8:
         return data[..., :n]
@@ -186,23 +184,22 @@ def _unpack_dense(data: jax.Array, bits: int, n: int) -> jax.Array:
         pairs = data[..., : 2 * n].reshape((*lead, n, 2))
         return lax.bitcast_convert_type(pairs, jnp.uint16)
     per_group, group_bytes = group_shape(bits)
-    cb = 1 if bits <= 8 else 2
-    container = jnp.uint8 if cb == 1 else jnp.uint16
-    in_words, out_words = per_group * cb // 4, -(-group_bytes // 4)
+    container = jnp.uint8 if bits <= 8 else jnp.uint16
+    width = 8 if bits <= 8 else 16
     groups = math.ceil(n / per_group)
-    b = _pad_last(data[..., : groups * group_bytes], groups * group_bytes)
+    b = _pad_last(data[..., : groups * group_bytes], groups * group_bytes).astype(container)
     b = b.reshape((*lead, groups, group_bytes))
-    b = _pad_last(b, 4 * out_words).reshape((*lead, groups, out_words, 4))
-    words = lax.bitcast_convert_type(b, jnp.uint32)
-    mask = jnp.uint32((1 << bits) - 1)
-    out: list[jax.Array | None] = [None] * in_words
+    mask = container((1 << bits) - 1)
+    out = []
     for i in range(per_group):  # a fixed layout, unrolled over <= 8 codes
-        pos = i * bits
-        w, d = pos // 32, pos % 32
-        v = words[..., w] >> jnp.uint32(d)
-        if d + bits > 32:
-            v = v | (words[..., w + 1] << jnp.uint32(32 - d))
-        dst = 8 * cb * i
-        out[dst // 32] = _or(out[dst // 32], (v & mask) << jnp.uint32(dst % 32))
-    codes = lax.bitcast_convert_type(jnp.stack(out, axis=-1), container)
+        left = np.full(group_bytes, width, np.uint32)
+        right = np.zeros(group_bytes, np.uint32)
+        for j in range(group_bytes):
+            t = 8 * j - i * bits  # where byte j starts relative to code i
+            if -8 < t < bits:
+                left[j], right[j] = max(t, 0), max(-t, 0)
+        at = (1,) * (b.ndim - 1) + (group_bytes,)
+        parts = (b << left.astype(container).reshape(at)) >> right.astype(container).reshape(at)
+        out.append(jnp.sum(parts, axis=-1, dtype=container) & mask)
+    codes = jnp.stack(out, axis=-1)
     return codes.reshape((*lead, groups * per_group))[..., :n]
