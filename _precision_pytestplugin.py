@@ -31,6 +31,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "fmt" not in metafunc.fixturenames:
         return  # the common case: nothing of precision is imported
+    defs = getattr(metafunc, "_arg2fixturedefs", {}).get("fmt")
+    if defs and getattr(getattr(defs[-1], "func", None), "__module__", __name__) != __name__:
+        return  # a conftest's own `fmt` fixture: not ours, nothing to import
     from precision.testing._plugin import parametrize_fmt
 
     parametrize_fmt(metafunc, __name__)

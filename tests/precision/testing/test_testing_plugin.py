@@ -227,3 +227,39 @@ def test_a_projects_conftest_still_configures_jax(tmp_path, plugin):
             check=True,
         )
         assert "@pytest.mark.formats(" in probe.stdout
+
+
+OWN_FMT_NO_IMPORT_CONFTEST = """
+import pytest
+
+@pytest.fixture
+def fmt():
+    return "the project's own"
+"""
+
+OWN_FMT_NO_IMPORT_TEST = """
+import sys
+
+def test_own_fmt_and_nothing_of_precision_imported(fmt):
+    assert fmt == "the project's own"
+    assert "precision" not in sys.modules
+    assert "dtypes" not in sys.modules
+
+def test_unrelated():
+    assert "precision" not in sys.modules
+"""
+
+
+def test_a_session_that_never_uses_the_fixtures_never_imports_precision(tmp_path):
+    (tmp_path / "conftest.py").write_text(OWN_FMT_NO_IMPORT_CONFTEST)
+    (tmp_path / "test_own.py").write_text(OWN_FMT_NO_IMPORT_TEST)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
