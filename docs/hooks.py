@@ -150,19 +150,36 @@ def mx_formats() -> dict[str, dtypes.Format]:
     }
 
 
+MX_NAMED = {
+    "MXFP8 (E4M3)": "mxfp8_e4m3",
+    "MXFP8 (E5M2)": "mxfp8_e5m2",
+    "MXFP6 (E3M2)": "mxfp6_e3m2",
+    "MXFP6 (E2M3)": "mxfp6_e2m3",
+    "MXFP4": "mxfp4",
+    "MXINT8": "mxint8",
+    "NVFP4": "nvfp4",
+}
+
+
 def mx_table() -> str:
-    """Markdown table of the MX compositions and their real footprint, from `nbytes`."""
-    scaling = dtypes.PerBlock(32, power_of_two=True)
+    """Markdown table of the MX and NVFP4 compositions and their real footprint, from `nbytes`."""
     n = MX_SHAPE[0] * MX_SHAPE[1]
     lines = [
-        "| composition | element format | container | bytes of a 1024×1024 tensor "
+        "| composition | registry name | element layout | scales | bytes of a 1024×1024 tensor "
         "| bits per value, scales included |",
-        "|---|---|---|---|---|",
+        "|---|---|---|---|---|---|",
     ]
-    for name, fmt in mx_formats().items():
-        nbytes = fmt.nbytes(MX_SHAPE, scaling)
-        container = fmt.container.name + (" (packed)" if fmt.packed else "")
-        lines.append(f"| {name} | `{fmt!r}` | `{container}` | {nbytes:,} | {nbytes * 8 / n:g} |")
+    for label, name in MX_NAMED.items():
+        fmt = dtypes.get(name)
+        nbytes = fmt.nbytes(MX_SHAPE)
+        element = f"{fmt.bits}-bit" + (" packed" if fmt.packed else "")
+        sc = fmt.scaling
+        scales = f"`{sc.scale_format}` per {sc.size}" + (
+            " × one float32 per tensor" if sc.scale_format == "float8_e4m3fn" else ""
+        )
+        lines.append(
+            f"| {label} | `{name}` | {element} | {scales} | {nbytes:,} | {nbytes * 8 / n:g} |"
+        )
     return "\n".join(lines)
 
 

@@ -116,21 +116,24 @@ def test_format_table_integer_rows():
 
 
 def test_mx_table_bytes():
-    # 1024*1024 values in blocks of 32, one float32 scale per block.
-    n, scale_bytes = 1024 * 1024, 1024 * 1024 // 32 * 4
-    element_bytes = {  # bytes per value of the element format's storage
-        "MXFP8 (E4M3)": 1,
-        "MXFP8 (E5M2)": 1,
-        "MXFP6 (E3M2)": 1,
-        "MXFP6 (E2M3)": 1,
-        "MXFP4": 0.5,
-        "MXINT8": 1,
+    # 1024*1024 values: MX stores one E8M0 byte per block of 32; NVFP4 one e4m3 byte per
+    # block of 16 and a 4-byte float32 tensor scale.
+    n = 1024 * 1024
+    expected = {  # element bits per value, bytes of scales
+        "MXFP8 (E4M3)": (8, n // 32),
+        "MXFP8 (E5M2)": (8, n // 32),
+        "MXFP6 (E3M2)": (6, n // 32),
+        "MXFP6 (E2M3)": (6, n // 32),
+        "MXFP4": (4, n // 32),
+        "MXINT8": (8, n // 32),
+        "NVFP4": (4, n // 16 + 4),
     }
     rows = _table(hooks.mx_table())
-    assert [row["composition"] for row in rows] == list(element_bytes)
+    assert [row["composition"] for row in rows] == list(expected)
     for row in rows:
-        expected = int(n * element_bytes[row["composition"]]) + scale_bytes
-        assert int(row["bytes of a 1024×1024 tensor"].replace(",", "")) == expected
+        bits, scale_bytes = expected[row["composition"]]
+        got = int(row["bytes of a 1024×1024 tensor"].replace(",", ""))
+        assert got == n * bits // 8 + scale_bytes
 
 
 def test_mx_compositions_encode_with_power_of_two_block_scales():
