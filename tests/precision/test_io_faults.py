@@ -866,3 +866,40 @@ def test_the_word_at_a_time_field_search_agrees_with_a_field_by_field_reference(
                 arr[rng.integers(0, n)] = rng.choice(every)
             reference = any(np.any(((arr >> k) & mask) == value) for k in range(0, 8, bits))
             assert _layout._has_field(arr, bits, value) == reference, (arr.tolist(), bits)
+
+
+RACER = """
+import sys, time
+import numpy as np
+import precision
+
+path, me, start = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+tree = {"who": np.full(100_000, me, np.int32)}
+time.sleep(max(0.0, start - time.time()))
+try:
+    precision.save(path, tree)
+    print("created")
+except FileExistsError:
+    print("exists")
+"""
+
+
+def test_concurrent_savers_without_overwrite_create_the_file_once(tmp_path):
+    script = tmp_path / "racer.py"
+    script.write_text(RACER)
+    path = tmp_path / "shared.safetensors"
+    start = time.time() + 5  # about when every process has imported JAX (later is fine too)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(path), str(i), str(start)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    outcomes = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert sorted(outcomes) == ["created", "exists", "exists", "exists"], outcomes
+    winner = outcomes.index("created")
+    who = np.asarray(precision.load(path)["who"])
+    np.testing.assert_array_equal(who, np.full(100_000, winner, np.int32))
+    assert sorted(os.listdir(tmp_path)) == ["racer.py", "shared.safetensors"]
