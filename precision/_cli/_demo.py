@@ -35,6 +35,7 @@ from jax import lax
 import dtypes
 
 from .._apply import apply
+from .._contract import Contract
 from .._loss_scale import DynamicLossScale, NoOpLossScale, all_finite, select_tree
 from .._tensor import Tensor
 from .._tree import to_full_precision, to_reduced_precision, tree_nbytes
@@ -204,6 +205,8 @@ class Mode:
         storage: format the parameters themselves are stored in, or None for
             float32 master weights.
         rounding: how updates are rounded into `storage`.
+        contract: quantization declared at every contraction (a format name
+            or a `precision.Contract`): W8A8 and fp8 training, straight-through.
     """
 
     name: str
@@ -214,6 +217,7 @@ class Mode:
     loss_scaling: bool = False
     storage: str | None = None
     rounding: str = "nearest_even"
+    contract: Any = None
 
 
 MODES: dict[str, Mode] = {
@@ -248,6 +252,16 @@ MODES: dict[str, Mode] = {
             compute="bfloat16",
             storage="bfloat16",
             rounding="stochastic",
+        ),
+        Mode(
+            "fp8-hybrid",
+            "fp8 contractions: e4m3 forward, e5m2 gradients, per-tensor scales",
+            contract=Contract("float8_e4m3fn", backward="float8_e5m2", scaling="tensorwise"),
+        ),
+        Mode(
+            "w8a8-qat",
+            "int8 contractions: per-row activations, per-channel kernels, int32 sums",
+            contract="int8",
         ),
     )
 }
@@ -296,6 +310,11 @@ def _forward(mode: Mode) -> Callable[[Params, jax.Array], jax.Array]:
     result of every operation onto F's grid.
     """
     quantize = _fake_quantize(mode)
+    if mode.contract is not None:
+        # Float32 parameters and images; every conv and dense layer is quantized
+        # at the contraction (both operands), the rest stays float32.
+        quantized = apply(cnn, compute=mode.compute, contract=mode.contract)
+        return lambda params, x: jnp.asarray(quantized(quantize(params), x))
     if mode.compute is None:
         return lambda params, x: cnn(quantize(params), x)
     fmt = dtypes.get(mode.compute)

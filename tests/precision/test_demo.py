@@ -24,6 +24,8 @@ MODES = [
     "int1-qat",
     "bf16-pure-nearest",
     "bf16-pure-stochastic",
+    "fp8-hybrid",
+    "w8a8-qat",
 ]
 
 
@@ -61,6 +63,8 @@ def _expected_param_bytes(h: int, w: int) -> dict[str, int]:
         "int1-qat": quantized(1, skip=("conv1", "dense3")),
         "bf16-pure-nearest": 2 * (weights + biases),
         "bf16-pure-stochastic": 2 * (weights + biases),
+        "fp8-hybrid": f32,  # float32 masters; quantized only at the contractions
+        "w8a8-qat": f32,
     }
 
 
@@ -206,5 +210,7 @@ def test_default_demo_meets_the_acceptance_bar(tmp_path):
     assert abs(acc["int8-qat"] - acc["fp32"]) <= 1.0
     assert abs(acc["int4-qat"] - acc["fp32"]) <= 2.0
     assert acc["int1-qat"] >= 85.0
+    for mode in ("fp8-hybrid", "w8a8-qat"):
+        assert abs(acc[mode] - acc["fp32"]) <= 0.5, mode
     assert acc["bf16-pure-stochastic"] >= acc["bf16-pure-nearest"]
     assert kept["bf16-pure-nearest"] < 0.9 < kept["bf16-pure-stochastic"]
