@@ -135,10 +135,6 @@ def _physical_memory() -> int | None:
         return None
 
 
-def _rank_error(name: str, what: str, problem: str) -> str:
-    return f"tensor {name[:200]!r}: {what} {problem}"
-
-
 class Reader:
     """An open, fully validated checkpoint whose tensors are read one at a time.
 
