@@ -199,11 +199,12 @@ def _grad_layout(eqn, shape: tuple[int, ...]) -> Layout:
 
 
 def _int_stored(
-    stored: Stored | None, layout: Layout, forward: dtypes.Format, moved: bool
+    stored: Stored | None, layout: Layout, forward: dtypes.Format
 ) -> tuple[jax.Array, jax.Array] | None:
     """(codes, kept-dim scale) of an integer storage operand whose scales factor out and
     whose codes fit the declared format (int4 codes serve an int8 contraction, not the
-    other way round). With `moved`, the codes come kept dims first (see `_int_rows`)."""
+    other way round). The codes stay in the operand's own layout: XLA:CPU gives its int8
+    kernel a stored array as it is, and upcasts a transposed copy to s32."""
     if stored is None:
         return None
     enc = stored.enc
@@ -221,7 +222,7 @@ def _int_stored(
     if scale is None:
         return None
     codes = _codes(stored)
-    return (layout.moved(codes) if moved else codes), scale.astype(jnp.float32)
+    return codes, scale.astype(jnp.float32)
 
 
 def _zero_cotangent(x: Any) -> Any:
@@ -245,9 +246,10 @@ def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> l
     # Integer codes of a dot_general are contracted with their kept dims first and
     # summed dims last (a "row-major times transposed" GEMM): XLA:CPU hands that
     # form to its s8 x s8 -> s32 kernel, and upcasts the codes to s32 for others.
-    moved = op == "dot_general"
-    ext_a = _int_stored(stored_a, la, fmt, moved) if integer else None
-    ext_b = _int_stored(stored_b, lb, fmt, moved) if integer else None
+    ext_a = _int_stored(stored_a, la, fmt) if integer else None
+    ext_b = _int_stored(stored_b, lb, fmt) if integer else None
+    moved_a = op == "dot_general" and ext_a is None
+    moved_b = op == "dot_general" and ext_b is None
     same_a = not integer and stored_a is not None and stored_a.enc.format == fmt
     same_b = not integer and stored_b is not None and stored_b.enc.format == fmt
     if stored_a is not None and ext_a is None and not same_a:
@@ -275,14 +277,14 @@ def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> l
         """Residuals: the narrow operands (codes and scales), never float copies."""
         ea, eb, sta, stb = ext
         if integer:
-            qa = ea if ea is not None else _int_rows(a, la, fmt, scaling, moved)
-            qb = eb if eb is not None else _int_rows(b, lb, fmt, scaling, moved)
+            qa = ea if ea is not None else _int_rows(a, la, fmt, scaling, moved_a)
+            qb = eb if eb is not None else _int_rows(b, lb, fmt, scaling, moved_b)
             return qa, qb
         qa = sta if same_a else quantize(a, la, fmt, scaling)
         qb = stb if same_b else quantize(b, lb, fmt, scaling)
         return qa, qb
 
-    def values(q, layout: Layout, same: bool, last) -> jax.Array:
+    def values(q, layout: Layout, same: bool, last, moved: bool) -> jax.Array:
         """Float32 values of a quantized operand (what the backward pass contracts with)."""
         if integer:
             codes, kept_scale = q
@@ -299,22 +301,18 @@ def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> l
             (ca, ka), (cb, kb) = qa, qb
             iparams = dict(eqn.params)
             iparams["preferred_element_type"] = np.dtype(np.int32)
-            if moved:
-                nb, na, nk = (
-                    len(eqn.params["dimension_numbers"][1][0]),
-                    len(la.kept),
-                    len(la.summed),
+            if op == "dot_general":
+                (lc, rc), (lbatch, rbatch) = eqn.params["dimension_numbers"]
+                (lc, lbatch), (rc, rbatch) = (
+                    _moved_dims(la, len(lbatch)) if moved_a else (tuple(lc), tuple(lbatch)),
+                    _moved_dims(lb, len(rbatch)) if moved_b else (tuple(rc), tuple(rbatch)),
                 )
-                nbk = len(lb.kept)
-                iparams["dimension_numbers"] = (
-                    (tuple(range(na, na + nk)), tuple(range(nbk, nbk + nk))),
-                    (tuple(range(nb)), tuple(range(nb))),
-                )
+                iparams["dimension_numbers"] = ((lc, rc), (lbatch, rbatch))
             acc = eqn.primitive.bind(ca, cb, **iparams)
             oa, ob = _out_scale(eqn, acc.ndim, ka, kb, la, lb)
             return ((acc.astype(jnp.float32) * oa) * ob).astype(out_dtype)
-        va = values(qa, la, same_a, last_a)
-        vb = values(qb, lb, same_b, last_b)
+        va = values(qa, la, same_a, last_a, moved_a)
+        vb = values(qb, lb, same_b, last_b, moved_b)
         return bind_f32(va, vb).astype(out_dtype)
 
     @jax.custom_vjp
@@ -331,8 +329,8 @@ def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> l
         if spec.backward is not None:
             gl = _grad_layout(eqn, g.shape)
             g = dequantize(quantize(g, gl, spec.backward, scaling), gl)
-        va = values(qa, la, same_a, last_a)
-        vb = values(qb, lb, same_b, last_b)
+        va = values(qa, la, same_a, last_a, moved_a)
+        vb = values(qb, lb, same_b, last_b, moved_b)
         _, vjp = jax.vjp(bind_f32, va, vb)
         da, db = vjp(g)
         return (
@@ -344,6 +342,12 @@ def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> l
     contract.defvjp(contract_fwd, contract_bwd)
     out = contract(a, b, ext)
     return finish(op, [out], state)
+
+
+def _moved_dims(layout: Layout, n_batch: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(contracting, batch) dims of a `dot_general` operand laid out kept dims first."""
+    k = len(layout.kept)
+    return tuple(range(k, k + len(layout.summed))), tuple(range(n_batch))
 
 
 def _int_rows(x: jax.Array, layout: Layout, fmt: dtypes.Format, scaling: str, moved: bool):

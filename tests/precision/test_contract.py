@@ -146,8 +146,12 @@ def hlo_types(text: str) -> dict[str, str]:
     return dict(re.findall(r"%([\w.\-]+) = (\w+)\[", text))
 
 
-def test_w8a8_mlp_compiles_to_s8_dots_with_s32_accumulation():
+@pytest.mark.parametrize("weights", ["float32", "int8 storage"])
+def test_w8a8_mlp_compiles_to_s8_dots_with_s32_accumulation(weights):
     x, w1, w2 = normal(16, 32), normal(32, 64), normal(64, 8)
+    if weights != "float32":
+        w1 = Tensor(w1).to_reduced_precision("int8", scaling=dtypes.PerAxis(1))
+        w2 = Tensor(w2).to_reduced_precision("int8", scaling=dtypes.PerAxis(1))
 
     def mlp(x, w1, w2):
         return jax.nn.relu(x @ w1) @ w2
