@@ -525,7 +525,7 @@ def _storage_sharding(t: Tensor, target: Any, where: str) -> tuple[Any, Any]:
         packed = t._data.shape[-1]
         if packed % n:
             raise DeviceMismatchError(
-                f"{where}: the last axis of a {t.format.name} Tensor of shape {t.shape} is "
+                f"{where}: the last axis of this {t.format.name} Tensor of shape {t.shape} is "
                 f"packed into {packed} bytes, which {n} devices cannot split evenly (logical "
                 f"length {t.shape[-1]}); shard another axis, or pad the last axis to a "
                 f"multiple of {n * 8 // t.format.code_bits} values"

@@ -171,3 +171,45 @@ def test_sharded_encode_under_jit(scaling):
         """
     )
     assert out.strip() == "ok"
+
+
+def test_storage_shardings_and_device_put_of_a_tree_of_placements():
+    out = run_script(
+        """
+        w = np.arange(8 * 64, dtype=np.float32).reshape(8, 64) / 100
+        params = {
+            "w8": Tensor(w).to_reduced_precision("int8", scaling=dtypes.PerAxis(0)),
+            "w4": Tensor(w).to_reduced_precision("int4", scaling=dtypes.PerBlock(8)),
+            "b": jnp.ones(64),
+            "key": jax.random.key(0),
+        }
+        rows = NamedSharding(mesh, P("data", None))
+        cols = NamedSharding(mesh, P(None, "data"))
+        repl = NamedSharding(mesh, P())
+        logical = {"w8": rows, "w4": rows, "b": repl, "key": repl}
+        storage = precision.storage_shardings(params, logical)
+        assert storage["w8"].encoded.data == rows
+        assert storage["w8"].encoded.scale.spec == P("data", None)  # per-row scales follow rows
+        placed = precision.device_put(params, logical)
+        assert placed["w8"].encoded.scale.sharding.spec == P("data", None)
+        assert len(placed["w4"].encoded.data.sharding.device_set) == 8
+        np.testing.assert_array_equal(np.asarray(placed["w4"]), np.asarray(params["w4"]))
+        assert jax.random.key_data(placed["key"]).tolist() == [0, 0]
+        # a jitted function takes the storage shardings as in_shardings
+        f = jax.jit(precision.apply(lambda p, x: x @ p["w8"].T + 1.0), in_shardings=(storage, repl))
+        y = f(placed, jnp.ones((2, 64)))
+        np.testing.assert_allclose(np.asarray(y), np.ones((2, 64)) @ np.asarray(params["w8"]).T + 1, rtol=1e-6)
+        # int4 packs 64 values into 32 bytes: 8 devices split it; 12 values (6 bytes) cannot be
+        odd = {"w": Tensor(np.ones((8, 12), np.float32)).to_reduced_precision("int4")}
+        try:
+            precision.storage_shardings(odd, {"w": cols})
+        except precision.DeviceMismatchError as err:
+            print("refused:", err)
+        print("ok")
+        """
+    )
+    assert (
+        "refused: ['w']: the last axis of this int4 Tensor of shape (8, 12) is packed into 6 bytes"
+        in out
+    )
+    assert out.strip().endswith("ok")
