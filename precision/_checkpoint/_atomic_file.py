@@ -80,7 +80,7 @@ def remove_stale(directory: str) -> list[str]:
     Returns the paths removed. A file whose process is alive, or that was
     written on another host (a shared filesystem), is left alone.
     """
-    removed = []
+    removed: list[str] = []
     host = _host()
     try:
         entries = list(os.scandir(directory))
@@ -214,11 +214,12 @@ class _TempFile:
         self.name: str | None = None
         remove_stale(self.directory)
         try:
-            self.fd = self._open_unnamed()
-            if self.fd is None:
+            fd = self._open_unnamed()
+            if fd is None:
                 self.name = _temp_name(self.directory, path)
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-                self.fd = os.open(self.name, flags, 0o600)
+                fd = os.open(self.name, flags, 0o600)
+            self.fd: int = fd
         except OSError as exc:
             raise type(exc)(
                 exc.errno,

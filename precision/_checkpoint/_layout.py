@@ -397,9 +397,9 @@ def _describe(path: tuple[tuple[str, Any], ...], leaf: Any) -> tuple[Leaf, list[
     )
     if problem is not None:
         raise SaveError(
-            f"cannot save {name!r}: its {spec.format.name} encoding {problem}, which no encoder "
+            f"cannot save {name!r}: its {enc.format.name} encoding {problem}, which no encoder "
             "produces (load would refuse the file); re-encode it from finite values with "
-            f"to_reduced_precision({spec.format.name!r})"
+            f"to_reduced_precision({enc.format.name!r})"
         )
     return spec, arrays
 
@@ -662,8 +662,8 @@ def data_violation(leaf: Leaf, data: np.ndarray, *, whole_rows: bool = True) -> 
     its last byte holds no padding.
     """
     fmt = leaf.format
-    if leaf.kind != "tensor" or fmt is None or data.size == 0:
-        return None
+    if leaf.kind != "tensor" or not isinstance(fmt, FloatFormat | IntFormat) or data.size == 0:
+        return None  # other kinds of format are not stored (`format_to_json` refuses them)
     scaled = leaf.scaling is not None
     n = leaf.shape[-1] if leaf.shape else 1
     if fmt.packed:
@@ -672,7 +672,7 @@ def data_violation(leaf: Leaf, data: np.ndarray, *, whole_rows: bool = True) -> 
             problem = _padding_violation(fmt, n, data)
             if problem:
                 return problem
-        if fmt.kind == "int":
+        if isinstance(fmt, IntFormat):
             if fmt.binary:
                 return None  # every bit is a code, ±1
             if _has_field(data.reshape(-1), fmt.bits, 1 << (fmt.bits - 1)):
@@ -692,7 +692,7 @@ def data_violation(leaf: Leaf, data: np.ndarray, *, whole_rows: bool = True) -> 
             if problem:
                 return problem
         return None
-    if fmt.kind == "int":  # int8: codes in [-127, 127]
+    if isinstance(fmt, IntFormat):  # int8: codes in [-127, 127]
         if _any(np.asarray(data).view(np.int8).reshape(-1), lambda c: c == -128):
             return "holds the code -128, outside the symmetric range [-127, 127]"
         return None
@@ -716,13 +716,15 @@ def scale_violation(leaf: Leaf, scale: np.ndarray) -> str | None:
     group; under `power_of_two` every scale is an exact power of two.
     """
     fmt = leaf.format
-    if leaf.kind != "tensor" or fmt is None or leaf.scaling is None or scale.size == 0:
+    if leaf.kind != "tensor" or leaf.scaling is None or scale.size == 0:
         return None
+    if not isinstance(fmt, FloatFormat | IntFormat):
+        return None  # other kinds of format are not stored (`format_to_json` refuses them)
     if np.dtype(scale.dtype) != np.float32:
         return None  # only float32 scales are stored (`Leaf.arrays`); the shape check refuses
     u = np.asarray(scale).reshape(-1).view(np.uint32)
-    binary = fmt.kind == "int" and fmt.binary
-    top = float(fmt.qmax if fmt.kind == "int" else fmt.max)
+    binary = isinstance(fmt, IntFormat) and fmt.binary
+    top = float(fmt.qmax if isinstance(fmt, IntFormat) else fmt.max)
     for part in _slices(u):
         if np.any(part >> np.uint32(31)):
             return "has a negative scale"

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 import dtypes
-from dtypes import Format
+from dtypes import FloatFormat, Format, IntFormat
 
 from .._errors import CheckpointError
 from ._layout import (
@@ -474,9 +474,9 @@ class Reader:
         """Why no encoder gives `fmt` under `scaling` for `shape`, or None."""
         if scaling is None:
             return None
-        if fmt.kind == "int" and fmt.binary and scaling.power_of_two:
+        if isinstance(fmt, IntFormat) and fmt.binary and scaling.power_of_two:
             return "int1 scales are means of |x| and have no power-of-two variant"
-        if fmt.kind == "float" and fmt.emax >= 127:
+        if isinstance(fmt, FloatFormat) and fmt.emax >= 127:
             return f"{fmt.name} has float32's exponent range and is never scaled"
         size = getattr(scaling, "size", None)
         if size is not None and shape:
@@ -507,6 +507,8 @@ class Reader:
         if role is None:
             return
         leaf, what = role
+        if leaf.format is None:
+            return  # a plain array: any bytes are values
         if what == "data":
             problem = data_violation(leaf, array, whole_rows=whole_rows)
         else:
