@@ -167,6 +167,7 @@ def write(
             f.seek(0)
             f.write(final)
             size = f.seek(0, os.SEEK_END)
+        os.fsync(temp.fd)  # the slow part of committing, before any guard
         with guard() if guard is not None else contextlib.nullcontext():
             temp.commit()
     except BaseException:

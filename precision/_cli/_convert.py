@@ -52,6 +52,7 @@ from ._files import (
     DEFAULT_SHARD_BYTES,
     Source,
     TempDirectory,
+    check_interrupt,
     deferred_interrupts,
     leaf_nbytes,
     plan_shards,
@@ -561,6 +562,7 @@ class _Converter:
 
     def arrays(self, plans: list[_Plan]) -> Iterator[tuple[str, Any]]:
         for i, plan in enumerate(plans):
+            check_interrupt()
             self.progress.set_postfix_str(plan.leaf.name, refresh=False)
             if plan.reason is not None:
                 for name, _, _ in plan.leaf.arrays():
@@ -578,6 +580,7 @@ class _Converter:
 
     def _copy(self, reader: Reader, name: str) -> Iterator[np.ndarray]:
         for block in _Blocks(reader, name).blocks(_BLOCK * 4):
+            check_interrupt()
             yield block
             self.progress.update(block.nbytes)
 
@@ -588,6 +591,7 @@ class _Converter:
         target = np.dtype(out.format.container)
         stats = _Stats()
         for block in _Blocks(plan.reader, plan.leaf.name).blocks(_BLOCK):
+            check_interrupt()
             x = block if block.dtype == np.float32 else block.astype(np.float32)
             y = x if target == np.float32 else x.astype(target)
             if self.engine.stats:
@@ -624,6 +628,7 @@ class _Converter:
         stats = _Stats()
         done = 0
         for block in blocks.blocks(per_block, pad=True):
+            check_interrupt()
             n = min(per_block, total - done)
             data, scale, finite, energy = engine.block(block.reshape(shape), scaling, absmax)
             if scaling is not None and not finite:  # the padding is zeros: a real value

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from typing import Any
@@ -363,8 +364,10 @@ def _run(args: argparse.Namespace) -> int:
         return _cmd_formats(args)
     if args.command == "convert":
         from ._convert import _cmd_convert
+        from ._files import interrupt_handler
 
-        return _cmd_convert(args)
+        with interrupt_handler(program=args.program):
+            return _cmd_convert(args)
     from ._report import _cmd_report
 
     return _cmd_report(args)
@@ -381,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         format ...
         0
     """
+    program = argv is None
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         if argv and argv[0] == "demo":
@@ -388,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = _parser()
         try:
             args = parser.parse_args(argv)
+            args.program = program
         except SystemExit as exc:  # --help/--version (0) or a usage error (2), already printed
             return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
         try:
@@ -404,6 +409,12 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; nothing was written", file=sys.stderr)
+        if program:
+            # Everything written was discarded on the way out; end now rather
+            # than tear down an interpreter whose XLA threads may be mid-step.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
         return 130
 
 
