@@ -92,6 +92,32 @@ class Layout:
     def summed_shape(self) -> tuple[int, ...]:
         return tuple(self.shape[d] for d in self.summed)
 
+    @property
+    def in_order(self) -> bool:
+        """Whether the kept dims lead and the summed dims follow, in order (rows are a
+        reshape, no transpose)."""
+        return (*self.kept, *self.summed) == tuple(range(len(self.shape)))
+
+    def direct(self, scaling: str) -> dtypes.Scaling | None:
+        """The scaling that groups the operand exactly like its rows, applied to the
+        operand as it is laid out (no transpose), if there is one.
+
+        A transpose feeding XLA's encode fusion makes its reductions strided (ten
+        times slower on CPU for a (784, 1024) kernel), so a single kept dim is
+        scaled `PerAxis` in place, and MX blocks run along a single summed dim.
+        """
+        if not self.shape:
+            return None
+        if scaling == "tensorwise":
+            return dtypes.PerTensor()
+        if scaling == "rowwise" and len(self.kept) == 1:
+            return dtypes.PerAxis(self.kept[0])
+        if scaling == "rowwise" and not self.kept:
+            return dtypes.PerTensor()
+        if scaling == "mx" and len(self.summed) == 1:
+            return dataclasses.replace(MX, axis=self.summed[0])
+        return None
+
     def moved(self, x: jax.Array) -> jax.Array:
         """`x` with its kept dims first, then its summed dims."""
         return jnp.transpose(x, (*self.kept, *self.summed))
@@ -146,12 +172,22 @@ def layouts(eqn, a_shape, b_shape) -> tuple[Layout, Layout]:
 
 
 def quantize(x: jax.Array, layout: Layout, fmt: dtypes.Format, scaling: str) -> dtypes.Encoded:
-    """The operand's rows encoded in `fmt` (codes and scales exactly as `dtypes` makes them)."""
-    return fmt.encode(layout.rows(x.astype(jnp.float32)), scaling=scaling_for(scaling))
+    """The operand encoded in `fmt` by rows (codes and scales exactly as `dtypes` makes them).
+
+    The encoding is of the operand as it is laid out when `layout.direct(scaling)`
+    groups it like its rows (the same groups, so the same codes and scales), else of
+    its (rows, summed) matrix.
+    """
+    x = x.astype(jnp.float32)
+    direct = layout.direct(scaling)
+    if direct is not None:
+        return fmt.encode(x, scaling=direct)
+    return fmt.encode(layout.rows(x), scaling=scaling_for(scaling))
 
 
-def dequantize(enc: dtypes.Encoded, layout: Layout) -> jax.Array:
-    """Float32 values of a quantized operand, in its own layout.
+def dequantize(enc: dtypes.Encoded, layout: Layout, scaling: str) -> jax.Array:
+    """Float32 values of a quantized operand (`quantize(x, layout, fmt, scaling)`), in
+    its own layout.
 
     Float32 scales are applied as `convert(codes) * scale`, a broadcast of a
     scalar (tensorwise) or of one value per row: XLA's GPU GEMM rewriter
@@ -163,7 +199,7 @@ def dequantize(enc: dtypes.Encoded, layout: Layout) -> jax.Array:
         values = enc.data.astype(jnp.float32) * scale
     else:
         values = enc.decode(np.float32)
-    return layout.back(values)
+    return values if layout.direct(scaling) is not None else layout.back(values)
 
 
 def _out_scale(eqn, out_ndim: int, sa: jax.Array, sb: jax.Array, la: Layout, lb_: Layout):
@@ -243,13 +279,16 @@ def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> l
     integer = fmt.kind == "int" and scaling != "mx"
 
     # Operands: float values brought to the compute format, or storage used as stored.
-    # Integer codes of a dot_general are contracted with their kept dims first and
-    # summed dims last (a "row-major times transposed" GEMM): XLA:CPU hands that
-    # form to its s8 x s8 -> s32 kernel, and upcasts the codes to s32 for others.
+    # Integer codes reach the dot as the encode fusion (or the storage) made them:
+    # XLA:CPU hands such operands to its s8 x s8 -> s32 kernel, but upcasts a
+    # transposed copy of codes to s32.
     ext_a = _int_stored(stored_a, la, fmt) if integer else None
     ext_b = _int_stored(stored_b, lb, fmt) if integer else None
-    moved_a = op == "dot_general" and ext_a is None
-    moved_b = op == "dot_general" and ext_b is None
+    # Codes that cannot be quantized in place (several kept dims out of order) are
+    # contracted as quantized, kept dims first, with the dimension numbers moved.
+    moved_a = ext_a is None and la.direct(scaling) is None and not la.in_order
+    moved_b = ext_b is None and lb.direct(scaling) is None and not lb.in_order
+    moved_a, moved_b = op == "dot_general" and moved_a, op == "dot_general" and moved_b
     same_a = not integer and stored_a is not None and stored_a.enc.format == fmt
     same_b = not integer and stored_b is not None and stored_b.enc.format == fmt
     if stored_a is not None and ext_a is None and not same_a:
@@ -294,7 +333,7 @@ def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> l
             return layout.unmoved(codes.astype(jnp.float32) * rows)
         if same:
             return decode_storage(q.format, q.data, q.scale, q.scaling, last, np.float32)
-        return dequantize(q, layout)
+        return dequantize(q, layout, scaling)
 
     def forward(qa, qb) -> jax.Array:
         if integer:
@@ -328,7 +367,7 @@ def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> l
         g = g.astype(jnp.float32)
         if spec.backward is not None:
             gl = _grad_layout(eqn, g.shape)
-            g = dequantize(quantize(g, gl, spec.backward, scaling), gl)
+            g = dequantize(quantize(g, gl, spec.backward, scaling), gl, scaling)
         va = values(qa, la, same_a, last_a, moved_a)
         vb = values(qb, lb, same_b, last_b, moved_b)
         _, vjp = jax.vjp(bind_f32, va, vb)
@@ -354,8 +393,10 @@ def _int_rows(x: jax.Array, layout: Layout, fmt: dtypes.Format, scaling: str, mo
     """(codes, scale over its kept dims) of a float operand; the codes in the operand's
     layout, or with `moved` its kept dims first and summed dims last."""
     enc = quantize(x, layout, fmt, scaling)
-    if moved:
+    if layout.direct(scaling) is not None:
+        codes = enc.data  # quantized in place
+    elif moved:
         codes = enc.data.reshape(layout.kept_shape + layout.summed_shape)
     else:
-        codes = layout.back(enc.data)
+        codes = layout.back(enc.data)  # a reshape when the layout is in order
     return codes, layout.row_scale(enc.scale)
