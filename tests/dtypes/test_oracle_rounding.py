@@ -54,7 +54,8 @@ FORMATS = [
         FloatFormat(4, 3, finite=True, nan=False),
         FloatFormat(2, 1, finite=True, saturate=True),
     ]
-    if isinstance(f, FloatFormat) and f.exponent_bits <= 8
+    # unscaled layouts only (a registry entry may carry a default scaling)
+    if isinstance(f, FloatFormat) and f.exponent_bits <= 8 and f.default_scaling() is None
 ]
 
 
