@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dtypes
+from dtypes import PrecisionTypeError
 
 from . import _operators
 from ._context import get_default_format, resolve_format
@@ -144,12 +145,23 @@ class Tensor:
         (6, 12)
     """
 
-    __slots__ = ("_data", "_dtype", "_format", "_last", "_scale", "_scaling", "_sig", "_st")
+    __slots__ = (
+        "_data",
+        "_dtype",
+        "_format",
+        "_packed_last",
+        "_scale",
+        "_scaling",
+        "_signature",
+        "_straight",
+    )
 
     def __init__(self, x: Any, dtype: Any = None):
         if isinstance(x, Tensor):
             logical = x._dtype if dtype is None else _logical_dtype(dtype, x._dtype)
-            self._set(x._data, x._scale, x._format, x._scaling, logical, x._last, x._st)
+            self._set(
+                x._data, x._scale, x._format, x._scaling, logical, x._packed_last, x._straight
+            )
             if logical != x._dtype and not x.is_reduced_precision:
                 self._set(x._data.astype(logical), None, full_format(logical), None, logical, None)
             return
@@ -172,13 +184,13 @@ class Tensor:
         self._format = fmt
         self._scaling = scaling
         self._dtype = dtype
-        self._last = last
-        self._sig = None
+        self._packed_last = last
+        self._signature = None
         # Straight-through logical values: set only on Tensors converted from
         # traced values into storage that cannot carry a gradient (integer
         # codes, scaled or coded floats). Equal to the decoded storage, with
         # derivative 1 (0 where an encoding clipped) towards the source.
-        self._st = st
+        self._straight = st
 
     @classmethod
     def _make(cls, data, scale, fmt, scaling, dtype, last, st=None) -> Tensor:
@@ -205,17 +217,17 @@ class Tensor:
 
     def signature(self) -> tuple:
         """Static description keying compiled evaluators (cached per Tensor)."""
-        sig = self._sig
+        sig = self._signature
         if sig is None:
             scale = self._scale
-            sig = self._sig = (
+            sig = self._signature = (
                 self._format,
                 self._scaling,
                 self._dtype,
-                self._last,
+                self._packed_last,
                 self._data.shape,
                 None if scale is None else scale.shape,
-                self._st is not None,
+                self._straight is not None,
             )
         return sig
 
@@ -225,16 +237,16 @@ class Tensor:
         children = (
             (keys("data"), self._data),
             (keys("scale"), self._scale),
-            (keys("st"), self._st),
+            (keys("st"), self._straight),
         )
-        return children, (self._format, self._scaling, self._dtype, self._last)
+        return children, (self._format, self._scaling, self._dtype, self._packed_last)
 
     def tree_flatten(self):
-        return (self._data, self._scale, self._st), (
+        return (self._data, self._scale, self._straight), (
             self._format,
             self._scaling,
             self._dtype,
-            self._last,
+            self._packed_last,
         )
 
     @classmethod
@@ -263,9 +275,9 @@ class Tensor:
         shape = tuple(self._data.shape)
         if not self._format.packed:
             return shape
-        if self._last is None:
+        if self._packed_last is None:
             return shape[:-1]
-        return (*shape[:-1], self._last)
+        return (*shape[:-1], self._packed_last)
 
     @property
     def ndim(self) -> int:
@@ -319,16 +331,18 @@ class Tensor:
     @property
     def encoded(self) -> dtypes.Encoded:
         """The storage as a `dtypes.Encoded` (scale None when unscaled)."""
-        return dtypes.Encoded(self._data, self._scale, self._format, self._scaling, self._last)
+        return dtypes.Encoded(
+            self._data, self._scale, self._format, self._scaling, self._packed_last
+        )
 
     # -- values ---------------------------------------------------------------
     def _values(self) -> jax.Array:
-        if self._st is not None:
-            return self._st
+        if self._straight is not None:
+            return self._straight
         data, fmt = self._data, self._format
         if self._scale is None and not fmt.packed and data.dtype != np.uint8:
             return data if data.dtype == self._dtype else data.astype(self._dtype)
-        decode = decoder(fmt, self._scaling, self._last, self._dtype)
+        decode = decoder(fmt, self._scaling, self._packed_last, self._dtype)
         return decode(data, self._scale)
 
     def numpy(self) -> np.ndarray:
@@ -415,9 +429,26 @@ class Tensor:
     toReducedPrecision = to_reduced_precision
     toFullPrecision = to_full_precision
 
-    def astype(self, format: str | dtypes.Format, **kwargs: Any) -> Tensor:
-        """Alias of `to_reduced_precision(format, ...)`: change the storage format."""
-        return self.to_reduced_precision(format, **kwargs)
+    def astype(self, dtype: Any) -> Tensor:
+        """The same values with another *logical* dtype (float32 or float64), as numpy's.
+
+        The storage format is kept. To change how values are stored, call
+        `to_reduced_precision(format)`; a format name given here is refused
+        with that advice.
+
+        Raises:
+            TypeError: `dtype` is not float32 or float64 (e.g. a format name).
+        """
+        try:
+            logical = np.dtype(dtype)
+        except TypeError:
+            logical = None
+        if logical is None or logical not in _LOGICAL:
+            raise PrecisionTypeError(
+                f"Tensor.astype changes the logical dtype (float32 or float64), got {dtype!r}; "
+                f"to store the values in a format, call t.to_reduced_precision({str(dtype)!r})"
+            )
+        return Tensor(self, dtype=logical)
 
     def to_device(self, device_or_sharding: Any) -> Tensor:
         """The Tensor with its storage placed on a device or sharding.
@@ -431,8 +462,10 @@ class Tensor:
         scale = self._scale
         if scale is not None:
             scale = jax.device_put(scale, _scale_sharding(target, self._data, scale))
-        st = None if self._st is None else jax.device_put(self._st, target)
-        return Tensor._make(data, scale, self._format, self._scaling, self._dtype, self._last, st)
+        st = None if self._straight is None else jax.device_put(self._straight, target)
+        return Tensor._make(
+            data, scale, self._format, self._scaling, self._dtype, self._packed_last, st
+        )
 
     # -- display ------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -579,7 +612,13 @@ def storage_shardings(tree: Any, shardings: Any) -> Any:
             data_s, scale_s = _storage_sharding(leaf, target, where)
             out.append(
                 Tensor._make(
-                    data_s, scale_s, leaf._format, leaf._scaling, leaf._dtype, leaf._last, None
+                    data_s,
+                    scale_s,
+                    leaf._format,
+                    leaf._scaling,
+                    leaf._dtype,
+                    leaf._packed_last,
+                    None,
                 )
             )
         else:

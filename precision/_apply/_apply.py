@@ -94,7 +94,7 @@ class _Entry:
             if self.out_sig is None:
                 self.out_sig = out.signature()
             else:
-                out._sig = self.out_sig
+                out._signature = self.out_sig
             return out
         it = iter(flat)
         leaves = []
@@ -142,9 +142,9 @@ def _build(
             leaf._format,
             leaf._scaling,
             leaf._dtype,
-            leaf._last,
+            leaf._packed_last,
             leaf._scale is not None,
-            leaf._st is not None,
+            leaf._straight is not None,
         )
         for i, leaf in enumerate(leaves)
         if kinds[i] == _TENSOR
@@ -333,12 +333,14 @@ def apply(
                 and type(b) is Tensor
                 and a._scale is None
                 and b._scale is None
-                and a._st is None
-                and b._st is None
+                and a._straight is None
+                and b._straight is None
             ):
                 # Fastest path (binary operators on unscaled Tensors): the key
                 # is the two cached signatures, the arguments the two arrays.
-                entry = cache.get((_PAIR, a._sig or a.signature(), b._sig or b.signature()))
+                entry = cache.get(
+                    (_PAIR, a._signature or a.signature(), b._signature or b.signature())
+                )
                 if entry is not None:
                     da, db = a._data, b._data
                     concrete = _concrete_type()
@@ -362,8 +364,8 @@ def apply(
                 dyn.append(leaf._data)
                 if leaf._scale is not None:
                     dyn.append(leaf._scale)
-                if leaf._st is not None:
-                    dyn.append(leaf._st)
+                if leaf._straight is not None:
+                    dyn.append(leaf._straight)
                 key.append(leaf.signature())
             elif isinstance(leaf, jax.Array | np.ndarray) or compat.is_tracer(leaf):
                 kinds.append(_ARRAY)

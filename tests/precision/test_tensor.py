@@ -185,7 +185,15 @@ def test_swift_aliases():
     r = t.toReducedPrecision("float16")
     assert r.isReducedPrecision
     assert not r.toFullPrecision().isReducedPrecision
-    assert r.astype("bf16").format == dtypes.bfloat16
+
+
+def test_astype_changes_the_logical_dtype_only():
+    r = Tensor(X).to_reduced_precision("float16")
+    same = r.astype(np.float32)
+    assert same.format == dtypes.float16
+    assert same.dtype == np.float32
+    with pytest.raises(TypeError, match=r"to_reduced_precision\('bf16'\)"):
+        r.astype("bf16")  # a storage format is not a dtype: the error names the call
 
 
 @pytest.mark.parametrize(
