@@ -24,6 +24,7 @@ import dataclasses
 import json
 from typing import Any
 
+import jax
 import ml_dtypes
 import numpy as np
 from jax import tree_util
@@ -365,6 +366,13 @@ def _describe(path: tuple[tuple[str, Any], ...], leaf: Any) -> tuple[Leaf, list[
     elif isinstance(leaf, Encoded):
         enc, dtype = leaf, np.dtype(np.float32)
     else:
+        dt = getattr(leaf, "dtype", None)
+        if dt is not None and jax.dtypes.issubdtype(dt, jax.dtypes.prng_key):
+            raise SaveTypeError(
+                f"cannot save leaf {name!r}: it is a PRNG key ({dt}), not numbers; store its "
+                "key data instead (jax.random.key_data(key), restored with "
+                "jax.random.wrap_key_data), or leave the key out of the saved tree"
+            )
         arr = np.asarray(leaf)
         if arr.dtype not in _DTYPE_NAMES:
             raise SaveTypeError(
