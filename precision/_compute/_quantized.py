@@ -180,9 +180,42 @@ def quantize(x: jax.Array, layout: Layout, fmt: dtypes.Format, scaling: str) -> 
     """
     x = x.astype(jnp.float32)
     direct = layout.direct(scaling)
-    if direct is not None:
-        return fmt.encode(x, scaling=direct)
-    return fmt.encode(layout.rows(x), scaling=scaling_for(scaling))
+    if direct is None:
+        x, direct = layout.rows(x), scaling_for(scaling)
+    if _native_float(fmt, direct):
+        return _encode_native_float(x, fmt, direct)
+    return fmt.encode(x, scaling=direct)
+
+
+def _native_float(fmt: dtypes.Format, scaling: dtypes.Scaling) -> bool:
+    """fp8 with a native container and float32 absmax scales (tensorwise, rowwise)."""
+    native = fmt.native_dtype if fmt.kind == "float" else None
+    return (
+        native is not None
+        and native.itemsize == 1
+        and not scaling.power_of_two
+        and scaling.scale_format == "float32"
+        and isinstance(scaling, dtypes.PerTensor | dtypes.PerAxis)
+    )
+
+
+def _encode_native_float(x: jax.Array, fmt: dtypes.Format, scaling: dtypes.Scaling):
+    """`fmt.encode(x, scaling=scaling)`, rounding with one saturating convert.
+
+    The scales and the scaled values are `dtypes`' own (the same functions);
+    only the rounding onto the fp8 grid differs in how it is computed: XLA's
+    convert into the fp8 container rounds to nearest-even exactly as the bit
+    rounding of `dtypes` does (subnormals included), and the clip to the
+    format's largest value is `dtypes`' saturation. One fused elementwise op,
+    what an fp8 GEMM's producer should be (the bit rounding is several dozen).
+    """
+    from dtypes._codec import _scales, _times_reciprocal, flush_subnormals
+
+    top = np.float32(fmt.max)
+    scale, inv, pre = _scales(x, fmt, scaling, fmt.max, fmt.emax)
+    y = _times_reciprocal(flush_subnormals(x), scaling, inv, pre)
+    codes = jnp.clip(y, -top, top).astype(fmt.native_dtype)
+    return dtypes.Encoded(codes, scale, fmt, scaling)
 
 
 def dequantize(enc: dtypes.Encoded, layout: Layout, scaling: str) -> jax.Array:

@@ -191,6 +191,25 @@ def test_fp8_operands_equal_dtypes_encodings(scaling):
         np.testing.assert_array_equal(scales, np.asarray(ref.scale))
 
 
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+def test_fp8_codes_equal_dtypes_on_wide_ranges_and_edges(fmt, scaling):
+    # magnitudes over 2**-100 .. 2**100, all-zero and subnormal rows, fp8 subnormals
+    x = normal(48, 96) * np.exp2(rng.integers(-100, 100, (48, 1))).astype(np.float32)
+    x[3] = 0.0
+    x[5] = 1e-40
+    x[8, :4] = [1e-38, 2e-39, -3e-41, 1.0]
+    x[9, :3] = [448.0, 2.0**-9, 2.0**-10 * 1.5]
+    eqn = jax.make_jaxpr(lambda a, b: a @ b)(x, x.T).jaxpr.eqns[-1]
+    layout, _ = layouts(eqn, x.shape, x.T.shape)
+    got = quantize(jnp.asarray(x), layout, dtypes.get(fmt), scaling)
+    ref = dtypes.get(fmt).encode(x, scaling=ROW_SCALING[scaling])
+    np.testing.assert_array_equal(
+        np.asarray(got.data).view(np.uint8), np.asarray(ref.data).view(np.uint8)
+    )
+    np.testing.assert_array_equal(np.asarray(got.scale), np.asarray(ref.scale))
+
+
 @pytest.mark.parametrize("scaling", ["tensorwise", "rowwise", "mx"])
 def test_fp8_contraction_is_the_product_of_the_encodings(scaling):
     a, b = normal(2, 3, 64, scale=5.0), normal(64, 6)
