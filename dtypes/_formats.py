@@ -160,7 +160,8 @@ class Format:
     def data_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """Shape of the data array an encoding of logical `shape` holds.
 
-        Packed codes take whole bytes along the last axis (a scalar takes one).
+        Packed codes take whole bytes along the last axis (a scalar takes the
+        bytes of one code: one, or two for a 9- to 16-bit layout).
 
         Examples:
             >>> import dtypes
@@ -171,7 +172,7 @@ class Format:
         if not self.packed:
             return shape
         if not shape:
-            return (1,)
+            return ((self.code_bits + 7) // 8,)
         return (*shape[:-1], (shape[-1] * self.code_bits + 7) // 8)
 
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:

@@ -141,12 +141,13 @@ def test_custom_float_layouts_are_packed_at_their_width(fmt, eager_and_jit):
     np.testing.assert_array_equal(np.asarray(enc.data), reference_pack(kept, fmt.bits))
 
 
-@pytest.mark.parametrize("fmt", DENSE_FLOATS[:3], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", [*DENSE_FLOATS[:3], DENSE_FLOATS[5]], ids=lambda f: f.name)
 def test_packed_scalars_and_odd_shapes_round_trip(fmt):
     for shape in [(), (1,), (5,), (3, 7), (2, 0)]:
         x = np.asarray(np.random.default_rng(1).uniform(-1, 1, shape), np.float32)
         enc = fmt.encode(x)
         assert enc.shape == shape
+        assert enc.data.shape == fmt.data_shape(shape)
         np.testing.assert_array_equal(np.asarray(enc.decode()), np.asarray(fmt.round(x)))
         assert enc.nbytes == fmt.nbytes(shape)
 
