@@ -9,8 +9,15 @@ from ._contract import Contract as Contract
 from ._errors import CheckpointError as CheckpointError
 from ._errors import DeviceMismatchError as DeviceMismatchError
 from ._errors import FormatError as FormatError
+from ._errors import LossScaleError as LossScaleError
+from ._errors import LossScaleTypeError as LossScaleTypeError
+from ._errors import PolicyError as PolicyError
 from ._errors import PrecisionError as PrecisionError
 from ._errors import PrecisionMismatchError as PrecisionMismatchError
+from ._errors import SaveError as SaveError
+from ._errors import SaveTypeError as SaveTypeError
+from ._errors import SelectionError as SelectionError
+from ._errors import UpdateError as UpdateError
 from ._loss_scale import DynamicLossScale as DynamicLossScale
 from ._loss_scale import NoOpLossScale as NoOpLossScale
 from ._loss_scale import StaticLossScale as StaticLossScale
@@ -26,6 +33,7 @@ from ._tree import to_full_precision as to_full_precision
 from ._tree import to_reduced_precision as to_reduced_precision
 from ._tree import tree_nbytes as tree_nbytes
 from ._updates import apply_updates as apply_updates
+from ._version import __version__ as __version__
 
 __all__ = [
     "DEFAULT_FLOAT32_OPS",
@@ -34,12 +42,19 @@ __all__ = [
     "DeviceMismatchError",
     "DynamicLossScale",
     "FormatError",
+    "LossScaleError",
+    "LossScaleTypeError",
     "NoOpLossScale",
     "Policy",
+    "PolicyError",
     "PrecisionError",
     "PrecisionMismatchError",
+    "SaveError",
+    "SaveTypeError",
+    "SelectionError",
     "StaticLossScale",
     "Tensor",
+    "UpdateError",
     "all_finite",
     "apply",
     "apply_updates",

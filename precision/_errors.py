@@ -16,8 +16,10 @@ __all__ = [
     "CheckpointError",
     "DeviceMismatchError",
     "FormatError",
+    "PolicyError",
     "PrecisionError",
     "PrecisionMismatchError",
+    "SelectionError",
     "UpdateError",
 ]
 
@@ -65,3 +67,11 @@ class SaveTypeError(PrecisionError, TypeError):
 
 class UpdateError(PrecisionError, ValueError):
     """An optimizer update that does not fit its parameter (shape or dtype)."""
+
+
+class PolicyError(PrecisionError, ValueError):
+    """A policy string or declaration that cannot be read (what was expected, where)."""
+
+
+class SelectionError(PrecisionError, ValueError):
+    """A `where=` / `exclude=` leaf selection that is not a valid regular expression."""

@@ -15,9 +15,10 @@ import jax
 import jax.numpy as jnp
 
 import dtypes
+from dtypes import PrecisionTypeError
 
 from ._context import resolve_format
-from ._errors import FormatError
+from ._errors import FormatError, PolicyError
 from ._tree import is_floating, is_tensor, to_full_precision, to_reduced_precision
 
 __all__ = ["DEFAULT_FLOAT32_OPS", "Policy"]
@@ -105,7 +106,7 @@ class Policy:
     def __post_init__(self):
         ops = self.float32_ops
         if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
-            raise TypeError(
+            raise PrecisionTypeError(
                 f"Policy: float32_ops must be a collection of primitive names such as "
                 f'{{"exp", "reduce_sum"}}, got {ops!r}'
             )
@@ -166,12 +167,12 @@ class Policy:
             ValueError: policy 'compute=bf16,compute=fp16': field 'compute' given twice
         """
         if not isinstance(text, str):
-            raise TypeError(f"Policy.parse expects a string, got {type(text).__name__}")
+            raise PrecisionTypeError(f"Policy.parse expects a string, got {type(text).__name__}")
         source = text
         text = text.strip().lower()
         expected_fields = "params=FORMAT, compute=FORMAT, output=FORMAT (or p=, c=, o=)"
         if not text:
-            raise ValueError(
+            raise PolicyError(
                 f"empty policy; expected a name ({', '.join(_NAMED)}, or a format) or "
                 f"comma-separated fields {expected_fields}"
             )
@@ -181,7 +182,7 @@ class Policy:
             try:
                 fmt = resolve_format(text)
             except FormatError:
-                raise ValueError(
+                raise PolicyError(
                     f"policy {source!r}: unknown name; expected {', '.join(_NAMED)}, a format "
                     f"name ({', '.join(dtypes.FORMATS)}) or fields {expected_fields}"
                 ) from None
@@ -190,23 +191,23 @@ class Policy:
         for part in text.split(","):
             part = part.strip()
             if part.count("=") != 1:
-                raise ValueError(
+                raise PolicyError(
                     f"policy {source!r}: cannot read {part!r}; expected KEY=FORMAT with KEY one "
                     f"of {', '.join(_FIELDS)}"
                 )
             key, value = (s.strip() for s in part.split("="))
             if key not in _FIELDS:
-                raise ValueError(
+                raise PolicyError(
                     f"policy {source!r}: unknown field {key!r}; expected one of "
                     f"{', '.join(_FIELDS)}"
                 )
             name = _FIELDS[key]
             if name in fields:
-                raise ValueError(f"policy {source!r}: field {name!r} given twice")
+                raise PolicyError(f"policy {source!r}: field {name!r} given twice")
             try:
                 fields[name] = resolve_format(value)
             except FormatError:
-                raise ValueError(
+                raise PolicyError(
                     f"policy {source!r}: unknown format {value!r} for {name}; expected one of "
                     f"{', '.join(dtypes.FORMATS)} or an alias ({', '.join(dtypes.ALIASES)})"
                 ) from None

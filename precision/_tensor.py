@@ -40,15 +40,15 @@ def _logical_dtype(dtype: Any, given: Any) -> np.dtype:
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
+        raise PrecisionTypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
     if dt not in _LOGICAL:
-        raise TypeError(
+        raise PrecisionTypeError(
             f"a Tensor's logical dtype must be float32 or float64, got {dt.name}; to store "
             f"values in {dt.name}, keep dtype=float32 and call "
             f".to_reduced_precision({dt.name!r})"
         )
     if dt == np.float64 and not _x64():
-        raise TypeError(
+        raise PrecisionTypeError(
             "a float64 Tensor needs 64-bit JAX: set jax.config.update('jax_enable_x64', True) "
             "first, or use dtype=float32"
         )
@@ -63,17 +63,19 @@ def _as_array(x: Any) -> tuple[Any, np.dtype]:
         try:
             arr = np.asarray(x)
         except (ValueError, TypeError) as err:
-            raise TypeError(f"cannot make a Tensor from {type(x).__name__}: {err}") from None
+            raise PrecisionTypeError(
+                f"cannot make a Tensor from {type(x).__name__}: {err}"
+            ) from None
         x, dt = arr, arr.dtype
     if jnp.issubdtype(dt, jnp.floating):  # ml_dtypes floats have numpy kind "V"
         return x, dt
     if dt.kind == "c":
-        raise TypeError(
+        raise PrecisionTypeError(
             f"cannot make a Tensor from complex values (dtype {dt}): the logical dtype is a "
             "real float; make two Tensors from jnp.real(x) and jnp.imag(x)"
         )
     if dt.kind not in "iub":
-        raise TypeError(
+        raise PrecisionTypeError(
             f"cannot make a Tensor from {type(x).__name__} of dtype {dt}: a Tensor holds "
             "numbers; pass a float, int or bool array (e.g. np.asarray(values, np.float32))"
         )
@@ -210,7 +212,9 @@ class Tensor:
             'int8'
         """
         if not isinstance(enc, dtypes.Encoded):
-            raise TypeError(f"from_encoded expects a dtypes.Encoded, got {type(enc).__name__}")
+            raise PrecisionTypeError(
+                f"from_encoded expects a dtypes.Encoded, got {type(enc).__name__}"
+            )
         logical = _logical_dtype(dtype, None)
         last = enc.shape[-1] if (enc.format.packed and enc.shape) else None
         return cls._make(enc.data, enc.scale, enc.format, enc.scaling, logical, last)
@@ -291,7 +295,7 @@ class Tensor:
 
     def __len__(self) -> int:
         if not self.shape:
-            raise TypeError("len() of a 0-d Tensor")
+            raise PrecisionTypeError("len() of a 0-d Tensor")
         return self.shape[0]
 
     def __iter__(self):

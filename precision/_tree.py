@@ -25,8 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import dtypes
+from dtypes import PrecisionTypeError
 
 from ._context import get_default_format, resolve_format
+from ._errors import SelectionError
 from ._tensor import Tensor
 
 __all__ = [
@@ -71,14 +73,14 @@ def _selector(where: Where, exclude: str | None) -> Callable[[tuple[Any, ...], A
     elif callable(where):
         include = where
     else:
-        raise TypeError(
+        raise PrecisionTypeError(
             f"`where` must be a predicate (path, leaf) -> bool or a regex string, got "
             f"{type(where).__name__} {where!r}"
         )
     if exclude is None:
         return include
     if not isinstance(exclude, str):
-        raise TypeError(f"`exclude` must be a regex string, got {type(exclude).__name__}")
+        raise PrecisionTypeError(f"`exclude` must be a regex string, got {type(exclude).__name__}")
     skip = _compile(exclude, "exclude")
     return lambda path, leaf: (
         skip.search(jax.tree_util.keystr(path)) is None and bool(include(path, leaf))
@@ -89,7 +91,7 @@ def _compile(pattern: str, name: str) -> re.Pattern:
     try:
         return re.compile(pattern)
     except re.error as err:
-        raise ValueError(
+        raise SelectionError(
             f"`{name}` is not a valid regular expression: {pattern!r} ({err})"
         ) from None
 

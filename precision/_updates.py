@@ -88,7 +88,7 @@ def apply_updates(
     try:
         ups = treedef.flatten_up_to(updates)
     except (ValueError, TypeError) as err:
-        raise ValueError(
+        raise UpdateError(
             f"updates must have the structure of params; params is {treedef}, updates is "
             f"{jax.tree_util.tree_structure(updates, is_leaf=is_tensor)} ({err})"
         ) from None

@@ -18,11 +18,12 @@ import jax
 import numpy as np
 
 import dtypes
+from dtypes import PrecisionTypeError
 
 from .. import _jax_compat as compat
 from .._compute import Context, State, Stored
 from .._context import resolve_format
-from .._errors import PrecisionError
+from .._errors import FormatError, PrecisionError
 from .._storage import (
     carries_gradient,
     decode_storage,
@@ -62,7 +63,7 @@ def _static_key(leaf: Any) -> Any:
     try:
         hash(leaf)
     except TypeError:
-        raise TypeError(
+        raise PrecisionTypeError(
             f"apply: argument leaf of type {type(leaf).__name__} is neither an array, a Tensor "
             "nor a hashable static value; pass arrays or hashable options"
         ) from None
@@ -230,7 +231,7 @@ def _context(compute: Any, policy: Any, contract: Any = None) -> Context:
         if isinstance(policy, str):
             policy = Policy.parse(policy)
         if not isinstance(policy, Policy):
-            raise TypeError(
+            raise PrecisionTypeError(
                 f"apply: `policy` must be a precision.Policy or its string form such as "
                 f'"params=float32,compute=bfloat16,output=float32", got {type(policy).__name__}'
             )
@@ -240,7 +241,7 @@ def _context(compute: Any, policy: Any, contract: Any = None) -> Context:
     elif policy is not None:
         fmt = policy.compute
     if fmt is not None and fmt.kind != "float":
-        raise ValueError(
+        raise FormatError(
             f"apply: compute={fmt.name!r} is a storage encoding, not an arithmetic precision: "
             "integer and scaled formats hold values at rest and are decoded where they are "
             'used; declare an unscaled float format, e.g. compute="bfloat16"'
