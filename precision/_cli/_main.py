@@ -20,7 +20,7 @@ import json
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from ._output import PROG, _DataError, _MissingDependency, _table, _UsageError
 
@@ -118,14 +118,23 @@ def _positive_arg(text: str) -> int:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line (the usage is one --help away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Reduced-precision formats and checkpoints for JAX.",
         epilog="Run 'precision COMMAND --help' for the options of a command.",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=_Parser
+    )
 
     p = sub.add_parser(
         "formats",
