@@ -333,7 +333,8 @@ def test_float32_compute_equals_plain_jax_on_decoded_weights(model, recipe):
         if isinstance(leaf, Tensor):
             assert leaf.format == dtypes.float32, "storage must not be re-encoded"
     # The same float32 program on the same decoded values: the only freedom
-    # left is XLA's fusion and reassociation of the reductions (LayerNorm,
+    # left is XLA's fusion (a decode's multiply contracted with its consumer
+    # into one FMA) and reassociation of the reductions (LayerNorm,
     # BatchNorm statistics, softmax, contractions of length <= 576), a few
     # dozen float32 ulps of the largest output at most.
     for got, want in zip(jax.tree.leaves(_np(out)), jax.tree.leaves(ref), strict=True):
@@ -356,6 +357,9 @@ def test_gpt2_dropout_with_typed_key_equals_plain_jax(recipe):
     ref = np.asarray(jax.jit(train_fn)(precision.to_full_precision(pq), case.x, key))
     assert not np.array_equal(ref, _quantized("gpt2", recipe)[2]), "dropout was not active"
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * float(np.max(np.abs(ref))))
+    half = precision.apply(train_fn, compute="bfloat16")(pq, case.x, key)
+    assert half.format == dtypes.bfloat16
+    assert np.isfinite(np.asarray(half)).all()
 
 
 def test_nnx_state_with_rng_streams_converts_and_runs():
@@ -725,6 +729,9 @@ def test_apply_updates_under_jit_keeps_bytes_structure_and_does_not_retrace():
     }
     stored = precision.to_reduced_precision(params, "int8", scaling=dtypes.PerAxis(-1), exclude="b")
     updates = jax.tree.map(lambda p: 1e-2 * jnp.ones_like(p), params)
+    # a typed PRNG key among the parameters passes through untouched
+    rng = jax.random.key(3)
+    stored["rng"], updates["rng"] = rng, None
     traces = []
 
     @jax.jit
@@ -742,6 +749,7 @@ def test_apply_updates_under_jit_keeps_bytes_structure_and_does_not_retrace():
         assert w.format == dtypes.int8
         assert _leaf_bytes(w) == w.nbytes == 64 * 96 + 96 * 4
         assert not isinstance(new["b"], Tensor)
+        np.testing.assert_array_equal(jax.random.key_data(new["rng"]), jax.random.key_data(rng))
     # the new weights: int8 per-axis quantization of (decoded + update), in numpy
     # (XLA may contract the decode's multiply and the add into one FMA, so a
     # group's absmax, hence its scale, can differ from numpy's by one ulp)
