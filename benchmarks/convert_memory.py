@@ -74,15 +74,23 @@ def main() -> None:
     parser.add_argument("--dir", default=tempfile.gettempdir())
     parser.add_argument("--big", type=int, default=8, help="number of 128 MiB tensors")
     parser.add_argument("--keep", action="store_true", help="keep the generated files")
+    parser.add_argument("--write", metavar="PATH", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     big_shape = (8192, 4096)  # 128 MiB of float32
     tensors = layout(args.big, big_shape, small=16)
+    if args.write:
+        write_plain_safetensors(args.write, tensors, seed=0)
+        return
     work = tempfile.mkdtemp(prefix="precision-convert-memory-", dir=args.dir)
     try:
         src = os.path.join(work, "model.safetensors")
         t0 = time.perf_counter()
-        write_plain_safetensors(src, tensors, seed=0)
+        # Written by a child: a child's peak RSS counts from the peak of the
+        # process it was forked from, so this one must never hold a tensor.
+        subprocess.run(
+            [sys.executable, __file__, "--write", src, "--big", str(args.big)], check=True
+        )
         size = os.path.getsize(src)
         largest = max(int(np.prod(s)) * 4 for _, s in tensors)
         print(
@@ -102,6 +110,7 @@ def main() -> None:
             name, _, scaling = fmt.partition("@")
             dst = os.path.join(work, "model-out.safetensors")
             cmd = [sys.executable, "-m", "precision", "convert", src, "-o", dst, "--to", name, "-q"]
+            cmd += ["--keep", "none"]
             cmd += ["--scaling", scaling] if scaling else []
             peak, wall, out = peak_rss(cmd)
             extra = peak - baseline
