@@ -94,20 +94,35 @@ class Row(dict):
     pass
 
 
-def _row(name, forward, params, x, ref, step=None, repeats=10, step_params=None) -> Row:
+def _row(name, forward, params, x, ref, step=None, step_params=None) -> Row:
+    """A row's accuracy and bytes now; its timed calls are kept for `_measure`."""
     fwd = jax.jit(forward)
     y = np.asarray(jnp.asarray(fwd(params, x)), np.float64)
     err = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
-    row = Row(name=name, err=err, fwd_ms=_time(fwd, params, x, repeats=repeats))
-    row["bytes"] = precision.tree_nbytes(params)
+    row = Row(name=name, err=err, bytes=precision.tree_nbytes(params), step_ms=None)
+    row["calls"] = {"fwd_ms": (fwd, (params, x))}
     if step is not None:
         sp = params if step_params is None else step_params
-        row["step_ms"] = _time(jax.jit(step), sp, x, repeats=repeats)
+        row["calls"]["step_ms"] = (jax.jit(step), (sp, x))
         row["temp"] = _temp_bytes(step, sp, x)
     else:
-        row["step_ms"] = None
         row["temp"] = _temp_bytes(forward, params, x)
     return row
+
+
+def _measure(rows: list[Row], repeats: int) -> None:
+    """Median times, the rows' calls interleaved round by round (load drifts hit all)."""
+    calls = [(r, k, fn, args) for r in rows for k, (fn, args) in r.pop("calls").items()]
+    times: dict[tuple[int, str], list[float]] = {(id(r), k): [] for r, k, _, _ in calls}
+    for _, _, fn, args in calls:
+        jax.block_until_ready(fn(*args))  # compiled and warm
+    for _ in range(repeats):
+        for r, k, fn, args in calls:
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times[id(r), k].append(time.perf_counter() - start)
+    for r, k, _, _ in calls:
+        r[k] = 1000 * statistics.median(times[id(r), k])
 
 
 def run(width: int, batch: int, repeats: int) -> tuple[list[Row], list[str]]:
@@ -124,11 +139,11 @@ def run(width: int, batch: int, repeats: int) -> tuple[list[Row], list[str]]:
     def training(forward):
         return _sgd_step(_loss(forward, labels))
 
-    rows.append(_row("float32", model.apply, params, x, ref, training(model.apply), repeats))
+    rows.append(_row("float32", model.apply, params, x, ref, training(model.apply)))
 
     # -- W8A8 QAT ------------------------------------------------------------
     ours = precision.apply(model.apply, contract="int8")
-    rows.append(_row("precision W8A8 QAT", ours, params, x, ref, training(ours), repeats))
+    rows.append(_row("precision W8A8 QAT", ours, params, x, ref, training(ours)))
     try:
         import qwix
     except ImportError:
@@ -137,37 +152,36 @@ def run(width: int, batch: int, repeats: int) -> tuple[list[Row], list[str]]:
     if qwix is not None:
         rule = qwix.QtRule(module_path=".*", weight_qtype=jnp.int8, act_qtype=jnp.int8)
         qt_model = qwix.quantize_model(model, qwix.QtProvider([rule]))
-        rows.append(
-            _row("qwix W8A8 QAT", qt_model.apply, params, x, ref, training(qt_model.apply), repeats)
-        )
+        rows.append(_row("qwix W8A8 QAT", qt_model.apply, params, x, ref, training(qt_model.apply)))
 
     # -- W8A8 PTQ ------------------------------------------------------------
     stored = precision.to_reduced_precision(
         params, "int8", scaling=dtypes.PerAxis(-1), where="kernel"
     )
-    rows.append(_row("precision W8A8 PTQ", ours, stored, x, ref, None, repeats))
+    rows.append(_row("precision W8A8 PTQ", ours, stored, x, ref))
     if qwix is not None:
         rule = qwix.QuantizationRule(module_path=".*", weight_qtype=jnp.int8, act_qtype=jnp.int8)
         ptq_model = qwix.quantize_model(model, qwix.PtqProvider([rule]))
         abstract = jax.eval_shape(ptq_model.init, k_init, x)
         qparams = {"params": qwix.quantize_params(params["params"], abstract["params"])}
-        rows.append(_row("qwix W8A8 PTQ", ptq_model.apply, qparams, x, ref, None, repeats))
+        rows.append(_row("qwix W8A8 PTQ", ptq_model.apply, qparams, x, ref))
 
     # -- fp8 -----------------------------------------------------------------
     hybrid = precision.Contract("float8_e4m3fn", backward="float8_e5m2", scaling="tensorwise")
     ours8 = precision.apply(model.apply, contract=hybrid)
-    rows.append(_row("precision fp8 HYBRID", ours8, params, x, ref, training(ours8), repeats))
+    rows.append(_row("precision fp8 HYBRID", ours8, params, x, ref, training(ours8)))
     try:
         from flax.linen import fp8_ops
     except ImportError:
         fp8_ops = None
         notes.append("flax.linen.fp8_ops is not available: the Flax fp8 row is skipped")
     if fp8_ops is not None:
-        rows.append(_flax_fp8(fp8_ops, width, params, x, labels, ref, repeats))
+        rows.append(_flax_fp8(fp8_ops, width, params, x, labels, ref))
+    _measure(rows, repeats)
     return rows, notes
 
 
-def _flax_fp8(fp8_ops, width, params, x, labels, ref, repeats) -> Row:
+def _flax_fp8(fp8_ops, width, params, x, labels, ref) -> Row:
     """Flax's fp8 Dense layers: delayed scaling, its meta state updated through gradients."""
     owg = fp8_ops.OVERWRITE_WITH_GRADIENT
     model = _model(width, fp8_ops.Fp8DirectDotGeneralOp)
@@ -191,7 +205,7 @@ def _flax_fp8(fp8_ops, width, params, x, labels, ref, repeats) -> Row:
     warm = jax.jit(meta_only)
     for _ in range(4):  # scales start at 1: let the amax history see the tensors
         variables = warm(variables, x)
-    row = _row("flax fp8 (delayed)", model.apply, variables, x, ref, step, repeats)
+    row = _row("flax fp8 (delayed)", model.apply, variables, x, ref, step)
     row["bytes"] = precision.tree_nbytes(variables["params"])
     return row
 
