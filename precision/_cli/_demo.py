@@ -443,7 +443,7 @@ def train(
         desc=f"{mode.name:>20}",
         unit="step",
         file=sys.stderr,
-        disable=not progress,
+        disable=None if progress else True,  # None: drawn only when stderr is a terminal
         leave=False,
     )
     elapsed = 0.0
