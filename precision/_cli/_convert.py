@@ -350,23 +350,26 @@ def _energy(x, y):
 
 
 def _numpy_energy(x: np.ndarray, y: np.ndarray, stats: _Stats) -> None:
-    """Add Σx² and Σ(x - y)² of one block to `stats`: float32 dot products when finite."""
+    """Add Σx² and Σ(x - y)² over the finite values of one block to `stats` (float64 sums).
+
+    A finite value that became inf or NaN (overflow in a format without inf)
+    makes the noise infinite: it was lost.
+    """
     back = y.astype(np.float32) if y.dtype != np.float32 else y
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(all="ignore"):
         d = x - back
         sig = float(np.einsum("i,i->", x, x, dtype=np.float64))
         noi = float(np.einsum("i,i->", d, d, dtype=np.float64))
-    if math.isfinite(sig) and math.isfinite(noi):
-        stats.add(1.0, sig, noi)
-        return
-    # Non-finite values, or squares beyond float32: the careful way.
-    finite = np.isfinite(x)
-    xs = np.where(finite, x, 0).astype(np.float64)
-    m = float(np.max(np.abs(xs), initial=0.0)) or 1.0
-    ds = np.where(finite, x.astype(np.float64) - back.astype(np.float64), 0.0)
-    with np.errstate(invalid="ignore"):
-        ds = np.where(np.isnan(ds), np.inf, ds)  # a finite value that became NaN is lost
-    stats.add(m, float(np.sum((xs / m) ** 2)), float(np.sum((ds / m) ** 2)))
+        if math.isfinite(sig) and math.isfinite(noi):
+            stats.add(1.0, sig, noi)
+            return
+        finite = np.isfinite(x)
+        xs = np.where(finite, x, 0)
+        ds = np.where(finite, d, 0)
+        ds = np.where(np.isnan(ds), np.inf, ds)
+        sig = float(np.einsum("i,i->", xs, xs, dtype=np.float64))
+        noi = float(np.einsum("i,i->", ds, ds, dtype=np.float64))
+    stats.add(1.0, sig, noi)
 
 
 class _Engine:
@@ -593,7 +596,8 @@ class _Converter:
         for block in _Blocks(plan.reader, plan.leaf.name).blocks(_BLOCK):
             check_interrupt()
             x = block if block.dtype == np.float32 else block.astype(np.float32)
-            y = x if target == np.float32 else x.astype(target)
+            with np.errstate(over="ignore", invalid="ignore"):  # overflow is the format's inf
+                y = x if target == np.float32 else x.astype(target)
             if self.engine.stats:
                 _numpy_energy(x, y, stats)
             yield y.view(out.data_dtype)

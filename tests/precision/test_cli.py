@@ -256,6 +256,23 @@ def test_block_conversion_gives_the_library_bytes(
             assert t.format.name in ("float32", "bfloat16", "float16"), name
 
 
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16", "e4m3", "e5m2", "tf32"])
+def test_unscaled_conversion_of_special_values(tmp_path, capsys, fmt):
+    x = np.array(
+        [np.nan, np.inf, -np.inf, -0.0, 1e30, -1e30, 1e-45, 3e-39, 500, 65504, 7e4, 1.0],
+        np.float32,
+    )
+    src, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    safetensors.numpy.save_file({"w": x}, str(src))
+    assert _cli.main(["convert", str(src), "-o", str(out), "--to", fmt, "-q"]) == 0
+    err = capsys.readouterr().err
+    assert "RuntimeWarning" not in err  # numpy's overflow is the format's business
+    if fmt not in ("tf32", "bfloat16"):  # 1e30 overflows: the value is lost, SQNR says so
+        assert "w -inf dB" in err
+    t = precision.load(out)["w"]
+    assert_encoded_like_library(t, x, dtypes.get(fmt))
+
+
 def test_block_conversion_checks_the_crc(tmp_path, monkeypatch, capsys):
     src, dst = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
     precision.save(src, {"w": RNG.standard_normal((8, 64)).astype(np.float32)})
