@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from jax import lax
 
 import dtypes
@@ -58,6 +60,33 @@ def test_w8a8_dot_general_with_batch_dims_matches_int64_reference():
     f = precision.apply(lambda a, b: lax.dot_general(a, b, dims), contract="int8")
     out = run_both(f, a, b)
     # rows: (batch, token) of a, (batch, column) of b; summed: the contracted dim
+    ca, sa = int8_rows(a.reshape(15, 16))
+    cb, sb = int8_rows(b.transpose(0, 2, 1).reshape(12, 16))
+    acc = np.einsum("bik,bjk->bij", ca.reshape(3, 5, 16), cb.reshape(3, 4, 16))
+    ref = (acc.astype(np.float32) * sa.reshape(3, 5, 1)) * sb.reshape(3, 1, 4)
+    np.testing.assert_array_equal(out, ref)
+
+
+_BATCHED = precision.apply(
+    lambda a, b: lax.dot_general(a, b, (((2,), (1,)), ((0,), (0,)))), contract="int8"
+)
+
+
+@given(
+    values=st.lists(
+        st.floats(-1.0, 1.0, width=32),
+        min_size=3 * 5 * 16 + 3 * 16 * 4,
+        max_size=3 * 5 * 16 + 3 * 16 * 4,
+    ),
+    exponents=st.lists(st.integers(-40, 40), min_size=15 + 12, max_size=15 + 12),
+)
+def test_w8a8_is_bit_exact_over_magnitudes(values, exponents):
+    # rows of very different magnitudes, zeros and exact ties included
+    v = np.asarray(values, np.float32)
+    e = np.exp2(np.asarray(exponents, np.float64)).astype(np.float32)
+    a = v[: 3 * 5 * 16].reshape(3, 5, 16) * e[:15].reshape(3, 5, 1)
+    b = v[3 * 5 * 16 :].reshape(3, 16, 4) * e[15:].reshape(3, 1, 4)
+    out = np.asarray(_BATCHED(a, b))
     ca, sa = int8_rows(a.reshape(15, 16))
     cb, sb = int8_rows(b.transpose(0, 2, 1).reshape(12, 16))
     acc = np.einsum("bik,bjk->bij", ca.reshape(3, 5, 16), cb.reshape(3, 4, 16))
