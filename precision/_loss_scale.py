@@ -177,7 +177,7 @@ class DynamicLossScale:
     """
 
     loss_scale: jax.Array
-    counter: jax.Array = dataclasses.field(default_factory=lambda: np.int32(0))
+    counter: jax.Array | np.int32 = dataclasses.field(default_factory=lambda: np.int32(0))
     period: int = 2000
     factor: int | float = 2
     min_loss_scale: float = 1.0
@@ -408,7 +408,7 @@ def select_tree(pred: Any, on_true: Any, on_false: Any) -> Any:
     pred = _as_flag(pred, "select_tree", "all_finite(grads)")
     ta = jax.tree_util.tree_structure(on_true)
     tb = jax.tree_util.tree_structure(on_false)
-    if ta != tb:
+    if ta != tb:  # type: ignore[operator]  # jaxlib ships no stub for PyTreeDef
         raise LossScaleError(
             f"select_tree needs two trees of one structure, got {ta} and {tb}; pass the new "
             "and the old version of the same tree"

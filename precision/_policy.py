@@ -123,17 +123,21 @@ class Policy:
 
     def cast_to_compute(self, tree: Any) -> Any:
         """`tree`'s floating leaves in the compute format."""
+        assert self.compute is not None  # set by __post_init__
         return _cast(tree, self.compute)
 
     def cast_to_output(self, tree: Any) -> Any:
         """`tree`'s floating leaves in the output format."""
+        assert self.output is not None  # set by __post_init__
         return _cast(tree, self.output)
 
     def with_output(self, output: str | dtypes.Format) -> Policy:
         """A copy with another output format."""
-        return dataclasses.replace(self, output=output)
+        return dataclasses.replace(self, output=resolve_format(output))
 
     def __str__(self) -> str:
+        assert self.compute is not None  # set by __post_init__
+        assert self.output is not None
         return f"params={self.params.name},compute={self.compute.name},output={self.output.name}"
 
     # The grammar of `parse`:
@@ -178,7 +182,8 @@ class Policy:
             )
         if "=" not in text:
             if text in _NAMED:
-                return cls(*_NAMED[text])
+                params, compute, output = (resolve_format(n) for n in _NAMED[text])
+                return cls(params, compute, output)
             try:
                 fmt = resolve_format(text)
             except FormatError:
@@ -187,7 +192,7 @@ class Policy:
                     f"name ({', '.join(dtypes.FORMATS)}) or fields {expected_fields}"
                 ) from None
             return cls(fmt, fmt, fmt)
-        fields: dict[str, dtypes.Format] = {}
+        fields: dict[str, Any] = {}  # keyword arguments of Policy: formats by field name
         for part in text.split(","):
             part = part.strip()
             if part.count("=") != 1:

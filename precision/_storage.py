@@ -100,7 +100,7 @@ def round_nearest(fmt: dtypes.Format, x: Any) -> Any:
     if fmt.is_full_precision:
         return x
     if (
-        fmt.kind == "float"
+        isinstance(fmt, dtypes.FloatFormat)
         and fmt.exponent_bits == 8
         and not fmt.finite
         and not fmt.saturate

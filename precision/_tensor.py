@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -255,7 +255,8 @@ class Tensor:
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls._make(children[0], children[1], *aux, children[2])
+        fmt, scaling, dtype, last = aux
+        return cls._make(children[0], children[1], fmt, scaling, dtype, last, children[2])
 
     # -- properties ---------------------------------------------------------
     @property
@@ -484,7 +485,8 @@ class Tensor:
         ).replace("\n", "\n       ")
         return f"Tensor({head}, device={self.device},\n       {values})"
 
-    __hash__ = None  # comparisons are elementwise, as for arrays
+    # comparisons are elementwise, as for arrays (typeshed's object.__hash__ admits no None)
+    __hash__: ClassVar[None] = None  # type: ignore[assignment]
 
     # -- operators and methods: thin calls of `precision.apply` ------------------
     __array_priority__ = 100
@@ -499,7 +501,7 @@ class Tensor:
     __matmul__, __rmatmul__ = _operators.binary("matmul"), _operators.reflected("matmul")
     __lt__, __le__ = _operators.binary("lt"), _operators.binary("le")
     __gt__, __ge__ = _operators.binary("gt"), _operators.binary("ge")
-    __eq__, __ne__ = _operators.binary("eq"), _operators.binary("ne")  # type: ignore[assignment]
+    __eq__, __ne__ = _operators.binary("eq"), _operators.binary("ne")
     __neg__, __pos__, __abs__ = (
         _operators.unary("neg"),
         _operators.unary("pos"),
@@ -536,7 +538,7 @@ def _scale_sharding(target, data, scale):
     if not isinstance(target, jax.sharding.NamedSharding):
         return target
     spec = list(target.spec) + [None] * (data.ndim - len(target.spec))
-    out = []
+    out: list[Any] = []
     for dim, name in enumerate(spec[: scale.ndim]):
         if name is None or scale.shape[dim] == 1:
             out.append(None)
@@ -604,7 +606,7 @@ def storage_shardings(tree: Any, shardings: Any) -> Any:
         tree, is_leaf=lambda x: isinstance(x, Tensor)
     )
     try:
-        targets = treedef.flatten_up_to(shardings)
+        targets = treedef.flatten_up_to(shardings)  # type: ignore[attr-defined]  # no jaxlib stub
     except (ValueError, TypeError) as err:
         raise DeviceMismatchError(
             f"shardings must have the structure of the tree, one sharding per leaf; got {err}"
@@ -655,7 +657,7 @@ def device_put(tree: Any, device_or_sharding: Any) -> Any:
         targets = device_or_sharding
     flat, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: isinstance(x, Tensor))
     try:
-        placements = treedef.flatten_up_to(targets)
+        placements = treedef.flatten_up_to(targets)  # type: ignore[attr-defined]  # no jaxlib stub
     except (ValueError, TypeError) as err:
         raise DeviceMismatchError(
             "device_put: the placement must be one device or sharding, or a tree of them with "

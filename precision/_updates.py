@@ -86,7 +86,7 @@ def apply_updates(
     dtypes.check_rounding(rounding, key)
     flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_tensor)
     try:
-        ups = treedef.flatten_up_to(updates)
+        ups = treedef.flatten_up_to(updates)  # type: ignore[attr-defined]  # no jaxlib stub
     except (ValueError, TypeError) as err:
         raise UpdateError(
             f"updates must have the structure of params; params is {treedef}, updates is "

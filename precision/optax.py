@@ -86,7 +86,7 @@ def reduced_state(
     """
     import optax
 
-    rules: list[tuple[re.Pattern, dtypes.Format, bool]] = []
+    rules: list[tuple[re.Pattern[str], dtypes.Format, bool]] = []
     for pattern, fmt, is_nu in (
         (r"\.nu\b", nu, True),
         (r"\.mu\b", mu, False),
@@ -95,7 +95,7 @@ def reduced_state(
         if fmt is not None:
             rules.append((re.compile(pattern), resolve_format(fmt), is_nu))
 
-    def rule_of(path) -> tuple[dtypes.Format, bool] | None:
+    def rule_of(path: Any) -> tuple[dtypes.Format, bool] | None:
         name = _leaf_name(path)
         for pattern, fmt, is_nu in rules:
             if pattern.search(name):
@@ -113,7 +113,7 @@ def reduced_state(
         return chosen
 
     def encode(state: Any) -> Any:
-        def one(path, leaf):
+        def one(path: Any, leaf: Any) -> Any:
             rule = rule_of(path)
             if rule is None or not jax.dtypes.issubdtype(leaf.dtype, jnp.floating):
                 return leaf
@@ -128,7 +128,7 @@ def reduced_state(
         return jax.tree_util.tree_map_with_path(one, state)
 
     def decode(state: Any) -> Any:
-        def one(path, leaf):
+        def one(path: Any, leaf: Any) -> Any:
             if not isinstance(leaf, Tensor):
                 return leaf
             value = jnp.asarray(leaf)
@@ -137,10 +137,12 @@ def reduced_state(
 
         return jax.tree_util.tree_map_with_path(one, state, is_leaf=is_tensor)
 
-    def init_fn(params):
+    def init_fn(params: Any) -> ReducedState:
         return ReducedState(encode(inner.init(params)))
 
-    def update_fn(updates, state, params=None, **extra):
+    def update_fn(
+        updates: Any, state: ReducedState, params: Any = None, **extra: Any
+    ) -> tuple[Any, ReducedState]:
         new_updates, new_inner = inner.update(updates, decode(state.inner), params, **extra)
         return new_updates, ReducedState(encode(new_inner))
 

@@ -39,10 +39,10 @@ __all__ = ["apply"]
 
 _TENSOR, _ARRAY, _WEAK, _STATIC = 0, 1, 2, 3
 _PAIR = object()  # key tag of the two-Tensor fast path
-_concrete: list[type] = []  # the concrete array type, found at the first call (not at import)
+_concrete: list[type[Any]] = []  # the concrete array type, found at the first call (not at import)
 
 
-def _concrete_type() -> type:
+def _concrete_type() -> type[Any]:
     if not _concrete:
         _concrete.append(type(jax.numpy.zeros(())))
     return _concrete[0]
@@ -70,16 +70,26 @@ def _static_key(leaf: Any) -> Any:
     return (type(leaf), leaf)
 
 
+# How one output leaf is rebuilt: None for a plain array, else the Tensor's static
+# part (format, scaling, logical dtype, packed last length, has a scale, has
+# straight-through values).
+_Desc = tuple[dtypes.Format, dtypes.Scaling | None, np.dtype, int | None, bool, bool]
+
+
 class _Entry:
-    """One compiled signature: the jitted evaluator and how to rebuild its outputs."""
+    """One compiled signature: the jitted evaluator and how to rebuild its outputs.
+
+    `fn` is set by `_build`; `out_desc` and `out_tree` when `fn` first traces.
+    """
 
     __slots__ = ("fn", "out_desc", "out_sig", "out_tree")
+    fn: Callable[..., Any]
+    out_desc: list[_Desc | None]
+    out_sig: Any  # the single result's signature, cached at its first rebuild
+    out_tree: Any  # a jax PyTreeDef (jaxlib ships no stub for it)
 
-    def __init__(self):
-        self.fn = None
-        self.out_desc = None
+    def __init__(self) -> None:
         self.out_sig = None
-        self.out_tree = None
 
     def rebuild(self, flat: list[Any]) -> Any:
         if self.out_tree.num_leaves == 1 and self.out_tree.num_nodes == 1:
@@ -154,7 +164,9 @@ def _build(
 
     def run(*dyn):
         it = iter(dyn)
-        values, states, positions = [], [], []
+        values: list[Any] = []
+        states: list[State | None] = []
+        positions: list[int] = []
         for i, kind in enumerate(kinds):
             if kind == _STATIC:
                 continue
@@ -197,7 +209,8 @@ def _build(
             closed.jaxpr, list(closed.consts), list(zip(values, states, strict=True)), ctx
         )
         out_leaves, entry.out_tree = jax.tree_util.tree_flatten(out_shape)
-        flat, desc = [], []
+        flat: list[Any] = []
+        desc: list[_Desc | None] = []
         for (v, s), spec in zip(outs, out_leaves, strict=True):
             if s is None or not s.tensor or not is_float(v):
                 flat.append(v)
@@ -358,7 +371,9 @@ def apply(
             leaves, treedef = args, _positional_treedef(len(args))
         else:
             leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
-        kinds, key, dyn = [], [treedef], []
+        kinds: list[int] = []
+        parts: list[Any] = [treedef]
+        dyn: list[Any] = []
         for leaf in leaves:
             if isinstance(leaf, Tensor):
                 kinds.append(_TENSOR)
@@ -367,23 +382,23 @@ def apply(
                     dyn.append(leaf._scale)
                 if leaf._straight is not None:
                     dyn.append(leaf._straight)
-                key.append(leaf.signature())
+                parts.append(leaf.signature())
             elif isinstance(leaf, jax.Array | np.ndarray) or compat.is_tracer(leaf):
                 kinds.append(_ARRAY)
                 dyn.append(leaf)
-                key.append((leaf.shape, leaf.dtype))
+                parts.append((leaf.shape, leaf.dtype))
             elif isinstance(leaf, float | np.floating):
                 kinds.append(_WEAK)
                 dyn.append(float(leaf))
-                key.append(_WEAK)
+                parts.append(_WEAK)
             else:
                 kinds.append(_STATIC)
-                key.append(_static_key(leaf))
+                parts.append(_static_key(leaf))
         if len(dyn) > 1:
             check_devices(leaves)
         diff = any(compat.is_differentiated(x) for x in dyn)
-        key.append(diff)
-        key = tuple(key)
+        parts.append(diff)
+        key = tuple(parts)
         entry = cache.get(key)
         if entry is None:
             entry = cache[key] = _build(f, treedef, kinds, leaves, ctx, diff)

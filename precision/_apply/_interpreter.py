@@ -184,10 +184,12 @@ def _scan_slice(enc: dtypes.Encoded) -> tuple[tuple, Callable] | None:
     fmt, last = enc.format, (shape[-1] if enc.format.packed else None)
     if enc.scale is None:
         return (enc.data,), lambda d: dtypes.Encoded(d, None, fmt, None, last)
+    assert scaling is not None  # a scale comes with its scaling
     scale = enc.scale.reshape(scaling.scale_shape(shape))
     if isinstance(scaling, dtypes.PerTensor):
         one = scale.reshape(scale.shape[1:])
         return (enc.data,), lambda d: dtypes.Encoded(d, one, fmt, scaling, last)
+    assert isinstance(scaling, dtypes.PerAxis | dtypes.PerBlock)
     axis = scaling.axis % len(shape)
     if axis == 0:
         if isinstance(scaling, dtypes.PerBlock):
@@ -227,10 +229,10 @@ def _scan(eqn, ins: list[Val], ctx: Context) -> list[Val]:
     init = [_adopt_to(v, s, t) for (v, s), t in zip(carry, carry_states, strict=True)]
 
     # Stacked storage is scanned as codes and scales: one slice decoded per step.
-    scanned, rebuilds = [], []
+    scanned: list[tuple[Any, ...]] = []
+    rebuilds: list[tuple[Callable[..., dtypes.Encoded], State] | None] = []
     for v, s in xs:
-        sliced = _scan_slice(s.stored.enc) if s is not None and s.stored is not None else None
-        if sliced is None:
+        if s is None or s.stored is None or (sliced := _scan_slice(s.stored.enc)) is None:
             scanned.append((v,))
             rebuilds.append(None)
         else:
@@ -246,6 +248,7 @@ def _scan(eqn, ins: list[Val], ctx: Context) -> list[Val]:
                 x_ins.append((arrays[0], st))
                 continue
             make, outer = rebuild
+            assert outer.stored is not None  # only stacked storage is rebuilt
             enc = make(*arrays)
             value = decode_storage(
                 enc.format,

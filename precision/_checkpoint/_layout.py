@@ -55,7 +55,7 @@ _DTYPES: dict[str, np.dtype] = {
 _DTYPE_NAMES: dict[np.dtype, str] = {v: k for k, v in _DTYPES.items()}
 
 #: Logical dtypes a Tensor may declare.
-_LOGICAL = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
+_LOGICAL: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
 
 # -- limits ---------------------------------------------------------------
 # Bounds on what one file may declare, checked before anything is allocated
@@ -142,7 +142,9 @@ class Leaf:
         """The (name, dtype, shape) of every array this leaf stores, data first."""
         out = [(self.name, self.data_dtype, self.data_shape)]
         if self.scale is not None:
-            out.append((self.scale, np.dtype(np.float32), self.scale_shape))
+            scale_shape = self.scale_shape
+            assert scale_shape is not None  # a stored scale comes with its scaling
+            out.append((self.scale, np.dtype(np.float32), scale_shape))
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -305,7 +307,7 @@ def _tensors_crc(tensors: list[Any]) -> str:
 # trees <-> leaves
 
 
-def _tensor_type() -> type | None:
+def _tensor_type() -> type[Any] | None:
     try:
         from .._tensor import Tensor
     except ImportError:  # the Tensor module is optional while it is being written
@@ -398,7 +400,7 @@ def _describe(path: tuple[tuple[str, Any], ...], leaf: Any) -> tuple[Leaf, list[
         if arr.dtype != adtype or tuple(arr.shape) != ashape:  # pragma: no cover - Encoded bug
             raise SaveError(
                 f"leaf {name!r}: array {aname!r} is {arr.dtype}{list(arr.shape)}, expected "
-                f"{adtype}{list(ashape)} for {spec.format.name}"
+                f"{adtype}{list(ashape)} for {enc.format.name}"
             )
     problem = data_violation(spec, arrays[0]) or (
         None if enc.scale is None else scale_violation(spec, arrays[1])

@@ -225,6 +225,8 @@ class Reader:
             self.entries[name] = self._entry(name, info)
         self._check_layout()
         self._role: dict[str, tuple[Leaf, str]] = {}
+        self.leaves: list[Leaf]
+        self.crc: dict[str, int] | None  # CRC-32 of each array; None in a foreign file
         if _looks_like_ours(meta):
             if meta.get(VERSION_KEY) != str(VERSION) or METADATA_KEY not in meta:
                 raise self.error(
@@ -541,7 +543,7 @@ class Reader:
         """The array stored as `name`, in a fresh aligned buffer, CRC-checked."""
         entry = self.entries[name]
         out = self._allocate(name, entry.shape, entry.dtype)
-        view = memoryview(out.reshape(-1).view(np.uint8))
+        view = out.reshape(-1).view(np.uint8).data
         self._file.seek(entry.begin)
         done = 0
         while done < entry.nbytes:
@@ -578,7 +580,7 @@ class Reader:
         for start in range(0, entry.shape[0], rows):
             n = min(rows, entry.shape[0] - start)
             out = self._allocate(name, (n, *row_shape), entry.dtype)
-            view = memoryview(out.reshape(-1).view(np.uint8))
+            view = out.reshape(-1).view(np.uint8).data
             self._file.seek(entry.begin + start * row_bytes)
             done = 0
             while done < n * row_bytes:

@@ -58,7 +58,7 @@ def _cpu_native_formats() -> frozenset[str]:
 
 def _native_path(op: str, fmt: dtypes.Format) -> np.dtype | None:
     """The container to hand XLA's contraction directly, if the format has one and it is fast."""
-    if fmt.kind != "float":
+    if not isinstance(fmt, dtypes.FloatFormat):
         return None
     native = fmt.native_dtype
     if native is None or fmt.is_full_precision or native.itemsize >= 4:
@@ -135,6 +135,7 @@ def _codes(stored: Stored) -> jax.Array:
     enc = stored.enc
     if not enc.format.packed:
         return enc.data
+    assert enc.scale is not None  # integer storage is always scaled
     ones = jnp.ones_like(enc.scale)  # decoding with unit scales gives the codes, exactly
     last = enc.shape[-1] if enc.shape else None
     return decode_storage(enc.format, enc.data, ones, enc.scaling, last, np.float32).astype(np.int8)
@@ -144,6 +145,8 @@ def _scale_factor(enc: dtypes.Encoded, contract: tuple[int, ...], keep_order) ->
     """The operand's scales as a function of its kept dims, or None if they vary
     along a contracted dim (then they do not factor out of the sum)."""
     shape, scaling, scale = enc.shape, enc.scaling, enc.scale
+    assert scaling is not None  # integer storage is always scaled
+    assert scale is not None
     ndim = len(shape)
     if isinstance(scaling, dtypes.PerAxis | dtypes.PerBlock) and scaling.axis % ndim in contract:
         return None

@@ -110,9 +110,9 @@ def op_state(op: str, vals: list[Val], ctx: Context) -> State | None:
         states = [s for v, s in vals if s is not None and is_float(v)]
         if not states:
             return None
-        for s in states[1:]:
-            if s.format != states[0].format:
-                raise mismatch(op, states[0], s)
+        for other in states[1:]:
+            if other.format != states[0].format:
+                raise mismatch(op, states[0], other)
         source = next((s.source for s in states if s.source is not None), None)
         state = State(states[0].format, any(s.tensor for s in states), None, source)
         if ctx.compute is not None and state is not None and not state.format.is_full_precision:
@@ -133,6 +133,7 @@ def op_state(op: str, vals: list[Val], ctx: Context) -> State | None:
 
 
 def _declared_mismatch(op: str, state: State, ctx: Context) -> PrecisionMismatchError:
+    assert ctx.compute is not None  # raised only under a declared compute format
     c = ctx.compute.name
     return PrecisionMismatchError(
         f"`{op}` meets a {state.format.name} tensor under the declared compute format {c}: "
@@ -156,7 +157,7 @@ def prepare(vals: list[Val], state: State) -> list[Any]:
 
 def finish(op: str, outs: list[Any], state: State) -> list[Val]:
     """Outputs rounded onto the compute format's grid (unless the op keeps it)."""
-    result = []
+    result: list[Val] = []
     for o in outs:
         if not is_float(o):
             result.append((o, None))
@@ -186,6 +187,7 @@ def _moved_storage(eqn, vals: list[Val], state: State) -> Stored | None:
     # The codes move exactly like the values; the one scale stays.
     others = [v for v, _ in vals[1:]]
     data = bind_eqn(eqn, enc.data, *others)[0]
+    assert enc.scale is not None  # a per-tensor encoding always has its scale
     moved = dtypes.Encoded(data, enc.scale.reshape(()), enc.format, enc.scaling)
     return Stored(moved, stored.dtype)
 
@@ -200,6 +202,7 @@ def default_rule(eqn, vals: list[Val], ctx: Context) -> list[Val]:
     result = finish(op, outs, state)
     if moved is not None and len(result) == 1:
         ((o, s),) = result
+        assert s is not None  # the moved floating value keeps the op's state
         return [(o, State(s.format, s.tensor, moved, s.source))]
     return result
 

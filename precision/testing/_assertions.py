@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 import dtypes
-from dtypes import FloatFormat, Format, IntFormat
+from dtypes import FloatFormat, Format, IntFormat, PrecisionTypeError
 
 from ._grid import max_code, ordinals
 
@@ -32,7 +32,7 @@ def _format(fmt: Any) -> Format:
     return dtypes.get(fmt)
 
 
-def _default_scale(fmt: IntFormat, b: np.ndarray) -> np.ndarray:
+def _default_scale(fmt: IntFormat, b: np.ndarray) -> np.float64:
     """The per-tensor scale `fmt` would give `b`: absmax / qmax (int1: mean |b|)."""
     finite = np.abs(b[np.isfinite(b)].astype(np.float64))
     if finite.size == 0:
@@ -92,8 +92,13 @@ def ulp_distance(a: Any, b: Any, fmt: Format | str, *, scale: Any = None) -> np.
             a_arr, b_arr = a_arr / s, b_arr / s
         if isinstance(fmt, IntFormat):
             dist = np.abs(a_arr - b_arr)
-        else:
+        elif isinstance(fmt, FloatFormat):
             dist = _grid_steps(a_arr, b_arr, fmt)
+        else:
+            raise PrecisionTypeError(
+                f"ulp_distance: {fmt.name} is a {fmt.kind} format, which has no grid of steps; "
+                "pass a float format (steps of its grid) or an integer format (steps of the scale)"
+            )
     nan_a, nan_b = np.isnan(a_arr), np.isnan(b_arr)
     inf_a, inf_b = np.isinf(a_arr), np.isinf(b_arr)
     dist = np.where(inf_a | inf_b, np.where(a_arr == b_arr, 0.0, np.inf), dist)

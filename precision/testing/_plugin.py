@@ -136,7 +136,7 @@ def _assert_same(eager: Any, jitted: Any, name: str) -> None:
 
     left, tree_l = jax.tree_util.tree_flatten_with_path(eager)
     right, tree_r = jax.tree_util.tree_flatten_with_path(jitted)
-    if tree_l != tree_r:
+    if tree_l != tree_r:  # type: ignore[operator]  # jaxlib ships no stub for PyTreeDef
         raise AssertionError(
             f"{name}: eager and jitted results differ in structure:\n  eager: {tree_l}\n"
             f"  jit:   {tree_r}"
