@@ -33,20 +33,18 @@ SPECIALS = [np.nan, np.inf, -np.inf]
 SCALED = {
     "int8": (dtypes.int8, PerTensor()),
     "int4-axis0": (dtypes.int4, PerAxis(0)),
-    "int2-block32": (dtypes.int2, PerBlock(32)),
     "int1": (dtypes.int1, PerTensor()),
     "int1-block64": (dtypes.int1, PerBlock(64)),
     "e4m3fn": (dtypes.float8_e4m3fn, PerTensor()),
     "mxfp4": (FloatFormat(2, 1, finite=True), PerBlock(32, power_of_two=True)),
-    "int8-pow2": (dtypes.int8, PerTensor(power_of_two=True)),
 }
 
+# (each case compiles once per shape: the list is kept to one representative
+# of each reduction path and each overflow rule, to keep CI time down)
 UNSCALED = {
     "bfloat16": dtypes.bfloat16,
-    "float16": dtypes.float16,
     "e5m2": dtypes.float8_e5m2,
     "e4m3fn": dtypes.float8_e4m3fn,
-    "e3m2": FloatFormat(3, 2),
     "e4m3fn_sat": FloatFormat(4, 3, finite=True, saturate=True),
 }
 
