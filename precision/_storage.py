@@ -30,6 +30,7 @@ from ._jax_compat import is_differentiated
 __all__ = [
     "Role",
     "check_encodable",
+    "decode_encoded",
     "decode_storage",
     "encode_values",
     "full_format",
@@ -67,11 +68,32 @@ def is_float(x: Any) -> bool:
     return bool(jax.dtypes.issubdtype(dt, jnp.floating))
 
 
-def decode_storage(fmt: dtypes.Format, data, scale, scaling, last, dtype) -> jax.Array:
+def decode_storage(
+    fmt: dtypes.Format,
+    data,
+    scale,
+    scaling,
+    last,
+    dtype,
+    tensor_scale=None,
+    zero_point=None,
+) -> jax.Array:
     """Logical values from storage arrays (the one decode every path shares)."""
-    if scale is None and not fmt.packed and data.dtype != np.uint8:
-        return data if data.dtype == dtype else data.astype(dtype)
-    return fmt.decode(dtypes.Encoded(data, scale, fmt, scaling, last), dtype)
+    if scale is None and tensor_scale is None and zero_point is None:
+        if not fmt.packed and data.dtype != np.uint8 and fmt.kind == "float":
+            return data if data.dtype == dtype else data.astype(dtype)
+    enc = dtypes.Encoded(
+        data, scale, fmt, scaling, last, tensor_scale=tensor_scale, zero_point=zero_point
+    )
+    return fmt.decode(enc, dtype)
+
+
+def decode_encoded(enc: dtypes.Encoded, dtype: Any) -> jax.Array:
+    """`decode_storage` of an `Encoded`."""
+    last = enc.shape[-1] if (enc.format.packed and enc.shape) else None
+    return decode_storage(
+        enc.format, enc.data, enc.scale, enc.scaling, last, dtype, enc.tensor_scale, enc.zero_point
+    )
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
@@ -145,24 +167,25 @@ def carries_gradient(fmt: dtypes.Format, scaling) -> bool:
     return fmt.kind == "float" and scaling is None and fmt.container != np.uint8
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
-def straight_through(fmt, scaling, last, dtype, x, data, scale):
-    """The decoded storage, with the straight-through derivative towards `x`.
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def straight_through(dtype, x, enc: dtypes.Encoded):
+    """The decoded storage `enc`, with the straight-through derivative towards `x`.
 
     Integer codes cannot carry a gradient, so the derivative of a conversion
     is defined here, at the point where the codes are read: the value is
-    exactly `decode(data, scale)`; its derivative is 1, or 0 where a
-    power-of-two encoding clipped `x` (the clipped straight-through
-    estimator, as `Format.round`).
+    exactly `decode(enc)`; its derivative is 1, or 0 where a power-of-two
+    encoding clipped `x` (the clipped straight-through estimator, as
+    `Format.round`).
     """
-    return decode_storage(fmt, data, scale, scaling, last, dtype)
+    return decode_encoded(enc, dtype)
 
 
 @straight_through.defjvp
-def _straight_through_jvp(fmt, scaling, last, dtype, primals, tangents):
-    x, data, scale = primals
-    y = decode_storage(fmt, data, scale, scaling, last, dtype)
+def _straight_through_jvp(dtype, primals, tangents):
+    x, enc = primals
+    y = decode_encoded(enc, dtype)
     t = tangents[0].astype(y.dtype)
+    fmt, scaling, scale = enc.format, enc.scaling, enc.scale
     if scaling is not None and scaling.power_of_two and not getattr(fmt, "binary", False):
         top = fmt.max + (0.5 if fmt.kind == "int" else 0.0)
         bound = scaling.broadcast(scale, x.shape) * np.float32(top) if x.ndim else scale * top
@@ -213,6 +236,6 @@ def guarded_encoder(fmt: dtypes.Format, scaling, rounding: str):
 
 
 @functools.cache
-def decoder(fmt: dtypes.Format, scaling, last, dtype):
-    """A jitted `data, scale -> values` for one static storage layout."""
-    return jax.jit(lambda data, scale: decode_storage(fmt, data, scale, scaling, last, dtype))
+def decoder(dtype: Any):
+    """A jitted `Encoded -> values` (one compiled kernel per storage layout)."""
+    return jax.jit(lambda enc: decode_encoded(enc, dtype))

@@ -150,6 +150,7 @@ class Tensor:
     __slots__ = (
         "_data",
         "_dtype",
+        "_extra",
         "_format",
         "_packed_last",
         "_scale",
@@ -162,7 +163,14 @@ class Tensor:
         if isinstance(x, Tensor):
             logical = x._dtype if dtype is None else _logical_dtype(dtype, x._dtype)
             self._set(
-                x._data, x._scale, x._format, x._scaling, logical, x._packed_last, x._straight
+                x._data,
+                x._scale,
+                x._format,
+                x._scaling,
+                logical,
+                x._packed_last,
+                x._straight,
+                x._extra,
             )
             if logical != x._dtype and not x.is_reduced_precision:
                 self._set(x._data.astype(logical), None, full_format(logical), None, logical, None)
@@ -177,7 +185,7 @@ class Tensor:
             arr = np.asarray(arr, logical)
         self._set(jnp.asarray(arr, logical), None, full_format(logical), None, logical, None)
 
-    def _set(self, data, scale, fmt, scaling, dtype, last, st=None):
+    def _set(self, data, scale, fmt, scaling, dtype, last, st=None, extra=None):
         # Immutability is by interface: public attributes are read-only
         # properties and __slots__ forbids new ones; plain stores keep the
         # constructor fast (it runs for every result of every operation).
@@ -193,13 +201,25 @@ class Tensor:
         # codes, scaled or coded floats). Equal to the decoded storage, with
         # derivative 1 (0 where an encoding clipped) towards the source.
         self._straight = st
+        # Further storage arrays of some encodings: (tensor scale, zero points),
+        # e.g. NVFP4's float32 per-tensor scale, asymmetric integers' zero points.
+        self._extra = extra
 
     @classmethod
-    def _make(cls, data, scale, fmt, scaling, dtype, last, st=None) -> Tensor:
+    def _make(cls, data, scale, fmt, scaling, dtype, last, st=None, extra=None) -> Tensor:
         """A Tensor from storage, unchecked (pytree unflattening and the interpreter)."""
         t = object.__new__(cls)
-        t._set(data, scale, fmt, scaling, dtype, last, st)
+        t._set(data, scale, fmt, scaling, dtype, last, st, extra)
         return t
+
+    @classmethod
+    def _of(cls, enc: dtypes.Encoded, dtype: Any, st: Any = None) -> Tensor:
+        """A Tensor holding every array of `enc` (unchecked)."""
+        last = enc.shape[-1] if (enc.format.packed and enc.shape) else None
+        extra = None
+        if enc.tensor_scale is not None or enc.zero_point is not None:
+            extra = (enc.tensor_scale, enc.zero_point)
+        return cls._make(enc.data, enc.scale, enc.format, enc.scaling, dtype, last, st, extra)
 
     @classmethod
     def from_encoded(cls, enc: dtypes.Encoded, dtype: Any = jnp.float32) -> Tensor:
@@ -215,9 +235,7 @@ class Tensor:
             raise PrecisionTypeError(
                 f"from_encoded expects a dtypes.Encoded, got {type(enc).__name__}"
             )
-        logical = _logical_dtype(dtype, None)
-        last = enc.shape[-1] if (enc.format.packed and enc.shape) else None
-        return cls._make(enc.data, enc.scale, enc.format, enc.scaling, logical, last)
+        return cls._of(enc, _logical_dtype(dtype, None))
 
     def signature(self) -> tuple:
         """Static description keying compiled evaluators (cached per Tensor)."""
@@ -232,21 +250,28 @@ class Tensor:
                 self._data.shape,
                 None if scale is None else scale.shape,
                 self._straight is not None,
+                None
+                if self._extra is None
+                else tuple(None if a is None else a.shape for a in self._extra),
             )
         return sig
 
     # -- pytree -------------------------------------------------------------
     def tree_flatten_with_keys(self):
         keys = jax.tree_util.GetAttrKey
+        tensor_scale, zero_point = self._extra or (None, None)
         children = (
             (keys("data"), self._data),
             (keys("scale"), self._scale),
-            (keys("st"), self._straight),
+            (keys("tensor_scale"), tensor_scale),
+            (keys("zero_point"), zero_point),
+            (keys("straight"), self._straight),
         )
         return children, (self._format, self._scaling, self._dtype, self._packed_last)
 
     def tree_flatten(self):
-        return (self._data, self._scale, self._straight), (
+        tensor_scale, zero_point = self._extra or (None, None)
+        return (self._data, self._scale, tensor_scale, zero_point, self._straight), (
             self._format,
             self._scaling,
             self._dtype,
@@ -256,7 +281,11 @@ class Tensor:
     @classmethod
     def tree_unflatten(cls, aux, children):
         fmt, scaling, dtype, last = aux
-        return cls._make(children[0], children[1], fmt, scaling, dtype, last, children[2])
+        data, scale, tensor_scale, zero_point, st = children
+        extra = None
+        if tensor_scale is not None or zero_point is not None:
+            extra = (tensor_scale, zero_point)
+        return cls._make(data, scale, fmt, scaling, dtype, last, st, extra)
 
     # -- properties ---------------------------------------------------------
     @property
@@ -320,11 +349,12 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of storage really held: codes plus scales."""
-        n = self._data.size * np.dtype(self._data.dtype).itemsize
-        if self._scale is not None:
-            n += self._scale.size * np.dtype(self._scale.dtype).itemsize
-        return int(n)
+        """Bytes of storage really held: codes plus scales (and any zero points)."""
+        n = 0
+        for a in (self._data, self._scale, *(self._extra or ())):
+            if a is not None:
+                n += int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize
+        return n
 
     @property
     def is_reduced_precision(self) -> bool:
@@ -336,8 +366,15 @@ class Tensor:
     @property
     def encoded(self) -> dtypes.Encoded:
         """The storage as a `dtypes.Encoded` (scale None when unscaled)."""
+        tensor_scale, zero_point = self._extra or (None, None)
         return dtypes.Encoded(
-            self._data, self._scale, self._format, self._scaling, self._packed_last
+            self._data,
+            self._scale,
+            self._format,
+            self._scaling,
+            self._packed_last,
+            tensor_scale=tensor_scale,
+            zero_point=zero_point,
         )
 
     # -- values ---------------------------------------------------------------
@@ -345,10 +382,10 @@ class Tensor:
         if self._straight is not None:
             return self._straight
         data, fmt = self._data, self._format
-        if self._scale is None and not fmt.packed and data.dtype != np.uint8:
-            return data if data.dtype == self._dtype else data.astype(self._dtype)
-        decode = decoder(fmt, self._scaling, self._packed_last, self._dtype)
-        return decode(data, self._scale)
+        if self._scale is None and self._extra is None and fmt.kind == "float":
+            if not fmt.packed and data.dtype != np.uint8:
+                return data if data.dtype == self._dtype else data.astype(self._dtype)
+        return decoder(self._dtype)(self.encoded)
 
     def numpy(self) -> np.ndarray:
         """Logical values as a numpy array."""
@@ -412,18 +449,16 @@ class Tensor:
         if scaling is None:
             scaling = fmt.default_scaling()
         fmt.check(x, scaling=scaling)
-        last = x.shape[-1] if (fmt.packed and x.ndim) else None
         if needs_straight_through(x, fmt, scaling):
             # Differentiated: the codes carry no gradient, so the Tensor keeps
             # the straight-through view of its source while it is traced.
             enc = encoder(fmt, scaling, rounding)(jax.lax.stop_gradient(x), key)
-            st = straight_through(fmt, scaling, last, self._dtype, x, enc.data, enc.scale)
-            return Tensor._make(enc.data, enc.scale, fmt, scaling, self._dtype, last, st)
+            return Tensor._of(enc, self._dtype, straight_through(self._dtype, x, enc))
         if is_tracer(x) and not carries_gradient(fmt, scaling):
             enc = guarded_encoder(fmt, scaling, rounding)(x, key)
         else:
             enc = encoder(fmt, scaling, rounding)(x, key)
-        return Tensor._make(enc.data, enc.scale, fmt, scaling, self._dtype, last)
+        return Tensor._of(enc, self._dtype)
 
     def to_full_precision(self) -> Tensor:
         """The same logical values stored in the logical dtype's own format."""
@@ -468,8 +503,17 @@ class Tensor:
         if scale is not None:
             scale = jax.device_put(scale, _scale_sharding(target, self._data, scale))
         st = None if self._straight is None else jax.device_put(self._straight, target)
+        extra = self._extra
+        if extra is not None:
+            # a tensor scale is one number: replicated; zero points follow the data like scales
+            ts, zp = extra
+            if ts is not None:
+                ts = jax.device_put(ts, _replicated(target))
+            if zp is not None:
+                zp = jax.device_put(zp, _scale_sharding(target, self._data, zp))
+            extra = (ts, zp)
         return Tensor._make(
-            data, scale, self._format, self._scaling, self._dtype, self._packed_last, st
+            data, scale, self._format, self._scaling, self._dtype, self._packed_last, st, extra
         )
 
     # -- display ------------------------------------------------------------------
@@ -531,6 +575,13 @@ class Tensor:
     def T(self) -> Tensor:
         """Axes reversed."""
         return _operators.method("transpose")(self, None)
+
+
+def _replicated(target):
+    """The replicated counterpart of a placement (itself for a single device)."""
+    if isinstance(target, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(target.mesh, jax.sharding.PartitionSpec())
+    return target
 
 
 def _scale_sharding(target, data, scale):
@@ -616,6 +667,13 @@ def storage_shardings(tree: Any, shardings: Any) -> Any:
         if isinstance(leaf, Tensor):
             where = jax.tree_util.keystr(path) or "<root>"
             data_s, scale_s = _storage_sharding(leaf, target, where)
+            extra = None
+            if leaf._extra is not None:
+                ts, zp = leaf._extra
+                extra = (
+                    None if ts is None else _replicated(target),
+                    None if zp is None else scale_s,
+                )
             out.append(
                 Tensor._make(
                     data_s,
@@ -625,6 +683,7 @@ def storage_shardings(tree: Any, shardings: Any) -> Any:
                     leaf._dtype,
                     leaf._packed_last,
                     None,
+                    extra,
                 )
             )
         else:

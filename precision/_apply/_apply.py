@@ -26,7 +26,7 @@ from .._context import resolve_format
 from .._errors import FormatError, PrecisionError
 from .._storage import (
     carries_gradient,
-    decode_storage,
+    decode_encoded,
     encode_values,
     full_format,
     is_float,
@@ -70,10 +70,9 @@ def _static_key(leaf: Any) -> Any:
     return (type(leaf), leaf)
 
 
-# How one output leaf is rebuilt: None for a plain array, else the Tensor's static
-# part (format, scaling, logical dtype, packed last length, has a scale, has
-# straight-through values).
-_Desc = tuple[dtypes.Format, dtypes.Scaling | None, np.dtype, int | None, bool, bool]
+# How one output leaf is rebuilt: None for a plain array, else the Tensor's
+# pytree structure and its number of array leaves.
+_Desc = tuple[Any, int]
 
 
 class _Entry:
@@ -97,27 +96,22 @@ class _Entry:
             desc = self.out_desc[0]
             if desc is None:
                 return flat[0]
-            fmt, scaling, dtype, last, has_scale, has_st = desc
-            scale = flat[1] if has_scale else None
-            st = flat[1 + has_scale] if has_st else None
-            out = Tensor._make(flat[0], scale, fmt, scaling, dtype, last, st)
+            out = jax.tree_util.tree_unflatten(desc[0], flat)
             # the result's static signature is the same on every call: reuse it
             if self.out_sig is None:
                 self.out_sig = out.signature()
             else:
                 out._signature = self.out_sig
             return out
-        it = iter(flat)
-        leaves = []
+        leaves, at = [], 0
         for desc in self.out_desc:
             if desc is None:
-                leaves.append(next(it))
+                leaves.append(flat[at])
+                at += 1
                 continue
-            fmt, scaling, dtype, last, has_scale, has_st = desc
-            data = next(it)
-            scale = next(it) if has_scale else None
-            st = next(it) if has_st else None
-            leaves.append(Tensor._make(data, scale, fmt, scaling, dtype, last, st))
+            tdef, n = desc
+            leaves.append(jax.tree_util.tree_unflatten(tdef, flat[at : at + n]))
+            at += n
         return jax.tree_util.tree_unflatten(self.out_tree, leaves)
 
 
@@ -130,14 +124,17 @@ def _storage_of(value: Any, state: State, dtype: np.dtype, ctx: Context) -> dtyp
         enc = state.stored.enc
         scale = enc.scale
         if scale is not None and isinstance(enc.scaling, dtypes.PerTensor) and enc.shape:
-            scale = scale.reshape((1,) * len(enc.shape))  # as a fresh per-tensor encoding
-        return dtypes.Encoded(
-            enc.data,
-            scale,
-            enc.format,
-            enc.scaling,
-            enc.shape[-1] if enc.format.packed and enc.shape else None,
-        )
+            # as a fresh per-tensor encoding holds it
+            return dtypes.Encoded(
+                enc.data,
+                scale.reshape((1,) * len(enc.shape)),
+                enc.format,
+                enc.scaling,
+                enc.shape[-1] if enc.format.packed else None,
+                tensor_scale=enc.tensor_scale,
+                zero_point=enc.zero_point,
+            )
+        return enc
     fmt = state.format
     if fmt.is_full_precision and np.dtype(value.dtype) != fmt.container:
         fmt = full_format(dtype)
@@ -148,18 +145,12 @@ def _build(
     f: Callable, treedef, kinds: list[int], leaves: list[Any], ctx: Context, diff: bool
 ) -> _Entry:
     entry = _Entry()
-    tensors = {
-        i: (
-            leaf._format,
-            leaf._scaling,
-            leaf._dtype,
-            leaf._packed_last,
-            leaf._scale is not None,
-            leaf._straight is not None,
-        )
-        for i, leaf in enumerate(leaves)
-        if kinds[i] == _TENSOR
-    }
+    # each Tensor argument: its pytree structure (static) and number of arrays
+    tensors = {}
+    for i, leaf in enumerate(leaves):
+        if kinds[i] == _TENSOR:
+            tdef = jax.tree_util.tree_structure(leaf)
+            tensors[i] = (tdef, tdef.num_leaves)
     statics = {i: leaf for i, leaf in enumerate(leaves) if kinds[i] == _STATIC}
 
     def run(*dyn):
@@ -171,22 +162,21 @@ def _build(
             if kind == _STATIC:
                 continue
             if kind == _TENSOR:
-                fmt, scaling, dtype, last, has_scale, has_st = tensors[i]
-                data = next(it)
-                scale = next(it) if has_scale else None
-                st = next(it) if has_st else None
-                if has_st:
-                    values.append(st)
+                tdef, n = tensors[i]
+                t = jax.tree_util.tree_unflatten(tdef, [next(it) for _ in range(n)])
+                fmt, scaling, dtype = t._format, t._scaling, t._dtype
+                if t._straight is not None:
+                    values.append(t._straight)
                     if carries_gradient(fmt, scaling):
                         states.append(State(fmt, True))
                     else:
                         states.append(State(full_format(dtype), True, None, fmt.name))
                 elif scaling is None and fmt.kind == "float":
-                    values.append(decode_storage(fmt, data, scale, scaling, last, dtype))
+                    values.append(decode_encoded(t.encoded, dtype))
                     states.append(State(fmt, True))
                 else:
-                    enc = dtypes.Encoded(data, scale, fmt, scaling, last)
-                    values.append(decode_storage(fmt, data, scale, scaling, last, dtype))
+                    enc = t.encoded
+                    values.append(decode_encoded(enc, dtype))
                     states.append(State(full_format(dtype), True, Stored(enc, dtype), fmt.name))
             elif kind == _ARRAY:
                 x = next(it)
@@ -218,16 +208,12 @@ def _build(
                 continue
             dtype = np.dtype(spec.dtype)
             enc = _storage_of(v, s, dtype, ctx)
-            flat.append(enc.data)
-            if enc.scale is not None:
-                flat.append(enc.scale)
-            last = enc.shape[-1] if (enc.format.packed and enc.shape) else None
-            st = diff and not carries_gradient(enc.format, enc.scaling)
-            if st:
-                flat.append(
-                    straight_through(enc.format, enc.scaling, last, dtype, v, enc.data, enc.scale)
-                )
-            desc.append((enc.format, enc.scaling, dtype, last, enc.scale is not None, st))
+            st = None
+            if diff and not carries_gradient(enc.format, enc.scaling):
+                st = straight_through(dtype, v, enc)
+            children, tdef = jax.tree_util.tree_flatten(Tensor._of(enc, dtype, st))
+            flat.extend(children)
+            desc.append((tdef, len(children)))
         entry.out_desc = desc
         return flat
 
@@ -349,6 +335,8 @@ def apply(
                 and b._scale is None
                 and a._straight is None
                 and b._straight is None
+                and a._extra is None
+                and b._extra is None
             ):
                 # Fastest path (binary operators on unscaled Tensors): the key
                 # is the two cached signatures, the arguments the two arrays.
@@ -377,11 +365,7 @@ def apply(
         for leaf in leaves:
             if isinstance(leaf, Tensor):
                 kinds.append(_TENSOR)
-                dyn.append(leaf._data)
-                if leaf._scale is not None:
-                    dyn.append(leaf._scale)
-                if leaf._straight is not None:
-                    dyn.append(leaf._straight)
+                dyn.extend(jax.tree_util.tree_leaves(leaf))
                 parts.append(leaf.signature())
             elif isinstance(leaf, jax.Array | np.ndarray) or compat.is_tracer(leaf):
                 kinds.append(_ARRAY)

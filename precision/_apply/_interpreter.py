@@ -14,6 +14,7 @@ themselves and decodes one layer per iteration.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,7 @@ import dtypes
 
 from .. import _jax_compat as compat
 from .._compute import Context, State, Stored, Val, join, prepare, rule_for
-from .._storage import decode_storage, is_float
+from .._storage import decode_encoded, is_float
 
 __all__ = ["evaluate"]
 
@@ -172,39 +173,50 @@ def _fixed_point(op: str, carry_states, abstract_args) -> tuple[list, list]:
     raise AssertionError(f"carry formats of `{op}` did not settle")  # pragma: no cover
 
 
+def _as_scaling(cls: type, scaling: dtypes.Scaling, **changes: Any) -> dtypes.Scaling:
+    """A scaling of class `cls` keeping every option `scaling` shares with it."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    kept = {
+        f.name: getattr(scaling, f.name) for f in dataclasses.fields(scaling) if f.name in names
+    }
+    return cls(**{**kept, **changes})
+
+
 def _scan_slice(enc: dtypes.Encoded) -> tuple[tuple, Callable] | None:
     """(arrays to scan over, rebuild of one iteration's encoding) for stacked storage.
 
     The stacking axis is 0; the scale follows when it varies along it (per
-    axis 0, or per block on another axis) and is a loop constant otherwise.
+    axis 0, or per block on another axis) and is a loop constant otherwise; a
+    tensor scale is a loop constant. Zero points are not sliced (None: the
+    stack is decoded whole).
     """
     shape, scaling = enc.shape, enc.scaling
-    if len(shape) < 2 and enc.format.packed:
+    if (len(shape) < 2 and enc.format.packed) or enc.zero_point is not None:
         return None
-    fmt, last = enc.format, (shape[-1] if enc.format.packed else None)
+    fmt, last, ts = enc.format, (shape[-1] if enc.format.packed else None), enc.tensor_scale
+
+    def make(data: Any, scale: Any, sc: dtypes.Scaling | None) -> dtypes.Encoded:
+        return dtypes.Encoded(data, scale, fmt, sc, last, tensor_scale=ts)
+
     if enc.scale is None:
-        return (enc.data,), lambda d: dtypes.Encoded(d, None, fmt, None, last)
+        return (enc.data,), lambda d: make(d, None, None)
     assert scaling is not None  # a scale comes with its scaling
     scale = enc.scale.reshape(scaling.scale_shape(shape))
     if isinstance(scaling, dtypes.PerTensor):
         one = scale.reshape(scale.shape[1:])
-        return (enc.data,), lambda d: dtypes.Encoded(d, one, fmt, scaling, last)
+        return (enc.data,), lambda d: make(d, one, scaling)
     assert isinstance(scaling, dtypes.PerAxis | dtypes.PerBlock)
     axis = scaling.axis % len(shape)
     if axis == 0:
         if isinstance(scaling, dtypes.PerBlock):
             return None
-        inner = dtypes.PerTensor(power_of_two=scaling.power_of_two)
-        return (enc.data, scale), lambda d, s: dtypes.Encoded(d, s, fmt, inner, last)
-    moved = (
-        dtypes.PerAxis(axis - 1, power_of_two=scaling.power_of_two)
-        if isinstance(scaling, dtypes.PerAxis)
-        else dtypes.PerBlock(scaling.size, axis=axis - 1, power_of_two=scaling.power_of_two)
-    )
+        inner = _as_scaling(dtypes.PerTensor, scaling)
+        return (enc.data, scale), lambda d, s: make(d, s, inner)
+    moved = _as_scaling(type(scaling), scaling, axis=axis - 1)
     if isinstance(scaling, dtypes.PerAxis):
         const = scale.reshape(scale.shape[1:])
-        return (enc.data,), lambda d: dtypes.Encoded(d, const, fmt, moved, last)
-    return (enc.data, scale), lambda d, s: dtypes.Encoded(d, s, fmt, moved, last)
+        return (enc.data,), lambda d: make(d, const, moved)
+    return (enc.data, scale), lambda d, s: make(d, s, moved)
 
 
 def _scan(eqn, ins: list[Val], ctx: Context) -> list[Val]:
@@ -250,14 +262,7 @@ def _scan(eqn, ins: list[Val], ctx: Context) -> list[Val]:
             make, outer = rebuild
             assert outer.stored is not None  # only stacked storage is rebuilt
             enc = make(*arrays)
-            value = decode_storage(
-                enc.format,
-                enc.data,
-                enc.scale,
-                enc.scaling,
-                enc.shape[-1] if enc.format.packed else None,
-                outer.stored.dtype,
-            )
+            value = decode_encoded(enc, outer.stored.dtype)
             stored = Stored(enc, outer.stored.dtype)
             x_ins.append((value, State(outer.format, outer.tensor, stored, outer.source)))
         outs = evaluate(

@@ -34,7 +34,7 @@ from jax import lax
 import dtypes
 
 from .._storage import decode_storage
-from ._rules import RULES, Val, finish, op_state, prepare
+from ._rules import RULES, Val, decode_at_use, finish, op_state, prepare
 from ._state import Context, Stored
 
 __all__ = ["contraction_rule"]
@@ -70,32 +70,7 @@ def _native_path(op: str, fmt: dtypes.Format) -> np.dtype | None:
     return native
 
 
-def _decode_at_use(stored: Stored, other: Any) -> Any:
-    """Decode `stored` once `other` exists, so the decode sits next to its consumer.
-
-    XLA schedules an operand's decode wherever it likes, and an unrolled model's
-    decodes do not depend on anything: XLA:CPU computes every layer's float32
-    weights at the start (8 int4 layers of 1024 x 1024: 32 MiB live at once,
-    as plain JAX does), and an optimization barrier is removed before
-    scheduling. A conditional whose predicate is read from `other` cannot be
-    hoisted above it; both branches are the same decode, so the result does
-    not depend on the predicate (it is False only for a NaN, which then stays
-    in its own elements of the product).
-    """
-    enc = stored.enc
-    last = enc.shape[-1] if (enc.format.packed and enc.shape) else None
-
-    def decode(data, scale):
-        return decode_storage(enc.format, data, scale, enc.scaling, last, stored.dtype)
-
-    probe = jnp.ravel(other)[:1] if np.size(other) else None
-    if (
-        probe is None
-        or not jnp.issubdtype(probe.dtype, jnp.floating)
-        or jax.default_backend() != "cpu"  # GPU/TPU fuse a decode into its dot instead
-    ):
-        return decode(enc.data, enc.scale)
-    return lax.cond(probe[0] == probe[0], decode, decode, enc.data, enc.scale)
+_decode_at_use = decode_at_use  # (the name `_quantized` imports)
 
 
 def contraction_rule(eqn, vals: list[Val], ctx: Context) -> list[Val]:
@@ -115,9 +90,9 @@ def contraction_rule(eqn, vals: list[Val], ctx: Context) -> list[Val]:
         if exact is not None:
             return finish(op, [exact], state)
     if stored_a is not None and stored_b is None:
-        a = _decode_at_use(stored_a, b)
+        a = decode_at_use(stored_a, b)
     elif stored_b is not None and stored_a is None:
-        b = _decode_at_use(stored_b, a)
+        b = decode_at_use(stored_b, a)
     a, b = prepare([(a, sa), (b, sb)], state)
     params = dict(eqn.params)
     native = _native_path(op, state.format)
@@ -168,6 +143,8 @@ def _integer_dot(eqn, a, b, ea: Stored, eb: Stored):
     """
     fa, fb = ea.enc.format, eb.enc.format
     if fa.kind != "int" or fb.kind != "int":
+        return None
+    if any(e.enc.tensor_scale is not None or e.enc.zero_point is not None for e in (ea, eb)):
         return None
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lc, rc, lb, rb = tuple(lc), tuple(rc), tuple(lb), tuple(rb)

@@ -26,17 +26,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 import dtypes
 
 from .._errors import PrecisionMismatchError
 from .._jax_compat import bind_eqn
-from .._storage import full_format, is_float, round_nearest
+from .._storage import decode_encoded, full_format, is_float, round_nearest
 from ._state import Context, State, Stored, mismatch
 
-__all__ = ["RULES", "Val", "default_rule", "op_state", "prepare", "rule_for"]
+__all__ = ["RULES", "Val", "decode_at_use", "default_rule", "op_state", "prepare", "rule_for"]
 
 Val = tuple[Any, State | None]
 Rule = Callable[[Any, list[Val], Context], list[Val]]
@@ -184,6 +186,16 @@ def _moved_storage(eqn, vals: list[Val], state: State) -> Stored | None:
         return stored
     if enc.format.packed or not isinstance(enc.scaling, dtypes.PerTensor):
         return None
+    if (
+        enc.tensor_scale is not None
+        or enc.zero_point is not None
+        or enc.format.kind
+        not in (
+            "int",
+            "float",
+        )
+    ):
+        return None  # (zero points and code books do not commute with negation)
     # The codes move exactly like the values; the one scale stays.
     others = [v for v, _ in vals[1:]]
     data = bind_eqn(eqn, enc.data, *others)[0]
@@ -192,13 +204,54 @@ def _moved_storage(eqn, vals: list[Val], state: State) -> Stored | None:
     return Stored(moved, stored.dtype)
 
 
+def decode_at_use(stored: Stored, other: Any = None) -> Any:
+    """The decoded values of `stored`, computed where an op uses them.
+
+    On CPU the decode runs inside a conditional whose predicate is read from
+    `other` (the op's other operand) or from the scales. XLA cannot hoist a
+    conditional above its predicate, so an unrolled model does not decode every
+    layer at the start (XLA removes optimization barriers before it schedules),
+    and it cannot fuse the decode's multiply into its consumer, where LLVM would
+    contract `code * scale - y` into one fused multiply-add: then one stored
+    value would be two different float32 numbers (`a - a[:1]` would not be 0).
+    Both branches are the same decode, so the result does not depend on the
+    predicate, which is False only for a NaN.
+    """
+    enc, dtype = stored.enc, stored.dtype
+
+    def decode(enc: dtypes.Encoded) -> Any:
+        return decode_encoded(enc, dtype)
+
+    if jax.default_backend() != "cpu":
+        return decode(enc)  # GPU/TPU: XLA fuses the decode into its consumer
+    probe = None
+    for candidate in (other, enc.scale):
+        if candidate is not None and np.size(candidate) and is_float(candidate):
+            probe = jnp.ravel(candidate)[0]
+            break
+    if probe is None:
+        return decode(enc)
+    return lax.cond(probe == probe, decode, decode, enc)
+
+
+def _decoded_at_use(op: str, vals: list[Val]) -> list[Val]:
+    """Storage inputs of a computing op decoded at the op (see `decode_at_use`)."""
+    if op in MOVES or not any(s is not None and s.stored is not None for _, s in vals):
+        return vals
+    other = next((v for v, s in vals if is_float(v) and (s is None or s.stored is None)), None)
+    return [
+        (decode_at_use(s.stored, other), s) if s is not None and s.stored is not None else (v, s)
+        for v, s in vals
+    ]
+
+
 def default_rule(eqn, vals: list[Val], ctx: Context) -> list[Val]:
     op = eqn.primitive.name
     state = op_state(op, vals, ctx)
     if state is None:
         return [(o, None) for o in bind_eqn(eqn, *(v for v, _ in vals))]
     moved = _moved_storage(eqn, vals, state) if ctx.compute is None else None
-    outs = bind_eqn(eqn, *prepare(vals, state))
+    outs = bind_eqn(eqn, *prepare(_decoded_at_use(op, vals), state))
     result = finish(op, outs, state)
     if moved is not None and len(result) == 1:
         ((o, s),) = result

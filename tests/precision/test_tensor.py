@@ -366,3 +366,24 @@ def test_plain_jax_numpy_sees_logical_values():
     assert isinstance(out, jax.Array)
     logical = jnp.asarray(np.asarray(t))
     np.testing.assert_array_equal(np.asarray(out), np.asarray(jnp.tanh(logical)))
+
+
+NAMED = sorted(dtypes.ENCODINGS)
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_every_encoding_round_trips_through_tensor_and_apply(name):
+    # Tensors hold every array of an encoding (NVFP4's tensor scale, zero
+    # points), so values, bytes and results equal the dtypes encoding's.
+    fmt = dtypes.get(name)
+    x = np.linspace(-3, 3, 128, dtype=np.float32).reshape(2, 64)
+    enc = fmt.encode(x)
+    ref = np.asarray(enc.decode())
+    t = Tensor(x).to_reduced_precision(name)
+    np.testing.assert_array_equal(np.asarray(t), ref)
+    assert t.nbytes == enc.nbytes == sum(a.nbytes for a in jax.tree_util.tree_leaves(t))
+    same = precision.apply(lambda a: a)(t)
+    assert same.format == t.format
+    np.testing.assert_array_equal(np.asarray(same), ref)
+    np.testing.assert_array_equal(np.asarray(precision.apply(lambda a: a * 2.0)(t)), 2 * ref)
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda a: a)(t)), ref)
