@@ -1,8 +1,8 @@
 """`precision.apply`: run any JAX function on Tensors under the precision rules.
 
 `apply(f)` returns a function that flattens its arguments, stands each
-Tensor in as its logical value (decoded inside the compiled function, where
-XLA fuses the decode into its consumer), traces `f` to a jaxpr, and evaluates
+Tensor in as its logical value (storage is decoded inside the compiled
+function, at each op that uses it), traces `f` to a jaxpr, and evaluates
 that jaxpr with `_interpreter.evaluate`. All of this happens inside one
 `jax.jit` per static signature (tree structure, formats, scalings, shapes,
 the declaration), so repeated eager calls neither retrace nor recompile.
