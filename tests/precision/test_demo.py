@@ -211,6 +211,7 @@ def test_default_demo_meets_the_acceptance_bar(tmp_path):
     assert abs(acc["int4-qat"] - acc["fp32"]) <= 2.0
     assert acc["int1-qat"] >= 85.0
     for mode in ("fp8-hybrid", "w8a8-qat"):
-        assert abs(acc[mode] - acc["fp32"]) <= 0.5, mode
+        # within half a point of float32 or better (one test image is 0.28 points)
+        assert acc[mode] >= acc["fp32"] - 0.5, mode
     assert acc["bf16-pure-stochastic"] >= acc["bf16-pure-nearest"]
     assert kept["bf16-pure-nearest"] < 0.9 < kept["bf16-pure-stochastic"]
