@@ -92,7 +92,7 @@ def test_sigint_at_many_moments(source, tmp_path, target):
     dst = out[target]
     args = [str(src), "-o", str(dst), "--to", "int8", "--keep", "none", "-q", "--overwrite"]
     if target == "sharded":
-        args += ["--max-shard-size", "40MB"]
+        args += ["--max-shard-size", "10MB"]
     code, _, err, duration = convert(args, None, str(src))  # an uninterrupted run's length
     assert code == 0, err
     assert precision.load(dst if target != "sharded" else next(dst.glob("*-00001-of-*")))

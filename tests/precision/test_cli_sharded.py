@@ -76,7 +76,8 @@ def test_sharded_round_trip(sharded, tmp_path, capsys):
     arrays, index, metadata = read_dir(out)
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) >= 3
-    assert shards == [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    n = len(shards)
+    assert shards == [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
     # every array is in the shard the index names, the total is the bytes of the arrays
     assert set(index["weight_map"]) == set(arrays)
     assert index["metadata"]["total_size"] == sum(a.nbytes for a in arrays.values())
@@ -138,9 +139,9 @@ def test_dry_run_lists_every_tensor_and_writes_nothing(sharded, tmp_path, capsys
      "bert.embeddings.word_embeddings.weight", "wpe.weight", "encoder.layer.0.attention.bias"],
 )  # fmt: skip
 def test_default_keep_matches_common_names(name):
-    from precision._cli._convert import DEFAULT_KEEP
-
     import re
+
+    from precision._cli._convert import DEFAULT_KEEP
 
     assert re.search(DEFAULT_KEEP, name, re.IGNORECASE)
 
@@ -201,7 +202,8 @@ def test_usage_errors_exit_2_in_one_line(tmp_path, flags, word):
     result = subprocess.run([*argv, *flags], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
-    assert result.stderr.count("\n") <= 2 and word in result.stderr, result.stderr
+    assert result.stderr.count("\n") <= 2, result.stderr
+    assert word in result.stderr, result.stderr
     assert not (tmp_path / "o").exists()
 
 

@@ -65,7 +65,9 @@ CHILD = textwrap.dedent(
                 assert y is None
                 continue
             assert y.sharding == x.sharding, (name, y.sharding, x.sharding)
-            np.testing.assert_array_equal(np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8))
+            np.testing.assert_array_equal(
+                np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8)
+            )
     assert int(restored["step"]) == 7
     print("ok")
     """
