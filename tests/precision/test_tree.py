@@ -244,3 +244,22 @@ def test_optax_state():
     assert tree_nbytes(state) == 4 + 4 * 2 * (9 + 3)
     restored = to_full_precision(small)
     assert jax.tree_util.tree_structure(restored) == jax.tree_util.tree_structure(state)
+
+
+def test_stochastic_tree_conversion_draws_independent_bits_per_leaf():
+    # One key given to two same-shaped arrays makes identical decisions; the tree
+    # functions split it per leaf, so equal leaves round independently.
+    x = jnp.full((4096,), 1.0 + 2.0**-9)  # a quarter of the way from 1 to the next bf16
+    tree = {"a": x, "b": x}
+    key = jax.random.key(3)
+    out = precision.to_reduced_precision(tree, "bfloat16", rounding="stochastic", key=key)
+    a, b = np.asarray(out["a"]), np.asarray(out["b"])
+    assert 0 < np.count_nonzero(a != b) < a.size  # independent, not identical
+    updated = precision.apply_updates(
+        precision.to_reduced_precision({"a": jnp.ones(4096), "b": jnp.ones(4096)}, "bfloat16"),
+        {"a": jnp.full(4096, 2.0**-9), "b": jnp.full(4096, 2.0**-9)},
+        rounding="stochastic",
+        key=key,
+    )
+    ua, ub = np.asarray(updated["a"]), np.asarray(updated["b"])
+    assert 0 < np.count_nonzero(ua != ub) < ua.size
