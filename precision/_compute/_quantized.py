@@ -14,7 +14,10 @@ contraction runs on the narrow values:
   activations, per output channel for weights), `"tensorwise"` one scale in
   all, `"mx"` one E8M0 scale per 32 consecutive summed elements. The codes
   and scales are exactly `fmt.encode(rows, scaling=...)` of `dtypes` on that
-  matrix (`PerTensor()`, `PerAxis(0)`, OCP `PerBlock(32)`).
+  matrix (`PerTensor()`, `PerAxis(0)`, OCP `PerBlock(32)`); where one
+  `PerTensor` / `PerAxis` / `PerBlock` groups the operand like its rows, it
+  is encoded in place instead (the same groups, so the same codes), since a
+  transpose feeding the encode makes its reductions strided.
 - **Integer formats, tensorwise or rowwise** (W8A8): scales are constant
   along the summed dims, so they factor out of the sum: the codes contract
   with int32 accumulation (`preferred_element_type=int32`, an
