@@ -1,39 +1,86 @@
 """Precision-aware tensors for JAX: logical values over reduced-precision storage."""
 
-from ._apply import apply as apply
-from ._checkpoint import load as load
-from ._checkpoint import save as save
-from ._context import default_format as default_format
-from ._context import get_default_format as get_default_format
-from ._contract import Contract as Contract
-from ._errors import CheckpointError as CheckpointError
-from ._errors import DeviceMismatchError as DeviceMismatchError
-from ._errors import FormatError as FormatError
-from ._errors import LossScaleError as LossScaleError
-from ._errors import LossScaleTypeError as LossScaleTypeError
-from ._errors import PolicyError as PolicyError
-from ._errors import PrecisionError as PrecisionError
-from ._errors import PrecisionMismatchError as PrecisionMismatchError
-from ._errors import SaveError as SaveError
-from ._errors import SaveTypeError as SaveTypeError
-from ._errors import SelectionError as SelectionError
-from ._errors import UpdateError as UpdateError
-from ._loss_scale import DynamicLossScale as DynamicLossScale
-from ._loss_scale import NoOpLossScale as NoOpLossScale
-from ._loss_scale import StaticLossScale as StaticLossScale
-from ._loss_scale import all_finite as all_finite
-from ._loss_scale import select_tree as select_tree
-from ._policy import DEFAULT_FLOAT32_OPS as DEFAULT_FLOAT32_OPS
-from ._policy import Policy as Policy
-from ._tensor import Tensor as Tensor
-from ._tensor import device_put as device_put
-from ._tensor import storage_shardings as storage_shardings
-from ._tree import is_reduced_precision as is_reduced_precision
-from ._tree import to_full_precision as to_full_precision
-from ._tree import to_reduced_precision as to_reduced_precision
-from ._tree import tree_nbytes as tree_nbytes
-from ._updates import apply_updates as apply_updates
+# Names load on first use (the pattern of `precision.testing`): `import precision`
+# imports neither JAX nor numpy, so `precision --help` answers at once and an
+# interrupt during start-up is the command line's to report. Static tools and
+# the docs read the names from the TYPE_CHECKING block.
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__ as __version__
+
+if TYPE_CHECKING:
+    from ._apply import apply as apply
+    from ._checkpoint import load as load
+    from ._checkpoint import save as save
+    from ._context import default_format as default_format
+    from ._context import get_default_format as get_default_format
+    from ._contract import Contract as Contract
+    from ._errors import CheckpointError as CheckpointError
+    from ._errors import DeviceMismatchError as DeviceMismatchError
+    from ._errors import FormatError as FormatError
+    from ._errors import LossScaleError as LossScaleError
+    from ._errors import LossScaleTypeError as LossScaleTypeError
+    from ._errors import PolicyError as PolicyError
+    from ._errors import PrecisionError as PrecisionError
+    from ._errors import PrecisionMismatchError as PrecisionMismatchError
+    from ._errors import SaveError as SaveError
+    from ._errors import SaveTypeError as SaveTypeError
+    from ._errors import SelectionError as SelectionError
+    from ._errors import UpdateError as UpdateError
+    from ._loss_scale import DynamicLossScale as DynamicLossScale
+    from ._loss_scale import NoOpLossScale as NoOpLossScale
+    from ._loss_scale import StaticLossScale as StaticLossScale
+    from ._loss_scale import all_finite as all_finite
+    from ._loss_scale import select_tree as select_tree
+    from ._policy import DEFAULT_FLOAT32_OPS as DEFAULT_FLOAT32_OPS
+    from ._policy import Policy as Policy
+    from ._tensor import Tensor as Tensor
+    from ._tensor import device_put as device_put
+    from ._tensor import storage_shardings as storage_shardings
+    from ._tree import is_reduced_precision as is_reduced_precision
+    from ._tree import to_full_precision as to_full_precision
+    from ._tree import to_reduced_precision as to_reduced_precision
+    from ._tree import tree_nbytes as tree_nbytes
+    from ._updates import apply_updates as apply_updates
+
+_HOME = {
+    "apply": "_apply",
+    "load": "_checkpoint",
+    "save": "_checkpoint",
+    "default_format": "_context",
+    "get_default_format": "_context",
+    "Contract": "_contract",
+    "CheckpointError": "_errors",
+    "DeviceMismatchError": "_errors",
+    "FormatError": "_errors",
+    "LossScaleError": "_errors",
+    "LossScaleTypeError": "_errors",
+    "PolicyError": "_errors",
+    "PrecisionError": "_errors",
+    "PrecisionMismatchError": "_errors",
+    "SaveError": "_errors",
+    "SaveTypeError": "_errors",
+    "SelectionError": "_errors",
+    "UpdateError": "_errors",
+    "DynamicLossScale": "_loss_scale",
+    "NoOpLossScale": "_loss_scale",
+    "StaticLossScale": "_loss_scale",
+    "all_finite": "_loss_scale",
+    "select_tree": "_loss_scale",
+    "DEFAULT_FLOAT32_OPS": "_policy",
+    "Policy": "_policy",
+    "Tensor": "_tensor",
+    "device_put": "_tensor",
+    "storage_shardings": "_tensor",
+    "is_reduced_precision": "_tree",
+    "to_full_precision": "_tree",
+    "to_reduced_precision": "_tree",
+    "tree_nbytes": "_tree",
+    "apply_updates": "_updates",
+}
 
 __all__ = [
     "DEFAULT_FLOAT32_OPS",
@@ -70,3 +117,16 @@ __all__ = [
     "to_reduced_precision",
     "tree_nbytes",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
