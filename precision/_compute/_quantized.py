@@ -203,22 +203,10 @@ def _native_float(fmt: dtypes.Format, scaling: dtypes.Scaling) -> bool:
 
 
 def _encode_native_float(x: jax.Array, fmt: dtypes.Format, scaling: dtypes.Scaling):
-    """`fmt.encode(x, scaling=scaling)`, rounding with one saturating convert.
-
-    The scales and the scaled values are `dtypes`' own (the same functions);
-    only the rounding onto the fp8 grid differs in how it is computed: XLA's
-    convert into the fp8 container rounds to nearest-even exactly as the bit
-    rounding of `dtypes` does (subnormals included), and the clip to the
-    format's largest value is `dtypes`' saturation. One fused elementwise op,
-    what an fp8 GEMM's producer should be (the bit rounding is several dozen).
-    """
-    from dtypes._codec import _scales, _times_reciprocal, flush_subnormals
-
-    top = np.float32(fmt.max)
-    scale, inv, pre = _scales(x, fmt, scaling, fmt.max, fmt.emax)
-    y = _times_reciprocal(flush_subnormals(x), scaling, inv, pre)
-    codes = jnp.clip(y, -top, top).astype(fmt.native_dtype)
-    return dtypes.Encoded(codes, scale, fmt, scaling)
+    """`fmt.encode(x, scaling=scaling)`: for fp8 `dtypes` rounds with one saturating
+    convert into the container (one fused elementwise op, what an fp8 GEMM's
+    producer should be)."""
+    return fmt.encode(x, scaling=scaling)
 
 
 def dequantize(enc: dtypes.Encoded, layout: Layout, scaling: str) -> jax.Array:
