@@ -49,7 +49,7 @@ def _multiply(tree: Any, factor: jax.Array, what: str) -> Any:
     that expect the original dtype.
     """
 
-    def one(x):
+    def one(x: Any) -> Any:
         if _is_reduced_tensor(x):
             raise LossScaleTypeError(
                 f"cannot {what} a precision.Tensor leaf: loss scaling works on plain arrays "
@@ -76,7 +76,7 @@ class NoOpLossScale:
     @property
     def loss_scale(self) -> jax.Array:
         """Always 1."""
-        return jnp.float32(1)
+        return jnp.asarray(1, jnp.float32)
 
     def scale(self, tree: Any) -> Any:
         """Return `tree` unchanged."""
@@ -91,11 +91,11 @@ class NoOpLossScale:
         del grads_finite
         return self
 
-    def tree_flatten(self):
+    def tree_flatten(self) -> tuple[tuple[()], None]:
         return (), None
 
     @classmethod
-    def tree_unflatten(cls, aux, children):
+    def tree_unflatten(cls, aux: None, children: Any) -> NoOpLossScale:
         del aux, children
         return cls()
 
@@ -117,7 +117,7 @@ class StaticLossScale:
 
     loss_scale: jax.Array
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "loss_scale", _as_scale(self.loss_scale))
 
     def scale(self, tree: Any) -> Any:
@@ -133,11 +133,11 @@ class StaticLossScale:
         del grads_finite
         return self
 
-    def tree_flatten(self):
+    def tree_flatten(self) -> tuple[tuple[jax.Array], None]:
         return (self.loss_scale,), None
 
     @classmethod
-    def tree_unflatten(cls, aux, children):
+    def tree_unflatten(cls, aux: None, children: Any) -> StaticLossScale:
         del aux
         obj = object.__new__(cls)
         object.__setattr__(obj, "loss_scale", children[0])
@@ -182,7 +182,7 @@ class DynamicLossScale:
     factor: int | float = 2
     min_loss_scale: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "loss_scale", _as_scale(self.loss_scale))
         object.__setattr__(self, "counter", _as_counter(self.counter))
         period = self.period
@@ -252,18 +252,18 @@ class DynamicLossScale:
             counter=jnp.where(grads_finite, finite_counter, jnp.zeros_like(self.counter)),
         )
 
-    def _replace(self, **changes) -> DynamicLossScale:
+    def _replace(self, **changes: Any) -> DynamicLossScale:
         children = {"loss_scale": self.loss_scale, "counter": self.counter, **changes}
         return self.tree_unflatten(
             (self.period, self.factor, self.min_loss_scale),
             (children["loss_scale"], children["counter"]),
         )
 
-    def tree_flatten(self):
+    def tree_flatten(self) -> tuple[tuple[Any, Any], tuple[int, int | float, float]]:
         return (self.loss_scale, self.counter), (self.period, self.factor, self.min_loss_scale)
 
     @classmethod
-    def tree_unflatten(cls, aux, children):
+    def tree_unflatten(cls, aux: tuple[int, int | float, float], children: Any) -> DynamicLossScale:
         # Bypass __post_init__: under tracing the children are tracers or
         # placeholders, which must pass through untouched.
         obj = object.__new__(cls)
@@ -379,7 +379,7 @@ def all_finite(tree: Any) -> jax.Array:
         if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact):
             flags.append(jnp.all(jnp.isfinite(leaf)))
     if not flags:
-        return jnp.bool_(True)
+        return jnp.asarray(True)
     return jnp.all(jnp.stack(flags))
 
 
@@ -414,7 +414,7 @@ def select_tree(pred: Any, on_true: Any, on_false: Any) -> Any:
             "and the old version of the same tree"
         )
 
-    def one(path, a, b):
+    def one(path: Any, a: Any, b: Any) -> jax.Array:
         a, b = jnp.asarray(a), jnp.asarray(b)
         if a.dtype != b.dtype:
             raise LossScaleTypeError(

@@ -103,7 +103,7 @@ class Policy:
     output: dtypes.Format | None = None
     float32_ops: frozenset[str] = DEFAULT_FLOAT32_OPS
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         ops = self.float32_ops
         if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
             raise PrecisionTypeError(
@@ -226,7 +226,7 @@ def _cast(tree: Any, fmt: dtypes.Format) -> Any:
     dtype = fmt.container
     tree = to_full_precision(tree)
 
-    def one(x):
+    def one(x: Any) -> Any:
         if not is_floating(x) or x.dtype == dtype:
             return x
         return jnp.asarray(x).astype(dtype)

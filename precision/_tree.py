@@ -65,6 +65,7 @@ def _path_str(path: tuple[Any, ...]) -> str:
 
 def _selector(where: Where, exclude: str | None) -> Callable[[tuple[Any, ...], Any], bool]:
     """One predicate from `where` (callable or regex) and `exclude` (regex)."""
+    include: Callable[[tuple[Any, ...], Any], Any]
     if where is None:
         include = lambda path, leaf: True
     elif isinstance(where, str):
@@ -87,7 +88,7 @@ def _selector(where: Where, exclude: str | None) -> Callable[[tuple[Any, ...], A
     )
 
 
-def _compile(pattern: str, name: str) -> re.Pattern:
+def _compile(pattern: str, name: str) -> re.Pattern[str]:
     try:
         return re.compile(pattern)
     except re.error as err:
@@ -271,5 +272,5 @@ def _array_nbytes(leaf: Any) -> int:
     if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
         # a typed key holds its key data: e.g. two uint32 words for threefry
         data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
-        return size * int(np.prod(data.shape, dtype=np.int64)) * np.dtype(data.dtype).itemsize
-    return size * np.dtype(dtype).itemsize
+        return size * int(np.prod(data.shape, dtype=np.int64)) * int(np.dtype(data.dtype).itemsize)
+    return size * int(np.dtype(dtype).itemsize)

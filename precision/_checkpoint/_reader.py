@@ -143,7 +143,7 @@ class Reader:
     Use as a context manager.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = os.fspath(path)
         self._file = open(self.path, "rb")
         try:

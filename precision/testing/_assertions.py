@@ -114,7 +114,8 @@ def _grid_steps(a: np.ndarray, b: np.ndarray, fmt: FloatFormat) -> np.ndarray:
     within = np.abs((idx_b - idx_a).astype(np.float64) + (frac_b - frac_a))
     # Opposite signs: the two distances to zero add up.
     across = (idx_a.astype(np.float64) + frac_a) + (idx_b.astype(np.float64) + frac_b)
-    return np.where(same_side, within, across)
+    steps: np.ndarray = np.where(same_side, within, across)
+    return steps
 
 
 def _bits(value: np.ndarray) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -184,7 +185,7 @@ def error_report(ref: Any, approx: Any, fmt: Format | str | None = None) -> Erro
                 counts.append((_bucket_label(lo, hi), n))
         hist = tuple(counts)
 
-    def stat(values: np.ndarray, how) -> float:
+    def stat(values: np.ndarray, how: Callable[[np.ndarray], Any]) -> float:
         return float(how(values)) if values.size else 0.0
 
     return ErrorReport(
