@@ -150,7 +150,7 @@ def _build(
     for i, leaf in enumerate(leaves):
         if kinds[i] == _TENSOR:
             tdef = jax.tree_util.tree_structure(leaf)
-            tensors[i] = (tdef, tdef.num_leaves)
+            tensors[i] = (tdef, tdef.num_leaves)  # type: ignore[attr-defined]  # no jaxlib stub
     statics = {i: leaf for i, leaf in enumerate(leaves) if kinds[i] == _STATIC}
 
     def run(*dyn):
