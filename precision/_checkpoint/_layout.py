@@ -338,18 +338,22 @@ def path_name(path: tuple[tuple[str, Any], ...]) -> str:
     return ".".join(str(key) for _, key in path) if path else "tensor"
 
 
-def _refuse_unstored_layout(name: str, enc: Encoded) -> None:
-    """Refuse the encodings this file layout cannot yet describe (narrow or two-level
-    scales, zero points, code books, named compositions), before anything is written."""
-    fmt, scaling = enc.format, enc.scaling
-    what = None
+def unstored_layout(fmt: Format, scaling: Scaling | None) -> str | None:
+    """What this file layout cannot yet describe of an encoding (narrow or two-level
+    scales, zero points, code books, named compositions), or None when it can."""
     if not isinstance(fmt, FloatFormat | IntFormat):
-        what = f"the {fmt.name} encoding ({type(fmt).__name__})"
-    elif getattr(fmt, "scaling", None) is not None:
-        what = f"the composition {fmt.name} (a format carrying its scaling)"
-    elif scaling is not None and scaling.scale_format != "float32":
-        what = f"{scaling.scale_format} scales"
-    elif enc.tensor_scale is not None or enc.zero_point is not None:
+        return f"the {fmt.name} encoding ({type(fmt).__name__})"
+    if getattr(fmt, "scaling", None) is not None:
+        return f"the composition {fmt.name} (a format carrying its scaling)"
+    if scaling is not None and scaling.scale_format != "float32":
+        return f"{scaling.scale_format} scales"
+    return None
+
+
+def _refuse_unstored_layout(name: str, enc: Encoded) -> None:
+    """Refuse what `unstored_layout` names, before anything is written."""
+    what = unstored_layout(enc.format, enc.scaling)
+    if what is None and (enc.tensor_scale is not None or enc.zero_point is not None):
         what = "a tensor scale or zero points"
     if what is not None:
         raise SaveTypeError(

@@ -46,7 +46,7 @@ import numpy as np
 import dtypes
 
 from .._checkpoint._io import encoded, write
-from .._checkpoint._layout import SCALE_SUFFIX, Leaf
+from .._checkpoint._layout import SCALE_SUFFIX, Leaf, unstored_layout
 from .._checkpoint._reader import Reader, aligned_empty
 from ._files import (
     DEFAULT_SHARD_BYTES,
@@ -152,6 +152,13 @@ def _check_pair(fmt: dtypes.Format, scaling: dtypes.Scaling | None, text: str | 
     except (ValueError, TypeError) as exc:
         where = f"--scaling {text}" if text else f"the default scaling {scaling}"
         raise _UsageError(f"--to {fmt.name} with {where}: {_first_sentence(exc)}") from None
+    problem = unstored_layout(fmt, scaling)
+    if problem is not None:
+        raise _UsageError(
+            f"--to {fmt.name}: checkpoint files do not store {problem} yet; convert to an "
+            "element format with float32 scales instead (e.g. --to float4_e2m1fn --scaling "
+            "per-block:32:pow2 for MX-style fp4, --to int4 for 4-bit integers)"
+        )
 
 
 def _first_sentence(exc: BaseException) -> str:
