@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 r = json.loads(proc.stdout.strip().splitlines()[-1])
                 base.setdefault(row, r["seconds"])
-                ref = "bf16-cast" if compute == "bfloat16" else "fp32"
+                ref = "bf16-cast" if compute == "bfloat16" and mode == "forward" else "fp32"
                 ratio = r["seconds"] / base[ref] if ref in base else float("nan")
                 print(
                     f"{model:<7} {mode:<8} {row:<11} {1e3 * r['seconds']:>9.1f} {ratio:>7.2f} "
