@@ -7,6 +7,8 @@ test parameters, so a new format is one new row.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from ._errors import FormatError, PrecisionTypeError
 from ._formats import FloatFormat, Format, IntFormat
@@ -51,45 +53,50 @@ int2 = IntFormat(2)
 int1 = IntFormat(1)
 """int1: binary ±1 codes (sign, 0 maps to +1), eight per byte, scale mean(|x|) per group."""
 
-FORMATS: dict[str, Format] = {
-    f.name: f
-    for f in (
-        float64,
-        float32,
-        bfloat16,
-        float16,
-        tf32,
-        float8_e4m3fn,
-        float8_e5m2,
-        int8,
-        int4,
-        int2,
-        int1,
-    )
-}
-"""Every built-in format, by canonical name, in table order."""
+FORMATS: Mapping[str, Format] = MappingProxyType(
+    {
+        f.name: f
+        for f in (
+            float64,
+            float32,
+            bfloat16,
+            float16,
+            tf32,
+            float8_e4m3fn,
+            float8_e5m2,
+            int8,
+            int4,
+            int2,
+            int1,
+        )
+    }
+)
+"""Every built-in format, by canonical name, in table order (a read-only view)."""
 
-ALIASES: dict[str, str] = {
-    "f64": "float64",
-    "fp64": "float64",
-    "double": "float64",
-    "f32": "float32",
-    "fp32": "float32",
-    "single": "float32",
-    "bf16": "bfloat16",
-    "f16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "tensorfloat32": "tf32",
-    "e4m3": "float8_e4m3fn",
-    "e4m3fn": "float8_e4m3fn",
-    "fp8": "float8_e4m3fn",
-    "fp8_e4m3": "float8_e4m3fn",
-    "e5m2": "float8_e5m2",
-    "fp8_e5m2": "float8_e5m2",
-    "binary": "int1",
-}
-"""Other spellings people type, mapped to canonical names (matched case-insensitively)."""
+ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "f64": "float64",
+        "fp64": "float64",
+        "double": "float64",
+        "f32": "float32",
+        "fp32": "float32",
+        "single": "float32",
+        "bf16": "bfloat16",
+        "f16": "float16",
+        "fp16": "float16",
+        "half": "float16",
+        "tensorfloat32": "tf32",
+        "e4m3": "float8_e4m3fn",
+        "e4m3fn": "float8_e4m3fn",
+        "fp8": "float8_e4m3fn",
+        "fp8_e4m3": "float8_e4m3fn",
+        "e5m2": "float8_e5m2",
+        "fp8_e5m2": "float8_e5m2",
+        "binary": "int1",
+    }
+)
+"""Other spellings people type, mapped to canonical names (matched case-insensitively;
+a read-only view)."""
 
 
 def get(name: str | Format) -> Format:
