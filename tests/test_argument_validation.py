@@ -48,6 +48,91 @@ def _overwrite_flag(tmp: Path) -> Any:
 
 # (call, exception class, substrings the message must contain)
 WRONG_CALLS = [
+    # -- Tensors, apply, trees, policies, updates (precision) ---------------------------
+    pytest.param(
+        lambda tmp: precision.Tensor("abc"),
+        TypeError,
+        ["<U3", "pass a float, int or bool array"],
+        id="tensor-of-text",
+    ),
+    pytest.param(
+        lambda tmp: precision.Tensor(np.ones(2, np.complex64)),
+        TypeError,
+        ["complex", "jnp.real(x)"],
+        id="tensor-of-complex",
+    ),
+    pytest.param(
+        lambda tmp: precision.Tensor(np.ones(2)).astype("int8"),
+        TypeError,
+        ["'int8'", "to_reduced_precision('int8')"],
+        id="astype-a-format",
+    ),
+    pytest.param(
+        lambda tmp: precision.Tensor(np.ones(2)).to_reduced_precision("int9"),
+        precision.FormatError,
+        ["'int9'", "int8"],
+        id="tensor-unknown-format",
+    ),
+    pytest.param(
+        lambda tmp: precision.apply(jnp.sin, compute="int8"),
+        precision.FormatError,
+        ["compute='int8'", "storage encoding", 'compute="bfloat16"'],
+        id="apply-storage-compute",
+    ),
+    pytest.param(
+        lambda tmp: precision.apply(jnp.sin, policy=3),
+        TypeError,
+        ["int", "params=float32,compute=bfloat16"],
+        id="apply-policy-type",
+    ),
+    pytest.param(
+        lambda tmp: precision.apply(lambda a, b: a + b)(
+            precision.Tensor(np.ones(2)).to_reduced_precision("bfloat16"),
+            precision.Tensor(np.ones(2)).to_reduced_precision("float16"),
+        ),
+        precision.PrecisionMismatchError,
+        ["bfloat16", "float16", "to_reduced_precision", "to_full_precision"],
+        id="apply-two-compute-formats",
+    ),
+    pytest.param(
+        lambda tmp: precision.apply(lambda w, x: x @ w)(
+            precision.Tensor(np.ones((2, 2))).to_reduced_precision("int8"),
+            precision.Tensor(np.ones((1, 2))).to_reduced_precision("bfloat16"),
+        ),
+        precision.PrecisionMismatchError,
+        ["int8", "bfloat16", 'precision.apply(f, compute="bfloat16")'],
+        id="apply-undeclared-narrow-compute",
+    ),
+    pytest.param(
+        lambda tmp: precision.Policy.parse("compute=bf17"),
+        precision.PolicyError,
+        ["'bf17'", "float32"],
+        id="policy-unknown-format",
+    ),
+    pytest.param(
+        lambda tmp: precision.to_reduced_precision({"a": jnp.ones(2)}, "int8", where="("),
+        precision.SelectionError,
+        ["'('", "regular expression"],
+        id="tree-bad-regex",
+    ),
+    pytest.param(
+        lambda tmp: precision.apply_updates({"w": jnp.ones(3)}, {"w": jnp.ones((2, 3))}),
+        precision.UpdateError,
+        ["['w']", "(2, 3)", "(3,)"],
+        id="update-changes-shape",
+    ),
+    pytest.param(
+        lambda tmp: precision.apply_updates({"w": jnp.ones(3)}, {"w": jnp.ones(3)}, rounding="up!"),
+        ValueError,
+        ["'up!'", "nearest_even"],
+        id="update-unknown-rounding",
+    ),
+    pytest.param(
+        lambda tmp: precision.Contract(forward="int3"),
+        precision.PrecisionError,
+        ["int3"],
+        id="contract-unknown-format",
+    ),
     # -- formats, scalings and rounding (dtypes) --------------------------------------
     pytest.param(
         lambda tmp: dtypes.get("bfloat17"),
