@@ -125,8 +125,8 @@ class AsymmetricIntFormat(Format):
         rounding: str = "nearest_even",
         key: jax.Array | None = None,
     ) -> jax.Array:
-        """`decode(encode(x))` as float32 (a storage encoding: no gradient rule)."""
-        return self.decode(self.encode(x, scaling=scaling, rounding=rounding, key=key))
+        """`decode(encode(x))` as float32, straight-through for gradients."""
+        return _codec.storage_round(self, scaling, rounding, x, key)
 
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
         """Packed codes, scales at their format's width, and one byte per zero point."""
@@ -191,6 +191,9 @@ def _decode_jit(fmt: AsymmetricIntFormat, enc: Encoded, dtype) -> jax.Array:
     else:
         codes = _packing.unpack(enc.data, fmt.bits, shape[-1] if shape else 1, signed=False)
         codes = codes.reshape(shape)
+    assert enc.scale is not None  # asymmetric codes always have scales and zero points
+    assert enc.scaling is not None
+    assert enc.zero_point is not None
     scale = _scale_format.widen(enc.scale, None, enc.scaling, 0)
     zp = enc.zero_point.astype(jnp.float32)
     if shape:

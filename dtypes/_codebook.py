@@ -103,7 +103,7 @@ class CodebookFormat(Format):
 
     # -- numbers ---------------------------------------------------------
     @property
-    def bits(self) -> int:  # type: ignore[override]
+    def bits(self) -> int:
         """Code width: `ceil(log2(len(values)))`."""
         return max(1, math.ceil(math.log2(len(self.values))))
 
@@ -162,8 +162,8 @@ class CodebookFormat(Format):
         rounding: str = "nearest_even",
         key: jax.Array | None = None,
     ) -> jax.Array:
-        """`decode(encode(x))` as float32 (a storage encoding: no gradient rule)."""
-        return self.decode(self.encode(x, scaling=scaling, rounding=rounding, key=key))
+        """`decode(encode(x))` as float32, straight-through for gradients."""
+        return _codec.storage_round(self, scaling, rounding, x, key)
 
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
         """Packed codes plus the scales, at the scale format's width."""
@@ -311,6 +311,8 @@ def _unpack_codes(enc: Encoded, bits: int) -> jax.Array:
 def _decode_jit(fmt: CodebookFormat, enc: Encoded, dtype) -> jax.Array:
     codes = _unpack_codes(enc, fmt.code_bits).astype(jnp.int32)
     values = jnp.take(jnp.asarray(fmt._table()), codes, mode="clip")
+    assert enc.scale is not None  # codebook codes are always scaled
+    assert enc.scaling is not None
     scale = _scale_format.widen(enc.scale, None, enc.scaling, 0)
     if enc.shape:
         scale = enc.scaling.broadcast(scale, enc.shape)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +37,7 @@ __all__ = ["as_float_array", "decode", "encode", "fake_quantize", "nbytes"]
 
 def as_float_array(x: Any) -> jax.Array:
     """`x` as a floating jax array; integers and bools become float32."""
+    arr: jax.Array | np.ndarray
     if isinstance(x, jax.Array):
         arr = x
     else:
@@ -59,6 +60,16 @@ def as_float_array(x: Any) -> jax.Array:
 
 def _is_tracer(x) -> bool:
     return isinstance(x, jax.core.Tracer)
+
+
+def _is_float(fmt: Format) -> TypeGuard[FloatFormat]:
+    """Whether `fmt` is a float format (kind "float": a `FloatFormat`)."""
+    return fmt.kind == "float"
+
+
+def _is_int(fmt: Format) -> TypeGuard[IntFormat]:
+    """Whether `fmt` is a symmetric integer format (kind "int": an `IntFormat`)."""
+    return fmt.kind == "int"
 
 
 def _check_finite(x: jax.Array, fmt: Format) -> None:
@@ -323,13 +334,13 @@ def _resolve_scaling(fmt: Format, scaling: Scaling | None) -> Scaling | None:
 
 def _validate(fmt: Format, x: jax.Array, scaling: Scaling | None) -> None:
     """Every check that can be made before computing: shapes, and eager values."""
-    if scaling is not None and fmt.kind == "float" and fmt.emax >= 127:
+    if scaling is not None and _is_float(fmt) and fmt.emax >= 127:
         raise ScalingError(
             f"{fmt.name} already has float32's exponent range, so scaling cannot help it and "
             f"its scales would be float32 subnormals (flushed to zero by XLA on CPU); encode "
             f"without scaling, or scale into a narrower format such as float8_e4m3fn"
         )
-    if scaling is not None and scaling.power_of_two and fmt.kind == "int" and fmt.binary:
+    if scaling is not None and scaling.power_of_two and _is_int(fmt) and fmt.binary:
         raise ScalingError(
             "int1 scales are mean(|x|) per group and have no power-of-two variant; "
             f"pass {type(scaling).__name__} without power_of_two=True"
@@ -339,13 +350,13 @@ def _validate(fmt: Format, x: jax.Array, scaling: Scaling | None) -> None:
         scaling.validate(x.shape)
     if scaling is not None:
         _check_finite(x, fmt)
-    elif fmt.kind == "float" and fmt.finite and not fmt.nan:
+    elif _is_float(fmt) and fmt.finite and not fmt.nan:
         if not _is_tracer(x) and _any_nan_now(x):
             raise NonFiniteError(
                 f"cannot encode NaN into {fmt.name}, which has no NaN code; use a scaled "
                 "encoding (the group's scale becomes NaN) or a format with NaN"
             )
-    if fmt.kind == "float" and fmt.exponent_bits == 11 and not jax.config.read("jax_enable_x64"):
+    if _is_float(fmt) and fmt.exponent_bits == 11 and not jax.config.read("jax_enable_x64"):
         raise FormatError(
             "encoding into float64 needs 64-bit JAX: set jax.config.update('jax_enable_x64', "
             "True) first, or keep the values in float32"
@@ -370,8 +381,9 @@ def encode(fmt: Format, x: Any, scaling: Scaling | None, rounding: str, key) -> 
 # single dispatch instead of dozens, and under an outer `jit` it is inlined.
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def _encode_jit(fmt: Format, scaling, rounding: str, x: jax.Array, key) -> Encoded:
-    if fmt.kind == "float":
+    if _is_float(fmt):
         return _encode_float(fmt, x, scaling, rounding, key)
+    assert _is_int(fmt)  # the other kinds encode in their own modules
     return _encode_int(fmt, x, scaling, rounding, key)
 
 
@@ -473,7 +485,7 @@ def _codes(fmt: Format, enc: Encoded) -> jax.Array:
         n = enc.shape[-1] if enc.shape else 1
         data = _packing.unpack(data, fmt.code_bits, n, signed=fmt.kind == "int")
         data = data.reshape(enc.shape)
-    if fmt.kind == "float" and fmt.container == np.uint8:
+    if _is_float(fmt) and fmt.container == np.uint8:
         return _float_codes.from_codes(fmt, data)
     return data
 
@@ -502,6 +514,7 @@ def _decode_jit(fmt: Format, enc: Encoded, dtype) -> jax.Array:
     codes = _codes(fmt, enc)
     if enc.scale is None:
         return codes.astype(dtype)
+    assert enc.scaling is not None  # a scale comes with its scaling
     shape = enc.shape
     scale = _scale_format.widen(enc.scale, enc.tensor_scale, enc.scaling, _scale_format.offset(fmt))
     scale = scale if shape else scale.reshape(())
@@ -513,7 +526,7 @@ def _decode_jit(fmt: Format, enc: Encoded, dtype) -> jax.Array:
 def _qdq(fmt: Format, scaling, rounding: str, x: jax.Array, key):
     """(quantize-dequantized x in `result_dtype`, straight-through gradient mask)."""
     dtype = result_dtype(fmt, np.dtype(x.dtype), scaling)
-    if fmt.kind == "float" and scaling is None:
+    if _is_float(fmt) and scaling is None:
         y = _round_values(fmt, x, rounding, key).astype(dtype)
         xw = x.astype(jnp.float32) if np.dtype(x.dtype).itemsize < 4 else x
         if fmt.max <= float(np.finfo(xw.dtype).max):
@@ -525,7 +538,7 @@ def _qdq(fmt: Format, scaling, rounding: str, x: jax.Array, key):
         scaling = fmt.default_scaling()
     scalar = x.ndim == 0
     xf = (x.reshape(1) if scalar else x).astype(jnp.float32)
-    if fmt.kind == "float":
+    if _is_float(fmt):
         scale, inv, pre = _scales(xf, fmt, scaling, fmt.max, fmt.emax)
         stored, tensor_scale, inv, pre = _scale_format.narrow(
             flush_subnormals(xf), scaling, scale, inv, pre, fmt.max, 0
@@ -536,6 +549,7 @@ def _qdq(fmt: Format, scaling, rounding: str, x: jax.Array, key):
         out = q * scaling.broadcast(scale, xf.shape)
         mask = (jnp.abs(y) <= fmt.max) if scaling.power_of_two else jnp.ones(xf.shape, bool)
     else:
+        assert _is_int(fmt)  # the other kinds quantize in their own modules
         codes, stored, _, rounded, tensor_scale = _int_codes(fmt, xf, scaling, rounding, key)
         scale = _scale_format.widen(stored, tensor_scale, scaling, _scale_format.offset(fmt))
         out = codes * scaling.broadcast(scale, xf.shape)
@@ -612,11 +626,10 @@ def result_dtype(fmt: Format, dtype: np.dtype, scaling: Scaling | None) -> np.dt
     dtype = np.dtype(dtype)
     if dtype == np.float64:
         return dtype
-    is_float = fmt.kind == "float"
-    wide = np.dtype(np.float64 if is_float and fmt.exponent_bits == 11 else np.float32)
-    if not is_float or scaling is not None or fmt.default_scaling() is not None:
+    if not _is_float(fmt) or scaling is not None or fmt.default_scaling() is not None:
         # values are float32 codes times float32 scales
         return dtype if dtype == np.float32 else np.dtype(np.float32)
+    wide = np.dtype(np.float64 if fmt.exponent_bits == 11 else np.float32)
     d = _params_of_dtype(dtype)
     f = (fmt.mantissa_bits, fmt.emin, fmt.max, fmt.has_inf, bool(fmt.nan))
     if _holds(d, f):
@@ -662,3 +675,21 @@ def nbytes(fmt: Format, shape: tuple[int, ...], scaling: Scaling | None) -> int:
     if scaling is None:
         return data
     return data + _scale_format.scale_nbytes(scaling, shape)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
+def storage_round(fmt: Format, scaling: Scaling | None, rounding: str, x: jax.Array, key):
+    """`fmt.decode(fmt.encode(x))` with the straight-through derivative.
+
+    Code books, asymmetric integers and E8M0 hold codes that carry no gradient
+    of their own; without this rule `round` would pass a zero gradient silently.
+    """
+    enc = fmt.encode(x, scaling=scaling, rounding=rounding, key=key)
+    return fmt.decode(enc, np.float32)
+
+
+@storage_round.defjvp
+def _storage_round_jvp(fmt, scaling, rounding, primals, tangents):
+    x, key = primals
+    y = storage_round(fmt, scaling, rounding, x, key)
+    return y, tangents[0].astype(y.dtype)

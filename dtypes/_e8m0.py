@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from . import _codec
 from ._codec import as_float_array
 from ._encoded import Encoded
 from ._errors import PrecisionTypeError, RoundingError, ScalingError
@@ -41,7 +42,7 @@ class E8M0Format(Format):
     name: str = dataclasses.field(default="float8_e8m0fnu", kw_only=True, compare=False)
 
     kind: ClassVar[str] = "scale"
-    bits: ClassVar[int] = 8  # type: ignore[misc]
+    bits: ClassVar[int] = 8
 
     @property
     def container(self) -> np.dtype:
@@ -81,8 +82,8 @@ class E8M0Format(Format):
         rounding: str = "nearest_even",
         key: jax.Array | None = None,
     ) -> jax.Array:
-        """`decode(encode(x))` in float32."""
-        return self.decode(self.encode(x, scaling=scaling, rounding=rounding, key=key))
+        """`decode(encode(x))` in float32, straight-through for gradients."""
+        return _codec.storage_round(self, scaling, rounding, x, key)
 
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
         """One byte a value."""
