@@ -257,7 +257,8 @@ def _raw(leaf: Leaf, foreign: bool) -> bool:
         return False
     if leaf.kind == "array" or foreign:
         return True
-    return leaf.format is not None and leaf.format.native_dtype == leaf.data_dtype
+    fmt = leaf.format
+    return isinstance(fmt, dtypes.FloatFormat) and fmt.native_dtype == leaf.data_dtype
 
 
 def _per_byte_ok(fmt: dtypes.Format, last: int) -> bool:
@@ -527,7 +528,7 @@ class _Blocks:
         with open(reader.path, "rb", buffering=0) as f:
             for start in range(0, total, values):
                 n = min(values, total - start)
-                view = memoryview(buf[:n].view(np.uint8))
+                view = buf[:n].view(np.uint8).data
                 f.seek(entry.begin + start * dtype.itemsize)
                 done = 0
                 while done < len(view):
@@ -589,8 +590,19 @@ class _Converter:
                     yield plan.out.scale, scale.reshape(plan.out.scale_shape)
 
     def _copy(self, reader: Reader, name: str) -> Iterator[np.ndarray]:
-        for block in _Blocks(reader, name).blocks(_BLOCK * 4):
+        """The stored bytes, checked against their encoding's invariants as `load` would:
+        a copy never writes what `load` refuses."""
+        shape = tuple(reader.entries[name].shape)
+        row = math.prod(shape[1:]) if len(shape) > 1 else 1
+        values = max(row, (_BLOCK * 4) // row * row)  # whole rows per block
+        total, done = math.prod(shape), 0
+        for block in _Blocks(reader, name).blocks(values):
             check_interrupt()
+            done += block.size
+            if len(shape) > 1:
+                reader.check_values(name, block.reshape(-1, *shape[1:]))
+            else:
+                reader.check_values(name, block.reshape(shape), whole_rows=done == total)
             yield block
             self.progress.update(block.nbytes)
 
@@ -626,7 +638,7 @@ class _Converter:
         else:
             shape = (per_block,)
         blocks = _Blocks(plan.reader, plan.leaf.name)
-        absmax = None
+        absmax: np.floating | np.ndarray | None = None
         if plan.mode == "twopass":  # the absmax first (exact: a maximum)
             absmax = np.float32(0)
             for block in blocks.blocks(per_block):
@@ -702,6 +714,7 @@ class _Converter:
         yield out.name, np.asarray(out_data).view(out.data_dtype)
         del out_data
         if out_scale is not None:
+            assert out.scale is not None  # a scaled output names its scale array
             yield out.scale, np.asarray(out_scale).reshape(out.scale_shape)
 
 
