@@ -474,3 +474,17 @@ def test_data_error_in_a_subprocess(tmp_path):
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1
     assert "No such file or directory" in result.stderr
+
+
+def test_a_copied_tensor_with_an_impossible_code_is_refused(tmp_path, capsys):
+    # an int8 tensor kept as it is (not selected) is still checked, as load would
+    x = np.random.default_rng(4).normal(size=(16, 16)).astype(np.float32)
+    src, dst = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    precision.save(src, {"w": Tensor(x).to_reduced_precision("int8"), "b": x[0]})
+    raw = bytearray(src.read_bytes())
+    header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+    raw[8 + int.from_bytes(raw[:8], "little") + header["w"]["data_offsets"][0]] = 0x80  # -128
+    src.write_bytes(bytes(raw))
+    assert _cli.main(["convert", str(src), "-o", str(dst), "--to", "bf16", "--include", "^b$"]) == 1
+    assert "-128" in capsys.readouterr().err
+    assert not dst.exists()
