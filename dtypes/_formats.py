@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import ml_dtypes
@@ -33,7 +33,12 @@ class Format:
     kind: ClassVar[str]
     name: str
 
-    bits: int  # storage bits per value, scales excluded
+    if TYPE_CHECKING:  # a dataclass field in some subclasses, a property in others
+
+        @property
+        def bits(self) -> int:
+            """Storage bits per value, scales excluded."""
+            ...
 
     # -- numbers ---------------------------------------------------------
     @property

@@ -41,7 +41,8 @@ def _check_scale_format(scaling) -> None:
     given = scaling.scale_format
     name = getattr(given, "name", given)  # a dtypes format object is accepted by name
     key = name.strip().lower().replace("-", "_") if isinstance(name, str) else None
-    key = _SCALE_ALIASES.get(key, key)
+    if key is not None:
+        key = _SCALE_ALIASES.get(key, key)
     if key not in SCALE_FORMATS:
         raise ScalingError(
             f"scale_format={given!r} is not a format scales can be stored in; choose one of "

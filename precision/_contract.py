@@ -40,7 +40,7 @@ class ContractTypeError(PrecisionError, TypeError):
 def _operand_format(value: Any, what: str) -> dtypes.Format:
     """A format that an operand of a contraction can be quantized to, or raise."""
     fmt = resolve_format(value)
-    if fmt.scaling is not None:
+    if getattr(fmt, "scaling", None) is not None:  # a named composition (mxfp4, nvfp4, …)
         raise FormatError(
             f"Contract {what}={fmt.name!r} carries its own scaling; give the element format and "
             f'choose the scaling with `scaling=`, e.g. Contract("float8_e4m3fn", scaling="mx")'

@@ -138,22 +138,22 @@ def write(
             produced = iter(produce)
             for name, dtype, shape in arrays:
                 got_name, arr = next(produced)
-                whole = isinstance(arr, np.ndarray)
                 if got_name != name or (
-                    whole and (arr.dtype != dtype or tuple(arr.shape) != tuple(shape))
+                    isinstance(arr, np.ndarray)
+                    and (arr.dtype != dtype or tuple(arr.shape) != tuple(shape))
                 ):
                     raise ValueError(  # a bug in the caller, never silently written
                         f"expected array {name!r} {dtype}{list(shape)}, got {got_name!r} "
                         f"{getattr(arr, 'dtype', '')}{list(getattr(arr, 'shape', ''))}"
                     )
                 value, written = 0, 0
-                for part in [arr] if whole else arr:
+                for part in [arr] if isinstance(arr, np.ndarray) else arr:
                     if part.dtype != dtype:
                         raise ValueError(
                             f"array {name!r}: a piece of {part.dtype}{list(part.shape)} does not "
                             f"fit {dtype}{list(shape)}"
                         )
-                    view = memoryview(np.ascontiguousarray(part).reshape(-1).view(np.uint8))
+                    view = np.ascontiguousarray(part).reshape(-1).view(np.uint8).data
                     value = zlib.crc32(view, value)
                     f.write(view)
                     written += len(view)

@@ -352,7 +352,7 @@ def _stored(mode: Mode, params: Params) -> Any:
     return params
 
 
-def _l1(tree) -> jax.Array:
+def _l1(tree) -> jax.Array | int:  # 0 for an empty tree
     leaves = jax.tree_util.tree_leaves(tree)
     return sum(jnp.sum(jnp.abs(x.astype(jnp.float32))) for x in leaves)
 

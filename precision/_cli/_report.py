@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+import dtypes
+
 from .._checkpoint._io import encoded
 from .._checkpoint._layout import Leaf
 from .._checkpoint._reader import Reader
@@ -145,7 +147,11 @@ def _values(reader: Reader, leaf: Leaf) -> np.ndarray:
 
 def _raw(leaf: Leaf) -> bool:
     fmt = leaf.format
-    return fmt is not None and fmt.native_dtype is not None and fmt.native_dtype == leaf.data_dtype
+    return (
+        isinstance(fmt, dtypes.FloatFormat)
+        and fmt.native_dtype is not None
+        and fmt.native_dtype == leaf.data_dtype
+    )
 
 
 def _floating(leaf: Leaf) -> bool:

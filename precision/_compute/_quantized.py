@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 import jax
 import jax.numpy as jnp
@@ -190,9 +190,9 @@ def quantize(x: jax.Array, layout: Layout, fmt: dtypes.Format, scaling: str) -> 
     return fmt.encode(x, scaling=direct)
 
 
-def _native_float(fmt: dtypes.Format, scaling: dtypes.Scaling) -> bool:
+def _native_float(fmt: dtypes.Format, scaling: dtypes.Scaling) -> TypeGuard[dtypes.FloatFormat]:
     """fp8 with a native container and float32 absmax scales (tensorwise, rowwise)."""
-    native = fmt.native_dtype if fmt.kind == "float" else None
+    native = fmt.native_dtype if isinstance(fmt, dtypes.FloatFormat) else None
     return (
         native is not None
         and native.itemsize == 1
@@ -202,7 +202,7 @@ def _native_float(fmt: dtypes.Format, scaling: dtypes.Scaling) -> bool:
     )
 
 
-def _encode_native_float(x: jax.Array, fmt: dtypes.Format, scaling: dtypes.Scaling):
+def _encode_native_float(x: jax.Array, fmt: dtypes.FloatFormat, scaling: dtypes.Scaling):
     """`fmt.encode(x, scaling=scaling)`: for fp8 `dtypes` rounds with one saturating
     convert into the container (one fused elementwise op, what an fp8 GEMM's
     producer should be)."""
@@ -218,7 +218,11 @@ def dequantize(enc: dtypes.Encoded, layout: Layout, scaling: str) -> jax.Array:
     folds exactly this into an fp8 cuBLASLt call. MX scales go through the
     `dtypes` decode (E8M0 bytes widened to float32 powers of two).
     """
-    if isinstance(enc.scaling, dtypes.PerTensor | dtypes.PerAxis) and enc.scale.dtype == np.float32:
+    if (
+        isinstance(enc.scaling, dtypes.PerTensor | dtypes.PerAxis)
+        and enc.scale is not None
+        and enc.scale.dtype == np.float32
+    ):
         scale = enc.scale.reshape(()) if enc.scale.size == 1 else enc.scale
         values = enc.data.astype(jnp.float32) * scale
     else:
@@ -275,6 +279,7 @@ def _int_stored(
         or fmt.bits > forward.bits
         or enc.scale is None
         or enc.tensor_scale is not None
+        or enc.scaling is None
         or enc.scaling.scale_format != "float32"
     ):
         return None
@@ -321,14 +326,11 @@ def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> l
         b = _decode_at_use(stored_b, a)
     a, b = prepare([(a, sa), (b, sb)], state)
     a_dtype, b_dtype = a.dtype, b.dtype
-    ext = (
-        ext_a,
-        ext_b,
-        stored_a.enc if same_a else None,
-        stored_b.enc if same_b else None,
-    )
-    last_a = stored_a.enc.shape[-1] if same_a and stored_a.enc.format.packed else None
-    last_b = stored_b.enc.shape[-1] if same_b and stored_b.enc.format.packed else None
+    own_a = stored_a.enc if same_a and stored_a is not None else None
+    own_b = stored_b.enc if same_b and stored_b is not None else None
+    ext = (ext_a, ext_b, own_a, own_b)
+    last_a = own_a.shape[-1] if own_a is not None and own_a.format.packed else None
+    last_b = own_b.shape[-1] if own_b is not None and own_b.format.packed else None
 
     out_aval = eqn.outvars[0].aval
     out_dtype = out_aval.dtype
@@ -423,4 +425,5 @@ def _int_rows(x: jax.Array, layout: Layout, fmt: dtypes.Format, scaling: str, mo
         codes = enc.data.reshape(layout.kept_shape + layout.summed_shape)
     else:
         codes = layout.back(enc.data)  # a reshape when the layout is in order
+    assert enc.scale is not None  # a quantized operand always has its scales
     return codes, layout.row_scale(enc.scale)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import numpy.typing as npt
 
 from dtypes import FloatFormat, float32
 
@@ -43,7 +44,7 @@ def decode_magnitude(fmt: FloatFormat, code: int) -> float:
     return math.ldexp((1 << m) | mantissa, exponent_field - fmt.bias - m)
 
 
-def ordinals(x: np.ndarray, fmt: FloatFormat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ordinals(x: npt.ArrayLike, fmt: FloatFormat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Position of each finite `x` on `fmt`'s grid: (negative, index, fraction).
 
     `|x|` lies `fraction` (in [0, 1)) of the way from the grid value with

@@ -226,7 +226,7 @@ def scalings(
     binary = isinstance(fmt, IntFormat) and fmt.binary
     pairs = _scale_pairs(fmt, binary, scale_formats)
     branches: list[st.SearchStrategy[Any]] = []
-    if fmt is None or fmt.kind == "float":
+    if fmt is None or isinstance(fmt, FloatFormat):
         branches.append(st.none())
         if fmt is not None and fmt.exponent_bits >= 8:
             # A format with float32's exponent range gains nothing from a scale
@@ -453,8 +453,8 @@ def _float_values(
     ordinary = [_coded(g, lo, hi, bounds)]
     if m < 23 and lo < hi:
         ordinary.append(_coded(g, lo, hi - 1, bounds, tie=True))
-    ordinary = [s for s in ordinary if s is not None]
-    branches.append(st.one_of(ordinary) if ordinary else None)
+    present = [s for s in ordinary if s is not None]
+    branches.append(st.one_of(present) if present else None)
     branches.append(st.sampled_from(extremes) if extremes else None)
     branches.append(st.sampled_from(edges) if edges else None)
     if m < 23:  # a float32 holds every midpoint of a narrower grid
@@ -552,6 +552,16 @@ def _int_values(
     return st.one_of(branches).map(bounds.clamp).map(_f32)
 
 
+def _float_format(fmt: Format) -> FloatFormat:
+    """`fmt`, which the strategies draw from as a float grid, or raise."""
+    if not isinstance(fmt, FloatFormat):
+        raise dtypes.PrecisionTypeError(
+            f"{fmt.name} is a {fmt.kind} format: the strategies draw float formats "
+            "(dtypes.FloatFormat) and integer formats (dtypes.IntFormat)"
+        )
+    return fmt
+
+
 def _check_format(fmt: Any, where: str) -> Format:
     if isinstance(fmt, str):
         return dtypes.get(fmt)
@@ -626,7 +636,7 @@ def values(
 def _values(fmt: Format, allow_nan, allow_infinity, allow_subnormal, bounds: _Bounds):
     if isinstance(fmt, IntFormat):
         return _int_values(fmt, None, allow_nan, allow_infinity, allow_subnormal, bounds)
-    return _float_values(fmt, allow_nan, allow_infinity, allow_subnormal, bounds)
+    return _float_values(_float_format(fmt), allow_nan, allow_infinity, allow_subnormal, bounds)
 
 
 def representable(fmt: Format | str, *, allow_subnormal: bool = True) -> st.SearchStrategy[Any]:
@@ -661,15 +671,15 @@ def representable(fmt: Format | str, *, allow_subnormal: bool = True) -> st.Sear
             lambda t: (-1 if t[1] else 1) * fmt.qmax * math.ldexp(1.0, t[0])
         )
         return st.one_of(st.just(0.0), anchor).map(_f32)
-    return _on_grid(fmt, allow_subnormal)
+    return _on_grid(_float_format(fmt), allow_subnormal)
 
 
 def _on_grid(fmt: FloatFormat, allow_subnormal: bool) -> st.SearchStrategy[np.float32]:
     g = data_grid(fmt)
-    if allow_subnormal:
-        grid = _coded(g, 0, max_code(g), _NO_BOUNDS)
-    else:  # zero, then the normal codes
-        grid = st.one_of(st.just(0.0), _coded(g, 1 << g.mantissa_bits, max_code(g), _NO_BOUNDS))
+    codes = _coded(g, 0 if allow_subnormal else 1 << g.mantissa_bits, max_code(g), _NO_BOUNDS)
+    assert codes is not None  # without bounds every code range is drawn from
+    # without subnormals: zero, then the normal codes
+    grid = codes if allow_subnormal else st.one_of(st.just(0.0), codes)
     return grid.map(_f32)
 
 
@@ -791,8 +801,8 @@ def arrays(
             lo, hi = _INT_SCALE_EXPONENTS
             return st.integers(lo, hi).flatmap(lambda k: _fill(_int_values(fmt, k, *flags), shp))
         if representable:
-            return _fill(_on_grid(fmt, allow_subnormal), shp)
-        return _fill(_float_values(fmt, *flags), shp)
+            return _fill(_on_grid(_float_format(fmt), allow_subnormal), shp)
+        return _fill(_float_values(_float_format(fmt), *flags), shp)
 
     return _shapes(shape).flatmap(for_shape)
 
