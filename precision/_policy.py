@@ -157,8 +157,8 @@ class Policy:
         """Build a policy from a string (see the grammar in the source above).
 
         Raises:
-            ValueError: the text does not follow the grammar; the message
-                says what was expected where.
+            PolicyError: (a ValueError) the text does not follow the grammar;
+                the message says what was expected where.
 
         Examples:
             >>> str(Policy.parse("p=f32,c=bf16"))
@@ -168,7 +168,7 @@ class Policy:
             >>> Policy.parse("compute=bf16,compute=fp16")
             Traceback (most recent call last):
             ...
-            ValueError: policy 'compute=bf16,compute=fp16': field 'compute' given twice
+            precision._errors.PolicyError: policy '...': field 'compute' given twice
         """
         if not isinstance(text, str):
             raise PrecisionTypeError(f"Policy.parse expects a string, got {type(text).__name__}")
