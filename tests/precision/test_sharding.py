@@ -198,7 +198,8 @@ def test_storage_shardings_and_device_put_of_a_tree_of_placements():
         # a jitted function takes the storage shardings as in_shardings
         f = jax.jit(precision.apply(lambda p, x: x @ p["w8"].T + 1.0), in_shardings=(storage, repl))
         y = f(placed, jnp.ones((2, 64)))
-        np.testing.assert_allclose(np.asarray(y), np.ones((2, 64)) @ np.asarray(params["w8"]).T + 1, rtol=1e-6)
+        ref = np.ones((2, 64)) @ np.asarray(params["w8"]).T + 1
+        np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-6)
         # int4 packs 64 values into 32 bytes: 8 devices split it; 12 values (6 bytes) cannot be
         odd = {"w": Tensor(np.ones((8, 12), np.float32)).to_reduced_precision("int4")}
         try:
