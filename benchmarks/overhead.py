@@ -39,6 +39,7 @@ from jax import lax
 
 import precision
 from precision import Tensor
+from precision._compute import _contractions
 
 
 def _time(fn: Callable[[], Any], number: int) -> float:
@@ -140,7 +141,7 @@ def _step(loss):
 def _set_cpu_bf16_dots(on: bool) -> None:
     """Switch `apply`'s opt-in native bfloat16 dots on CPU (read once per process)."""
     os.environ["PRECISION_CPU_BF16_DOTS"] = "1" if on else "0"
-    precision._rules._cpu_native_formats.cache_clear()
+    _contractions._cpu_native_formats.cache_clear()
 
 
 def mlp_steps(sizes, batch, rounds, bf16_dots: bool):
