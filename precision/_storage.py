@@ -29,7 +29,6 @@ from ._jax_compat import is_differentiated
 
 __all__ = [
     "Role",
-    "check_encodable",
     "decode_encoded",
     "decode_storage",
     "encode_values",
@@ -133,18 +132,8 @@ def round_nearest(fmt: dtypes.Format, x: Any) -> Any:
     return fmt.round(x)
 
 
-def check_encodable(fmt: dtypes.Format, x: Any, scaling: dtypes.Scaling | None) -> None:
-    """Every check `fmt.encode` makes before computing, made once for every entry point.
-
-    Tensor conversion, tree conversion and `apply_updates` all call this, so
-    NaN or inf given to a format that cannot hold it is refused the same way
-    everywhere (eagerly; under tracing a scaled group's scale becomes NaN).
-    """
-    fmt.check(x, scaling=scaling)
-
-
 def encode_values(fmt: dtypes.Format, x, scaling, rounding="nearest_even", key=None):
-    """`dtypes.Encoded` storing `x` in `fmt` (no validation: see `check_encodable`).
+    """`dtypes.Encoded` storing `x` in `fmt` (no validation: `Format.check` is the one).
 
     Unscaled float formats round with `fmt.round` and cast to the container:
     the cast of an on-grid value is exact, and `fmt.round` is straight-through,

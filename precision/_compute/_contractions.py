@@ -70,9 +70,6 @@ def _native_path(op: str, fmt: dtypes.Format) -> np.dtype | None:
     return native
 
 
-_decode_at_use = decode_at_use  # (the name `_quantized` imports)
-
-
 def contraction_rule(eqn, vals: list[Val], ctx: Context) -> list[Val]:
     op = eqn.primitive.name
     state = op_state(op, vals, ctx)

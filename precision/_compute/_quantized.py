@@ -56,8 +56,8 @@ import numpy as np
 import dtypes
 
 from .._storage import decode_storage
-from ._contractions import _codes, _decode_at_use, _scale_factor
-from ._rules import Val, finish, prepare
+from ._contractions import _codes, _scale_factor
+from ._rules import Val, decode_at_use, finish, prepare
 from ._state import Context, State, Stored
 
 __all__ = ["Layout", "dequantize", "layouts", "quantize", "quantized_contraction", "scaling_for"]
@@ -321,9 +321,9 @@ def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> l
     same_a = not integer and stored_a is not None and stored_a.enc.format == fmt
     same_b = not integer and stored_b is not None and stored_b.enc.format == fmt
     if stored_a is not None and ext_a is None and not same_a:
-        a = _decode_at_use(stored_a, b)  # decoded next to its use, then quantized
+        a = decode_at_use(stored_a, b)  # decoded next to its use, then quantized
     if stored_b is not None and ext_b is None and not same_b:
-        b = _decode_at_use(stored_b, a)
+        b = decode_at_use(stored_b, a)
     a, b = prepare([(a, sa), (b, sb)], state)
     a_dtype, b_dtype = a.dtype, b.dtype
     own_a = stored_a.enc if same_a and stored_a is not None else None

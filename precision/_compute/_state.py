@@ -113,8 +113,3 @@ def join(op: str, a: State | None, b: State | None) -> State | None:
     if a.format != b.format:
         raise mismatch(op, a, b)
     return State(a.format, a.tensor or b.tensor, None, a.source or b.source)
-
-
-def dtype_of(x: Any) -> Any:
-    dt = getattr(x, "dtype", None)
-    return dt if dt is not None else np.asarray(x).dtype
