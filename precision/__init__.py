@@ -9,9 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__ as __version__
-
 if TYPE_CHECKING:
+    from ._version import __version__ as __version__
     from ._apply import apply as apply
     from ._checkpoint import load as load
     from ._checkpoint import save as save
@@ -47,6 +46,7 @@ if TYPE_CHECKING:
     from ._updates import apply_updates as apply_updates
 
 _HOME = {
+    "__version__": "_version",
     "apply": "_apply",
     "load": "_checkpoint",
     "save": "_checkpoint",

@@ -52,13 +52,12 @@ from ._files import (
     DEFAULT_SHARD_BYTES,
     Source,
     TempDirectory,
-    check_interrupt,
-    deferred_interrupts,
     leaf_nbytes,
     plan_shards,
     shard_names,
     write_index,
 )
+from ._interrupts import check_interrupt, deferred_interrupts
 from ._output import PROG, _DataError, _fmt_db, _human, _progress, _table, _UsageError
 
 #: What `--keep` keeps by default for formats of 8 bits or fewer: norms,

@@ -11,18 +11,16 @@ into place, with interrupts held off during the swap).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import stat
 import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 from .._checkpoint._layout import Leaf
 from .._checkpoint._reader import Reader
+from ._interrupts import deferred_interrupts
 from ._output import _DataError
 
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -188,85 +186,6 @@ def plan_shards(leaves: list[Leaf], limit: int) -> list[list[int]]:
 
 def shard_names(prefix: str, count: int) -> list[str]:
     return [f"{prefix}-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
-
-
-# Interrupts. A KeyboardInterrupt raised while the garbage collector runs a
-# callback (JAX registers one) is printed and swallowed by Python, so the
-# command line also records every SIGINT in a flag and checks it between
-# blocks and before committing its output: an interrupt always stops it.
-_interrupted = False
-
-
-def _on_sigint(signum: int, frame: Any) -> None:
-    global _interrupted
-    _interrupted = True
-    # Inside a garbage-collector callback the exception would only be
-    # printed ("Exception ignored in ...") and swallowed: leave it to the
-    # next check_interrupt, which comes within one block.
-    depth = 0
-    while frame is not None and depth < 32:
-        if frame.f_code.co_name.endswith("gc_callback"):
-            return
-        frame, depth = frame.f_back, depth + 1
-    raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def interrupt_handler(program: bool) -> Iterator[None]:
-    """Record SIGINTs (see `check_interrupt`) while the block runs; restore the handler after.
-
-    In a `program` (the `precision` process itself) an interrupt ignored
-    because the output was committed stays ignored until the process exits
-    0; called as a function, the caller's handler always comes back.
-    """
-    global _interrupted
-    if not _is_main_thread():
-        yield
-        return
-    _interrupted = False
-    old = signal.signal(signal.SIGINT, _on_sigint)
-    try:
-        yield
-    finally:
-        committed = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-        if not (program and committed):
-            signal.signal(signal.SIGINT, old)
-        _interrupted = False
-
-
-def check_interrupt() -> None:
-    """Raise KeyboardInterrupt if a SIGINT arrived (even one swallowed on the way)."""
-    if _interrupted:
-        raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def deferred_interrupts() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM off while the block runs, then ignore SIGINT.
-
-    Used around the final rename of an output: once the job is committed an
-    interrupt can no longer undo it, so it no longer stops the process (which
-    then exits 0 with its output complete, never 130 with output written).
-    An interrupt recorded before (`check_interrupt`) stops it first.
-    """
-    signals = {signal.SIGINT, signal.SIGTERM}
-    main = _is_main_thread()
-    check_interrupt()
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, signals) if main else None
-    try:
-        check_interrupt()
-        yield
-        if main:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-    finally:
-        if old is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def _is_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 class TempDirectory:

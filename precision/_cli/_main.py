@@ -22,6 +22,7 @@ import re
 import sys
 from typing import Any, NoReturn
 
+from ._interrupts import deferring, interrupt_handler
 from ._output import PROG, _DataError, _MissingDependency, _table, _UsageError
 
 __all__ = ["main"]
@@ -350,7 +351,8 @@ def _cmd_formats(args: argparse.Namespace) -> int:
 
 def _demo(argv: list[str]) -> int:
     try:
-        from . import _demo
+        with deferring():
+            from . import _demo
 
         return int(_demo.main(argv))
     except ImportError as exc:
@@ -371,14 +373,14 @@ def _demo(argv: list[str]) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.command == "formats":
         return _cmd_formats(args)
+    # JAX's extension modules must not be interrupted while they initialise:
+    # a SIGINT during these imports is only recorded, and acted on after them.
     if args.command == "convert":
-        from ._convert import _cmd_convert
-        from ._files import interrupt_handler
-
-        with interrupt_handler(program=args.program):
-            return _cmd_convert(args)
-    from ._report import _cmd_report
-
+        with deferring():
+            from ._convert import _cmd_convert
+        return _cmd_convert(args)
+    with deferring():
+        from ._report import _cmd_report
     return _cmd_report(args)
 
 
@@ -395,27 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     """
     program = argv is None
     try:
-        argv = list(sys.argv[1:] if argv is None else argv)
-        if argv and argv[0] == "demo":
-            return _demo(argv[1:])
-        parser = _parser()
-        try:
-            args = parser.parse_args(argv)
-            args.program = program
-        except SystemExit as exc:  # --help/--version (0) or a usage error (2), already printed
-            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-        try:
-            return _run(args)
-        except _UsageError as exc:
-            print(f"{PROG} {args.command}: error: {_one_line(exc)}", file=sys.stderr)
-            return 2
-        except _MissingDependency as exc:
-            print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
-            return 1
-        except (_DataError, OSError, ValueError, TypeError, MemoryError) as exc:
-            # PrecisionError subclasses are ValueError/TypeError: a data problem here.
-            print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
-            return 1
+        with interrupt_handler(program):
+            return _main(argv, program)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; nothing was written", file=sys.stderr)
         if program:
@@ -425,6 +408,30 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.flush()
             os._exit(130)
         return 130
+
+
+def _main(argv: list[str] | None, program: bool) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "demo":
+        return _demo(argv[1:])
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+        args.program = program
+    except SystemExit as exc:  # --help/--version (0) or a usage error (2), already printed
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    try:
+        return _run(args)
+    except _UsageError as exc:
+        print(f"{PROG} {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except _MissingDependency as exc:
+        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    except (_DataError, OSError, ValueError, TypeError, MemoryError) as exc:
+        # PrecisionError subclasses are ValueError/TypeError: a data problem here.
+        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,0 +1,123 @@
+"""Ctrl-C in the command line: every SIGINT stops a command that has not committed.
+
+Python turns SIGINT into a KeyboardInterrupt at the next bytecode, which is
+not always safe or even seen:
+
+- raised while the garbage collector runs a callback (JAX registers one),
+  it is printed as "Exception ignored" and swallowed;
+- raised while an extension module initialises (JAX's, during import), it
+  can leave the interpreter inconsistent: a crash instead of exit 130.
+
+So `main` installs `interrupt_handler` before it does anything else. The
+handler records every SIGINT in a flag; it raises at once except inside a
+garbage-collector callback and inside `deferring()` (the imports of the
+heavy modules), where the flag alone carries it to the next
+`check_interrupt` — between blocks, at the end of the imports, and before
+the output is committed (`deferred_interrupts`). An interrupt therefore
+always stops a command that has not committed its output, with exit status
+130 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+_interrupted = False
+_deferring = False
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    global _interrupted
+    _interrupted = True
+    if _deferring:
+        return
+    depth = 0
+    while frame is not None and depth < 32:
+        if frame.f_code.co_name.endswith("gc_callback"):
+            return
+        frame, depth = frame.f_back, depth + 1
+    raise KeyboardInterrupt
+
+
+def _is_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def interrupt_handler(program: bool) -> Iterator[None]:
+    """Record SIGINTs (see `check_interrupt`) while the block runs; restore the handler after.
+
+    In a `program` (the `precision` process itself) an interrupt ignored
+    because the output was committed stays ignored until the process exits
+    0; called as a function, the caller's handler always comes back.
+    """
+    global _interrupted
+    if not _is_main_thread():
+        yield
+        return
+    _interrupted = False
+    old = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        committed = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        if not (program and committed):
+            signal.signal(signal.SIGINT, old)
+        _interrupted = False
+
+
+@contextlib.contextmanager
+def deferring() -> Iterator[None]:
+    """Only record SIGINTs while the block runs (module imports); stop after it if one came."""
+    global _deferring
+    outer = _deferring
+    _deferring = True
+    try:
+        yield
+    finally:
+        _deferring = outer
+    check_interrupt()
+
+
+def check_interrupt() -> None:
+    """Raise KeyboardInterrupt if a SIGINT arrived (even one swallowed on the way)."""
+    if _interrupted:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Commit an output: an interrupt recorded before stops it; one during it waits; none after.
+
+    Used around the final rename of an output. SIGINT and SIGTERM arriving
+    while the block runs are only recorded (masking them would not do: the
+    kernel may deliver a signal to any of XLA's threads). Once the block has
+    run the job is committed and an interrupt can no longer undo it, so
+    SIGINT is ignored from then on (the process exits 0 with its output
+    complete, never 130 with output written); a SIGTERM that came during the
+    block is delivered again after it.
+    """
+    global _deferring, _interrupted
+    check_interrupt()
+    if not _is_main_thread():
+        yield
+        return
+    terminated: list[int] = []
+    outer = _deferring
+    _deferring = True
+    old_term = signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(signum))
+    try:
+        check_interrupt()
+        yield
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _interrupted = False
+    finally:
+        _deferring = outer
+        signal.signal(signal.SIGTERM, old_term)
+        if terminated:
+            os.kill(os.getpid(), signal.SIGTERM)
