@@ -356,15 +356,33 @@ def _energy(x, y):
     return m, jnp.sum(xs * xs), jnp.sum(d * d)
 
 
-def _numpy_energy(x: np.ndarray, y: np.ndarray, stats: _Stats) -> None:
-    """Add Σx² and Σ(x - y)² over the finite values of one block to `stats` (float64 sums).
+#: Float32 dot products are exact enough for a statistic in dB (relative error
+#: about 1e-6 per block); below this or above float32's range their squares
+#: underflow or overflow, and the block is summed again in float64.
+_TINY_ENERGY = 2.0**-60
 
-    A finite value that became inf or NaN (overflow in a format without inf)
-    makes the noise infinite: it was lost.
+
+def _trusted(energy: float, v: np.ndarray) -> bool:
+    """Whether a float32 Σv² is trustworthy: finite, and not made of underflowed squares."""
+    if energy == 0:
+        return not np.any(v)
+    return _TINY_ENERGY < energy < math.inf
+
+
+def _numpy_energy(x: np.ndarray, y: np.ndarray, stats: _Stats) -> None:
+    """Add Σx² and Σ(x - y)² over the finite values of one block to `stats`.
+
+    Float32 BLAS dot products (a quarter of the time of float64 sums), checked:
+    a block whose sums are not finite or so small that squares may have
+    underflowed is summed again in float64. A finite value that became inf or
+    NaN (overflow in a format without inf) makes the noise infinite: it was lost.
     """
-    back = y.astype(np.float32) if y.dtype != np.float32 else y
     with np.errstate(all="ignore"):
-        d = x - back
+        d = np.subtract(x, y, dtype=np.float32)
+        sig, noi = float(np.dot(x, x)), float(np.dot(d, d))
+        if _trusted(sig, x) and _trusted(noi, d):
+            stats.add(1.0, sig, noi)
+            return
         sig = float(np.einsum("i,i->", x, x, dtype=np.float64))
         noi = float(np.einsum("i,i->", d, d, dtype=np.float64))
         if math.isfinite(sig) and math.isfinite(noi):

@@ -488,3 +488,19 @@ def test_a_copied_tensor_with_an_impossible_code_is_refused(tmp_path, capsys):
     assert _cli.main(["convert", str(src), "-o", str(dst), "--to", "bf16", "--include", "^b$"]) == 1
     assert "-128" in capsys.readouterr().err
     assert not dst.exists()
+
+
+@pytest.mark.parametrize("magnitude", [1e-30, 1e-3, 1.0, 1e25])
+def test_cast_sqnr_right_where_float32_squares_underflow_or_overflow(tmp_path, capsys, magnitude):
+    """The statistics of a cast are float32 dot products, summed again in float64 where a
+    square underflows or overflows: the reported SQNR equals a float64 reference."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((300, 70)) * magnitude).astype(np.float32)
+    src, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    safetensors.numpy.save_file({"w": x}, str(src))
+    assert _cli.main(["convert", str(src), "-o", str(out), "--to", "bf16", "--keep", "none"]) == 0
+    db = float(re.search(r"worst SQNR: (\S+) dB", capsys.readouterr().out).group(1))
+    x64 = x.astype(np.float64)
+    y64 = x.astype(ml_dtypes.bfloat16).astype(np.float64)
+    expected = 10 * np.log10(np.sum(x64 * x64) / np.sum((x64 - y64) ** 2))
+    assert db == pytest.approx(expected, abs=0.01)
