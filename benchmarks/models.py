@@ -20,7 +20,10 @@ Each row runs in a fresh subprocess (so peak RSS is its own):
   float32) with float32 compute, and the same with `compute="bfloat16"`.
 
 Forward rows time the jitted forward pass; `qat` rows time a jitted gradient
-step with the conversion inside the loss (quantization-aware training).
+step with the conversion inside the loss (quantization-aware training). Each
+row's process also builds its baseline (`fp32`, or `bf16-cast` for bfloat16
+compute) and calls the two in turn, so the ratio is taken under one load; the
+peak RSS is read before the baseline exists.
 Targets on CPU: weight-only forward <= 1.15x fp32, bf16-compute forward
 <= 1.1x bf16-cast; int4 memory <= storage + 2 decoded layers + activations.
 """
@@ -119,16 +122,19 @@ def _models(quick: bool):
     return {"gpt2": (gpt, (1, 256), "tokens"), "resnet": (resnet, (8, 32, 32, 3), "image")}
 
 
-def _median_time(fn, repeats: int) -> float:
+def _alternating(fn, ref, repeats: int) -> tuple[float, float]:
+    """Median seconds of `fn` and of `ref`, called in turn (each warmed up first)."""
     import jax
 
     jax.block_until_ready(fn())
-    times = []
+    jax.block_until_ready(ref())
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for f, out in ((fn, times[0]), (ref, times[1])):
+            start = time.perf_counter()
+            jax.block_until_ready(f())
+            out.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def run_one(model_name: str, row: str, quick: bool, mode: str) -> dict[str, Any]:
@@ -163,46 +169,59 @@ def run_one(model_name: str, row: str, quick: bool, mode: str) -> dict[str, Any]
     def loss_of(out):
         return jnp.mean(jnp.asarray(out, jnp.float32) ** 2)
 
-    if row == "fp32":
-        forward, args = jax.jit(model.apply), (variables, x)
+    def build(row: str, fmt: str | None, compute: str | None):
+        """(forward, its arguments, the timed function, its arguments) of one row."""
+        if row == "fp32":
+            forward, args = jax.jit(model.apply), (variables, x)
 
-        def step(v, x):
-            return jax.grad(lambda v: loss_of(model.apply(v, x)))(v)
-    elif row == "bf16-cast":
-        cast = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), variables)
-        xb = x.astype(jnp.bfloat16) if kind == "image" else x
-        forward, args = jax.jit(model.apply), (cast, xb)
+            def step(v, x):
+                return jax.grad(lambda v: loss_of(model.apply(v, x)))(v)
+        elif row == "bf16-cast":
+            cast = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), variables)
+            xb = x.astype(jnp.bfloat16) if kind == "image" else x
+            forward, args = jax.jit(model.apply), (cast, xb)
 
-        def step(v, x):
-            return jax.grad(lambda v: loss_of(model.apply(v, x)))(v)
-    elif fmt is None:
-        run = precision.apply(model.apply, compute=compute)
-        forward, args = jax.jit(run), (variables, x)
+            def step(v, x):
+                return jax.grad(lambda v: loss_of(model.apply(v, x)))(v)
+        elif fmt is None:
+            run = precision.apply(model.apply, compute=compute)
+            forward, args = jax.jit(run), (variables, x)
 
-        def step(v, x):
-            return jax.grad(lambda v: loss_of(run(v, x)))(v)
-    else:
-        run = precision.apply(model.apply, compute=compute)
-        forward, args = jax.jit(run), (convert(variables), x)
+            def step(v, x):
+                return jax.grad(lambda v: loss_of(run(v, x)))(v)
+        else:
+            run = precision.apply(model.apply, compute=compute)
+            forward, args = jax.jit(run), (convert(variables), x)
 
-        def step(v, x):
-            return jax.grad(lambda v: loss_of(run(convert(v), x)))(v)
+            def step(v, x):
+                return jax.grad(lambda v: loss_of(run(convert(v), x)))(v)
 
-    if mode == "qat":
-        fn, fn_args = jax.jit(step), ((variables if row != "bf16-cast" else args[0]), args[1])
-    else:
-        fn, fn_args = forward, args
+        if mode == "qat":
+            qat_args = (variables if row != "bf16-cast" else args[0]), args[1]
+            return forward, args, jax.jit(step), qat_args
+        return forward, args, forward, args
+
+    forward, args, fn, fn_args = build(row, fmt, compute)
     compiled = fn.lower(*fn_args).compile()
     temp = compiled.memory_analysis().temp_size_in_bytes
-    seconds = _median_time(lambda: fn(*fn_args), 3 if quick else 5)
+    jax.block_until_ready(fn(*fn_args))
     stored = precision.tree_nbytes(args[0])
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     out = np.asarray(jnp.asarray(forward(*args), jnp.float32))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # before the baseline exists
+    # The baseline runs in this process too, its calls alternating with the row's, so
+    # that a machine whose load changes moves both alike and the ratio stays honest.
+    ref = "bf16-cast" if compute == "bfloat16" and mode == "forward" else "fp32"
+    _, _, ref_fn, ref_args = build(ref, None, None)
+    seconds, ref_seconds = _alternating(
+        lambda: fn(*fn_args), lambda: ref_fn(*ref_args), 5 if quick else 7
+    )
     return {
         "model": model_name,
         "row": row,
         "mode": mode,
         "seconds": seconds,
+        "ref": ref,
+        "ref_seconds": ref_seconds,
         "temp_bytes": temp,
         "param_bytes": stored,
         "peak_rss": rss,
@@ -232,8 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows = [r for r in ROWS if r[1] is not None or r[0] == "fp32"]
             else:
                 rows = ROWS
-            base: dict[str, float] = {}
-            for row, _fmt, compute in rows:
+            for row, _fmt, _compute in rows:
                 cmd = [sys.executable, __file__, "--one", model, row, mode]
                 if args.quick:
                     cmd.append("--quick")
@@ -242,12 +260,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{model:<7} {mode:<8} {row:<11} failed: {proc.stderr.strip()[-300:]}")
                     continue
                 r = json.loads(proc.stdout.strip().splitlines()[-1])
-                base.setdefault(row, r["seconds"])
-                ref = "bf16-cast" if compute == "bfloat16" and mode == "forward" else "fp32"
-                ratio = r["seconds"] / base[ref] if ref in base else float("nan")
+                ratio = r["seconds"] / r["ref_seconds"]
                 print(
                     f"{model:<7} {mode:<8} {row:<11} {1e3 * r['seconds']:>9.1f} {ratio:>7.2f} "
-                    f"{ref:<9} {r['temp_bytes'] / 2**20:>9.1f} {r['param_bytes'] / 2**20:>11.1f} "
+                    f"{r['ref']:<9} {r['temp_bytes'] / 2**20:>9.1f} "
+                    f"{r['param_bytes'] / 2**20:>11.1f} "
                     f"{r['peak_rss'] / 2**20:>8.0f} {r['finite']}",
                     flush=True,
                 )
