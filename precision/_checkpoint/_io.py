@@ -41,9 +41,9 @@ from ._atomic_file import _TempFile
 from ._layout import (
     _DTYPE_NAMES,
     METADATA_KEY,
-    VERSION,
     VERSION_KEY,
     Leaf,
+    Stored,
     _tensor_type,
     _tensors_crc,
     check_names,
@@ -80,14 +80,15 @@ def _header_bytes(
 def _metadata(
     leaves: list[Leaf], crc: dict[str, int], extra: dict[str, str] | None = None
 ) -> dict[str, str]:
-    tensors = [leaf.to_json() for leaf in leaves]
+    version = max([leaf.version for leaf in leaves], default=1)
+    tensors = [leaf.to_json(version) for leaf in leaves]
     doc = {
-        "version": VERSION,
+        "version": version,
         "tensors": tensors,
         "tensors_crc32": _tensors_crc(tensors),
         "crc32": {name: f"{value:08x}" for name, value in crc.items()},
     }
-    ours = {VERSION_KEY: str(VERSION), METADATA_KEY: json.dumps(doc, separators=(",", ":"))}
+    ours = {VERSION_KEY: str(version), METADATA_KEY: json.dumps(doc, separators=(",", ":"))}
     return {**(extra or {}), **ours}
 
 
@@ -189,26 +190,37 @@ def _to_jax(arr: np.ndarray) -> jax.Array | np.ndarray:
     return jax.device_put(arr)
 
 
-def encoded(leaf: Leaf, data: np.ndarray, scale: np.ndarray | None) -> Encoded:
-    """The `Encoded` storage of a tensor leaf from its arrays."""
+def encoded(leaf: Leaf, stored: Stored) -> Encoded:
+    """The `Encoded` storage of a tensor leaf from its arrays (as read from the file)."""
     assert leaf.format is not None
     last = (leaf.shape[-1] if leaf.shape else None) if leaf.format.packed else None
-    jdata = jax.device_put(data.view(leaf.container))
-    jscale = None if scale is None else jax.device_put(scale)
-    return Encoded(jdata, jscale, leaf.format, leaf.scaling, last)
+    jdata = jax.device_put(stored.data.view(leaf.container))
+    jscale = None
+    if stored.scale is not None:
+        assert leaf.scale_container is not None  # a scale comes with its scaling
+        jscale = jax.device_put(stored.scale.view(leaf.scale_container))
+    return Encoded(
+        jdata,
+        jscale,
+        leaf.format,
+        leaf.scaling,
+        last,
+        tensor_scale=None if stored.tensor_scale is None else jax.device_put(stored.tensor_scale),
+        zero_point=None if stored.zero_point is None else jax.device_put(stored.zero_point),
+    )
 
 
-def materialize(leaf: Leaf, data: np.ndarray, scale: np.ndarray | None, as_arrays: bool) -> Any:
+def materialize(leaf: Leaf, stored: Stored, as_arrays: bool) -> Any:
     """The value a leaf loads as: a Tensor, or logical arrays when `as_arrays`."""
     if leaf.kind == "array":
-        return _to_jax(data)
+        return _to_jax(stored.data)
     dtype = leaf.dtype
     if dtype.itemsize == 8 and not jax.config.read("jax_enable_x64"):
         raise CheckpointError(
             f"{leaf.name!r} is a float64 Tensor; enable 64-bit JAX "
             "(jax.config.update('jax_enable_x64', True)) before loading it"
         )
-    enc = encoded(leaf, data, scale)
+    enc = encoded(leaf, stored)
     if as_arrays:
         return enc.decode(dtype)
     tensor_type = _tensor_type()
@@ -293,9 +305,9 @@ def load(path: str | os.PathLike, *, as_arrays: bool = False) -> Any:
     with Reader(path) as reader:
         items = []
         for leaf in reader.leaves:
-            data, scale = reader.read_leaf(leaf)
+            stored = reader.read_leaf(leaf)
             try:
-                value = materialize(leaf, data, scale, as_arrays)
+                value = materialize(leaf, stored, as_arrays)
             except CheckpointError as exc:  # every message starts with the file's path
                 raise reader.error(str(exc)) from None
             if reader.foreign and not as_arrays and leaf.kind != "array":

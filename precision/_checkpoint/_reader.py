@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 import dtypes
-from dtypes import FloatFormat, Format, IntFormat
+from dtypes import AsymmetricIntFormat, CodebookFormat, E8M0Format, FloatFormat, Format, IntFormat
 
 from .._errors import CheckpointError
 from ._layout import (
@@ -36,19 +36,20 @@ from ._layout import (
     MAX_JSON_TOKENS,
     MAX_PATH_DEPTH,
     METADATA_KEY,
-    SCALE_SUFFIX,
+    ROLE_WORDS,
     VERSION,
     VERSION_KEY,
+    VERSIONS,
     Leaf,
+    Stored,
     _tensors_crc,
     check_names,
-    data_violation,
     format_from_json,
     name_problem,
     path_name,
-    scale_violation,
     scaling_from_json,
     shape_problem,
+    violation,
 )
 
 #: Foreign float tensors load as Tensors stored in the format of their dtype.
@@ -225,20 +226,27 @@ class Reader:
             self.entries[name] = self._entry(name, info)
         self._check_layout()
         self._role: dict[str, tuple[Leaf, str]] = {}
+        self.version = VERSION  # of the precision metadata (set from the header below)
         self.leaves: list[Leaf]
         self.crc: dict[str, int] | None  # CRC-32 of each array; None in a foreign file
         if _looks_like_ours(meta):
-            if meta.get(VERSION_KEY) != str(VERSION) or METADATA_KEY not in meta:
+            marker = meta.get(VERSION_KEY)
+            if marker not in [str(v) for v in VERSIONS] or METADATA_KEY not in meta:
+                if isinstance(marker, str) and marker.isdigit() and int(marker) > VERSION:
+                    raise self.error(
+                        f"the precision metadata is layout version {marker}, newer than this "
+                        f"library reads ({', '.join(map(str, VERSIONS))}); upgrade precision"
+                    )
                 raise self.error(
                     f"the precision metadata is damaged or from another version: expected keys "
-                    f"{METADATA_KEY!r} and {VERSION_KEY!r} = '{VERSION}', found "
-                    f"{sorted(meta)!r:.200}"
+                    f"{METADATA_KEY!r} and {VERSION_KEY!r} (one of "
+                    f"{', '.join(repr(str(v)) for v in VERSIONS)}), found {sorted(meta)!r:.200}"
                 )
+            self.version = int(marker)
             self.leaves, self.crc = self._precision_leaves(meta[METADATA_KEY])
             for leaf in self.leaves:
-                self._role[leaf.name] = (leaf, "data")
-                if leaf.scale is not None:
-                    self._role[leaf.scale] = (leaf, "scale")
+                for (aname, _, _), role in zip(leaf.arrays(), leaf.roles(), strict=True):
+                    self._role[aname] = (leaf, role)
         else:
             self.leaves, self.crc = self._foreign_leaves(), None
         self.foreign = self.crc is None
@@ -335,10 +343,11 @@ class Reader:
             raise self.error(
                 "the precision metadata needs exactly version, tensors, tensors_crc32 and crc32"
             )
-        if doc["version"] != VERSION:
+        if doc["version"] != self.version or type(doc["version"]) is not int:
             raise self.error(
-                f"precision metadata version {doc['version']!r} is not supported (this library "
-                f"reads version {VERSION}); upgrade precision"
+                f"precision metadata version {doc['version']!r:.50} is not the version "
+                f"{self.version} the header's {VERSION_KEY!r} marks (this library reads "
+                f"versions {', '.join(map(str, VERSIONS))}; upgrade precision for a newer one)"
             )
         if not isinstance(doc["tensors"], list):
             raise self.error("the precision metadata's tensors is not a list")
@@ -374,6 +383,8 @@ class Reader:
 
     def _leaf(self, item: Any) -> Leaf:
         keys = {"name", "path", "kind", "format", "scaling", "dtype", "shape", "scale"}
+        if self.version >= 2:
+            keys |= {"tensor_scale", "zero_point"}
         if not isinstance(item, dict) or set(item) != keys:
             raise self.error(f"precision metadata: malformed leaf {item!r:.200}")
         name = item["name"]
@@ -413,16 +424,17 @@ class Reader:
         if entry is None:
             raise bad("its data tensor is missing from the file")
         try:
-            fmt = None if item["format"] is None else format_from_json(item["format"])
-            scaling = scaling_from_json(item["scaling"])
+            fmt = None if item["format"] is None else format_from_json(item["format"], self.version)
+            scaling = scaling_from_json(item["scaling"], self.version)
         except (ValueError, TypeError) as exc:
             raise bad(str(exc)) from None
         kind, dtype_name = item["kind"], item["dtype"]
         if not isinstance(kind, str) or not isinstance(dtype_name, str):
             raise bad(f"kind {kind!r:.100} and dtype {dtype_name!r:.100} must be strings")
+        extras = (item.get("tensor_scale"), item.get("zero_point"))
         if kind == "array":
-            if fmt is not None or scaling is not None or item["scale"] is not None:
-                raise bad("a plain array has no format, scaling or scale")
+            if fmt is not None or scaling is not None or item["scale"] is not None or any(extras):
+                raise bad("a plain array has no format, scaling, scales or zero points")
             dtype = entry.dtype
             if dtype_name != dtype.name:
                 raise bad(f"dtype {dtype_name!r} disagrees with the stored {dtype.name}")
@@ -432,13 +444,17 @@ class Reader:
             if dtype_name not in _LOGICAL:
                 raise bad(f"logical dtype {dtype_name!r} is not one of {sorted(_LOGICAL)}")
             dtype = _LOGICAL[dtype_name]
-            if fmt.kind == "int" and scaling is None:
+            if fmt.kind != "float" and fmt.kind != "scale" and scaling is None:
                 raise bad(f"{fmt.name} codes need a scaling")
-            scale = item["scale"]
-            if (scaling is None) != (scale is None):
-                raise bad("a scale array is stored exactly when a scaling is declared")
-            if scale is not None and scale != name + SCALE_SUFFIX:
-                raise bad(f"its scale must be stored as {name + SCALE_SUFFIX!r}, not {scale!r}")
+            expected = Leaf.tensor(name, (), dtype, tuple(shape), fmt, scaling)
+            for key in ("scale", "tensor_scale", "zero_point"):
+                want = getattr(expected, key)
+                if item.get(key) != want:
+                    raise bad(
+                        f"its {ROLE_WORDS[key]} must be "
+                        + ("absent" if want is None else f"stored as {want!r}")
+                        + f" under {fmt.name} with scaling {scaling}, not {item.get(key)!r:.200}"
+                    )
             if scaling is not None and shape:
                 try:
                     scaling.validate(tuple(shape))
@@ -458,6 +474,7 @@ class Reader:
             fmt,
             scaling,
             item["scale"],
+            *extras,
         )
         for aname, adtype, ashape in leaf.arrays():
             stored = self.entries.get(aname)
@@ -476,6 +493,29 @@ class Reader:
         """Why no encoder gives `fmt` under `scaling` for `shape`, or None."""
         if scaling is None:
             return None
+        if isinstance(fmt, E8M0Format):
+            return "float8_e8m0fnu is a scale format: its values are never scaled"
+        scale_format = scaling.scale_format
+        if isinstance(fmt, AsymmetricIntFormat | CodebookFormat) and (
+            scaling.power_of_two or scale_format not in ("float32", "bfloat16", "float16")
+        ):
+            return (
+                f"{fmt.name} keeps exact group scales: float32, bfloat16 or float16 without "
+                f"power_of_two, not {scaling}"
+            )
+        if (
+            isinstance(fmt, IntFormat)
+            and fmt.binary
+            and scale_format
+            not in (
+                "float32",
+                "bfloat16",
+                "float16",
+            )
+        ):
+            return f"int1 scales are means of |x| and cannot be stored as {scale_format}"
+        if scale_format == "float8_e4m3fn" and not isinstance(fmt, FloatFormat):
+            return "two-level float8_e4m3fn scales (NVFP4) are for float elements"
         if isinstance(fmt, IntFormat) and fmt.binary and scaling.power_of_two:
             return "int1 scales are means of |x| and have no power-of-two variant"
         if isinstance(fmt, FloatFormat) and fmt.emax >= 127:
@@ -511,15 +551,11 @@ class Reader:
         leaf, what = role
         if leaf.format is None:
             return  # a plain array: any bytes are values
-        if what == "data":
-            problem = data_violation(leaf, array, whole_rows=whole_rows)
-        else:
-            problem = scale_violation(leaf, array)
+        problem = violation(leaf, what, array, whole_rows=whole_rows)
         if problem:
             raise self.error(
-                f"tensor {name!r}: its {leaf.format.name} "
-                f"{'codes' if what == 'data' else 'scales'}: the encoding {problem}, which no "
-                "encoder writes (the file was altered after it was saved)"
+                f"tensor {name!r}: its {leaf.format.name} {ROLE_WORDS[what]}: the encoding "
+                f"{problem}, which no encoder writes (the file was altered after it was saved)"
             )
 
     def _allocate(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -599,7 +635,10 @@ class Reader:
                 "(the file is corrupted)"
             )
 
-    def read_leaf(self, leaf: Leaf) -> tuple[np.ndarray, np.ndarray | None]:
-        """(data, scale or None) of one leaf."""
-        data = self.read(leaf.name)
-        return data, (None if leaf.scale is None else self.read(leaf.scale))
+    def read_leaf(self, leaf: Leaf) -> Stored:
+        """Every array of one leaf (data, and its scales, tensor scale and zero points)."""
+        arrays = {
+            role: self.read(name)
+            for (name, _, _), role in zip(leaf.arrays(), leaf.roles(), strict=True)
+        }
+        return Stored(**arrays)

@@ -46,7 +46,7 @@ import numpy as np
 import dtypes
 
 from .._checkpoint._io import encoded, write
-from .._checkpoint._layout import SCALE_SUFFIX, Leaf, unstored_layout
+from .._checkpoint._layout import Leaf, two_level
 from .._checkpoint._reader import Reader, aligned_empty
 from ._files import (
     DEFAULT_SHARD_BYTES,
@@ -103,10 +103,15 @@ def _format(text: str) -> dtypes.Format:
 
 
 def _scaling(text: str | None, fmt: dtypes.Format) -> dtypes.Scaling | None:
-    """The scaling of `--scaling` (already checked against the grammar), or the preset."""
+    """The scaling of `--scaling` (already checked against the grammar), or the preset.
+
+    A named composition keeps the scale format of its own scaling (`--to mxfp4
+    --scaling per-block:64:pow2` stores E8M0 scales per 64 values).
+    """
+    default = fmt.default_scaling()
     if text is None:
-        default = fmt.default_scaling()
-        if fmt.kind == "int" and fmt.bits <= 4 and not isinstance(default, dtypes.PerBlock):
+        narrow_int = fmt.kind in ("int", "uint") and fmt.bits <= 4
+        if narrow_int and not isinstance(default, dtypes.PerBlock):
             # Narrow integers need small groups: per tensor, one outlier
             # takes the whole range (int4 on GPT-2's wte: 12 dB vs 20 dB).
             return dtypes.PerBlock(32)
@@ -117,19 +122,23 @@ def _scaling(text: str | None, fmt: dtypes.Format) -> dtypes.Scaling | None:
         parts = parts[:-1]
     if parts[0] == "none":
         return None
+    scale_format = "float32" if default is None else default.scale_format
     try:
         if parts[0] == "per-tensor":
-            return dtypes.PerTensor(power_of_two=pow2)
+            return dtypes.PerTensor(power_of_two=pow2, scale_format=scale_format)
         if parts[0] == "per-axis":
-            return dtypes.PerAxis(int(parts[1]), power_of_two=pow2)
-        return dtypes.PerBlock(int(parts[1]), power_of_two=pow2)
+            return dtypes.PerAxis(int(parts[1]), power_of_two=pow2, scale_format=scale_format)
+        return dtypes.PerBlock(int(parts[1]), power_of_two=pow2, scale_format=scale_format)
     except (ValueError, TypeError) as exc:
-        raise _UsageError(f"--scaling {text}: {exc}") from None
+        where = f"--scaling {text} with --to {fmt.name}"
+        raise _UsageError(f"{where}: {_first_sentence(exc)}") from None
 
 
-def _check_pair(fmt: dtypes.Format, scaling: dtypes.Scaling | None, text: str | None) -> None:
-    """Usage error unless `fmt` takes `scaling` at all (asked of the format itself)."""
-    if fmt.kind == "int" and scaling is None:
+def _check_pair(
+    fmt: dtypes.Format, scaling: dtypes.Scaling | None, text: str | None, rounding: str
+) -> None:
+    """Usage error unless `fmt` takes `scaling` and `rounding` (asked of the format itself)."""
+    if fmt.kind in ("int", "uint", "codebook") and scaling is None:
         raise _UsageError(
             f"{fmt.name} always needs a scaling; use --scaling per-tensor, per-axis:AXIS or "
             "per-block:SIZE"
@@ -151,13 +160,18 @@ def _check_pair(fmt: dtypes.Format, scaling: dtypes.Scaling | None, text: str | 
     except (ValueError, TypeError) as exc:
         where = f"--scaling {text}" if text else f"the default scaling {scaling}"
         raise _UsageError(f"--to {fmt.name} with {where}: {_first_sentence(exc)}") from None
-    problem = unstored_layout(fmt, scaling)
-    if problem is not None:
-        raise _UsageError(
-            f"--to {fmt.name}: checkpoint files do not store {problem} yet; convert to an "
-            "element format with float32 scales instead (e.g. --to float4_e2m1fn --scaling "
-            "per-block:32:pow2 for MX-style fp4, --to int4 for 4-bit integers)"
-        )
+    if fmt.kind not in ("float", "int"):
+        # Code books, asymmetric integers and E8M0 round in fewer modes: ask the
+        # format with one value, so a refused mode is a usage error up front.
+        import jax
+
+        key = jax.random.key(0) if rounding == "stochastic" else None
+        try:
+            fmt.encode(probe, scaling=scaling, rounding=rounding, key=key)
+        except (ValueError, TypeError) as exc:
+            raise _UsageError(
+                f"--to {fmt.name} with --rounding {rounding}: {_first_sentence(exc)}"
+            ) from None
 
 
 def _first_sentence(exc: BaseException) -> str:
@@ -174,7 +188,8 @@ class _Plan:
     leaf: Leaf  # as stored in the input
     out: Leaf  # as written to the output
     reason: str | None  # why it is copied unchanged, or None when converted
-    mode: str = "copy"  # copy, flat, twopass, rows, whole
+    mode: str = "copy"  # copy, cast, flat, twopass, twolevel, rows, columns, whole
+    note: str = ""  # why the tensor is encoded whole
 
 
 @dataclasses.dataclass
@@ -234,18 +249,9 @@ def _plan(
             continue
         full = fmt.is_full_precision and scaling is None
         out_fmt = dtypes.float32 if full else fmt
-        out = Leaf(
-            leaf.name,
-            leaf.path,
-            "tensor",
-            np.dtype(np.float32),
-            leaf.shape,
-            out_fmt,
-            scaling,
-            None if scaling is None else leaf.name + SCALE_SUFFIX,
-        )
+        out = Leaf.tensor(leaf.name, leaf.path, np.dtype(np.float32), leaf.shape, out_fmt, scaling)
         plan = _Plan(reader, leaf, out, None)
-        plan.mode = _mode(plan, rounding)
+        plan.mode, plan.note = _mode(plan, rounding)
         plans.append(plan)
     return plans
 
@@ -283,35 +289,63 @@ def _castable(fmt: dtypes.Format, scaling: dtypes.Scaling | None, rounding: str)
     )
 
 
-def _mode(plan: _Plan, rounding: str) -> str:
+def _mode(plan: _Plan, rounding: str) -> tuple[str, str]:
+    """How a tensor is converted (a mode of the module docstring), and why when whole."""
     leaf, out = plan.leaf, plan.out
     fmt, scaling, shape = out.format, out.scaling, out.shape
     assert fmt is not None
-    if not _raw(leaf, plan.reader.foreign) or rounding == "stochastic" or not shape:
-        return "whole"
+    if not _raw(leaf, plan.reader.foreign):
+        return "whole", "stored encoded: decoded whole"
+    if rounding == "stochastic":
+        return "whole", "stochastic rounding"
+    if not shape:
+        return "whole", "a scalar"
     if _castable(fmt, scaling, rounding):
-        return "cast"
+        return "cast", ""
     if 0 in shape:
-        return "whole"
+        return "whole", "empty"
     binary = getattr(fmt, "binary", False)
     last = shape[-1]
+    packed_rows = "rows end inside a packed byte"
     if scaling is None:
-        return "flat" if _per_byte_ok(fmt, last) else "whole"
+        return ("flat", "") if _per_byte_ok(fmt, last) else ("whole", packed_rows)
     if binary:
-        return "whole"  # int1's scale is a mean: its summation order must stay the library's
+        # int1's scale is a mean: its summation order must stay the library's
+        return "whole", "int1 mean scales"
+    # Asymmetric integers scale from each group's minimum and maximum, not its
+    # absmax: only modes where every block holds whole groups apply.
+    ranged = fmt.kind == "uint"
     ndim = len(shape)
     if isinstance(scaling, dtypes.PerTensor):
-        return "twopass" if _per_byte_ok(fmt, last) else "whole"
+        if ranged:
+            return "whole", "one min/max scale for the tensor"
+        return ("twopass", "") if _per_byte_ok(fmt, last) else ("whole", packed_rows)
     if isinstance(scaling, dtypes.PerBlock) and scaling.axis % ndim == ndim - 1:
         size = int(scaling.size)
         if last % size == 0 and _per_byte_ok(fmt, size) and size <= _BLOCK:
-            return "flat"
-        return "whole"
+            # two-level scales hang on the whole tensor's absmax: read first,
+            # given to each block as one more group holding it
+            return ("twolevel" if two_level(scaling) else "flat"), ""
+        return "whole", "blocks do not tile the rows"
+    if two_level(scaling):
+        return "whole", "two-level scales across the tensor"
     if isinstance(scaling, dtypes.PerAxis) and scaling.axis % ndim == 0 and ndim >= 2:
-        return "rows"
-    if isinstance(scaling, dtypes.PerAxis) and ndim >= 2:
-        return "columns"
-    return "whole"
+        return "rows", ""
+    if isinstance(scaling, dtypes.PerAxis) and ndim >= 2 and not ranged:
+        return "columns", ""
+    return "whole", "groups across rows"
+
+
+#: What --dry-run says of each mode.
+_HOW = {
+    "cast": "streamed (numpy cast)",
+    "flat": "streamed in blocks",
+    "twopass": "absmax pass, then blocks",
+    "twolevel": "absmax pass, then blocks",
+    "rows": "streamed by rows",
+    "columns": "group absmax pass, then rows",
+    "whole": "whole tensor",
+}
 
 
 # --------------------------------------------------------------------------
@@ -353,6 +387,8 @@ def _energy(x, y):
     inv = jnp.where(m > 0, 1 / jnp.where(m > 0, m, 1), jnp.float32(1))
     xs = jnp.where(finite, x * inv, jnp.float32(0))
     d = jnp.where(finite, (x - y) * inv, jnp.float32(0))
+    # a finite value the format cannot hold (NaN in E8M0, overflow to NaN in e4m3) is lost
+    d = jnp.where(jnp.isnan(d), jnp.float32(jnp.inf), d)
     return m, jnp.sum(xs * xs), jnp.sum(d * d)
 
 
@@ -414,23 +450,36 @@ class _Engine:
             fn = self._cache[key] = jax.jit(build())
         return fn
 
-    def block(self, x: np.ndarray, scaling: dtypes.Scaling | None, absmax: Any = None):
-        """Encode one block: (data, scale, all finite, stats or None), synchronously."""
+    def block(
+        self,
+        x: np.ndarray,
+        scaling: dtypes.Scaling | None,
+        absmax: Any = None,
+        twolevel: bool = False,
+    ):
+        """Encode one block: ((data, scale, tensor scale, zero points), all finite, stats or
+        None), synchronously; absent arrays are None."""
         import jax.numpy as jnp
 
         fmt, rounding, stats = self.fmt, self.rounding, self.stats
         appended = absmax is not None
-        slab = appended and np.ndim(absmax) > 0
-        key = ("block", x.shape, x.dtype.name, scaling, appended, slab)
+        slab = appended and (np.ndim(absmax) > 0 or twolevel)
+        key = ("block", x.shape, x.dtype.name, scaling, appended, slab, twolevel)
 
         def build():
             def f(raw, top):
                 xf = raw.astype(jnp.float32)
                 finite = jnp.all(jnp.isfinite(xf))
-                if slab:  # one more row: every group's absmax
+                if slab:  # one more row: every group's absmax, or one group the tensor's
+                    rows = xf.shape[0]
+                    if twolevel:
+                        top = jnp.zeros((1, xf.shape[1]), jnp.float32).at[0, 0].set(top)
                     enc = fmt.encode(jnp.concatenate([xf, top]), scaling=scaling, rounding=rounding)
-                    data, scale = enc.data[: xf.shape[0]], enc.scale
-                    y = enc.decode(jnp.float32)[: xf.shape[0]] if stats else None
+                    data, scale = enc.data[:rows], enc.scale
+                    if twolevel:
+                        assert scale is not None  # two-level encodings are scaled
+                        scale = scale[:rows]
+                    y = enc.decode(jnp.float32)[:rows] if stats else None
                     flat = xf
                 elif appended:
                     flat = xf.reshape(-1)
@@ -448,18 +497,20 @@ class _Engine:
                     y = enc.decode(jnp.float32).reshape(xf.shape) if stats else None
                     flat = xf
                 energy = _energy(flat, y) if stats else None
-                return data, scale, finite, energy
+                return (data, scale, enc.tensor_scale, enc.zero_point), finite, energy
 
             return f
 
         fn = self._jit(key, build)
         top = np.float32(0) if absmax is None else np.asarray(absmax, np.float32)
-        data, scale, finite, energy = fn(x, top)
-        data = np.asarray(data)  # waits: the input buffer may be reused after this
-        return data, (None if scale is None else np.asarray(scale)), bool(finite), energy
+        parts, finite, energy = fn(x, top)
+        # np.asarray waits: the input buffer may be reused after this
+        arrays = tuple(None if a is None else np.asarray(a) for a in parts)
+        return arrays, bool(finite), energy
 
     def whole(self, x: Any, key: Any):
-        """Encode a whole tensor (raw floats, cast inside the program): (data, scale)."""
+        """Encode a whole tensor (raw floats, cast inside the program): (data, scale,
+        tensor scale, zero points), absent arrays None."""
         import jax.numpy as jnp
 
         fmt, scaling, rounding = self.fmt, self.scaling, self.rounding
@@ -468,19 +519,20 @@ class _Engine:
         def build():
             def f(raw, k):
                 enc = fmt.encode(raw.astype(jnp.float32), scaling=scaling, rounding=rounding, key=k)
-                return enc.data, enc.scale
+                return enc.data, enc.scale, enc.tensor_scale, enc.zero_point
 
             return f
 
         return self._jit(ck, build)(x, key)
 
-    def slice_energy(self, out: Leaf, x: Any, data: Any, scale: Any):
+    def slice_energy(self, out: Leaf, x: Any, parts: tuple):
         """Statistics and finiteness of a whole-tensor encode, taken in row slices."""
         import jax
         import jax.numpy as jnp
 
         fmt, scaling = out.format, out.scaling
         assert fmt is not None
+        data, scale, tensor_scale, zero_point = parts
         shape, scale_shape = out.shape, out.scale_shape
         last = (shape[-1] if shape else None) if fmt.packed else None
         stats = _Stats()
@@ -494,23 +546,27 @@ class _Engine:
             pieces = [slice(r, min(r + step, rows)) for r in range(0, rows, step)]
         for piece in pieces:
             if piece is None:
-                d, s, xc, sub = data, scale, x, shape
+                d, s, z, xc, sub = data, scale, zero_point, x, shape
             else:
                 n = piece.stop - piece.start
                 d, xc = data[piece], x[piece]
                 s = scale if scale is None or scale.shape[0] == 1 else scale[piece]
+                z = zero_point
+                if z is not None and z.shape[0] != 1:
+                    z = z[piece]
                 sub = (n, *shape[1:])
             ck = ("energy", sub, str(xc.dtype), None if s is None else s.shape)
 
             def build(sub=sub):
-                def f(raw, dd, ss):
+                def f(raw, dd, ss, ts, zz):
                     xf = raw.astype(jnp.float32)
-                    y = dtypes.Encoded(dd, ss, fmt, scaling, last).decode(jnp.float32)
+                    enc = dtypes.Encoded(dd, ss, fmt, scaling, last, tensor_scale=ts, zero_point=zz)
+                    y = enc.decode(jnp.float32)
                     return jnp.all(jnp.isfinite(xf)), _energy(xf, y.reshape(xf.shape))
 
                 return f
 
-            ok, energy = self._jit(ck, build)(xc, d, s)
+            ok, energy = self._jit(ck, build)(xc, d, s, tensor_scale, z)
             finite = finite and bool(ok)
             stats.add(*jax.device_get(energy))
         return finite, stats
@@ -600,11 +656,14 @@ class _Converter:
             elif plan.mode == "cast":
                 yield plan.out.name, self._cast(plan)
             else:
-                scales: list[np.ndarray] = []
-                yield plan.out.name, self._streamed(plan, scales)
-                if plan.out.scale is not None:
-                    scale = np.concatenate([s.reshape(-1) for s in scales])
-                    yield plan.out.scale, scale.reshape(plan.out.scale_shape)
+                # per-group arrays, filled while the codes are written
+                extras: dict[str, list[np.ndarray]] = {r: [] for r in plan.out.roles()[1:]}
+                yield plan.out.name, self._streamed(plan, extras)
+                for (name, dtype, shape), role in zip(
+                    plan.out.arrays()[1:], plan.out.roles()[1:], strict=True
+                ):
+                    array = np.concatenate([a.reshape(-1) for a in extras[role]])
+                    yield name, array.reshape(shape).view(dtype)
 
     def _copy(self, reader: Reader, name: str) -> Iterator[np.ndarray]:
         """The stored bytes, checked against their encoding's invariants as `load` would:
@@ -641,7 +700,7 @@ class _Converter:
         if self.engine.stats:
             self.sqnr[plan.leaf.name] = stats.sqnr
 
-    def _streamed(self, plan: _Plan, scales: list[np.ndarray]) -> Iterator[np.ndarray]:
+    def _streamed(self, plan: _Plan, extras: dict[str, list[np.ndarray]]) -> Iterator[np.ndarray]:
         out, engine = plan.out, self.engine
         scaling = out.scaling
         total = math.prod(out.shape)
@@ -656,7 +715,7 @@ class _Converter:
             shape = (per_block,)
         blocks = _Blocks(plan.reader, plan.leaf.name)
         absmax: np.floating | np.ndarray | None = None
-        if plan.mode == "twopass":  # the absmax first (exact: a maximum)
+        if plan.mode in ("twopass", "twolevel"):  # the absmax first (exact: a maximum)
             absmax = np.float32(0)
             for block in blocks.blocks(per_block):
                 m = np.float32(np.max(np.abs(block)))
@@ -667,21 +726,31 @@ class _Converter:
             absmax = self._slab(plan, blocks, per_block)
         stats = _Stats()
         done = 0
+        # per-group arrays of each block, or (a per-tensor or per-axis scale
+        # computed from the absmax given) one copy shared by every block
+        shared = plan.mode in ("twopass", "columns")
         for block in blocks.blocks(per_block, pad=True):
             check_interrupt()
             n = min(per_block, total - done)
-            data, scale, finite, energy = engine.block(block.reshape(shape), scaling, absmax)
+            parts, finite, energy = engine.block(
+                block.reshape(shape), scaling, absmax, twolevel=plan.mode == "twolevel"
+            )
             if scaling is not None and not finite:  # the padding is zeros: a real value
                 raise self._not_finite(plan)
             if energy is not None:
                 stats.add(*energy)
+            data = parts[0]
             # Padding is proportional in every mode: whole rows, whole scale
             # groups, or (packed) a multiple of a byte's worth of values.
             yield data.reshape(-1)[: data.size * n // per_block].view(out.data_dtype)
-            if scale is not None and absmax is None:
-                scales.append(scale.reshape(-1)[: scale.size * n // per_block])
-            elif scale is not None and not scales:  # shared by every block: one copy
-                scales.append(scale.reshape(-1))
+            for role, array in zip(("scale", "tensor_scale", "zero_point"), parts[1:], strict=True):
+                if array is None:
+                    continue
+                kept = extras[role]
+                if role == "tensor_scale" or shared:
+                    kept[:] = [array.reshape(-1)]  # the same in every block
+                else:
+                    kept.append(array.reshape(-1)[: array.size * n // per_block])
             done += n
             self.progress.update(n * plan.leaf.data_dtype.itemsize)
         if engine.stats:
@@ -710,29 +779,30 @@ class _Converter:
         import jax
 
         out, engine = plan.out, self.engine
-        data, scale = plan.reader.read_leaf(plan.leaf)
+        stored = plan.reader.read_leaf(plan.leaf)
         if _raw(plan.leaf, plan.reader.foreign):
-            x = jax.device_put(data)
+            x = jax.device_put(stored.data)
         else:
-            x = encoded(plan.leaf, data, scale).decode(np.float32)
-        del scale
+            x = encoded(plan.leaf, stored).decode(np.float32)
+        del stored
         key = None
         if self.rounding == "stochastic":
             key = jax.random.fold_in(jax.random.key(self.seed), i)
-        out_data, out_scale = engine.whole(x, key)
+        parts = engine.whole(x, key)
         if out.scaling is not None or engine.stats:
-            finite, stats = engine.slice_energy(out, x, out_data, out_scale)
+            finite, stats = engine.slice_energy(out, x, parts)
             if out.scaling is not None and not finite:
                 raise self._not_finite(plan)
             if engine.stats:
                 self.sqnr[plan.leaf.name] = stats.sqnr
-        del x, data
+        del x
         self.progress.update(plan.leaf.data_dtype.itemsize * max(math.prod(out.shape), 1))
-        yield out.name, np.asarray(out_data).view(out.data_dtype)
-        del out_data
-        if out_scale is not None:
-            assert out.scale is not None  # a scaled output names its scale array
-            yield out.scale, np.asarray(out_scale).reshape(out.scale_shape)
+        present = [p for p in parts if p is not None]
+        del parts
+        for name, dtype, shape in out.arrays():
+            array = present.pop(0)  # not held once written
+            yield name, np.asarray(array).reshape(shape).view(dtype)
+            del array
 
 
 def _granule(plan: _Plan) -> int:
@@ -782,6 +852,7 @@ def _print_plan(plans: list[_Plan]) -> None:
     for p in plans:
         stored = p.leaf.format.name if p.leaf.format is not None else p.leaf.dtype.name
         why = p.reason if p.reason is not None else "converted"
+        how = "copied" if p.reason is not None else _HOW[p.mode]
         rows.append(
             [
                 p.leaf.name,
@@ -790,9 +861,11 @@ def _print_plan(plans: list[_Plan]) -> None:
                 _describe(p),
                 _human(leaf_nbytes(p.out)),
                 why,
+                how + (f" ({p.note})" if p.note else ""),
             ]
         )
-    print(_table(rows, ["tensor", "shape", "stored", "becomes", "size", "why"], right={4}))
+    header = ["tensor", "shape", "stored", "becomes", "size", "why", "how"]
+    print(_table(rows, header, right={4}))
 
 
 def _warn(message: str) -> None:
@@ -829,7 +902,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             + ", ".join(dtypes.ROUNDING_MODES)
         )
     scaling = _scaling(args.scaling, fmt)
-    _check_pair(fmt, scaling, args.scaling)
+    _check_pair(fmt, scaling, args.scaling, args.rounding)
     if args.list_keep:
         print(DEFAULT_KEEP)
         return 0

@@ -139,10 +139,11 @@ def _values(reader: Reader, leaf: Leaf) -> np.ndarray:
     """The logical float32 values of a leaf (no copy for float32 storage)."""
     import jax.numpy as jnp
 
-    data, scale = reader.read_leaf(leaf)
+    stored = reader.read_leaf(leaf)
+    data = stored.data
     if leaf.kind == "array" or (leaf.format is not None and leaf.scale is None and _raw(leaf)):
         return data if data.dtype == np.float32 else data.astype(np.float32)
-    return np.asarray(encoded(leaf, data, scale).decode(jnp.float32))
+    return np.asarray(encoded(leaf, stored).decode(jnp.float32))
 
 
 def _raw(leaf: Leaf) -> bool:

@@ -378,7 +378,12 @@ def _leaf(doc, name):
 
 BAD_METADATA = {
     "unknown format": (lambda h, d: _leaf(d, "t0").update(format="float7"), "unknown format"),
-    "unknown version": (lambda h, d: d.update(version=2), "version 2 is not supported"),
+    "unknown version": (lambda h, d: d.update(version=3), "version 3 is not the version 1"),
+    "version 2 marked 1": (lambda h, d: d.update(version=2), "version 2 is not the version 1"),
+    "newer version": (
+        lambda h, d: (h["__metadata__"].update(precision_version="3"), d.update(version=3)),
+        "layout version 3, newer than this library reads (1, 2); upgrade precision",
+    ),
     "format vs container": (
         lambda h, d: _leaf(d, "t0").update(format="int8"),
         "is stored as U8[8, 12] but its format int8",
@@ -393,7 +398,10 @@ BAD_METADATA = {
         ),
         "needs F32[1, 24]",
     ),
-    "scale dropped": (lambda h, d: _leaf(d, "t0").update(scale=None), "exactly when a scaling"),
+    "scale dropped": (
+        lambda h, d: _leaf(d, "t0").update(scale=None),
+        "its scales must be stored as 't0:scale'",
+    ),
     "undescribed tensor": (
         lambda h, d: d["tensors"].remove(_leaf(d, "steps")),
         "present but undescribed ['steps']",
