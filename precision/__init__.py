@@ -10,7 +10,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._version import __version__ as __version__
     from ._apply import apply as apply
     from ._checkpoint import load as load
     from ._checkpoint import save as save
@@ -34,16 +33,17 @@ if TYPE_CHECKING:
     from ._loss_scale import StaticLossScale as StaticLossScale
     from ._loss_scale import all_finite as all_finite
     from ._loss_scale import select_tree as select_tree
+    from ._placement import device_put as device_put
+    from ._placement import storage_shardings as storage_shardings
     from ._policy import DEFAULT_FLOAT32_OPS as DEFAULT_FLOAT32_OPS
     from ._policy import Policy as Policy
     from ._tensor import Tensor as Tensor
-    from ._tensor import device_put as device_put
-    from ._tensor import storage_shardings as storage_shardings
     from ._tree import is_reduced_precision as is_reduced_precision
     from ._tree import to_full_precision as to_full_precision
     from ._tree import to_reduced_precision as to_reduced_precision
     from ._tree import tree_nbytes as tree_nbytes
     from ._updates import apply_updates as apply_updates
+    from ._version import __version__ as __version__
 
 _HOME = {
     "__version__": "_version",
@@ -73,8 +73,8 @@ _HOME = {
     "DEFAULT_FLOAT32_OPS": "_policy",
     "Policy": "_policy",
     "Tensor": "_tensor",
-    "device_put": "_tensor",
-    "storage_shardings": "_tensor",
+    "device_put": "_placement",
+    "storage_shardings": "_placement",
     "is_reduced_precision": "_tree",
     "to_full_precision": "_tree",
     "to_reduced_precision": "_tree",

@@ -13,7 +13,6 @@ from dtypes import PrecisionTypeError
 
 from . import _operators
 from ._context import get_default_format, resolve_format
-from ._errors import DeviceMismatchError
 from ._jax_compat import is_tracer
 from ._storage import (
     carries_gradient,
@@ -25,7 +24,7 @@ from ._storage import (
     straight_through,
 )
 
-__all__ = ["Tensor", "check_devices", "device_put", "storage_shardings"]
+__all__ = ["Tensor"]
 
 _LOGICAL = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -80,39 +79,6 @@ def _as_array(x: Any) -> tuple[Any, np.dtype]:
             "numbers; pass a float, int or bool array (e.g. np.asarray(values, np.float32))"
         )
     return x, dt
-
-
-def _describe_devices(devs: frozenset) -> str:
-    names = sorted(str(d) for d in devs)
-    return names[0] if len(names) == 1 else "{" + ", ".join(names) + "}"
-
-
-def check_devices(leaves: Any) -> None:
-    """Raise `DeviceMismatchError` if concrete Tensors sit on different devices.
-
-    Runs on every eager call, so the common cases stay cheap: the same
-    sharding object, or equal shardings, before any device sets are built.
-    """
-    first = None
-    for leaf in leaves:
-        if not isinstance(leaf, Tensor):
-            continue
-        data = leaf._data
-        if is_tracer(data) or not isinstance(data, jax.Array):
-            continue
-        sharding = data.sharding
-        if first is None:
-            first = sharding
-            continue
-        if sharding is first or sharding == first:
-            continue
-        a, b = frozenset(first.device_set), frozenset(sharding.device_set)
-        if a != b:
-            raise DeviceMismatchError(
-                f"tensors on different devices: {_describe_devices(a)} and "
-                f"{_describe_devices(b)}; nothing is moved implicitly, move one first, "
-                f"e.g. b.to_device(a.device)"
-            )
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -497,20 +463,22 @@ class Tensor:
         split like the data dimension it belongs to when it is as long as it,
         and replicated otherwise.
         """
+        from ._placement import replicated, scale_sharding
+
         target = device_or_sharding
         data = jax.device_put(self._data, target)
         scale = self._scale
         if scale is not None:
-            scale = jax.device_put(scale, _scale_sharding(target, self._data, scale))
+            scale = jax.device_put(scale, scale_sharding(target, self._data, scale))
         st = None if self._straight is None else jax.device_put(self._straight, target)
         extra = self._extra
         if extra is not None:
             # a tensor scale is one number: replicated; zero points follow the data like scales
             ts, zp = extra
             if ts is not None:
-                ts = jax.device_put(ts, _replicated(target))
+                ts = jax.device_put(ts, replicated(target))
             if zp is not None:
-                zp = jax.device_put(zp, _scale_sharding(target, self._data, zp))
+                zp = jax.device_put(zp, scale_sharding(target, self._data, zp))
             extra = (ts, zp)
         return Tensor._make(
             data, scale, self._format, self._scaling, self._dtype, self._packed_last, st, extra
@@ -575,161 +543,3 @@ class Tensor:
     def T(self) -> Tensor:
         """Axes reversed."""
         return _operators.method("transpose")(self, None)
-
-
-def _replicated(target):
-    """The replicated counterpart of a placement (itself for a single device)."""
-    if isinstance(target, jax.sharding.NamedSharding):
-        return jax.sharding.NamedSharding(target.mesh, jax.sharding.PartitionSpec())
-    return target
-
-
-def _scale_sharding(target, data, scale):
-    """A sharding for `scale` consistent with `target` for `data`."""
-    if not isinstance(target, jax.sharding.NamedSharding):
-        return target
-    spec = list(target.spec) + [None] * (data.ndim - len(target.spec))
-    out: list[Any] = []
-    for dim, name in enumerate(spec[: scale.ndim]):
-        if name is None or scale.shape[dim] == 1:
-            out.append(None)
-            continue
-        names = name if isinstance(name, tuple) else (name,)
-        n = int(np.prod([target.mesh.shape[a] for a in names]))
-        out.append(name if scale.shape[dim] % n == 0 else None)
-    return jax.sharding.NamedSharding(target.mesh, jax.sharding.PartitionSpec(*out))
-
-
-def _is_placement(x: Any) -> bool:
-    return isinstance(x, jax.Device | jax.sharding.Sharding)
-
-
-def _storage_sharding(t: Tensor, target: Any, where: str) -> tuple[Any, Any]:
-    """(data sharding, scale sharding) for Tensor `t` placed like its logical values."""
-    if not isinstance(target, jax.sharding.NamedSharding):
-        return target, target
-    spec = list(target.spec) + [None] * (t.ndim - len(target.spec))
-    if t.format.packed and t.ndim and spec[-1] is not None:
-        names = spec[-1] if isinstance(spec[-1], tuple) else (spec[-1],)
-        n = int(np.prod([target.mesh.shape[a] for a in names]))
-        packed = t._data.shape[-1]
-        if packed % n:
-            raise DeviceMismatchError(
-                f"{where}: the last axis of this {t.format.name} Tensor of shape {t.shape} is "
-                f"packed into {packed} bytes, which {n} devices cannot split evenly (logical "
-                f"length {t.shape[-1]}); shard another axis, or pad the last axis to a "
-                f"multiple of {n * 8 // t.format.code_bits} values"
-            )
-    data_sharding = target
-    scale_sharding = None
-    if t._scale is not None:
-        scale_sharding = _scale_sharding(target, t._data, t._scale)
-    return data_sharding, scale_sharding
-
-
-def storage_shardings(tree: Any, shardings: Any) -> Any:
-    """Shardings for the storage of `tree`, from shardings of its logical values.
-
-    `shardings` has the structure of `tree` with one sharding per leaf, as for
-    a tree of plain arrays (a Tensor leaf gets the sharding of its logical
-    values). The result mirrors `tree` itself, Tensors included, so it can be
-    given to `jax.jit(..., in_shardings=...)` or `jax.device_put`: each
-    Tensor's codes take the sharding, its scales follow the data dimensions
-    they belong to (replicated where a scale dimension is 1 or does not
-    divide), and a packed last axis that the devices cannot split evenly is
-    refused with the logical and packed sizes named.
-
-    Raises:
-        DeviceMismatchError: a packed last axis cannot be split as asked.
-
-    Examples:
-        >>> import jax
-        >>> import numpy as np
-        >>> from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-        >>> import precision
-        >>> mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
-        >>> tree = {"w": precision.Tensor(np.ones((4, 8))).to_reduced_precision("int4")}
-        >>> out = precision.storage_shardings(tree, {"w": NamedSharding(mesh, P("x", None))})
-        >>> type(out["w"]).__name__
-        'Tensor'
-    """
-    flat, treedef = jax.tree_util.tree_flatten_with_path(
-        tree, is_leaf=lambda x: isinstance(x, Tensor)
-    )
-    try:
-        targets = treedef.flatten_up_to(shardings)  # type: ignore[attr-defined]  # no jaxlib stub
-    except (ValueError, TypeError) as err:
-        raise DeviceMismatchError(
-            f"shardings must have the structure of the tree, one sharding per leaf; got {err}"
-        ) from None
-    out = []
-    for (path, leaf), target in zip(flat, targets, strict=True):
-        if isinstance(leaf, Tensor):
-            where = jax.tree_util.keystr(path) or "<root>"
-            data_s, scale_s = _storage_sharding(leaf, target, where)
-            extra = None
-            if leaf._extra is not None:
-                ts, zp = leaf._extra
-                extra = (
-                    None if ts is None else _replicated(target),
-                    None if zp is None else scale_s,
-                )
-            out.append(
-                Tensor._make(
-                    data_s,
-                    scale_s,
-                    leaf._format,
-                    leaf._scaling,
-                    leaf._dtype,
-                    leaf._packed_last,
-                    None,
-                    extra,
-                )
-            )
-        else:
-            out.append(target)
-    return jax.tree_util.tree_unflatten(treedef, out)
-
-
-def device_put(tree: Any, device_or_sharding: Any) -> Any:
-    """Move every Tensor and array leaf of `tree` to a device or sharding.
-
-    `device_or_sharding` is one device or sharding for the whole tree, or a
-    tree of them with the structure of `tree` (one per leaf, as for plain
-    arrays); a Tensor's scales follow its data (see `storage_shardings`).
-
-    Examples:
-        >>> import jax
-        >>> from precision import Tensor, device_put
-        >>> tree = {"w": Tensor([1.0, 2.0]).to_reduced_precision(), "n": 3}
-        >>> device_put(tree, jax.devices()[0])["w"].device == jax.devices()[0]
-        True
-        >>> cpu = jax.devices()[0]
-        >>> device_put(tree, {"w": cpu, "n": None})["w"].device == cpu
-        True
-    """
-    if _is_placement(device_or_sharding) or device_or_sharding is None:
-        targets = jax.tree_util.tree_map(
-            lambda _: device_or_sharding, tree, is_leaf=lambda x: isinstance(x, Tensor)
-        )
-    else:
-        targets = device_or_sharding
-    flat, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: isinstance(x, Tensor))
-    try:
-        placements = treedef.flatten_up_to(targets)  # type: ignore[attr-defined]  # no jaxlib stub
-    except (ValueError, TypeError) as err:
-        raise DeviceMismatchError(
-            "device_put: the placement must be one device or sharding, or a tree of them with "
-            f"the structure of the tree; got {err}"
-        ) from None
-    out = []
-    for leaf, target in zip(flat, placements, strict=True):
-        if target is None:
-            out.append(leaf)
-        elif isinstance(leaf, Tensor):
-            out.append(leaf.to_device(target))
-        elif isinstance(leaf, jax.Array | np.ndarray):
-            out.append(jax.device_put(leaf, target))
-        else:
-            out.append(leaf)
-    return jax.tree_util.tree_unflatten(treedef, out)

@@ -24,6 +24,7 @@ from .. import _jax_compat as compat
 from .._compute import Context, State, Stored
 from .._context import resolve_format
 from .._errors import FormatError, PrecisionError
+from .._placement import check_devices
 from .._storage import (
     carries_gradient,
     decode_encoded,
@@ -32,7 +33,7 @@ from .._storage import (
     is_float,
     straight_through,
 )
-from .._tensor import Tensor, check_devices
+from .._tensor import Tensor
 from ._interpreter import evaluate
 
 __all__ = ["apply"]
