@@ -5,42 +5,93 @@ packed where it is an integer format), decodes them back, and rounds onto its
 grid in six rounding modes, bit-exactly and under `jit`, `vmap` and `grad`.
 """
 
-from ._asymmetric import AsymmetricIntFormat as AsymmetricIntFormat
-from ._codebook import CodebookFormat as CodebookFormat
-from ._e8m0 import E8M0Format as E8M0Format
-from ._encoded import Encoded as Encoded
-from ._errors import FormatError as FormatError
-from ._errors import NonFiniteError as NonFiniteError
-from ._errors import PrecisionError as PrecisionError
-from ._errors import PrecisionTypeError as PrecisionTypeError
-from ._errors import RoundingError as RoundingError
-from ._errors import ScalingError as ScalingError
-from ._errors import ShapeError as ShapeError
-from ._formats import FloatFormat as FloatFormat
-from ._formats import Format as Format
-from ._formats import IntFormat as IntFormat
-from ._named import ENCODINGS as ENCODINGS
-from ._registry import ALIASES as ALIASES
-from ._registry import FORMATS as FORMATS
-from ._registry import bfloat16 as bfloat16
-from ._registry import float8_e4m3fn as float8_e4m3fn
-from ._registry import float8_e5m2 as float8_e5m2
-from ._registry import float16 as float16
-from ._registry import float32 as float32
-from ._registry import float64 as float64
-from ._registry import get as get
-from ._registry import int1 as int1
-from ._registry import int2 as int2
-from ._registry import int4 as int4
-from ._registry import int8 as int8
-from ._registry import tf32 as tf32
-from ._rounding import ROUNDING_MODES as ROUNDING_MODES
-from ._rounding import check_rounding as check_rounding
-from ._scaling import SCALE_FORMATS as SCALE_FORMATS
-from ._scaling import PerAxis as PerAxis
-from ._scaling import PerBlock as PerBlock
-from ._scaling import PerTensor as PerTensor
-from ._scaling import Scaling as Scaling
+# Names load on first use (the pattern of `precision/__init__.py`): `import
+# dtypes` imports neither JAX nor the codecs, only numpy and ml_dtypes once a
+# format is looked up. Describing formats (`dtypes.get("bf16").max`, the
+# registry, scalings) never loads JAX; the first encode, decode or round does,
+# as does `dtypes.Encoded` (a JAX pytree). Static tools and the docs read the
+# names from the TYPE_CHECKING block.
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._asymmetric import AsymmetricIntFormat as AsymmetricIntFormat
+    from ._codebook import CodebookFormat as CodebookFormat
+    from ._e8m0 import E8M0Format as E8M0Format
+    from ._encoded import Encoded as Encoded
+    from ._errors import FormatError as FormatError
+    from ._errors import NonFiniteError as NonFiniteError
+    from ._errors import PrecisionError as PrecisionError
+    from ._errors import PrecisionTypeError as PrecisionTypeError
+    from ._errors import RoundingError as RoundingError
+    from ._errors import ScalingError as ScalingError
+    from ._errors import ShapeError as ShapeError
+    from ._float import FloatFormat as FloatFormat
+    from ._format import Format as Format
+    from ._int import IntFormat as IntFormat
+    from ._named import ENCODINGS as ENCODINGS
+    from ._registry import ALIASES as ALIASES
+    from ._registry import FORMATS as FORMATS
+    from ._registry import bfloat16 as bfloat16
+    from ._registry import float8_e4m3fn as float8_e4m3fn
+    from ._registry import float8_e5m2 as float8_e5m2
+    from ._registry import float16 as float16
+    from ._registry import float32 as float32
+    from ._registry import float64 as float64
+    from ._registry import get as get
+    from ._registry import int1 as int1
+    from ._registry import int2 as int2
+    from ._registry import int4 as int4
+    from ._registry import int8 as int8
+    from ._registry import tf32 as tf32
+    from ._rounding_modes import ROUNDING_MODES as ROUNDING_MODES
+    from ._rounding_modes import check_rounding as check_rounding
+    from ._scaling import SCALE_FORMATS as SCALE_FORMATS
+    from ._scaling import PerAxis as PerAxis
+    from ._scaling import PerBlock as PerBlock
+    from ._scaling import PerTensor as PerTensor
+    from ._scaling import Scaling as Scaling
+
+_HOME = {
+    "AsymmetricIntFormat": "_asymmetric",
+    "CodebookFormat": "_codebook",
+    "E8M0Format": "_e8m0",
+    "Encoded": "_encoded",
+    "FormatError": "_errors",
+    "NonFiniteError": "_errors",
+    "PrecisionError": "_errors",
+    "PrecisionTypeError": "_errors",
+    "RoundingError": "_errors",
+    "ScalingError": "_errors",
+    "ShapeError": "_errors",
+    "FloatFormat": "_float",
+    "Format": "_format",
+    "IntFormat": "_int",
+    "ENCODINGS": "_named",
+    "ALIASES": "_registry",
+    "FORMATS": "_registry",
+    "bfloat16": "_registry",
+    "float8_e4m3fn": "_registry",
+    "float8_e5m2": "_registry",
+    "float16": "_registry",
+    "float32": "_registry",
+    "float64": "_registry",
+    "get": "_registry",
+    "int1": "_registry",
+    "int2": "_registry",
+    "int4": "_registry",
+    "int8": "_registry",
+    "tf32": "_registry",
+    "ROUNDING_MODES": "_rounding_modes",
+    "check_rounding": "_rounding_modes",
+    "SCALE_FORMATS": "_scaling",
+    "PerAxis": "_scaling",
+    "PerBlock": "_scaling",
+    "PerTensor": "_scaling",
+    "Scaling": "_scaling",
+}
 
 __all__ = [
     "ALIASES",
@@ -80,3 +131,16 @@ __all__ = [
     "int8",
     "tf32",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -14,27 +14,27 @@ A storage encoding. Over each scaling group, with `qmax = 2**bits - 1`:
 - decoding: `(code - zero_point) * scale`.
 
 Codes are packed densely along the last axis (two uint4 codes a byte).
+
+The class needs only numpy; the encoding and decoding are computed in
+`_asymmetric_codec`, which the methods import on first use.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from . import _codec, _packing, _scale_format
-from ._codebook import _check_encoded, _packed_nbytes, _prepare
-from ._encoded import Encoded
 from ._errors import FormatError
-from ._formats import Format
-from ._rounding import ROUNDING_MODES, round_integer
-from ._scaling import PerTensor, Scaling
+from ._format import Format, packed_nbytes
+from ._scaling import PerTensor, Scaling, scale_nbytes
+
+if TYPE_CHECKING:
+    import jax
+
+    from ._encoded import Encoded
 
 __all__ = ["AsymmetricIntFormat", "uint4", "uint8"]
 
@@ -66,7 +66,7 @@ class AsymmetricIntFormat(Format):
 
     kind: ClassVar[str] = "uint"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 2 <= self.bits <= 8:
             raise FormatError(
                 f"AsymmetricIntFormat({self.bits!r}) is not supported: bits must be an int from "
@@ -109,13 +109,15 @@ class AsymmetricIntFormat(Format):
         key: jax.Array | None = None,
     ) -> Encoded:
         """Encode `x` into codes, scales and zero points (see the module docstring)."""
-        x, scaling = _prepare(self, x, scaling, rounding, key, modes=ROUNDING_MODES)
-        return _encode_jit(self, scaling, rounding, x, key)
+        from . import _asymmetric_codec
+
+        return _asymmetric_codec.encode(self, x, scaling, rounding, key)
 
     def decode(self, encoded: Encoded, dtype: Any = np.float32) -> jax.Array:
         """`(code - zero_point) * scale` per group."""
-        _check_encoded(self, encoded)
-        return _decode_jit(self, encoded, jnp.dtype(dtype))
+        from . import _asymmetric_codec
+
+        return _asymmetric_codec.decode(self, encoded, dtype)
 
     def round(
         self,
@@ -126,6 +128,8 @@ class AsymmetricIntFormat(Format):
         key: jax.Array | None = None,
     ) -> jax.Array:
         """`decode(encode(x))` as float32, straight-through for gradients."""
+        from . import _codec
+
         return _codec.storage_round(self, scaling, rounding, x, key)
 
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
@@ -133,73 +137,16 @@ class AsymmetricIntFormat(Format):
         shape = tuple(int(n) for n in shape)
         scaling = self.default_scaling() if scaling is None else scaling
         groups = math.prod(scaling.scale_shape(shape)) if shape else 1
-        return (
-            _packed_nbytes(shape, self.code_bits)
-            + _scale_format.scale_nbytes(scaling, shape)
-            + groups
-        )
+        return packed_nbytes(shape, self.code_bits) + scale_nbytes(scaling, shape) + groups
+
+    def check(self, x: Any, *, scaling: Scaling | None = None) -> None:
+        """Raise the error a scaling that does not fit `x`, or NaN/inf in it, would raise."""
+        from . import _codec
+
+        _codec.check_storage(self, x, scaling)
 
     def __repr__(self) -> str:
         return f"AsymmetricIntFormat({self.bits}, calibration={self.calibration!r})"
-
-
-def _group(scaling: Scaling, x: jax.Array, reduce) -> jax.Array:
-    return scaling.group_reduce(x, lambda a, axes: reduce(a, axis=axes, keepdims=True))
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _encode_jit(fmt: AsymmetricIntFormat, scaling: Scaling, rounding: str, x, key) -> Encoded:
-    scalar = x.ndim == 0
-    xs = _codec.flush_subnormals(x.reshape(1) if scalar else x)
-    xg = lax.stop_gradient(xs)
-    bad = _group(scaling, (~jnp.isfinite(xg)).astype(jnp.float32), jnp.sum) > 0
-    if fmt.calibration == "minmax":
-        hi = jnp.maximum(_group(scaling, xg, jnp.max), 0)  # zero padding keeps 0 in range
-        lo = jnp.minimum(_group(scaling, xg, jnp.min), 0)
-    else:
-        hi = _group(scaling, jnp.abs(xg), jnp.max)
-        lo = -hi
-    span = hi - lo
-    qmax32 = np.float32(fmt.qmax)
-    scale = span / (span * jnp.float32(0) + qmax32)  # a real division, not * (1/qmax)
-    scale = jnp.where(span == 0, jnp.float32(1), jnp.maximum(scale, _codec.TINY))
-    scale = jnp.where(bad, jnp.float32(jnp.nan), scale)
-    stored, _, inv, pre = _scale_format.narrow(xs, scaling, scale, scale, scale, fmt.qmax, 0)
-    if scaling.scale_format == "float32":
-        s32 = stored
-        pre = jnp.where(s32 > np.float32(2.0**100), jnp.float32(2.0**-64), jnp.float32(1))
-        inv = jnp.float32(1) / (s32 * pre)
-    inv = jnp.where(jnp.isfinite(inv), inv, jnp.float32(0))
-    zero_point = jnp.clip(jnp.round(-(lo * pre) * inv), 0, fmt.qmax)
-    y = _codec._times_reciprocal(xs, scaling, inv, pre)
-    rounded = round_integer(y, rounding, key)
-    codes = jnp.clip(rounded + scaling.broadcast(zero_point, xs.shape), 0, fmt.qmax)
-    codes = codes.astype(jnp.uint8)
-    zero_point = zero_point.astype(jnp.uint8)
-    if scalar:
-        codes, stored, zero_point = codes.reshape(()), stored.reshape(()), zero_point.reshape(())
-    data = codes if fmt.bits == 8 else _packing.pack(codes.reshape(codes.shape or (1,)), fmt.bits)
-    last = None if (scalar or fmt.bits == 8) else x.shape[-1]
-    return Encoded(data, stored, fmt, scaling, last, zero_point=zero_point)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 2))
-def _decode_jit(fmt: AsymmetricIntFormat, enc: Encoded, dtype) -> jax.Array:
-    shape = enc.shape
-    if fmt.bits == 8:
-        codes = enc.data
-    else:
-        codes = _packing.unpack(enc.data, fmt.bits, shape[-1] if shape else 1, signed=False)
-        codes = codes.reshape(shape)
-    assert enc.scale is not None  # asymmetric codes always have scales and zero points
-    assert enc.scaling is not None
-    assert enc.zero_point is not None
-    scale = _scale_format.widen(enc.scale, None, enc.scaling, 0)
-    zp = enc.zero_point.astype(jnp.float32)
-    if shape:
-        scale = enc.scaling.broadcast(scale, shape)
-        zp = enc.scaling.broadcast(zp, shape)
-    return ((codes.astype(jnp.float32) - zp) * scale).astype(dtype)
 
 
 uint8 = AsymmetricIntFormat(8)

@@ -18,6 +18,10 @@ Rounding to table entries:
 
 Other modes have no meaning for a table that need not be a grid and are
 refused.
+
+The class, its table and the exact halfway points need only numpy; the
+encoding and decoding are computed in `_codebook_codec`, which the methods
+import on first use.
 """
 
 from __future__ import annotations
@@ -26,21 +30,20 @@ import dataclasses
 import functools
 import math
 from fractions import Fraction
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from . import _codec, _packing, _scale_format
-from ._encoded import Encoded
-from ._errors import FormatError, PrecisionTypeError, RoundingError, ScalingError
-from ._formats import Format
-from ._rounding import check_rounding
-from ._scaling import PerBlock, PerTensor, Scaling
+from ._errors import FormatError, PrecisionTypeError
+from ._format import Format, packed_nbytes
+from ._scaling import PerBlock, PerTensor, Scaling, scale_nbytes
 
-__all__ = ["CodebookFormat", "nf4"]
+if TYPE_CHECKING:
+    import jax
+
+    from ._encoded import Encoded
+
+__all__ = ["CODEBOOK_ROUNDINGS", "CodebookFormat", "nf4"]
 
 CODEBOOK_ROUNDINGS = ("nearest_even", "stochastic")
 
@@ -72,7 +75,7 @@ class CodebookFormat(Format):
 
     kind: ClassVar[str] = "codebook"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         try:
             table = np.asarray(self.values, dtype=np.float64).reshape(-1)
         except (TypeError, ValueError):
@@ -123,10 +126,10 @@ class CodebookFormat(Format):
     def default_scaling(self) -> Scaling:
         return self.scaling if self.scaling is not None else PerTensor()
 
-    def _table(self) -> np.ndarray:
+    def _table(self) -> np.ndarray[Any, np.dtype[np.float32]]:
         return np.asarray(self.values, np.float32)
 
-    def _thresholds(self) -> np.ndarray:
+    def _thresholds(self) -> np.ndarray[Any, np.dtype[np.float32]]:
         """float32 t_k with: code > k exactly when y > t_k (nearest, ties to even)."""
         return _thresholds(self.values)
 
@@ -146,13 +149,15 @@ class CodebookFormat(Format):
             NonFiniteError: NaN/inf given eagerly.
             ScalingError: a scaling that does not fit `x`.
         """
-        x, scaling = _prepare(self, x, scaling, rounding, key)
-        return _encode_jit(self, scaling, rounding, x, key)
+        from . import _codebook_codec
+
+        return _codebook_codec.encode(self, x, scaling, rounding, key)
 
     def decode(self, encoded: Encoded, dtype: Any = np.float32) -> jax.Array:
         """Table values times the group scales."""
-        _check_encoded(self, encoded)
-        return _decode_jit(self, encoded, jnp.dtype(dtype))
+        from . import _codebook_codec
+
+        return _codebook_codec.decode(self, encoded, dtype)
 
     def round(
         self,
@@ -163,20 +168,28 @@ class CodebookFormat(Format):
         key: jax.Array | None = None,
     ) -> jax.Array:
         """`decode(encode(x))` as float32, straight-through for gradients."""
+        from . import _codec
+
         return _codec.storage_round(self, scaling, rounding, x, key)
 
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
         """Packed codes plus the scales, at the scale format's width."""
         shape = tuple(int(n) for n in shape)
         scaling = self.default_scaling() if scaling is None else scaling
-        return _packed_nbytes(shape, self.code_bits) + _scale_format.scale_nbytes(scaling, shape)
+        return packed_nbytes(shape, self.code_bits) + scale_nbytes(scaling, shape)
+
+    def check(self, x: Any, *, scaling: Scaling | None = None) -> None:
+        """Raise the error a scaling that does not fit `x`, or NaN/inf in it, would raise."""
+        from . import _codec
+
+        _codec.check_storage(self, x, scaling)
 
     def __repr__(self) -> str:
         return f"CodebookFormat(<{len(self.values)} values>, name={self.name!r})"
 
 
 @functools.lru_cache(maxsize=64)
-def _thresholds(values: tuple[float, ...]) -> np.ndarray:
+def _thresholds(values: tuple[float, ...]) -> np.ndarray[Any, np.dtype[np.float32]]:
     """See `CodebookFormat._thresholds` (cached: exact rational arithmetic per entry)."""
     v = [Fraction(a) for a in values]
     out = []
@@ -194,129 +207,6 @@ def _thresholds(values: tuple[float, ...]) -> np.ndarray:
             t = np.nextafter(t, np.float32(np.inf))
         out.append(t)
     return np.asarray(out, np.float32)
-
-
-def _packed_nbytes(shape: tuple[int, ...], bits: int) -> int:
-    lead = math.prod(shape[:-1]) if shape else 1
-    return lead * _packing.packed_length(shape[-1] if shape else 1, bits)
-
-
-def _prepare(fmt: Format, x: Any, scaling, rounding: str, key, modes=CODEBOOK_ROUNDINGS):
-    """Shared eager checks of the storage encodings; returns (float32 x, scaling)."""
-    check_rounding(rounding, key)
-    if rounding not in modes:
-        raise RoundingError(
-            f"{fmt.name} rounds with {' or '.join(modes)}, got rounding={rounding!r}; "
-            "the directed modes have no meaning for it"
-        )
-    x = _codec.as_float_array(x).astype(jnp.float32)
-    scaling = fmt.default_scaling() if scaling is None else scaling
-    if not isinstance(scaling, Scaling):
-        raise PrecisionTypeError(
-            f"scaling must be PerTensor(), PerAxis(axis) or PerBlock(size), got {scaling!r}"
-        )
-    if scaling.scale_format in ("float8_e8m0fnu", "float8_e4m3fn"):
-        raise ScalingError(
-            f"{fmt.name} keeps absmax scales; store them as float32, bfloat16 or float16, "
-            f"not {scaling.scale_format}"
-        )
-    if scaling.power_of_two:
-        raise ScalingError(
-            f"{fmt.name} scales map each group onto its codes exactly (no power-of-two rule); pass "
-            f"{type(scaling).__name__} without power_of_two=True"
-        )
-    if x.ndim:
-        scaling.validate(x.shape)
-    _codec._check_finite(x, fmt)
-    return x, scaling
-
-
-def _check_encoded(fmt: Format, enc: Any) -> None:
-    if not isinstance(enc, Encoded):
-        raise PrecisionTypeError(
-            f"decode expects an Encoded, got {type(enc).__name__}; build one with "
-            f"{fmt.name}.encode(x)"
-        )
-    if enc.format != fmt:
-        raise FormatError(
-            f"cannot decode a {enc.format.name} encoding as {fmt.name}; call enc.decode()"
-        )
-
-
-def _scaled(fmt, x: jax.Array, scaling: Scaling):
-    """(flushed x times the group reciprocals, stored scales) for absmax scaling onto fmt.max."""
-    x = _codec.flush_subnormals(x)
-    scale, inv, pre = _codec._scales(x, fmt, scaling, fmt.max, 0)
-    stored, _, inv, pre = _scale_format.narrow(x, scaling, scale, inv, pre, fmt.max, 0)
-    return _codec._times_reciprocal(x, scaling, inv, pre), stored
-
-
-def nearest_index(fmt: CodebookFormat, y: jax.Array) -> jax.Array:
-    """Index of the nearest table entry (ties to the even index), as int32."""
-    t = fmt._thresholds()
-    if t.size <= 32:
-        count = jnp.zeros(y.shape, jnp.int32)
-        for tk in t.tolist():  # unrolled over the table, fused into one kernel
-            count = count + (y > np.float32(tk)).astype(jnp.int32)
-        return count
-    return jnp.searchsorted(jnp.asarray(t), y, side="left").astype(jnp.int32)
-
-
-def stochastic_index(fmt: CodebookFormat, y: jax.Array, key: jax.Array) -> jax.Array:
-    v = jnp.asarray(fmt._table())
-    n = v.shape[0]
-    i = jnp.clip(jnp.searchsorted(v, y, side="right") - 1, 0, n - 2)
-    a, b = v[i], v[i + 1]
-    p = (y - a) / (b - a)
-    u = jax.random.uniform(key, y.shape, jnp.float32)
-    return (i + (u < p).astype(i.dtype)).astype(jnp.int32)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _encode_jit(fmt: CodebookFormat, scaling: Scaling, rounding: str, x, key) -> Encoded:
-    scalar = x.ndim == 0
-    xs = x.reshape(1) if scalar else x
-    y, stored = _scaled(fmt, xs, scaling)
-    y = lax.stop_gradient(y)
-    if rounding == "stochastic":
-        idx = stochastic_index(fmt, y, key)
-    else:
-        idx = nearest_index(fmt, y)
-    codes = idx.astype(jnp.uint16 if fmt.code_bits > 8 else jnp.uint8)
-    data = _pack_codes(codes, fmt.code_bits)
-    return Encoded(
-        data,
-        stored.reshape(()) if scalar else stored,
-        fmt,
-        scaling,
-        None if scalar else x.shape[-1],
-    )
-
-
-def _pack_codes(codes: jax.Array, bits: int) -> jax.Array:
-    if bits == 8:
-        return codes.astype(jnp.uint8)
-    return _packing.pack(codes, bits)
-
-
-def _unpack_codes(enc: Encoded, bits: int) -> jax.Array:
-    shape = enc.shape
-    if bits == 8:
-        return enc.data
-    n = shape[-1] if shape else 1
-    return _packing.unpack(enc.data, bits, n, signed=False).reshape(shape)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 2))
-def _decode_jit(fmt: CodebookFormat, enc: Encoded, dtype) -> jax.Array:
-    codes = _unpack_codes(enc, fmt.code_bits).astype(jnp.int32)
-    values = jnp.take(jnp.asarray(fmt._table()), codes, mode="clip")
-    assert enc.scale is not None  # codebook codes are always scaled
-    assert enc.scaling is not None
-    scale = _scale_format.widen(enc.scale, None, enc.scaling, 0)
-    if enc.shape:
-        scale = enc.scaling.broadcast(scale, enc.shape)
-    return (values * scale).astype(dtype)
 
 
 # The NF4 table of QLoRA (Dettmers et al., 2023): the 16 values are quantiles

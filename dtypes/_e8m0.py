@@ -1,22 +1,28 @@
-"""`float8_e8m0fnu` (E8M0) as a format of its own: the OCP MX scale bytes."""
+"""`float8_e8m0fnu` (E8M0) as a format of its own: the OCP MX scale bytes.
+
+Its codec is one conversion, done by XLA (bit-identical to ml_dtypes); JAX is
+imported by the methods on first use, so the format itself loads no JAX.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from . import _codec
-from ._codec import as_float_array
-from ._encoded import Encoded
-from ._errors import PrecisionTypeError, RoundingError, ScalingError
-from ._formats import Format
+from ._errors import RoundingError, ScalingError
+from ._format import Format
 from ._scaling import Scaling
+
+if TYPE_CHECKING:
+    import jax
+
+    from ._encoded import Encoded
 
 __all__ = ["E8M0Format", "float8_e8m0fnu"]
 
@@ -45,7 +51,7 @@ class E8M0Format(Format):
     bits: ClassVar[int] = 8
 
     @property
-    def container(self) -> np.dtype:
+    def container(self) -> np.dtype[Any]:
         return np.dtype(ml_dtypes.float8_e8m0fnu)
 
     @property
@@ -67,11 +73,16 @@ class E8M0Format(Format):
         key: jax.Array | None = None,
     ) -> Encoded:
         """Encode `x` into E8M0 bytes (see the class docstring for the rounding)."""
+        from ._encoded import Encoded
+        from ._inputs import as_float_array
+
         _storage_args(self, scaling, rounding)
-        return Encoded(_to_e8m0(as_float_array(x)), None, self, None)
+        return Encoded(_to_e8m0()(as_float_array(x)), None, self, None)
 
     def decode(self, encoded: Encoded, dtype: Any = np.float32) -> jax.Array:
         """Values of E8M0 bytes (2**-127 is a float32 subnormal: decode to float64 to keep it)."""
+        import jax.numpy as jnp
+
         return encoded.data.astype(jnp.dtype(dtype))
 
     def round(
@@ -83,6 +94,8 @@ class E8M0Format(Format):
         key: jax.Array | None = None,
     ) -> jax.Array:
         """`decode(encode(x))` in float32, straight-through for gradients."""
+        from . import _codec
+
         return _codec.storage_round(self, scaling, rounding, x, key)
 
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
@@ -90,13 +103,23 @@ class E8M0Format(Format):
         _storage_args(self, scaling, "nearest_even")
         return math.prod(int(n) for n in shape)
 
+    def check(self, x: Any, *, scaling: Scaling | None = None) -> None:
+        """Raise the error a scaling that does not fit `x`, or NaN/inf in it, would raise."""
+        from . import _codec
+
+        _codec.check_storage(self, x, scaling)
+
     def __repr__(self) -> str:
         return "E8M0Format()"
 
 
-@jax.jit
-def _to_e8m0(x: jax.Array) -> jax.Array:
-    return x.astype(jnp.float8_e8m0fnu)
+@functools.cache
+def _to_e8m0() -> Callable[[jax.Array], jax.Array]:
+    """The jitted conversion into E8M0 bytes (built on first use: it needs JAX)."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.jit(lambda x: x.astype(jnp.float8_e8m0fnu))
 
 
 def _storage_args(fmt: Format, scaling: Scaling | None, rounding: str) -> None:
@@ -110,14 +133,6 @@ def _storage_args(fmt: Format, scaling: Scaling | None, rounding: str) -> None:
         raise RoundingError(
             f"{fmt.name} rounds only to nearest (rounding='nearest_even'), got {rounding!r}: "
             "its scales come from the OCP MX rule, which picks the power of two itself"
-        )
-
-
-def check_scaling_type(scaling: Any) -> None:
-    """Refuse a scaling that is not a `Scaling` (shared by the storage-only formats)."""
-    if scaling is not None and not isinstance(scaling, Scaling):
-        raise PrecisionTypeError(
-            f"scaling must be PerTensor(), PerAxis(axis) or PerBlock(size), got {scaling!r}"
         )
 
 

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 if TYPE_CHECKING:
-    from ._formats import Format
+    from ._format import Format
     from ._scaling import Scaling
 
 __all__ = ["Encoded"]

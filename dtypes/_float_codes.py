@@ -18,7 +18,7 @@ from jax import lax
 from ._rounding import _SOURCES, compose_bits
 
 if TYPE_CHECKING:
-    from ._formats import FloatFormat
+    from ._float import FloatFormat
 
 __all__ = ["from_codes", "nearest_codes", "to_codes"]
 

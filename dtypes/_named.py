@@ -19,7 +19,9 @@ from __future__ import annotations
 from ._asymmetric import uint4, uint8
 from ._codebook import nf4
 from ._e8m0 import float8_e8m0fnu
-from ._formats import FloatFormat, Format, IntFormat
+from ._float import FloatFormat
+from ._format import Format
+from ._int import IntFormat
 from ._scaling import PerBlock
 
 __all__ = ["ENCODINGS", "ENCODING_ALIASES", "MX_BLOCK", "NVFP4_BLOCK"]

@@ -7,7 +7,7 @@ bit `k % 8` of byte `k // 8`. So int4 puts two codes in a byte, low nibble
 first; int2 four (bits 0-1 first); int1 eight (bit 0 first); a 6-bit code
 (fp6) takes 4 values in 3 bytes, a 3-bit one 8 values in 3 bytes and a
 10-bit one 4 values in 5 bytes. The last axis is padded with zero codes to a
-whole number of bytes (`packed_length`). Signed int codes are stored in
+whole number of bytes (`_format.packed_length`). Signed int codes are stored in
 two's complement; int1 stores one bit per value, 1 for +1 and 0 for -1.
 
 Everything is vectorised jnp: the codes are cut into groups of
@@ -26,17 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["group_shape", "pack", "packed_length", "unpack"]
+from ._format import packed_length
 
-
-def packed_length(n: int, bits: int) -> int:
-    """Bytes needed along the last axis for `n` codes of `bits` bits.
-
-    Examples:
-        >>> packed_length(5, 6), packed_length(3, 4), packed_length(4, 10)
-        (4, 2, 5)
-    """
-    return math.ceil(n * bits / 8)
+__all__ = ["group_shape", "pack", "unpack"]
 
 
 def group_shape(bits: int) -> tuple[int, int]:

@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from ._errors import FormatError, PrecisionTypeError
-from ._formats import FloatFormat, Format, IntFormat
+from ._float import FloatFormat
+from ._format import Format
+from ._int import IntFormat
 
 __all__ = [
     "ALIASES",

@@ -27,30 +27,7 @@ from jax import lax
 
 from ._errors import RoundingError
 
-__all__ = ["ROUNDING_MODES", "check_rounding", "random_bits", "round_float", "round_integer"]
-
-ROUNDING_MODES: tuple[str, ...] = (
-    "nearest_even",
-    "nearest_away",
-    "toward_zero",
-    "up",
-    "down",
-    "stochastic",
-)
-"""The rounding modes every format accepts; `nearest_even` is the default."""
-
-
-def check_rounding(rounding: str, key) -> None:
-    """Validate a rounding mode name and its key; raise `RoundingError` (a `ValueError`)."""
-    if not isinstance(rounding, str) or rounding not in ROUNDING_MODES:
-        raise RoundingError(
-            f"unknown rounding mode {rounding!r}; expected one of {', '.join(ROUNDING_MODES)}"
-        )
-    if rounding == "stochastic" and key is None:
-        raise RoundingError(
-            "rounding='stochastic' needs a random key: pass key=jax.random.key(0) "
-            "(split it between calls so each rounding draws fresh bits)"
-        )
+__all__ = ["Grid", "random_bits", "round_float", "round_integer"]
 
 
 class _Source(NamedTuple):

@@ -2,7 +2,7 @@
 
 A scaling names the format its scales are kept in (`Scaling.scale_format`):
 
-- `float32` (the default): the scale rules of `_codec._scales`, unchanged.
+- `float32` (the default): the scale rules of `_group_scales.scales`, unchanged.
 - `float8_e8m0fnu` (E8M0, OCP MX): an unsigned 8-bit exponent, byte
   `k + 127` for `2**k`, 0xFF for NaN. Needs `power_of_two=True`, whose rule
   is the OCP MX v1.0 one: `scale = 2**(floor(log2(amax)) - emax_elem)`, so
@@ -25,12 +25,13 @@ A scaling names the format its scales are kept in (`Scaling.scale_format`):
   `code * (e4m3_scale * (1 / g))`.
 
 All scale arithmetic is float32, one operation per group, so a numpy
-reference doing the same operations gets the same bits.
+reference doing the same operations gets the same bits. Which element formats
+may use which scale format is each format's own check (`_int_codec` refuses
+the narrow ones for int1, and e4m3 for every integer format); the bytes the
+scales take are `_scaling.scale_nbytes`.
 """
 
 from __future__ import annotations
-
-import math
 
 import jax
 import jax.numpy as jnp
@@ -38,43 +39,12 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-from ._errors import ScalingError
-from ._scaling import Scaling
+from ._scaling import Scaling, scale_dtype
 
-__all__ = ["narrow", "scale_dtype", "scale_nbytes", "two_level", "widen"]
+__all__ = ["narrow", "widen"]
 
-_DTYPES: dict[str, np.dtype] = {
-    "float32": np.dtype(np.float32),
-    "float8_e8m0fnu": np.dtype(ml_dtypes.float8_e8m0fnu),
-    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float16": np.dtype(np.float16),
-}
 _E4M3_MAX = 448.0
 _TINY = np.float32(2.0**-126)
-
-
-def scale_dtype(scaling: Scaling) -> np.dtype:
-    """numpy dtype of the stored scale array of `scaling`.
-
-    Examples:
-        >>> import dtypes
-        >>> scale_dtype(dtypes.PerBlock(32, power_of_two=True, scale_format="e8m0"))
-        dtype(float8_e8m0fnu)
-    """
-    return _DTYPES[scaling.scale_format]
-
-
-def two_level(scaling: Scaling | None) -> bool:
-    """Whether `scaling` keeps a float32 tensor scale above its block scales (NVFP4)."""
-    return scaling is not None and scaling.scale_format == "float8_e4m3fn"
-
-
-def scale_nbytes(scaling: Scaling, shape: tuple[int, ...]) -> int:
-    """Bytes of the scales an encoding of `shape` holds (tensor scale included)."""
-    scale_shape = scaling.scale_shape(shape) if shape else ()
-    count = math.prod(int(n) for n in scale_shape)
-    return count * scale_dtype(scaling).itemsize + (4 if two_level(scaling) else 0)
 
 
 def _group_max(x: jax.Array, scaling: Scaling) -> jax.Array:
@@ -102,7 +72,7 @@ def narrow(
     Args:
         x: the flushed float32 input (used by two-level scaling only).
         scaling: the scaling, naming the scale format.
-        scale, inv, pre: the float32 scale rule's output (`_codec._scales`).
+        scale, inv, pre: the float32 scale rule's output (`_group_scales.scales`).
         top: the element format's largest value (`qmax` for integers).
         offset: log2 of the element's implicit scale folded into an E8M0 byte.
 
@@ -120,7 +90,7 @@ def narrow(
         return lax.bitcast_convert_type(byte, jnp.float8_e8m0fnu), None, inv, pre
     if fmt == "float8_e4m3fn":
         return _two_level(x, scaling, top)
-    dtype = _DTYPES[fmt]
+    dtype = scale_dtype(scaling)
     info = ml_dtypes.finfo(dtype)
     lo = np.float32(info.smallest_subnormal if fmt == "float16" else _TINY)
     stored = jnp.clip(scale, lo, np.float32(info.max)).astype(dtype)
@@ -168,26 +138,3 @@ def widen(
     if tensor_scale is not None:
         s = s * tensor_scale.astype(jnp.float32)
     return s
-
-
-def offset(fmt) -> int:
-    """log2 of the implicit scale of `fmt`'s elements, folded into E8M0 bytes (MXINT8: 6)."""
-    if fmt.kind == "int" and not getattr(fmt, "binary", False):
-        return math.floor(math.log2(fmt.qmax))
-    return 0
-
-
-def check(fmt, scaling: Scaling | None) -> None:
-    """Refuse scale formats a format cannot use (before any computing)."""
-    if scaling is None or scaling.scale_format in ("float32", "bfloat16", "float16"):
-        return
-    if fmt.kind == "int" and getattr(fmt, "binary", False):
-        raise ScalingError(
-            f"int1 scales are mean(|x|) per group and cannot be stored as {scaling.scale_format}; "
-            "use scale_format='float32', 'bfloat16' or 'float16'"
-        )
-    if scaling.scale_format == "float8_e4m3fn" and fmt.kind != "float":
-        raise ScalingError(
-            f"two-level float8_e4m3fn scales (the NVFP4 recipe) are for float elements, not "
-            f"{fmt.name}; use scale_format='bfloat16' or 'float16' for integer groups"
-        )

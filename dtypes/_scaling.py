@@ -1,8 +1,12 @@
 """Scaling schemes: how a tensor is cut into groups that share one float32 scale.
 
 A scaling is a frozen, hashable value object; it never holds data. The group
-arithmetic (absmax per group, broadcasting a scale back over its group) lives
-here too so that encode and decode share one definition of a "group".
+arithmetic (reducing over each group, broadcasting a scale back over its
+group) lives here too so that encode and decode share one definition of a
+"group"; it imports JAX when first called, so building a scaling (as the
+registry does at `import dtypes`) loads no JAX. The bytes a scaling's scales
+take (`scale_dtype`, `scale_nbytes`) are here as well; how scales are computed
+and stored is in `_group_scales` and `_scale_format`.
 """
 
 from __future__ import annotations
@@ -10,14 +14,30 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
-from jax import lax
 
 from ._errors import ScalingError
 
-__all__ = ["SCALE_FORMATS", "PerAxis", "PerBlock", "PerTensor", "Scaling"]
+if TYPE_CHECKING:
+    import jax
+
+    # `reduce(array, axes)`: a reduction over `axes` that keeps the reduced dims.
+    Reduce = Callable[[jax.Array, tuple[int, ...]], jax.Array]
+
+__all__ = [
+    "SCALE_FORMATS",
+    "PerAxis",
+    "PerBlock",
+    "PerTensor",
+    "Scaling",
+    "scale_dtype",
+    "scale_nbytes",
+    "two_level",
+]
 
 SCALE_FORMATS = ("float32", "float8_e8m0fnu", "float8_e4m3fn", "bfloat16", "float16")
 """Formats a scaling may store its scales in (see `Scaling.scale_format`)."""
@@ -36,7 +56,7 @@ _SCALE_ALIASES = {
 }
 
 
-def _check_scale_format(scaling) -> None:
+def _check_scale_format(scaling: Scaling) -> None:
     """Normalise `scaling.scale_format` to a name in `SCALE_FORMATS`, or raise."""
     given = scaling.scale_format
     name = getattr(given, "name", given)  # a dtypes format object is accepted by name
@@ -64,7 +84,7 @@ def _check_scale_format(scaling) -> None:
         )
 
 
-def _scale_note(scaling) -> str:
+def _scale_note(scaling: Scaling) -> str:
     fmt = scaling.scale_format
     if fmt == "float32":
         return ""
@@ -73,7 +93,7 @@ def _scale_note(scaling) -> str:
     return f", {fmt} scales"
 
 
-def _as_int(value, what: str, example: str) -> int:
+def _as_int(value: object, what: str, example: str) -> int:
     """`value` as a Python int: ints and numpy integers pass, bools and floats do not.
 
     A float axis or block size would be silently truncated somewhere (or make
@@ -94,7 +114,7 @@ class Scaling:
     power_of_two: bool = dataclasses.field(default=False, kw_only=True)
     scale_format: str = dataclasses.field(default="float32", kw_only=True)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check_scale_format(self)
         # Validated here, at construction, so a scaling that exists is one
         # every encoder, `save` and `load` accept alike.
@@ -110,15 +130,17 @@ class Scaling:
         """Shape of the scale array kept for a tensor of logical `shape`."""
         raise NotImplementedError
 
-    def group_reduce(self, x: jnp.ndarray, reduce) -> jnp.ndarray:
+    def group_reduce(self, x: jax.Array, reduce: Reduce) -> jax.Array:
         """Apply `reduce(array, axes)` (keeping dims) over every group.
 
         The result has `scale_shape(x.shape)`.
         """
         raise NotImplementedError
 
-    def broadcast(self, scale: jnp.ndarray, shape: tuple[int, ...]) -> jnp.ndarray:
+    def broadcast(self, scale: jax.Array, shape: tuple[int, ...]) -> jax.Array:
         """Expand a per-group array back to the logical `shape`."""
+        import jax.numpy as jnp  # on first use: building a scaling loads no JAX
+
         return jnp.broadcast_to(scale, shape)
 
     def validate(self, shape: tuple[int, ...]) -> None:
@@ -143,7 +165,7 @@ class PerTensor(Scaling):
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         return (1,) * len(shape)
 
-    def group_reduce(self, x, reduce):
+    def group_reduce(self, x: jax.Array, reduce: Reduce) -> jax.Array:
         return reduce(x, tuple(range(x.ndim)))
 
     def describe(self) -> str:
@@ -161,26 +183,26 @@ class PerAxis(Scaling):
 
     axis: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "axis", _as_int(self.axis, "PerAxis axis", "PerAxis(0)"))
 
     def _axis(self, ndim: int) -> int:
         return self.axis % ndim
 
-    def validate(self, shape):
+    def validate(self, shape: tuple[int, ...]) -> None:
         if not shape or not -len(shape) <= self.axis < len(shape):
             raise ScalingError(
                 f"PerAxis(axis={self.axis}) does not fit a tensor of shape {tuple(shape)}; "
                 f"choose an axis in [-{len(shape)}, {len(shape) - 1}] or use PerTensor()"
             )
 
-    def scale_shape(self, shape):
+    def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         self.validate(shape)
         a = self._axis(len(shape))
         return tuple(n if i == a else 1 for i, n in enumerate(shape))
 
-    def group_reduce(self, x, reduce):
+    def group_reduce(self, x: jax.Array, reduce: Reduce) -> jax.Array:
         self.validate(x.shape)
         a = self._axis(x.ndim)
         return reduce(x, tuple(i for i in range(x.ndim) if i != a))
@@ -208,7 +230,7 @@ class PerBlock(Scaling):
     size: int = 32
     axis: int = -1
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         super().__post_init__()
         size = _as_int(self.size, "PerBlock size", "PerBlock(32)")
         if size < 1:
@@ -229,7 +251,7 @@ class PerBlock(Scaling):
         """
         return max(1, min(self.size, n))
 
-    def validate(self, shape):
+    def validate(self, shape: tuple[int, ...]) -> None:
         if not shape or not -len(shape) <= self.axis < len(shape):
             raise ScalingError(
                 f"PerBlock(axis={self.axis}) does not fit a tensor of shape {tuple(shape)}; "
@@ -239,13 +261,15 @@ class PerBlock(Scaling):
     def _axis(self, ndim: int) -> int:
         return self.axis % ndim
 
-    def scale_shape(self, shape):
+    def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         self.validate(shape)
         a = self._axis(len(shape))
         # integer ceiling division: n / size in floats is inexact past 2**53
         return tuple(-(-n // self.size) if i == a else n for i, n in enumerate(shape))
 
-    def group_reduce(self, x, reduce):
+    def group_reduce(self, x: jax.Array, reduce: Reduce) -> jax.Array:
+        import jax.numpy as jnp  # on first use: building a scaling loads no JAX
+
         self.validate(x.shape)
         a = self._axis(x.ndim)
         n = x.shape[a]
@@ -263,7 +287,10 @@ class PerBlock(Scaling):
             self.scale_shape((*x.shape[:a], n, *x.shape[a + 1 :]))
         )
 
-    def broadcast(self, scale, shape):
+    def broadcast(self, scale: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+        import jax.numpy as jnp  # on first use: building a scaling loads no JAX
+        from jax import lax
+
         # A reshape of a broadcast, not jnp.repeat: XLA fuses it into the
         # elementwise kernel as index arithmetic (repeat becomes a gather).
         a = self._axis(len(shape))
@@ -284,26 +311,32 @@ class PerBlock(Scaling):
         )
 
 
-def group_sizes(scaling: Scaling, shape: tuple[int, ...]) -> jnp.ndarray:
-    """Number of real (unpadded) elements in each group, shaped like the scale.
+_SCALE_DTYPES: dict[str, np.dtype[Any]] = {
+    "float32": np.dtype(np.float32),
+    "float8_e8m0fnu": np.dtype(ml_dtypes.float8_e8m0fnu),
+    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float16": np.dtype(np.float16),
+}
 
-    Counted with Python integers from the static shape (a float32 sum of ones
-    stops counting at 2**24), then given as float32.
+
+def scale_dtype(scaling: Scaling) -> np.dtype[Any]:
+    """numpy dtype of the stored scale array of `scaling`.
+
+    Examples:
+        >>> scale_dtype(PerBlock(32, power_of_two=True, scale_format="e8m0"))
+        dtype(float8_e8m0fnu)
     """
-    shape = tuple(shape)
-    scale_shape = scaling.scale_shape(shape)
-    total = math.prod(shape)
-    if isinstance(scaling, PerBlock) and shape:
-        a = scaling._axis(len(shape))
-        n = shape[a]
-        size = scaling._block(n)
-        counts = np.full(scale_shape[a], size, np.float64)  # one block is one group
-        if counts.size and n % size:
-            counts[-1] = n % size
-        bshape = [1] * len(shape)
-        bshape[a] = scale_shape[a]
-        counts = np.broadcast_to(counts.reshape(bshape), scale_shape)
-    else:
-        groups = math.prod(scale_shape)
-        counts = np.full(scale_shape, total // groups if groups else 0, np.float64)
-    return jnp.asarray(counts.astype(np.float32))
+    return _SCALE_DTYPES[scaling.scale_format]
+
+
+def two_level(scaling: Scaling | None) -> bool:
+    """Whether `scaling` keeps a float32 tensor scale above its block scales (NVFP4)."""
+    return scaling is not None and scaling.scale_format == "float8_e4m3fn"
+
+
+def scale_nbytes(scaling: Scaling, shape: tuple[int, ...]) -> int:
+    """Bytes of the scales an encoding of `shape` holds (tensor scale included)."""
+    scale_shape = scaling.scale_shape(shape) if shape else ()
+    count = math.prod(int(n) for n in scale_shape)
+    return count * scale_dtype(scaling).itemsize + (4 if two_level(scaling) else 0)

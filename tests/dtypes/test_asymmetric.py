@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 import dtypes
 from dtypes import AsymmetricIntFormat, PerBlock, PerTensor
-from dtypes._packing import packed_length, unpack
+from dtypes._format import packed_length
+from dtypes._packing import unpack
 
 UINT8, UINT4 = dtypes.get("uint8"), dtypes.get("uint4")
 F32 = np.float32

@@ -20,8 +20,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import dtypes
-from dtypes import CodebookFormat, PerBlock, PerTensor, _codebook
-from dtypes._packing import packed_length, unpack
+from dtypes import CodebookFormat, PerBlock, PerTensor, _codebook_codec
+from dtypes._format import packed_length
+from dtypes._packing import unpack
 
 NF4 = dtypes.get("nf4")
 
@@ -125,7 +126,7 @@ def test_any_table_rounds_to_the_nearest_entry(values, seed):
     assert fmt.bits == max(1, int(np.ceil(np.log2(table.size))))
     y = np.random.default_rng(seed).uniform(-1.2, 1.2, 37).astype(np.float32) * np.abs(table).max()
     y[: table.size - 1] = ((table[1:].astype(np.float64) + table[:-1]) / 2).astype(np.float32)[:37]
-    got = np.asarray(_codebook.nearest_index(fmt, jnp.asarray(y)))
+    got = np.asarray(_codebook_codec.nearest_index(fmt, jnp.asarray(y)))
     np.testing.assert_array_equal(got, reference_codes(y, table))
 
 

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 import dtypes
 from dtypes import FloatFormat
-from dtypes._packing import pack, packed_length, unpack
+from dtypes._format import packed_length
+from dtypes._packing import pack, unpack
 
 WIDTHS = list(range(1, 17))
 

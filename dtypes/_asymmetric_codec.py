@@ -1,0 +1,103 @@
+"""encode / decode of `AsymmetricIntFormat`s (zero-point codes), in pure jnp.
+
+See `_asymmetric` for the rules. `AsymmetricIntFormat`'s methods import this
+module on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from . import _codec, _packing, _scale_format
+from ._encoded import Encoded
+from ._group_scales import TINY, flush_subnormals, times_reciprocal
+from ._rounding import round_integer
+from ._rounding_modes import ROUNDING_MODES
+from ._scaling import Scaling
+
+if TYPE_CHECKING:
+    from ._asymmetric import AsymmetricIntFormat
+
+__all__ = ["decode", "encode"]
+
+
+def encode(
+    fmt: AsymmetricIntFormat, x: Any, scaling: Scaling | None, rounding: str, key: Any
+) -> Encoded:
+    """`fmt.encode(x, ...)`: the storage encodings' checks, then one compiled kernel."""
+    xs, resolved = _codec.prepare_storage(fmt, x, scaling, rounding, key, ROUNDING_MODES)
+    return _encode_jit(fmt, resolved, rounding, xs, key)
+
+
+def decode(fmt: AsymmetricIntFormat, enc: Encoded, dtype: Any = np.float32) -> jax.Array:
+    """`fmt.decode(enc, dtype)`: the argument checks, then one compiled kernel."""
+    _codec.check_encoded(fmt, enc)
+    return _decode_jit(fmt, enc, jnp.dtype(dtype))
+
+
+def _group(scaling: Scaling, x: jax.Array, reduce: Callable[..., jax.Array]) -> jax.Array:
+    return scaling.group_reduce(x, lambda a, axes: reduce(a, axis=axes, keepdims=True))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _encode_jit(
+    fmt: AsymmetricIntFormat, scaling: Scaling, rounding: str, x: jax.Array, key: Any
+) -> Encoded:
+    scalar = x.ndim == 0
+    xs = flush_subnormals(x.reshape(1) if scalar else x)
+    xg = lax.stop_gradient(xs)
+    bad = _group(scaling, (~jnp.isfinite(xg)).astype(jnp.float32), jnp.sum) > 0
+    if fmt.calibration == "minmax":
+        hi = jnp.maximum(_group(scaling, xg, jnp.max), 0)  # zero padding keeps 0 in range
+        lo = jnp.minimum(_group(scaling, xg, jnp.min), 0)
+    else:
+        hi = _group(scaling, jnp.abs(xg), jnp.max)
+        lo = -hi
+    span = hi - lo
+    qmax32 = np.float32(fmt.qmax)
+    scale = span / (span * jnp.float32(0) + qmax32)  # a real division, not * (1/qmax)
+    scale = jnp.where(span == 0, jnp.float32(1), jnp.maximum(scale, TINY))
+    scale = jnp.where(bad, jnp.float32(jnp.nan), scale)
+    stored, _, inv, pre = _scale_format.narrow(xs, scaling, scale, scale, scale, fmt.qmax, 0)
+    if scaling.scale_format == "float32":
+        s32 = stored
+        pre = jnp.where(s32 > np.float32(2.0**100), jnp.float32(2.0**-64), jnp.float32(1))
+        inv = jnp.float32(1) / (s32 * pre)
+    inv = jnp.where(jnp.isfinite(inv), inv, jnp.float32(0))
+    zero_point = jnp.clip(jnp.round(-(lo * pre) * inv), 0, fmt.qmax)
+    y = times_reciprocal(xs, scaling, inv, pre)
+    rounded = round_integer(y, rounding, key)
+    codes = jnp.clip(rounded + scaling.broadcast(zero_point, xs.shape), 0, fmt.qmax)
+    codes = codes.astype(jnp.uint8)
+    zero_point = zero_point.astype(jnp.uint8)
+    if scalar:
+        codes, stored, zero_point = codes.reshape(()), stored.reshape(()), zero_point.reshape(())
+    data = codes if fmt.bits == 8 else _packing.pack(codes.reshape(codes.shape or (1,)), fmt.bits)
+    last = None if (scalar or fmt.bits == 8) else x.shape[-1]
+    return Encoded(data, stored, fmt, scaling, last, zero_point=zero_point)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _decode_jit(fmt: AsymmetricIntFormat, enc: Encoded, dtype: Any) -> jax.Array:
+    shape = enc.shape
+    if fmt.bits == 8:
+        codes = enc.data
+    else:
+        codes = _packing.unpack(enc.data, fmt.bits, shape[-1] if shape else 1, signed=False)
+        codes = codes.reshape(shape)
+    assert enc.scale is not None  # asymmetric codes always have scales and zero points
+    assert enc.scaling is not None
+    assert enc.zero_point is not None
+    scale = _scale_format.widen(enc.scale, None, enc.scaling, 0)
+    zp = enc.zero_point.astype(jnp.float32)
+    if shape:
+        scale = enc.scaling.broadcast(scale, shape)
+        zp = enc.scaling.broadcast(zp, shape)
+    return ((codes.astype(jnp.float32) - zp) * scale).astype(dtype)

@@ -1,0 +1,230 @@
+"""encode / decode / round of `FloatFormat`s, in pure jnp.
+
+Everything here runs eagerly and under `jit`, `vmap` and `grad`. The only
+host-side work is validation: the eager check that a scaled encoding gets
+finite input, and that a format without NaN gets no NaN. `FloatFormat`'s
+methods import this module on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from . import _codec, _float_codes, _scale_format
+from ._encoded import Encoded
+from ._errors import FormatError, NonFiniteError, ScalingError
+from ._group_scales import flush_subnormals, scales, times_reciprocal
+from ._inputs import any_nan_now, as_float_array, check_finite, is_tracer, resolve_scaling
+from ._rounding import Grid, round_float
+from ._rounding_modes import check_rounding
+from ._scaling import Scaling
+
+if TYPE_CHECKING:
+    from ._float import FloatFormat
+
+__all__ = ["check", "decode", "encode", "fake_quantize", "round_values"]
+
+
+def round_values(
+    fmt: FloatFormat, x: jax.Array, rounding: str, key: Any, *, saturate: bool | None = None
+) -> jax.Array:
+    """Round onto fmt's grid in float32/float64 (narrower floats go through float32)."""
+    grid = fmt.grid if saturate is None else fmt.grid._replace(saturate=saturate)
+    dtype = np.dtype(x.dtype)
+    if dtype.itemsize < 4:
+        x = x.astype(jnp.float32)
+    if fmt.exponent_bits == 11:
+        # Every float32/float64 value is on the float64 grid; a saturating
+        # float64 format still clamps ±inf, to float64's max (see result_dtype).
+        if not grid.saturate:
+            return x
+        x = x.astype(jnp.float64)
+        top = jnp.asarray(np.finfo(np.float64).max, jnp.float64)
+        return jnp.where(jnp.isinf(x), jnp.where(x > 0, top, -top), x)
+    if fmt.is_full_precision and np.dtype(x.dtype) == np.float32:
+        return x  # every float32 value is on the float32 grid
+    if (
+        rounding == "nearest_even"
+        and fmt.exponent_bits == 8
+        and grid.has_inf
+        and not grid.saturate
+        and np.dtype(x.dtype) == np.float32
+    ):
+        # bfloat16 and tf32 share float32's exponent range, where XLA's
+        # reduce_precision gives the same bits as the integer path (checked
+        # against ml_dtypes in the tests) and is one fused op. It is not used
+        # for narrower exponents: there it flushes the target's subnormals.
+        return lax.reduce_precision(x, exponent_bits=8, mantissa_bits=fmt.mantissa_bits)
+    return _round_float_ste(grid, rounding, x, key)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def _round_float_ste(grid: Grid, rounding: str, x: jax.Array, key: Any) -> jax.Array:
+    """`round_float` with derivative 1: integer bit operations have none of their own."""
+    return round_float(x, grid, rounding, key)
+
+
+@_round_float_ste.defjvp
+def _round_float_ste_jvp(
+    grid: Grid, rounding: str, primals: Any, tangents: Any
+) -> tuple[jax.Array, jax.Array]:
+    x, key = primals
+    return round_float(x, grid, rounding, key), tangents[0]
+
+
+def _validate(fmt: FloatFormat, x: jax.Array, scaling: Scaling | None) -> None:
+    """Every check that can be made before computing: shapes, and eager values."""
+    if scaling is not None and fmt.emax >= 127:
+        raise ScalingError(
+            f"{fmt.name} already has float32's exponent range, so scaling cannot help it and "
+            f"its scales would be float32 subnormals (flushed to zero by XLA on CPU); encode "
+            f"without scaling, or scale into a narrower format such as float8_e4m3fn"
+        )
+    if scaling is not None and x.ndim:
+        scaling.validate(x.shape)
+    if scaling is not None:
+        check_finite(x, fmt)
+    elif fmt.finite and not fmt.nan:
+        if not is_tracer(x) and any_nan_now(x):
+            raise NonFiniteError(
+                f"cannot encode NaN into {fmt.name}, which has no NaN code; use a scaled "
+                "encoding (the group's scale becomes NaN) or a format with NaN"
+            )
+    if fmt.exponent_bits == 11 and not jax.config.read("jax_enable_x64"):
+        raise FormatError(
+            "encoding into float64 needs 64-bit JAX: set jax.config.update('jax_enable_x64', "
+            "True) first, or keep the values in float32"
+        )
+
+
+def check(fmt: FloatFormat, x: Any, scaling: Scaling | None) -> None:
+    """Raise what `encode` would raise for `x` (shapes, eager values), encoding nothing."""
+    x = as_float_array(x)
+    _validate(fmt, x, resolve_scaling(fmt, scaling))
+
+
+def encode(fmt: FloatFormat, x: Any, scaling: Scaling | None, rounding: str, key: Any) -> Encoded:
+    """`fmt.encode(x, ...)`: validated once, then one compiled kernel."""
+    check_rounding(rounding, key)
+    x = as_float_array(x)
+    scaling = resolve_scaling(fmt, scaling)
+    _validate(fmt, x, scaling)
+    return _encode_jit(fmt, scaling, rounding, x, key)
+
+
+# One compiled kernel per (format, scaling, mode, shape): an eager call is a
+# single dispatch instead of dozens, and under an outer `jit` it is inlined.
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _encode_jit(
+    fmt: FloatFormat, scaling: Scaling | None, rounding: str, x: jax.Array, key: Any
+) -> Encoded:
+    if scaling is None:
+        if rounding == "nearest_even" and fmt.native_dtype is not None and not fmt.saturate:
+            # A convert *into* the container is a real rounding (only round
+            # trips can be elided), and XLA's matches ml_dtypes bit for bit.
+            return Encoded(x.astype(fmt.container), None, fmt, None)
+        if rounding == "nearest_even" and fmt.container == np.uint8:
+            codes = _float_codes.nearest_codes(fmt, x)
+            if codes is not None:
+                return (
+                    _codec.pack_encoded(codes, None, fmt, None)
+                    if fmt.packed
+                    else Encoded(codes, None, fmt, None)
+                )
+        return _store(fmt, round_values(fmt, x, rounding, key), None, None)
+    x = x.astype(jnp.float32)
+    scale, inv, pre = scales(x, scaling, fmt.max, fmt.emax)
+    # scales as stored in the scaling's scale format (float32, E8M0, e4m3 + tensor scale…)
+    scale, tensor_scale, inv, pre = _scale_format.narrow(
+        flush_subnormals(x), scaling, scale, inv, pre, fmt.max, 0
+    )
+    y = times_reciprocal(flush_subnormals(x), scaling, inv, pre)
+    # The scale is chosen so values fit; saturating keeps float fuzz at the
+    # top of a group (and OCP's power-of-two overshoot) from becoming inf/NaN.
+    native = fmt.native_dtype
+    if rounding == "nearest_even" and native is not None and native.itemsize == 1:
+        # fp8: XLA's convert into the container rounds to nearest-even exactly as
+        # the bit rounding does (subnormals included; checked against it in the
+        # tests), and the clip is the saturation: one fused op instead of dozens.
+        top = np.float32(fmt.max)
+        enc = Encoded(jnp.clip(y, -top, top).astype(native), scale, fmt, scaling)
+        enc.tensor_scale = tensor_scale
+        return enc
+    enc = _store(fmt, round_values(fmt, y, rounding, key, saturate=True), scale, scaling)
+    enc.tensor_scale = tensor_scale
+    return enc
+
+
+def _store(
+    fmt: FloatFormat, values: jax.Array, scale: jax.Array | None, scaling: Scaling | None
+) -> Encoded:
+    """Put on-grid float values into the format's container (codes if no native type)."""
+    if fmt.container != np.uint8:
+        return Encoded(values.astype(fmt.container), scale, fmt, scaling)
+    codes = _float_codes.to_codes(fmt, values)
+    if not fmt.packed:
+        return Encoded(codes, scale, fmt, scaling)
+    return _codec.pack_encoded(codes, scale, fmt, scaling)
+
+
+def decode(fmt: FloatFormat, enc: Encoded, dtype: Any = np.float32) -> jax.Array:
+    """`fmt.decode(enc, dtype)`: the argument checks, then one compiled kernel."""
+    _codec.check_decodable(fmt, enc)
+    return _decode_jit(fmt, enc, jnp.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _decode_jit(fmt: FloatFormat, enc: Encoded, dtype: Any) -> jax.Array:
+    values = _codec.unpack_codes(fmt, enc, signed=False)
+    if fmt.container == np.uint8:
+        values = _float_codes.from_codes(fmt, values)
+    return _codec.dequantize(values, enc, 0, dtype)
+
+
+def _qdq(
+    fmt: FloatFormat, scaling: Scaling | None, rounding: str, x: jax.Array, key: Any
+) -> tuple[jax.Array, jax.Array]:
+    """(quantize-dequantized x in `result_dtype`, straight-through gradient mask)."""
+    dtype = fmt.result_dtype(np.dtype(x.dtype), scaling)
+    if scaling is None:
+        y = round_values(fmt, x, rounding, key).astype(dtype)
+        xw = x.astype(jnp.float32) if np.dtype(x.dtype).itemsize < 4 else x
+        if fmt.max <= float(np.finfo(xw.dtype).max):
+            mask = jnp.abs(xw) <= fmt.max
+        else:  # every finite input is in range (float64 formats)
+            mask = jnp.isfinite(xw)
+        return y, mask
+    scalar = x.ndim == 0
+    xf = (x.reshape(1) if scalar else x).astype(jnp.float32)
+    scale, inv, pre = scales(xf, scaling, fmt.max, fmt.emax)
+    stored, tensor_scale, inv, pre = _scale_format.narrow(
+        flush_subnormals(xf), scaling, scale, inv, pre, fmt.max, 0
+    )
+    scale = _scale_format.widen(stored, tensor_scale, scaling, 0)
+    y = times_reciprocal(flush_subnormals(xf), scaling, inv, pre)
+    q = round_values(fmt, y, rounding, key, saturate=True)
+    out = q * scaling.broadcast(scale, xf.shape)
+    mask = (jnp.abs(y) <= fmt.max) if scaling.power_of_two else jnp.ones(xf.shape, bool)
+    if scalar:
+        out, mask = out.reshape(()), mask.reshape(())
+    return out.astype(dtype), mask
+
+
+_fake_quantize_jit = _codec.fake_quantizer(_qdq)
+
+
+def fake_quantize(
+    fmt: FloatFormat, x: Any, scaling: Scaling | None, rounding: str, key: Any
+) -> jax.Array:
+    """`fmt.round(x, ...)`: validated once, then one compiled kernel."""
+    check_rounding(rounding, key)
+    x = as_float_array(x)
+    scaling = resolve_scaling(fmt, scaling)
+    _validate(fmt, x, scaling)
+    return _fake_quantize_jit(fmt, scaling, rounding, x, key)

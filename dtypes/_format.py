@@ -1,0 +1,254 @@
+"""`Format`: what every storage format is, as numbers, and the operations it offers.
+
+A format says how a number is represented; it never holds data. This module
+holds the base class alone: the numbers every format has (`bits`,
+`container`, `code_bits`, `packed`, `kind`, the bytes an encoding takes) and
+the signatures of the operations (`encode`, `decode`, `round`, `check`,
+`result_dtype`), each implemented by the format's own class (`FloatFormat` in
+`_float`, `IntFormat` in `_int`, and so on). Nothing here imports JAX or any
+codec: describing a format is cheap, and `import dtypes` stays JAX-free.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from ._errors import ShapeError
+from ._scaling import Scaling, scale_nbytes
+
+if TYPE_CHECKING:
+    import jax
+
+    from ._encoded import Encoded
+
+__all__ = ["Format", "packed_length", "packed_nbytes", "shape_of"]
+
+
+def packed_length(n: int, bits: int) -> int:
+    """Bytes needed along the last axis for `n` codes of `bits` bits.
+
+    Examples:
+        >>> packed_length(5, 6), packed_length(3, 4), packed_length(4, 10)
+        (4, 2, 5)
+    """
+    return math.ceil(n * bits / 8)
+
+
+def packed_nbytes(shape: tuple[int, ...], bits: int) -> int:
+    """Bytes of `bits`-wide codes of logical `shape`, packed along the last axis."""
+    lead = math.prod(shape[:-1]) if shape else 1
+    return lead * packed_length(shape[-1] if shape else 1, bits)
+
+
+def shape_of(shape: Any) -> tuple[int, ...]:
+    """`shape` as a tuple of Python ints, or a `ShapeError` saying what is wrong."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ShapeError(
+            f"a shape is a tuple of non-negative ints, got {type(shape).__name__} {shape!r}"
+        ) from None
+    for d in dims:
+        if isinstance(d, bool | np.bool_) or not isinstance(d, numbers.Integral) or d < 0:
+            raise ShapeError(
+                f"a shape is a tuple of non-negative ints, got {dims!r} (the dimension {d!r} "
+                "is not); pass e.g. (1024, 1024)"
+            )
+    return tuple(int(d) for d in dims)
+
+
+class Format:
+    """Common interface of every storage format.
+
+    Subclasses are frozen dataclasses; see `FloatFormat` and `IntFormat`.
+    """
+
+    kind: ClassVar[str]
+    name: str
+
+    if TYPE_CHECKING:  # a dataclass field in some subclasses, a property in others
+
+        @property
+        def bits(self) -> int:
+            """Storage bits per value, scales excluded."""
+            ...
+
+        @property
+        def max(self) -> float:
+            """Largest value (scaled formats: the largest code, which a group's absmax maps to)."""
+            ...
+
+    # -- numbers ---------------------------------------------------------
+    @property
+    def container(self) -> np.dtype[Any]:
+        """numpy dtype of the array that holds the codes."""
+        raise NotImplementedError
+
+    @property
+    def code_bits(self) -> int:
+        """Width of one value's field in storage (a packed field may exceed `bits`)."""
+        return self.container.itemsize * 8
+
+    @property
+    def packed(self) -> bool:
+        """Whether codes are packed densely into bytes (fields narrower than the container's)."""
+        return self.code_bits != self.container.itemsize * 8
+
+    @property
+    def is_full_precision(self) -> bool:
+        """True for float32 and float64, the formats of logical dtypes."""
+        return False
+
+    def default_scaling(self) -> Scaling | None:
+        """The scaling used when `encode` is called with `scaling=None`.
+
+        A named composition (`mxfp4`, `nvfp4`, …) is a format carrying its
+        scaling in the `scaling` field; that scaling is the default.
+        """
+        scaling: Scaling | None = getattr(self, "scaling", None)
+        return scaling
+
+    # -- operations (each format class implements them) -------------------
+    def encode(
+        self,
+        x: Any,
+        *,
+        scaling: Scaling | None = None,
+        rounding: str = "nearest_even",
+        key: jax.Array | None = None,
+    ) -> Encoded:
+        """Encode `x` (any float array-like) into this format.
+
+        Args:
+            x: values to encode; integer and bool input is read as float32.
+            scaling: a `PerTensor`/`PerAxis`/`PerBlock` scaling, or None for the
+                format's default (unscaled floats, per-tensor integers).
+            rounding: one of `ROUNDING_MODES`.
+            key: a `jax.random` key, required by `rounding="stochastic"`.
+
+        Returns:
+            An `Encoded` pytree holding exactly the bytes the format needs.
+
+        Raises:
+            RoundingError: bad rounding mode or missing key (a `ValueError`).
+            NonFiniteError: NaN/inf given eagerly to a scaled encoding, or NaN
+                to a format without a NaN code (a `ValueError`).
+            ScalingError: a scaling that does not fit `x` (a `ValueError`).
+            PrecisionTypeError: complex, string or object input (a `TypeError`).
+        """
+        raise NotImplementedError
+
+    def check(self, x: Any, *, scaling: Scaling | None = None) -> None:
+        """Raise the error `encode(x, scaling=scaling)` would raise, encoding nothing.
+
+        Shapes and (for concrete arrays) values are checked: NaN or inf given
+        to a scaled encoding or to a format without NaN, a scaling that does
+        not fit `x`. Traced values pass (their group scales become NaN).
+        """
+        raise NotImplementedError
+
+    def decode(self, encoded: Encoded, dtype: Any = np.float32) -> jax.Array:
+        """Logical values of `encoded` as a `dtype` array."""
+        raise NotImplementedError
+
+    def round(
+        self,
+        x: Any,
+        *,
+        scaling: Scaling | None = None,
+        rounding: str = "nearest_even",
+        key: jax.Array | None = None,
+    ) -> jax.Array:
+        """Snap `x` onto this format's grid (quantize-dequantize).
+
+        Equals `decode(encode(x))`. The result has `x`'s dtype whenever that
+        dtype holds every value the rounding can produce, so it is exact; an
+        input dtype that cannot (bfloat16 or float16 input to a format whose
+        grid it does not contain, any narrow input to a scaled or integer
+        encoding, float32 input to a saturating float64 format) is computed
+        and returned in float32 (float64 for float64 formats) instead of being
+        rounded a second time. See `result_dtype`. The gradient is
+        straight-through: 1 where the value is representable, 0 where it was
+        clipped to the format's range.
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> import dtypes
+            >>> x = jnp.array([65536.0], jnp.bfloat16)
+            >>> r = dtypes.float16.round(x, rounding="toward_zero")
+            >>> r.dtype, r.tolist()
+            (dtype('float32'), [65504.0])
+            >>> dtypes.bfloat16.round(x).dtype
+            dtype(bfloat16)
+        """
+        raise NotImplementedError
+
+    def result_dtype(self, dtype: Any, scaling: Scaling | None = None) -> np.dtype[Any]:
+        """The dtype `round` returns for input of `dtype` (and `scaling`).
+
+        `dtype` itself when it holds every value the rounding can produce;
+        otherwise float32, or float64 for float64 input and float64 formats.
+        Values of a scaled encoding are float32 codes times float32 scales.
+
+        Examples:
+            >>> import ml_dtypes, numpy as np
+            >>> import dtypes
+            >>> dtypes.float8_e4m3fn.result_dtype(ml_dtypes.bfloat16)
+            dtype(bfloat16)
+            >>> dtypes.float16.result_dtype(ml_dtypes.bfloat16)
+            dtype('float32')
+            >>> dtypes.int8.result_dtype(np.float16)
+            dtype('float32')
+        """
+        dtype = np.dtype(dtype)
+        if dtype == np.float64:
+            return dtype
+        return dtype if dtype == np.float32 else np.dtype(np.float32)
+
+    def data_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """Shape of the data array an encoding of logical `shape` holds.
+
+        Packed codes take whole bytes along the last axis (a scalar takes the
+        bytes of one code: one, or two for a 9- to 16-bit layout).
+
+        Examples:
+            >>> import dtypes
+            >>> dtypes.int4.data_shape((3, 5)), dtypes.int8.data_shape((3, 5))
+            ((3, 3), (3, 5))
+        """
+        shape = tuple(int(n) for n in shape)
+        if not self.packed:
+            return shape
+        if not shape:
+            return ((self.code_bits + 7) // 8,)
+        return (*shape[:-1], (shape[-1] * self.code_bits + 7) // 8)
+
+    def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
+        """Exact bytes an encoding of `shape` holds, scales included.
+
+        Computed with Python integers, so any shape gives the exact count.
+
+        Raises:
+            ShapeError: `shape` holds something other than non-negative ints
+                (a `ValueError`).
+
+        Examples:
+            >>> import dtypes
+            >>> dtypes.int8.nbytes((2**32, 2**32)) == 2**64 + 4
+            True
+        """
+        # Python ints throughout: a numpy int64 product wraps past 2**63.
+        shape = shape_of(shape)
+        if scaling is None:
+            scaling = self.default_scaling()
+        if self.packed:
+            data = packed_nbytes(shape, self.code_bits)
+        else:
+            data = math.prod(shape) * self.container.itemsize
+        if scaling is None:
+            return data
+        return data + scale_nbytes(scaling, shape)

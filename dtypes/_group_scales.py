@@ -1,0 +1,241 @@
+"""Per-group scales: the absmax and power-of-two rules, and applying them.
+
+Shared by every scaled encoding (floats, integers, code books, zero points).
+A group's scale maps its absmax onto the element format's largest value
+(`scales`), or is the mean of |x| for the binary int1 (`mean_abs`); the
+elements are then multiplied by the group's reciprocal (`times_reciprocal`).
+Everything is float32 with one operation per group where it matters, and
+nothing depends on whether the backend flushes subnormals: the input is
+flushed explicitly (`flush_subnormals`) and scales are kept normal.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._scaling import PerBlock, Scaling
+
+__all__ = [
+    "TINY",
+    "floor_log2",
+    "flush_subnormals",
+    "group_absmax",
+    "group_sizes",
+    "mean_abs",
+    "pow2",
+    "scales",
+    "times_reciprocal",
+]
+
+TINY = np.float32(2.0**-126)
+"""float32's smallest normal."""
+
+
+def floor_log2(a: jax.Array) -> jax.Array:
+    """floor(log2(a)) of positive finite float32 values, exactly, from their bits."""
+    u = lax.bitcast_convert_type(a.astype(jnp.float32), jnp.uint32)
+    biased = ((u >> 23) & 0xFF).astype(jnp.int32)
+    mant = u & jnp.uint32(0x7FFFFF)
+    sub = (31 - lax.clz(mant).astype(jnp.int32)) - 149
+    return jnp.where(biased > 0, biased - 127, sub)
+
+
+def pow2(k: jax.Array) -> jax.Array:
+    """2**k as float32 built from bits (no arithmetic to flush); k clamped to normals."""
+    k = jnp.clip(k, -126, 127)
+    return lax.bitcast_convert_type(((k + 127).astype(jnp.uint32)) << 23, jnp.float32)
+
+
+def _opaque(like: jax.Array, divisor) -> jax.Array:
+    """`divisor` shaped like `like`, in a form XLA cannot treat as a constant.
+
+    The scales are specified as correctly rounded quotients (`absmax / qmax`),
+    but XLA turns a division by a constant into a multiplication by its
+    rounded reciprocal, one ulp off for many inputs. `like * 0 + divisor` is
+    data-dependent (IEEE forbids folding `x * 0`: x may be inf or NaN, and
+    then so is the scale, as it should be), unlike an optimization barrier,
+    which `vmap` sees through. Scale arrays hold one value per group, so the
+    real division costs nothing.
+    """
+    return like * jnp.float32(0) + divisor
+
+
+def group_absmax(x: jax.Array, scaling: Scaling) -> jax.Array:
+    # Scales are treated as constants by autodiff (straight-through): the
+    # gradient of decode(encode(x)) is 1, not the sensitivity of the
+    # rounding error to the group's absmax.
+    x = lax.stop_gradient(x)
+    # `initial=0` gives an empty group absmax 0, hence scale 1 like an all-zero group.
+    absmax = scaling.group_reduce(
+        jnp.abs(x), lambda a, axes: jnp.max(a, axis=axes, keepdims=True, initial=0.0)
+    )
+    # XLA:CPU's vectorised max (under `jit`, from about 4096 elements) drops
+    # NaN, so whether a group holds NaN (or inf) is a reduction of its own: a
+    # boolean `any`, which XLA keeps vectorised. (Reading NaN as inf inside the
+    # max, or adding a sum of x * 0, stops XLA from vectorising the max: 5-8x
+    # slower encodes; this costs about one more pass over x.) Such a group's
+    # absmax is NaN, hence its scale.
+    poison = scaling.group_reduce(
+        ~jnp.isfinite(x), lambda a, axes: jnp.any(a, axis=axes, keepdims=True)
+    )
+    return jnp.where(poison, jnp.float32(jnp.nan).astype(absmax.dtype), absmax)
+
+
+def _pairwise_sum(a: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """Sum over `axes` (dims kept) by pairwise halving, in one fixed order.
+
+    For n non-negative float32 terms the relative error is at most
+    ceil(log2 n) * 2**-24 (a plain float32 reduction's bound grows with n),
+    and the order, hence the result, is the same on every backend.
+    """
+    keep = [i for i in range(a.ndim) if i not in axes]
+    moved = jnp.transpose(a, keep + list(axes))
+    lead = moved.shape[: len(keep)]
+    n = math.prod(moved.shape[len(keep) :])
+    out_shape = tuple(1 if i in axes else a.shape[i] for i in range(a.ndim))
+    if n == 0:
+        return jnp.zeros(out_shape, a.dtype)
+    flat = moved.reshape((*lead, n))
+    while flat.shape[-1] > 1:
+        m = flat.shape[-1]
+        half = m // 2
+        summed = flat[..., :half] + flat[..., half : 2 * half]
+        flat = jnp.concatenate([summed, flat[..., 2 * half :]], axis=-1) if m % 2 else summed
+    return flat.reshape(out_shape)
+
+
+def mean_abs(x: jax.Array, scaling: Scaling) -> jax.Array:
+    """Per-group mean(|x|) of flushed float32 `x`: no overflow, and accurate.
+
+    Each group is scaled by a power of two 2**-k (k = floor(log2(absmax)), exact)
+    so its terms lie in [0, 2) and their sum cannot overflow, summed pairwise,
+    divided by the group's element count and scaled back. Relative error at most
+    (ceil(log2 n) + 2) * 2**-24 for a group of n elements (pairwise sum, the
+    count's rounding to float32, the division); terms below 2**-126 * absmax
+    count as zero, as float32 subnormals do everywhere else. A group with NaN
+    or inf gets NaN; an all-zero group gets 0.
+    """
+    x = lax.stop_gradient(x)
+    absmax = group_absmax(x, scaling).astype(jnp.float32)
+    finite = jnp.isfinite(absmax)
+    positive = finite & (absmax > 0)
+    k = jnp.minimum(floor_log2(jnp.where(positive, absmax, jnp.float32(1))), 126)
+    terms = jnp.abs(x) * scaling.broadcast(pow2(-k), x.shape)
+    total = scaling.group_reduce(terms, _pairwise_sum)
+    counts = group_sizes(scaling, x.shape)
+    mean = (total / jnp.maximum(counts, jnp.float32(1))) * pow2(k)
+    # The exact mean never exceeds absmax; this keeps rounding at float32's top finite.
+    mean = jnp.minimum(mean, absmax)
+    # a mean below the smallest normal would be flushed to zero on CPU
+    mean = jnp.where((total > 0) & (mean < TINY), TINY, mean)
+    return jnp.where(finite & ~jnp.isnan(total), mean, jnp.float32(jnp.nan))
+
+
+def flush_subnormals(x: jax.Array) -> jax.Array:
+    """`x` with float32 subnormals replaced by (signed) zero, on every backend.
+
+    XLA on CPU reads subnormal inputs of arithmetic as zero, GPUs need not:
+    scaled encodings flush them explicitly so every backend gives the same
+    codes (the comparison is exact: a subnormal compares below the smallest
+    normal whether or not the hardware flushes it).
+    """
+    # Two comparisons, not abs(x) < TINY: an abs shared with an absmax
+    # reduction makes XLA materialize a full-size copy of x.
+    return jnp.where((x < TINY) & (x > -TINY), x * jnp.float32(0), x)
+
+
+def scales(
+    x: jax.Array, scaling: Scaling, top: float, top_exponent: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-group (scale, reciprocal, prescale) so that `x * reciprocal` fits in [-top, top].
+
+    Absmax scaling: `scale = absmax / top` and the reciprocal `top / absmax` is
+    computed once per group, so every element is a multiplication (XLA would
+    rewrite a division into that anyway; spelling it out keeps the codes the
+    same on every backend and in a numpy reference). Power-of-two scaling
+    follows OCP MX: `scale = 2**(floor(log2(absmax)) - top_exponent)`.
+    An all-zero group gets scale 1; a group with NaN/inf gets a NaN scale.
+    Scales are never subnormal (XLA on CPU would flush them to zero, and the
+    decoded values with them): a group whose scale would be is given float32's
+    smallest normal, 2**-126, and the reciprocal 2**126. `x` need not be
+    flushed: a subnormal absmax is taken as 0, the absmax of the flushed
+    group (reducing the raw `x` lets XLA fuse the flush into the encode
+    instead of materializing a flushed copy of the whole tensor).
+    """
+    absmax = group_absmax(x, scaling).astype(jnp.float32)
+    absmax = jnp.where(absmax < TINY, jnp.float32(0), absmax)  # NaN stays NaN
+    pre = jnp.ones_like(absmax)
+    if scaling.power_of_two:
+        k = jnp.maximum(floor_log2(absmax) - top_exponent, -126)
+        # for k > 64 the reciprocal 2**-k is taken in two exact steps (2**-64 first)
+        big = k > 64
+        pre = jnp.where(big, jnp.float32(2.0**-64), pre)
+        scale, inv = pow2(k), pow2(jnp.where(big, 64 - k, -k))
+    else:
+        top32 = np.float32(top)
+        scale = absmax / _opaque(absmax, top32)
+        # Near float32's top, qmax * fl(absmax / qmax) can round past max:
+        # take the scale one ulp lower there, so every code decodes finite.
+        over = jnp.isinf(scale * top32) & jnp.isfinite(absmax)
+        scale = jnp.where(over, jnp.nextafter(scale, jnp.float32(0)), scale)
+        # For absmax beyond 2**100 the reciprocal top / absmax would be a
+        # subnormal, which XLA on CPU flushes to zero: divide x and absmax by
+        # 2**64 first (exact), which gives the very same codes.
+        big = absmax > np.float32(2.0**100)
+        pre = jnp.where(big, jnp.float32(2.0**-64), pre)
+        inv = top32 / (absmax * pre)
+        # absmax / top below the smallest normal (the comparison is exact)
+        tiny = absmax < np.float32(top) * TINY
+        scale = jnp.where(tiny, TINY, scale)
+        inv = jnp.where(tiny, jnp.float32(2.0**126), inv)
+    zero = absmax == 0
+    finite = jnp.isfinite(absmax)
+    scale = jnp.where(zero, jnp.float32(1), jnp.where(finite, scale, jnp.float32(jnp.nan)))
+    inv = jnp.where(zero | ~finite, jnp.float32(0), inv)
+    return scale, inv, pre
+
+
+def times_reciprocal(x: jax.Array, scaling: Scaling, inv: jax.Array, pre: jax.Array):
+    """x * (top / absmax) per group, as `(x * pre) * inv` (see `scales`).
+
+    A product below float32's smallest normal is flushed to zero by XLA on
+    CPU, which would make `up` round a positive value to code 0 (and `down` a
+    negative one). Such a product is replaced by ±2**-126: it has the sign and
+    the non-zeroness of the exact product and, like it, lies far below half of
+    every scaled format's smallest step, so every rounding mode decides as it
+    would on the exact value.
+    """
+    inv_b = scaling.broadcast(inv, x.shape)
+    y = (x * scaling.broadcast(pre, x.shape)) * inv_b
+    lost = (y == 0) & (x != 0) & (inv_b > 0)
+    return jnp.where(lost, jnp.where(x > 0, TINY, -TINY), y)
+
+
+def group_sizes(scaling: Scaling, shape: tuple[int, ...]) -> jnp.ndarray:
+    """Number of real (unpadded) elements in each group, shaped like the scale.
+
+    Counted with Python integers from the static shape (a float32 sum of ones
+    stops counting at 2**24), then given as float32.
+    """
+    shape = tuple(shape)
+    scale_shape = scaling.scale_shape(shape)
+    total = math.prod(shape)
+    if isinstance(scaling, PerBlock) and shape:
+        a = scaling._axis(len(shape))
+        n = shape[a]
+        size = scaling._block(n)
+        counts = np.full(scale_shape[a], size, np.float64)  # one block is one group
+        if counts.size and n % size:
+            counts[-1] = n % size
+        bshape = [1] * len(shape)
+        bshape[a] = scale_shape[a]
+        counts = np.broadcast_to(counts.reshape(bshape), scale_shape)
+    else:
+        groups = math.prod(scale_shape)
+        counts = np.full(scale_shape, total // groups if groups else 0, np.float64)
+    return jnp.asarray(counts.astype(np.float32))

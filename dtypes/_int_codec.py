@@ -1,0 +1,165 @@
+"""encode / decode / round of `IntFormat`s (symmetric integer codes), in pure jnp.
+
+Codes are `round(x / scale)` clipped to `[-qmax, qmax]`, with the group's
+scale from the absmax or power-of-two rule (`_group_scales.scales`); the
+binary int1 stores sign(x) with the group's mean |x| as its scale. Packed
+into bytes below 8 bits. `IntFormat`'s methods import this module on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _codec, _scale_format
+from ._encoded import Encoded
+from ._errors import ScalingError
+from ._group_scales import flush_subnormals, mean_abs, scales, times_reciprocal
+from ._inputs import as_float_array, check_finite, resolve_scaling
+from ._rounding import round_integer
+from ._rounding_modes import check_rounding
+from ._scaling import Scaling
+
+if TYPE_CHECKING:
+    from ._int import IntFormat
+
+__all__ = ["check", "decode", "encode", "fake_quantize"]
+
+
+def _validate(fmt: IntFormat, x: jax.Array, scaling: Scaling) -> None:
+    """Every check that can be made before computing: scalings, shapes, eager values."""
+    if scaling.power_of_two and fmt.binary:
+        raise ScalingError(
+            "int1 scales are mean(|x|) per group and have no power-of-two variant; "
+            f"pass {type(scaling).__name__} without power_of_two=True"
+        )
+    if scaling.scale_format not in ("float32", "bfloat16", "float16"):
+        if fmt.binary:
+            raise ScalingError(
+                f"int1 scales are mean(|x|) per group and cannot be stored as "
+                f"{scaling.scale_format}; use scale_format='float32', 'bfloat16' or 'float16'"
+            )
+        if scaling.scale_format == "float8_e4m3fn":
+            raise ScalingError(
+                f"two-level float8_e4m3fn scales (the NVFP4 recipe) are for float elements, not "
+                f"{fmt.name}; use scale_format='bfloat16' or 'float16' for integer groups"
+            )
+    if x.ndim:
+        scaling.validate(x.shape)
+    check_finite(x, fmt)
+
+
+def _resolve(fmt: IntFormat, scaling: Scaling | None) -> Scaling:
+    resolved = resolve_scaling(fmt, scaling)
+    assert resolved is not None  # an integer format always has a default scaling
+    return resolved
+
+
+def check(fmt: IntFormat, x: Any, scaling: Scaling | None) -> None:
+    """Raise what `encode` would raise for `x` (scalings, shapes, eager values)."""
+    x = as_float_array(x)
+    _validate(fmt, x, _resolve(fmt, scaling))
+
+
+def encode(fmt: IntFormat, x: Any, scaling: Scaling | None, rounding: str, key: Any) -> Encoded:
+    """`fmt.encode(x, ...)`: validated once, then one compiled kernel."""
+    check_rounding(rounding, key)
+    x = as_float_array(x)
+    resolved = _resolve(fmt, scaling)
+    _validate(fmt, x, resolved)
+    return _encode_jit(fmt, resolved, rounding, x, key)
+
+
+def _int_codes(
+    fmt: IntFormat, x: jax.Array, scaling: Scaling, rounding: str, key: Any
+) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array, jax.Array | None]:
+    """(codes as float32, stored scale, reciprocal, unclipped rounded codes, tensor scale)."""
+    if fmt.binary:
+        x = flush_subnormals(x)
+        # A group holding NaN or ±inf gets a NaN scale, like every scale.
+        scale = mean_abs(x, scaling)
+        # sign(x) with 0 mapping to +1; NaN input gives a NaN scale above.
+        codes = jnp.where(x >= 0, jnp.float32(1), jnp.float32(-1))
+        scale, _, _, _ = _scale_format.narrow(x, scaling, scale, scale, scale, 1.0, 0)
+        return codes, scale, None, codes, None
+    top_exponent = fmt.top_exponent
+    scale, inv, pre = scales(x, scaling, fmt.qmax, top_exponent)
+    scale, tensor_scale, inv, pre = _scale_format.narrow(
+        flush_subnormals(x), scaling, scale, inv, pre, fmt.qmax, top_exponent
+    )
+    y = times_reciprocal(flush_subnormals(x), scaling, inv, pre)
+    rounded = round_integer(y, rounding, key)
+    codes = jnp.clip(rounded, -fmt.qmax, fmt.qmax)
+    return codes, scale, inv, rounded, tensor_scale
+
+
+# One compiled kernel per (format, scaling, mode, shape): an eager call is a
+# single dispatch instead of dozens, and under an outer `jit` it is inlined.
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _encode_jit(fmt: IntFormat, scaling: Scaling, rounding: str, x: jax.Array, key: Any) -> Encoded:
+    scalar = x.ndim == 0
+    if scalar:
+        x = x.reshape(1)
+    x = x.astype(jnp.float32)
+    codes, scale, _, _, tensor_scale = _int_codes(fmt, x, scaling, rounding, key)
+    codes = codes.astype(jnp.int8)
+    if scalar:
+        scale = scale.reshape(())
+    if scalar:
+        codes = codes.reshape(())
+    if not fmt.packed:
+        return Encoded(codes, scale, fmt, scaling, tensor_scale=tensor_scale)
+    enc = _codec.pack_encoded(codes, scale, fmt, scaling)
+    enc.tensor_scale = tensor_scale
+    return enc
+
+
+def decode(fmt: IntFormat, enc: Encoded, dtype: Any = np.float32) -> jax.Array:
+    """`fmt.decode(enc, dtype)`: the argument checks, then one compiled kernel."""
+    _codec.check_decodable(fmt, enc)
+    return _decode_jit(fmt, enc, jnp.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _decode_jit(fmt: IntFormat, enc: Encoded, dtype: Any) -> jax.Array:
+    codes = _codec.unpack_codes(fmt, enc, signed=True)
+    return _codec.dequantize(codes, enc, fmt.top_exponent, dtype)
+
+
+def _qdq(
+    fmt: IntFormat, scaling: Scaling, rounding: str, x: jax.Array, key: Any
+) -> tuple[jax.Array, jax.Array]:
+    """(quantize-dequantized x in `result_dtype`, straight-through gradient mask)."""
+    dtype = fmt.result_dtype(np.dtype(x.dtype), scaling)
+    scalar = x.ndim == 0
+    xf = (x.reshape(1) if scalar else x).astype(jnp.float32)
+    codes, stored, _, rounded, tensor_scale = _int_codes(fmt, xf, scaling, rounding, key)
+    scale = _scale_format.widen(stored, tensor_scale, scaling, fmt.top_exponent)
+    out = codes * scaling.broadcast(scale, xf.shape)
+    if scaling.power_of_two and not fmt.binary:
+        # Only power-of-two scales can push a code out of range: those
+        # elements were clipped and pass no gradient (clipped STE).
+        mask = jnp.abs(jnp.round(rounded)) <= fmt.qmax
+    else:
+        mask = jnp.ones(xf.shape, bool)
+    if scalar:
+        out, mask = out.reshape(()), mask.reshape(())
+    return out.astype(dtype), mask
+
+
+_fake_quantize_jit = _codec.fake_quantizer(_qdq)
+
+
+def fake_quantize(
+    fmt: IntFormat, x: Any, scaling: Scaling | None, rounding: str, key: Any
+) -> jax.Array:
+    """`fmt.round(x, ...)`: validated once, then one compiled kernel."""
+    check_rounding(rounding, key)
+    x = as_float_array(x)
+    resolved = _resolve(fmt, scaling)
+    _validate(fmt, x, resolved)
+    return _fake_quantize_jit(fmt, resolved, rounding, x, key)

@@ -1,0 +1,45 @@
+"""The rounding modes by name, and the check of a mode and its key (no JAX).
+
+The modes themselves are computed in `_rounding` (bit-level, for float grids
+and integers); this module only names them, so that `dtypes.ROUNDING_MODES`
+and `dtypes.check_rounding` work without importing JAX.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._errors import RoundingError
+
+__all__ = ["ROUNDING_MODES", "check_rounding"]
+
+ROUNDING_MODES: tuple[str, ...] = (
+    "nearest_even",
+    "nearest_away",
+    "toward_zero",
+    "up",
+    "down",
+    "stochastic",
+)
+"""The rounding modes every format accepts; `nearest_even` is the default."""
+
+
+def check_rounding(rounding: str, key: Any) -> None:
+    """Validate a rounding mode name and its key; raise `RoundingError` (a `ValueError`).
+
+    Examples:
+        >>> check_rounding("up", None)
+        >>> check_rounding("stochastic", None)
+        Traceback (most recent call last):
+        ...
+        dtypes._errors.RoundingError: rounding='stochastic' needs a random key: ...
+    """
+    if not isinstance(rounding, str) or rounding not in ROUNDING_MODES:
+        raise RoundingError(
+            f"unknown rounding mode {rounding!r}; expected one of {', '.join(ROUNDING_MODES)}"
+        )
+    if rounding == "stochastic" and key is None:
+        raise RoundingError(
+            "rounding='stochastic' needs a random key: pass key=jax.random.key(0) "
+            "(split it between calls so each rounding draws fresh bits)"
+        )
