@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -69,7 +70,7 @@ class CodebookFormat(Format):
         ([0.0, 0.0, -2.0, 2.0], 5)
     """
 
-    values: tuple[float, ...]
+    values: Sequence[float]  # any sequence of numbers; kept as a sorted tuple of float32s
     scaling: Scaling | None = dataclasses.field(default=None, kw_only=True)
     name: str = dataclasses.field(default="", kw_only=True, compare=False)
 

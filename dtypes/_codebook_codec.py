@@ -31,13 +31,15 @@ def encode(
 ) -> Encoded:
     """`fmt.encode(x, ...)`: the storage encodings' checks, then one compiled kernel."""
     xs, resolved = _codec.prepare_storage(fmt, x, scaling, rounding, key, CODEBOOK_ROUNDINGS)
-    return _encode_jit(fmt, resolved, rounding, xs, key)
+    encoded: Encoded = _encode_jit(fmt, resolved, rounding, xs, key)
+    return encoded
 
 
 def decode(fmt: CodebookFormat, enc: Encoded, dtype: Any = np.float32) -> jax.Array:
     """`fmt.decode(enc, dtype)`: the argument checks, then one compiled kernel."""
     _codec.check_encoded(fmt, enc)
-    return _decode_jit(fmt, enc, jnp.dtype(dtype))
+    values: jax.Array = _decode_jit(fmt, enc, jnp.dtype(dtype))
+    return values
 
 
 def _scaled(fmt: CodebookFormat, x: jax.Array, scaling: Scaling) -> tuple[jax.Array, jax.Array]:

@@ -52,7 +52,8 @@ class E8M0Format(Format):
 
     @property
     def container(self) -> np.dtype[Any]:
-        return np.dtype(ml_dtypes.float8_e8m0fnu)
+        dtype: np.dtype[Any] = np.dtype(ml_dtypes.float8_e8m0fnu)
+        return dtype
 
     @property
     def max(self) -> float:

@@ -56,12 +56,19 @@ class Encoded:
         self.tensor_scale = tensor_scale
         self.zero_point = zero_point
 
-    def tree_flatten(self):
+    def tree_flatten(
+        self,
+    ) -> tuple[
+        tuple[jax.Array, jax.Array | None, jax.Array | None, jax.Array | None],
+        tuple[Format, Scaling | None, int | None],
+    ]:
         children = (self.data, self.scale, self.tensor_scale, self.zero_point)
         return children, (self.format, self.scaling, self._last)
 
     @classmethod
-    def tree_unflatten(cls, aux, children):
+    def tree_unflatten(
+        cls, aux: tuple[Format, Scaling | None, int | None], children: tuple[Any, ...]
+    ) -> Encoded:
         data, scale, tensor_scale, zero_point = children
         return cls(data, scale, *aux, tensor_scale=tensor_scale, zero_point=zero_point)
 

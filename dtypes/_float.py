@@ -286,7 +286,11 @@ class FloatFormat(Format):
         return f"FloatFormat({', '.join(args)}, name={self.name!r})"
 
 
-def _params_of_dtype(dtype: np.dtype) -> tuple[int, int, float, bool, bool]:
+# (mantissa bits, emin, max, has inf, has NaN) of a grid
+_Grid = tuple[int, int, float, bool, bool]
+
+
+def _params_of_dtype(dtype: np.dtype[Any]) -> _Grid:
     fi = ml_dtypes.finfo(dtype)
     with np.errstate(invalid="ignore", over="ignore"):
         specials = np.array([np.inf, np.nan], np.float32).astype(dtype).astype(np.float32)
@@ -299,7 +303,7 @@ def _params_of_dtype(dtype: np.dtype) -> tuple[int, int, float, bool, bool]:
     )
 
 
-def _holds(outer: tuple, inner: tuple) -> bool:
+def _holds(outer: _Grid, inner: _Grid) -> bool:
     """Whether every value (finite, inf, NaN) of the `inner` grid is one of `outer`'s."""
     m_o, emin_o, max_o, inf_o, nan_o = outer
     m_i, emin_i, max_i, inf_i, nan_i = inner

@@ -115,7 +115,8 @@ def encode(fmt: FloatFormat, x: Any, scaling: Scaling | None, rounding: str, key
     x = as_float_array(x)
     scaling = resolve_scaling(fmt, scaling)
     _validate(fmt, x, scaling)
-    return _encode_jit(fmt, scaling, rounding, x, key)
+    encoded: Encoded = _encode_jit(fmt, scaling, rounding, x, key)
+    return encoded
 
 
 # One compiled kernel per (format, scaling, mode, shape): an eager call is a
@@ -176,7 +177,8 @@ def _store(
 def decode(fmt: FloatFormat, enc: Encoded, dtype: Any = np.float32) -> jax.Array:
     """`fmt.decode(enc, dtype)`: the argument checks, then one compiled kernel."""
     _codec.check_decodable(fmt, enc)
-    return _decode_jit(fmt, enc, jnp.dtype(dtype))
+    values: jax.Array = _decode_jit(fmt, enc, jnp.dtype(dtype))
+    return values
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))

@@ -204,10 +204,10 @@ class Format:
             >>> dtypes.int8.result_dtype(np.float16)
             dtype('float32')
         """
-        dtype = np.dtype(dtype)
-        if dtype == np.float64:
-            return dtype
-        return dtype if dtype == np.float32 else np.dtype(np.float32)
+        given: np.dtype[Any] = np.dtype(dtype)
+        if given == np.float64:
+            return given
+        return given if given == np.float32 else np.dtype(np.float32)
 
     def data_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """Shape of the data array an encoding of logical `shape` holds.

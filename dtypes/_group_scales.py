@@ -51,7 +51,7 @@ def pow2(k: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(((k + 127).astype(jnp.uint32)) << 23, jnp.float32)
 
 
-def _opaque(like: jax.Array, divisor) -> jax.Array:
+def _opaque(like: jax.Array, divisor: np.float32) -> jax.Array:
     """`divisor` shaped like `like`, in a form XLA cannot treat as a constant.
 
     The scales are specified as correctly rounded quotients (`absmax / qmax`),
@@ -62,7 +62,8 @@ def _opaque(like: jax.Array, divisor) -> jax.Array:
     which `vmap` sees through. Scale arrays hold one value per group, so the
     real division costs nothing.
     """
-    return like * jnp.float32(0) + divisor
+    out: jax.Array = like * jnp.float32(0) + divisor
+    return out
 
 
 def group_absmax(x: jax.Array, scaling: Scaling) -> jax.Array:
@@ -200,7 +201,7 @@ def scales(
     return scale, inv, pre
 
 
-def times_reciprocal(x: jax.Array, scaling: Scaling, inv: jax.Array, pre: jax.Array):
+def times_reciprocal(x: jax.Array, scaling: Scaling, inv: jax.Array, pre: jax.Array) -> jax.Array:
     """x * (top / absmax) per group, as `(x * pre) * inv` (see `scales`).
 
     A product below float32's smallest normal is flushed to zero by XLA on

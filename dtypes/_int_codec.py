@@ -71,7 +71,8 @@ def encode(fmt: IntFormat, x: Any, scaling: Scaling | None, rounding: str, key: 
     x = as_float_array(x)
     resolved = _resolve(fmt, scaling)
     _validate(fmt, x, resolved)
-    return _encode_jit(fmt, resolved, rounding, x, key)
+    encoded: Encoded = _encode_jit(fmt, resolved, rounding, x, key)
+    return encoded
 
 
 def _int_codes(
@@ -121,7 +122,8 @@ def _encode_jit(fmt: IntFormat, scaling: Scaling, rounding: str, x: jax.Array, k
 def decode(fmt: IntFormat, enc: Encoded, dtype: Any = np.float32) -> jax.Array:
     """`fmt.decode(enc, dtype)`: the argument checks, then one compiled kernel."""
     _codec.check_decodable(fmt, enc)
-    return _decode_jit(fmt, enc, jnp.dtype(dtype))
+    values: jax.Array = _decode_jit(fmt, enc, jnp.dtype(dtype))
+    return values
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))

@@ -51,7 +51,8 @@ def _check_bits(bits: int) -> None:
 def _shifts(per_byte: int, bits: int, ndim: int) -> jax.Array:
     """Bit offsets of the fields of one byte, shaped to broadcast on the last axis."""
     shifts = jnp.arange(per_byte, dtype=jnp.uint8) * jnp.uint8(bits)
-    return shifts.reshape((1,) * (ndim - 1) + (per_byte,))
+    out: jax.Array = shifts.reshape((1,) * (ndim - 1) + (per_byte,))
+    return out
 
 
 def _pad_last(x: jax.Array, length: int) -> jax.Array:
@@ -120,7 +121,8 @@ def _pack_dense(codes: jax.Array, bits: int, n: int) -> jax.Array:
     shifts = np.array([0, 8, 16, 24], np.uint32).reshape((1,) * (stacked.ndim - 1) + (4,))
     as_bytes = ((stacked >> shifts) & jnp.uint32(0xFF)).astype(jnp.uint8)
     as_bytes = as_bytes.reshape((*lead, groups, 4 * n_words))[..., :group_bytes]
-    return as_bytes.reshape((*lead, groups * group_bytes))[..., : packed_length(n, bits)]
+    out: jax.Array = as_bytes.reshape((*lead, groups * group_bytes))[..., : packed_length(n, bits)]
+    return out
 
 
 def _pack_sub_byte(codes: jax.Array, bits: int, n: int) -> jax.Array:
@@ -154,17 +156,20 @@ def unpack(data: jax.Array, bits: int, n: int, *, signed: bool = True) -> jax.Ar
     if not signed:
         return field
     if bits == 1:
-        return field.astype(jnp.int8) * 2 - 1
+        pm1: jax.Array = field.astype(jnp.int8) * 2 - 1
+        return pm1
     # Sign-extend a `bits`-wide two's complement field.
     sign = jnp.int8(1 << (bits - 1)) if bits < 8 else jnp.int8(-128)
-    return (field.astype(jnp.int8) ^ sign) - sign
+    extended: jax.Array = (field.astype(jnp.int8) ^ sign) - sign
+    return extended
 
 
 def _unpack_sub_byte(data: jax.Array, bits: int, n: int) -> jax.Array:
     per_byte = 8 // bits
     shifts = _shifts(per_byte, bits, data.ndim + 1)
     field = (data[..., None] >> shifts) & jnp.uint8((1 << bits) - 1)
-    return field.reshape((*data.shape[:-1], data.shape[-1] * per_byte))[..., :n]
+    out: jax.Array = field.reshape((*data.shape[:-1], data.shape[-1] * per_byte))[..., :n]
+    return out
 
 
 def _unpack_dense(data: jax.Array, bits: int, n: int) -> jax.Array:

@@ -18,7 +18,7 @@ on that unbounded-exponent result, exactly as IEEE-754 specifies.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +56,7 @@ class Grid(NamedTuple):
     saturate: bool
 
 
-def _mix32(h):
+def _mix32(h: jax.Array) -> jax.Array:
     # A 32-bit avalanche mixer (xorshift-multiply, two rounds): every output bit
     # depends on every input bit, which is all stochastic rounding needs.
     h = h ^ (h >> 16)
@@ -66,7 +66,7 @@ def _mix32(h):
     return h ^ (h >> 16)
 
 
-def random_bits(key, shape: tuple[int, ...], word: int = 0) -> jax.Array:
+def random_bits(key: jax.Array, shape: tuple[int, ...], word: int = 0) -> jax.Array:
     """Uniform uint32 bits for `shape` from a counter-based hash of the element index.
 
     `jax.random.bits` for a whole tensor costs 12-34x a rounding pass on CPU;
@@ -94,7 +94,7 @@ def _float_bits(value: float, src: _Source) -> int:
     return int(np.array(value, ftype).view(src.uint))
 
 
-def round_float(x: jax.Array, grid: Grid, rounding: str, key=None) -> jax.Array:
+def round_float(x: jax.Array, grid: Grid, rounding: str, key: Any = None) -> jax.Array:
     """Round a float32/float64 array onto `grid`; returns the same dtype.
 
     Every mode returns one of the two grid neighbours of `x`; signed zeros and
@@ -208,7 +208,7 @@ def round_float(x: jax.Array, grid: Grid, rounding: str, key=None) -> jax.Array:
     return lax.bitcast_convert_type(out | sign, dtype)
 
 
-def compose_bits(r, qe, src: _Source):
+def compose_bits(r: jax.Array, qe: jax.Array, src: _Source) -> jax.Array:
     """Bit pattern (sign excluded) of the value `r * 2**qe` in the source format.
 
     `r` has at most Ms + 2 significant bits and the value lies inside the
@@ -230,7 +230,7 @@ def compose_bits(r, qe, src: _Source):
     return jnp.where(r == 0, U(0), jnp.where(normal, normal_bits, subnormal_bits))
 
 
-def round_integer(y: jax.Array, rounding: str, key=None) -> jax.Array:
+def round_integer(y: jax.Array, rounding: str, key: Any = None) -> jax.Array:
     """Round float values to integers (still as floats) under `rounding`."""
     if rounding == "nearest_even":
         return jnp.round(y)  # jnp.round rounds halves to even
@@ -256,7 +256,7 @@ def round_integer(y: jax.Array, rounding: str, key=None) -> jax.Array:
     raise RoundingError(f"unknown rounding mode {rounding!r}")
 
 
-def _below(frac: jax.Array, key) -> jax.Array:
+def _below(frac: jax.Array, key: Any) -> jax.Array:
     """True with probability `frac` (float32 in [0, 1)), per element.
 
     Compares 64 independent random bits, read as a fraction of 2**64, with

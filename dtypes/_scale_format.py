@@ -87,7 +87,8 @@ def narrow(
         # its float32 biased exponent (NaN's is 0xFF, E8M0's NaN), taken from the bits.
         bits = lax.bitcast_convert_type(scale * np.float32(2.0**offset), jnp.uint32)
         byte = ((bits >> 23) & jnp.uint32(0xFF)).astype(jnp.uint8)
-        return lax.bitcast_convert_type(byte, jnp.float8_e8m0fnu), None, inv, pre
+        stored: jax.Array = lax.bitcast_convert_type(byte, jnp.float8_e8m0fnu)
+        return stored, None, inv, pre
     if fmt == "float8_e4m3fn":
         return _two_level(x, scaling, top)
     dtype = scale_dtype(scaling)
@@ -102,7 +103,9 @@ def narrow(
     return stored, None, inv, pre
 
 
-def _two_level(x: jax.Array, scaling: Scaling, top: float):
+def _two_level(
+    x: jax.Array, scaling: Scaling, top: float
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     amax_b = _group_max(x, scaling)
     amax_t = jnp.max(amax_b, initial=0.0)
     amax_t = jnp.where(jnp.any(jnp.isnan(amax_b)), jnp.float32(jnp.nan), amax_t)

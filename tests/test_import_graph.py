@@ -4,6 +4,8 @@
 `dtypes._module`), `dtypes` never imports `precision`, and within each
 package the module-level imports form no cycle. Imports inside functions
 (lazy imports that defer heavy work) and under `TYPE_CHECKING` do not count.
+The modules that describe formats import no JAX at module level, even
+indirectly (`tests/dtypes/test_import.py` checks the same at run time).
 """
 
 from __future__ import annotations
@@ -108,3 +110,59 @@ def test_no_import_cycles():
         if m not in state:
             walk(m, [])
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+# The modules that describe formats (the classes, their numbers, the registry,
+# scalings, rounding-mode names) import no JAX at module level, directly or
+# through another module: `import dtypes` and `dtypes.get(name).max` stay cheap.
+# The codecs (`_*_codec`, `_group_scales`, `_rounding`, ...) import JAX, and the
+# format classes import them inside their methods, on first use.
+JAX_FREE = (
+    "dtypes",
+    "dtypes._asymmetric",
+    "dtypes._codebook",
+    "dtypes._e8m0",
+    "dtypes._errors",
+    "dtypes._float",
+    "dtypes._format",
+    "dtypes._int",
+    "dtypes._named",
+    "dtypes._registry",
+    "dtypes._rounding_modes",
+    "dtypes._scaling",
+)
+
+
+def _reachable(module: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        m = todo.pop()
+        for name in GRAPH.get(m, []):
+            if name in GRAPH and name not in seen:
+                seen.add(name)
+                todo.append(name)
+    return seen
+
+
+@pytest.mark.parametrize("module", JAX_FREE)
+def test_format_descriptions_import_no_jax(module):
+    assert module in GRAPH
+    via = [module, *sorted(_reachable(module))]
+    found = [
+        f"{m} imports {n}" for m in via for n in GRAPH[m] if n.split(".")[0] in ("jax", "jaxlib")
+    ]
+    assert not found, f"{module} loads JAX at import: {found}"
+
+
+def test_every_dtypes_module_is_classified():
+    # Every other dtypes module computes with JAX (and is imported lazily):
+    # a new module that needs no JAX belongs in JAX_FREE, so this list stays whole.
+    unlisted = [
+        m
+        for m in GRAPH
+        if m.startswith("dtypes.")
+        and m not in JAX_FREE
+        and not any(n.split(".")[0] == "jax" for n in GRAPH[m])
+    ]
+    assert not unlisted, f"add {unlisted} to JAX_FREE (or to the codecs, importing JAX)"
