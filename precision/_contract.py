@@ -103,7 +103,7 @@ class Contract:
     backward: Any = None
     scaling: Scaling | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         fwd = _operand_format(self.forward, "forward")
         bwd = None if self.backward is None else _operand_format(self.backward, "backward")
         scaling = self.scaling

@@ -17,7 +17,7 @@ __all__ = ["binary", "method", "reduction", "reflected", "unary"]
 
 
 @functools.cache
-def _applied(name: str) -> Callable:
+def _applied(name: str) -> Callable[..., Any]:
     from ._apply import apply
 
     if name.startswith("r:"):
@@ -26,7 +26,7 @@ def _applied(name: str) -> Callable:
     return apply(_FUNCTIONS[name])
 
 
-_FUNCTIONS: dict[str, Callable] = {
+_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "add": jnp.add,
     "sub": jnp.subtract,
     "mul": jnp.multiply,
@@ -59,7 +59,7 @@ _FUNCTIONS: dict[str, Callable] = {
 def binary(name: str) -> Callable[[Any, Any], Any]:
     """`self <op> other`."""
 
-    def op(self, other):
+    def op(self: Any, other: Any) -> Any:
         return _applied(name)(self, other)
 
     op.__name__ = f"__{name}__"
@@ -69,7 +69,7 @@ def binary(name: str) -> Callable[[Any, Any], Any]:
 def reflected(name: str) -> Callable[[Any, Any], Any]:
     """`other <op> self`."""
 
-    def op(self, other):
+    def op(self: Any, other: Any) -> Any:
         return _applied("r:" + name)(self, other)
 
     op.__name__ = f"__r{name}__"
@@ -79,7 +79,7 @@ def reflected(name: str) -> Callable[[Any, Any], Any]:
 def unary(name: str) -> Callable[[Any], Any]:
     """`<op> self`."""
 
-    def op(self):
+    def op(self: Any) -> Any:
         return _applied(name)(self)
 
     op.__name__ = f"__{name}__"
@@ -89,7 +89,7 @@ def unary(name: str) -> Callable[[Any], Any]:
 def method(name: str) -> Callable[..., Any]:
     """The applied function of `name`, called with the Tensor first."""
 
-    def call(self, *args):
+    def call(self: Any, *args: Any) -> Any:
         return _applied(name)(self, *args)
 
     return call
@@ -98,7 +98,7 @@ def method(name: str) -> Callable[..., Any]:
 def reduction(name: str) -> Callable[..., Any]:
     """`t.sum(axis=None, keepdims=False)` and its siblings."""
 
-    def op(self, axis=None, keepdims=False):
+    def op(self: Any, axis: Any = None, keepdims: bool = False) -> Any:
         return _applied(name)(self, axis=axis, keepdims=keepdims)
 
     op.__name__ = name

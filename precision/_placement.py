@@ -20,7 +20,7 @@ from ._tensor import Tensor
 __all__ = ["check_devices", "device_put", "replicated", "scale_sharding", "storage_shardings"]
 
 
-def _describe_devices(devs: frozenset) -> str:
+def _describe_devices(devs: frozenset[Any]) -> str:
     names = sorted(str(d) for d in devs)
     return names[0] if len(names) == 1 else "{" + ", ".join(names) + "}"
 

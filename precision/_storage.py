@@ -16,6 +16,7 @@ A format plays one of two *roles* (DESIGN §3, "Storage and compute"):
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, Literal
 
 import jax
@@ -69,18 +70,19 @@ def is_float(x: Any) -> bool:
 
 def decode_storage(
     fmt: dtypes.Format,
-    data,
-    scale,
-    scaling,
-    last,
-    dtype,
-    tensor_scale=None,
-    zero_point=None,
+    data: Any,
+    scale: Any,
+    scaling: dtypes.Scaling | None,
+    last: int | None,
+    dtype: Any,
+    tensor_scale: Any = None,
+    zero_point: Any = None,
 ) -> jax.Array:
     """Logical values from storage arrays (the one decode every path shares)."""
     if scale is None and tensor_scale is None and zero_point is None:
         if not fmt.packed and data.dtype != np.uint8 and fmt.kind == "float":
-            return data if data.dtype == dtype else data.astype(dtype)
+            out: jax.Array = data if data.dtype == dtype else data.astype(dtype)
+            return out
     enc = dtypes.Encoded(
         data, scale, fmt, scaling, last, tensor_scale=tensor_scale, zero_point=zero_point
     )
@@ -96,12 +98,14 @@ def decode_encoded(enc: dtypes.Encoded, dtype: Any) -> jax.Array:
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
-def _reduce_precision(x, mantissa_bits: int, top: float):
+def _reduce_precision(x: jax.Array, mantissa_bits: int, top: float) -> jax.Array:
     return jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=mantissa_bits)
 
 
 @_reduce_precision.defjvp
-def _reduce_precision_jvp(mantissa_bits, top, primals, tangents):
+def _reduce_precision_jvp(
+    mantissa_bits: int, top: float, primals: tuple[Any, ...], tangents: tuple[Any, ...]
+) -> tuple[jax.Array, jax.Array]:
     (x,), (t,) = primals, tangents
     # straight-through, zero where the value overflowed (as `Format.round`)
     return _reduce_precision(x, mantissa_bits, top), jnp.where(jnp.abs(x) <= top, t, 0)
@@ -132,7 +136,13 @@ def round_nearest(fmt: dtypes.Format, x: Any) -> Any:
     return fmt.round(x)
 
 
-def encode_values(fmt: dtypes.Format, x, scaling, rounding="nearest_even", key=None):
+def encode_values(
+    fmt: dtypes.Format,
+    x: Any,
+    scaling: dtypes.Scaling | None,
+    rounding: str = "nearest_even",
+    key: Any = None,
+) -> dtypes.Encoded:
     """`dtypes.Encoded` storing `x` in `fmt` (no validation: `Format.check` is the one).
 
     Unscaled float formats round with `fmt.round` and cast to the container:
@@ -151,13 +161,13 @@ def encode_values(fmt: dtypes.Format, x, scaling, rounding="nearest_even", key=N
     return fmt.encode(x, scaling=scaling, rounding=rounding, key=key)
 
 
-def carries_gradient(fmt: dtypes.Format, scaling) -> bool:
+def carries_gradient(fmt: dtypes.Format, scaling: dtypes.Scaling | None) -> bool:
     """Whether storage in `fmt` can carry a gradient itself (unscaled native floats)."""
     return fmt.kind == "float" and scaling is None and fmt.container != np.uint8
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def straight_through(dtype, x, enc: dtypes.Encoded):
+def straight_through(dtype: Any, x: Any, enc: dtypes.Encoded) -> jax.Array:
     """The decoded storage `enc`, with the straight-through derivative towards `x`.
 
     Integer codes cannot carry a gradient, so the derivative of a conversion
@@ -170,7 +180,9 @@ def straight_through(dtype, x, enc: dtypes.Encoded):
 
 
 @straight_through.defjvp
-def _straight_through_jvp(dtype, primals, tangents):
+def _straight_through_jvp(
+    dtype: Any, primals: tuple[Any, ...], tangents: tuple[Any, ...]
+) -> tuple[jax.Array, jax.Array]:
     x, enc = primals
     y = decode_encoded(enc, dtype)
     t = tangents[0].astype(y.dtype)
@@ -182,7 +194,7 @@ def _straight_through_jvp(dtype, primals, tangents):
     return y, t
 
 
-def needs_straight_through(x: Any, fmt: dtypes.Format, scaling) -> bool:
+def needs_straight_through(x: Any, fmt: dtypes.Format, scaling: dtypes.Scaling | None) -> bool:
     """Whether a conversion of `x` must keep a differentiable view of its source.
 
     Only while `x` is being differentiated: a Tensor made under `jit` alone
@@ -192,14 +204,18 @@ def needs_straight_through(x: Any, fmt: dtypes.Format, scaling) -> bool:
 
 
 @functools.cache
-def encoder(fmt: dtypes.Format, scaling, rounding: str):
+def encoder(
+    fmt: dtypes.Format, scaling: dtypes.Scaling | None, rounding: str
+) -> Callable[[Any, Any], dtypes.Encoded]:
     """A jitted `x, key -> Encoded` for one static encoding (eager calls of
     the bit-level rounding would otherwise dispatch dozens of small ops)."""
     return jax.jit(lambda x, key: encode_values(fmt, x, scaling, rounding, key))
 
 
 @functools.cache
-def guarded_encoder(fmt: dtypes.Format, scaling, rounding: str):
+def guarded_encoder(
+    fmt: dtypes.Format, scaling: dtypes.Scaling | None, rounding: str
+) -> Callable[[Any, Any], dtypes.Encoded]:
     """`encoder`, for a traced value that is not being differentiated now.
 
     Such a Tensor holds its codes alone (honest bytes). If the surrounding
@@ -208,11 +224,11 @@ def guarded_encoder(fmt: dtypes.Format, scaling, rounding: str):
     """
 
     @jax.custom_jvp
-    def enc(x, key):
+    def enc(x: Any, key: Any) -> dtypes.Encoded:
         return encode_values(fmt, x, scaling, rounding, key)
 
     @enc.defjvp
-    def _refuse(primals, tangents):
+    def _refuse(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> Any:
         raise PrecisionError(
             f"a conversion to {fmt.name} made inside a traced function is being differentiated "
             "from outside that trace (e.g. jax.grad(jax.jit(loss))): integer and scaled codes "
@@ -225,6 +241,6 @@ def guarded_encoder(fmt: dtypes.Format, scaling, rounding: str):
 
 
 @functools.cache
-def decoder(dtype: Any):
+def decoder(dtype: Any) -> Callable[[dtypes.Encoded], jax.Array]:
     """A jitted `Encoded -> values` (one compiled kernel per storage layout)."""
     return jax.jit(lambda enc: decode_encoded(enc, dtype))

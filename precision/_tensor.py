@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import jax
@@ -33,11 +34,11 @@ def _x64() -> bool:
     return bool(jax.config.read("jax_enable_x64"))
 
 
-def _logical_dtype(dtype: Any, given: Any) -> np.dtype:
+def _logical_dtype(dtype: Any, given: Any) -> np.dtype[Any]:
     if dtype is None:
         return np.dtype(np.float64 if given == np.float64 and _x64() else np.float32)
     try:
-        dt = np.dtype(dtype)
+        dt: np.dtype[Any] = np.dtype(dtype)
     except TypeError:
         raise PrecisionTypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
     if dt not in _LOGICAL:
@@ -124,8 +125,17 @@ class Tensor:
         "_signature",
         "_straight",
     )
+    _data: jax.Array
+    _dtype: np.dtype[Any]
+    _extra: tuple[jax.Array | None, jax.Array | None] | None
+    _format: dtypes.Format
+    _packed_last: int | None
+    _scale: jax.Array | None
+    _scaling: dtypes.Scaling | None
+    _signature: tuple[Any, ...] | None
+    _straight: jax.Array | None
 
-    def __init__(self, x: Any, dtype: Any = None):
+    def __init__(self, x: Any, dtype: Any = None) -> None:
         if isinstance(x, Tensor):
             logical = x._dtype if dtype is None else _logical_dtype(dtype, x._dtype)
             self._set(
@@ -151,7 +161,17 @@ class Tensor:
             arr = np.asarray(arr, logical)
         self._set(jnp.asarray(arr, logical), None, full_format(logical), None, logical, None)
 
-    def _set(self, data, scale, fmt, scaling, dtype, last, st=None, extra=None):
+    def _set(
+        self,
+        data: Any,
+        scale: Any,
+        fmt: dtypes.Format,
+        scaling: dtypes.Scaling | None,
+        dtype: np.dtype[Any],
+        last: int | None,
+        st: Any = None,
+        extra: Any = None,
+    ) -> None:
         # Immutability is by interface: public attributes are read-only
         # properties and __slots__ forbids new ones; plain stores keep the
         # constructor fast (it runs for every result of every operation).
@@ -172,7 +192,17 @@ class Tensor:
         self._extra = extra
 
     @classmethod
-    def _make(cls, data, scale, fmt, scaling, dtype, last, st=None, extra=None) -> Tensor:
+    def _make(
+        cls,
+        data: Any,
+        scale: Any,
+        fmt: dtypes.Format,
+        scaling: dtypes.Scaling | None,
+        dtype: np.dtype[Any],
+        last: int | None,
+        st: Any = None,
+        extra: Any = None,
+    ) -> Tensor:
         """A Tensor from storage, unchecked (pytree unflattening and the interpreter)."""
         t = object.__new__(cls)
         t._set(data, scale, fmt, scaling, dtype, last, st, extra)
@@ -203,7 +233,7 @@ class Tensor:
             )
         return cls._of(enc, _logical_dtype(dtype, None))
 
-    def signature(self) -> tuple:
+    def signature(self) -> tuple[Any, ...]:
         """Static description keying compiled evaluators (cached per Tensor)."""
         sig = self._signature
         if sig is None:
@@ -223,7 +253,7 @@ class Tensor:
         return sig
 
     # -- pytree -------------------------------------------------------------
-    def tree_flatten_with_keys(self):
+    def tree_flatten_with_keys(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         keys = jax.tree_util.GetAttrKey
         tensor_scale, zero_point = self._extra or (None, None)
         children = (
@@ -235,7 +265,7 @@ class Tensor:
         )
         return children, (self._format, self._scaling, self._dtype, self._packed_last)
 
-    def tree_flatten(self):
+    def tree_flatten(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         tensor_scale, zero_point = self._extra or (None, None)
         return (self._data, self._scale, tensor_scale, zero_point, self._straight), (
             self._format,
@@ -245,7 +275,7 @@ class Tensor:
         )
 
     @classmethod
-    def tree_unflatten(cls, aux, children):
+    def tree_unflatten(cls, aux: tuple[Any, ...], children: tuple[Any, ...]) -> Tensor:
         fmt, scaling, dtype, last = aux
         data, scale, tensor_scale, zero_point, st = children
         extra = None
@@ -294,14 +324,14 @@ class Tensor:
             raise PrecisionTypeError("len() of a 0-d Tensor")
         return self.shape[0]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Tensor]:
         # Without this, Python would iterate through __getitem__ until an
         # IndexError that clamped JAX indexing never raises.
         for i in range(len(self)):
             yield self[i]
 
     @property
-    def device(self):
+    def device(self) -> Any:
         """The device holding the storage; its sharding when spread over several."""
         if is_tracer(self._data):
             return None
@@ -309,7 +339,7 @@ class Tensor:
         return next(iter(devs)) if len(devs) == 1 else self._data.sharding
 
     @property
-    def sharding(self):
+    def sharding(self) -> Any:
         """The sharding of the data array (None while traced)."""
         return None if is_tracer(self._data) else self._data.sharding
 
@@ -357,7 +387,7 @@ class Tensor:
         """Logical values as a numpy array."""
         return np.asarray(self._values())
 
-    def __array__(self, dtype=None, copy=None):
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = np.asarray(self._values())
         return out if dtype is None else out.astype(dtype)
 
@@ -366,7 +396,7 @@ class Tensor:
 
     def item(self) -> float:
         """The single logical value as a Python float."""
-        return self.numpy().item()
+        return float(self.numpy().item())
 
     def __float__(self) -> float:
         return float(self.numpy())
@@ -531,15 +561,18 @@ class Tensor:
         """The Tensor with a new logical shape (storage codes move where the scaling allows)."""
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
             shape = tuple(shape[0])
-        return _operators.method("reshape")(self, tuple(shape))
+        out: Tensor = _operators.method("reshape")(self, tuple(shape))
+        return out
 
     def transpose(self, *axes: Any) -> Tensor:
         """Axes permuted (reversed when none are given)."""
         if len(axes) == 1 and isinstance(axes[0], tuple | list):
             axes = tuple(axes[0])
-        return _operators.method("transpose")(self, tuple(axes) if axes else None)
+        out: Tensor = _operators.method("transpose")(self, tuple(axes) if axes else None)
+        return out
 
     @property
     def T(self) -> Tensor:
         """Axes reversed."""
-        return _operators.method("transpose")(self, None)
+        out: Tensor = _operators.method("transpose")(self, None)
+        return out

@@ -54,7 +54,7 @@ def _is_tensor(x: Any) -> bool:
 
 
 @functools.cache
-def _positional_treedef(n: int):
+def _positional_treedef(n: int) -> Any:
     return jax.tree_util.tree_structure(((0,) * n, {}))
 
 
@@ -143,7 +143,12 @@ def _storage_of(value: Any, state: State, dtype: np.dtype, ctx: Context) -> dtyp
 
 
 def _build(
-    f: Callable, treedef, kinds: list[int], leaves: list[Any], ctx: Context, diff: bool
+    f: Callable[..., Any],
+    treedef: Any,
+    kinds: list[int],
+    leaves: list[Any],
+    ctx: Context,
+    diff: bool,
 ) -> _Entry:
     entry = _Entry()
     # each Tensor argument: its pytree structure (static) and number of arrays
@@ -154,7 +159,7 @@ def _build(
             tensors[i] = (tdef, tdef.num_leaves)  # type: ignore[attr-defined]  # no jaxlib stub
     statics = {i: leaf for i, leaf in enumerate(leaves) if kinds[i] == _STATIC}
 
-    def run(*dyn):
+    def run(*dyn: Any) -> Any:
         it = iter(dyn)
         values: list[Any] = []
         states: list[State | None] = []
@@ -188,7 +193,7 @@ def _build(
                 states.append(None)
             positions.append(i)
 
-        def flat_f(*xs):
+        def flat_f(*xs: Any) -> Any:
             full = [statics.get(i) for i in range(len(kinds))]
             for i, x in zip(positions, xs, strict=True):
                 full[i] = x
@@ -260,8 +265,8 @@ def _context(compute: Any, policy: Any, contract: Any = None) -> Context:
 
 
 def apply(
-    f: Callable, *, compute: Any = None, policy: Any = None, contract: Any = None
-) -> Callable:
+    f: Callable[..., Any], *, compute: Any = None, policy: Any = None, contract: Any = None
+) -> Callable[..., Any]:
     """Make `f` (any JAX function) run on Tensors under the precision rules.
 
     The returned function accepts Tensors anywhere in its (pytree) arguments,
@@ -326,7 +331,7 @@ def apply(
     cache: dict[Any, _Entry] = {}
 
     @functools.wraps(f)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not kwargs and len(args) == 2:
             a, b = args
             if (
@@ -354,10 +359,10 @@ def apply(
                     return entry.rebuild(entry.fn(da, db))
         return _slow(args, kwargs)
 
-    def _slow(args, kwargs):
+    def _slow(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not kwargs and all(type(a) is Tensor for a in args):
             # Fast path (operators): positional Tensors need no tree walk.
-            leaves, treedef = args, _positional_treedef(len(args))
+            leaves, treedef = list(args), _positional_treedef(len(args))
         else:
             leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
         kinds: list[int] = []
