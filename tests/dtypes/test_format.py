@@ -1,0 +1,41 @@
+"""The `Format` base: storage sizes, for every format, against the arrays really held.
+
+`data_shape` and `nbytes` are computed from a format's numbers alone (no
+JAX); here they are compared with what `encode` actually produces, and the
+packed length with exact integer arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import dtypes
+from dtypes._format import packed_length, packed_nbytes
+
+ALL = {**dtypes.FORMATS, **dtypes.ENCODINGS}
+SHAPES = [(), (5,), (3, 33)]
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if n != "float64"])
+def test_sizes_match_the_encoded_arrays(name):
+    fmt = ALL[name]
+    rng = np.random.default_rng(len(name))
+    # (a scalar has no axis to cut into blocks: block-scaled formats refuse it)
+    blocked = isinstance(fmt.default_scaling(), dtypes.PerBlock)
+    for shape in SHAPES[1:] if blocked else SHAPES:
+        x = rng.standard_normal(shape).astype(np.float32)
+        enc = fmt.encode(x)
+        assert tuple(enc.data.shape) == fmt.data_shape(shape), (name, shape)
+        assert enc.nbytes == fmt.nbytes(shape), (name, shape)
+        assert enc.shape == shape
+
+
+@pytest.mark.parametrize("bits", range(1, 17))
+def test_packed_length_is_the_exact_ceiling(bits):
+    for n in [*range(0, 70), 2**31 + 3, 10**6 + 1]:
+        assert packed_length(n, bits) == -(-(n * bits) // 8)
+        assert packed_nbytes((7, n), bits) == 7 * -(-(n * bits) // 8)
+    assert packed_nbytes((), bits) == math.ceil(bits / 8)
