@@ -22,7 +22,9 @@ from ._values import _Bounds, _check_format, _float_format, _float_values, _int_
 # -- arrays and tensors -------------------------------------------------------
 
 
-def _shapes(shape: Shape | st.SearchStrategy[tuple[int, ...]] | None):
+def _shapes(
+    shape: Shape | st.SearchStrategy[tuple[int, ...]] | None,
+) -> st.SearchStrategy[tuple[int, ...]]:
     if shape is None:
         return hnp.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=8)
     if isinstance(shape, st.SearchStrategy):
@@ -61,7 +63,9 @@ def _fill(elements: st.SearchStrategy[Any], shape: tuple[int, ...]) -> st.Search
     return st.one_of(independent, st.builds(filled, fill=elements, overrides=overrides))
 
 
-def _representable_int_array(fmt: IntFormat, shape: tuple[int, ...]):
+def _representable_int_array(
+    fmt: IntFormat, shape: tuple[int, ...]
+) -> st.SearchStrategy[np.ndarray]:
     """Codes times one power-of-two scale, the largest code set to ±qmax.
 
     That element is the absmax, so the per-tensor scale comes out as exactly

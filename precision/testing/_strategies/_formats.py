@@ -93,7 +93,7 @@ def formats(
 
 
 @st.composite
-def _custom_float_formats(draw, min_bits: int, max_bits: int) -> FloatFormat:
+def _custom_float_formats(draw: st.DrawFn, min_bits: int, max_bits: int) -> FloatFormat:
     # 1 + e + m bits with 2 <= e <= 8 and 0 <= m <= 23 (e = 1 IEEE layouts
     # have no normal numbers at all and are left out).
     bits = draw(st.integers(max(3, min_bits), min(32, max_bits)))
@@ -204,7 +204,9 @@ def scalings(
     return st.one_of(branches)
 
 
-def _scale_pairs(fmt: Format | None, binary: bool, scale_formats: Sequence[str]):
+def _scale_pairs(
+    fmt: Format | None, binary: bool, scale_formats: Sequence[str]
+) -> st.SearchStrategy[tuple[bool, str]]:
     """(power_of_two, scale_format) pairs valid for `fmt`, simplest first."""
     unknown = [f for f in scale_formats if f not in dtypes.SCALE_FORMATS]
     if unknown or not scale_formats:
@@ -230,6 +232,7 @@ def _scale_pairs(fmt: Format | None, binary: bool, scale_formats: Sequence[str])
 
 
 @st.composite
-def _scaling(draw, cls, pairs, *args):
+def _scaling(draw: st.DrawFn, cls: Any, pairs: Any, *args: Any) -> Scaling:
     p, name = draw(pairs)
-    return cls(*(draw(a) for a in args), power_of_two=p, scale_format=name)
+    scaling: Scaling = cls(*(draw(a) for a in args), power_of_two=p, scale_format=name)
+    return scaling

@@ -134,7 +134,7 @@ def _coded(
     """
     offset = 0.5 if tie else 0.0
 
-    def side(mag_lo: float, mag_hi: float, sign: float):
+    def side(mag_lo: float, mag_hi: float, sign: float) -> st.SearchStrategy[float] | None:
         c_lo = max(first, math.ceil(_position(g, mag_lo) - offset))
         pos_hi = _position(g, mag_hi)
         c_hi = last if math.isinf(pos_hi) else min(last, math.floor(pos_hi - offset))
@@ -152,12 +152,12 @@ def _coded(
 
         return st.tuples(codes, st.sampled_from((0, 1, -1))).map(lambda t: build(*t))
 
-    sides = []
+    drawn = []
     if bounds.hi >= 0:
-        sides.append(side(max(bounds.lo, 0.0), bounds.hi, 1.0))
+        drawn.append(side(max(bounds.lo, 0.0), bounds.hi, 1.0))
     if bounds.lo < 0:
-        sides.append(side(max(-bounds.hi, 0.0), -bounds.lo, -1.0))
-    sides = [s for s in sides if s is not None]
+        drawn.append(side(max(-bounds.hi, 0.0), -bounds.lo, -1.0))
+    sides = [s for s in drawn if s is not None]
     return st.one_of(sides) if sides else None
 
 
@@ -379,7 +379,9 @@ def values(
     return _values(fmt, allow_nan, allow_infinity, allow_subnormal, _Bounds(min_value, max_value))
 
 
-def _values(fmt: Format, allow_nan, allow_infinity, allow_subnormal, bounds: _Bounds):
+def _values(
+    fmt: Format, allow_nan: bool, allow_infinity: bool, allow_subnormal: bool, bounds: _Bounds
+) -> st.SearchStrategy[Any]:
     if isinstance(fmt, IntFormat):
         return _int_values(fmt, None, allow_nan, allow_infinity, allow_subnormal, bounds)
     return _float_values(_float_format(fmt), allow_nan, allow_infinity, allow_subnormal, bounds)
