@@ -461,7 +461,9 @@ def _format_of(kind: str, spec: dict[str, Any], own: Scaling | None) -> Format:
     if not all(type(v) is float for v in values):
         raise CheckpointError("a code book's values must all be numbers written with a point")
     table = np.asarray(values, np.float64)
-    if not np.all(np.isfinite(table)) or np.any(table.astype(np.float32) != table):
+    with np.errstate(over="ignore"):  # 1e308 is no float32: refused just below
+        narrow = table.astype(np.float32)
+    if not np.all(np.isfinite(narrow)) or np.any(narrow != table):
         raise CheckpointError("a code book's values must be finite float32 numbers")
     if np.any(np.diff(table) <= 0):
         raise CheckpointError("a code book's values must be sorted, each larger than the last")

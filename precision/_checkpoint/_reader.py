@@ -433,7 +433,8 @@ class Reader:
             raise bad(f"kind {kind!r:.100} and dtype {dtype_name!r:.100} must be strings")
         extras = (item.get("tensor_scale"), item.get("zero_point"))
         if kind == "array":
-            if fmt is not None or scaling is not None or item["scale"] is not None or any(extras):
+            arrays = (item["scale"], *extras)
+            if fmt is not None or scaling is not None or any(a is not None for a in arrays):
                 raise bad("a plain array has no format, scaling, scales or zero points")
             dtype = entry.dtype
             if dtype_name != dtype.name:
@@ -446,6 +447,9 @@ class Reader:
             dtype = _LOGICAL[dtype_name]
             if fmt.kind != "float" and fmt.kind != "scale" and scaling is None:
                 raise bad(f"{fmt.name} codes need a scaling")
+            problem = self._encoding_problem(fmt, scaling, tuple(shape))
+            if problem:
+                raise bad(problem)
             expected = Leaf.tensor(name, (), dtype, tuple(shape), fmt, scaling)
             for key in ("scale", "tensor_scale", "zero_point"):
                 want = getattr(expected, key)
@@ -460,9 +464,6 @@ class Reader:
                     scaling.validate(tuple(shape))
                 except ValueError as exc:
                     raise bad(str(exc)) from None
-            problem = self._encoding_problem(fmt, scaling, tuple(shape))
-            if problem:
-                raise bad(problem)
         else:
             raise bad(f"unknown kind {kind!r:.100}")
         leaf = Leaf(

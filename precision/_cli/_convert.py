@@ -140,8 +140,8 @@ def _check_pair(
     """Usage error unless `fmt` takes `scaling` and `rounding` (asked of the format itself)."""
     if fmt.kind in ("int", "uint", "codebook") and scaling is None:
         raise _UsageError(
-            f"{fmt.name} always needs a scaling; use --scaling per-tensor, per-axis:AXIS or "
-            "per-block:SIZE"
+            f"--to {fmt.name} --scaling none: {fmt.name} always needs a scaling; use --scaling "
+            "per-tensor, per-axis:AXIS or per-block:SIZE"
         )
     if scaling is None:
         return

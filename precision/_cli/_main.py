@@ -296,30 +296,68 @@ def _parser() -> argparse.ArgumentParser:
 # formats
 
 
-def _format_row(fmt: Any) -> dict[str, Any]:
+def _format_row(fmt: Any, registry: str) -> dict[str, Any]:
     import dtypes
 
     aliases = sorted(a for a, n in dtypes.ALIASES.items() if n == fmt.name)
+    per_value, per_tensor = _true_bits(fmt)
+    scaling = fmt.default_scaling()
     row: dict[str, Any] = {
         "name": fmt.name,
+        "registry": registry,
         "kind": fmt.kind,
         "bits": fmt.bits,
         "container": fmt.container.name + (" (packed)" if fmt.packed else ""),
         "max": fmt.max,
         "smallest": getattr(fmt, "smallest_subnormal", None),
         "eps": getattr(fmt, "eps", None),
-        "scaled": "always" if fmt.kind == "int" else "optional",
+        "scaled": "always" if fmt.kind in ("int", "uint", "codebook") else "optional",
+        "scaling": None if scaling is None else str(scaling),
+        "bits_per_value": per_value,
+        "bytes_per_tensor": per_tensor,
         "aliases": aliases,
     }
     return row
 
 
+def _true_bits(fmt: Any) -> tuple[float, int]:
+    """(storage bits per value of a large tensor, bytes held once per tensor), with the
+    format's default scaling: codes, scales, zero points and tensor scales all counted.
+
+    Two sizes whose last axis every block size divides tell them apart: the
+    difference of their `nbytes` is per value, the rest per tensor.
+    """
+    from fractions import Fraction
+
+    rows, cols = 256, 4096
+    small, large = fmt.nbytes((rows, cols)), fmt.nbytes((2 * rows, cols))
+    per_value = Fraction(8 * (large - small), rows * cols)
+    per_tensor = small - per_value * rows * cols / 8
+    return float(per_value), int(per_tensor)
+
+
+def _brief_scaling(scaling: Any) -> str:
+    """A composition's scaling in a few words: `per-block 32, E8M0 scales`."""
+    if scaling is None:
+        return "-"
+    kind = type(scaling).__name__
+    where = {"PerTensor": "per-tensor", "PerAxis": f"per-axis {getattr(scaling, 'axis', '')}"}
+    text = where.get(kind, f"per-block {getattr(scaling, 'size', '')}")
+    names = {"float8_e8m0fnu": "E8M0", "float8_e4m3fn": "e4m3", "float32": "float32"}
+    scale_format = scaling.scale_format
+    text += f", {names.get(scale_format, scale_format)} scales"
+    if scale_format == "float8_e4m3fn":
+        text += " x float32 tensor scale"
+    return text
+
+
 def _cmd_formats(args: argparse.Namespace) -> int:
     import dtypes
 
-    rows = [_format_row(f) for f in dtypes.FORMATS.values()]
+    rows = [_format_row(f, "FORMATS") for f in dtypes.FORMATS.values()]
+    encodings = [_format_row(f, "ENCODINGS") for f in dtypes.ENCODINGS.values()]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(rows + encodings, indent=2))
         return 0
 
     def num(x: float | None) -> str:
@@ -342,6 +380,27 @@ def _cmd_formats(args: argparse.Namespace) -> int:
     header = ["format", "kind", "bits", "container", "max", "smallest", "eps", "scales", "aliases"]
     print(_table(table, header, right={2, 4, 5, 6}))
     print("\nint max is the largest code: values are code * scale.")
+    table = [
+        [
+            r["name"],
+            r["kind"],
+            str(r["bits"]),
+            num(r["max"]),
+            _brief_scaling(fmt.default_scaling()),
+            f"{r['bits_per_value']:g}",
+            str(r["bytes_per_tensor"]) if r["bytes_per_tensor"] else "-",
+            ", ".join(r["aliases"]),
+        ]
+        for r, fmt in zip(encodings, dtypes.ENCODINGS.values(), strict=True)
+    ]
+    header = ["encoding", "kind", "bits", "max", "scaling", "bits/value", "+B/tensor", "aliases"]
+    print("\nNamed encodings (ml_dtypes layouts, OCP MX, NVFP4, code books, zero points):\n")
+    print(_table(table, header, right={2, 3, 5, 6}))
+    print(
+        "\nbits/value: storage of a large tensor per value, scales and zero points included; "
+        "+B/tensor: bytes held once per tensor (NVFP4's float32 tensor scale, per-tensor "
+        "scales and zero points)."
+    )
     return 0
 
 

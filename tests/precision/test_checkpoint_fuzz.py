@@ -14,7 +14,9 @@ file's path; any other exception fails the test), or it returns
 * when they were, exactly the file's bytes (located by the header's
   offsets) as encodings that a numpy reference finds valid: integer codes
   in their symmetric range, zero padding bits, positive finite normal
-  scales, finite scaled floats, tf32 on its grid. (A re-sealed file may
+  scales (E8M0, e4m3, bfloat16 and float16 ones widened as the layout
+  says), a positive normal NVFP4 tensor scale, zero points and code-book
+  codes in range, finite scaled values, tf32 on its grid. (A re-sealed file may
   mean other numbers and be consistent: `PerBlock(4)` edited to
   `PerBlock(3)` over 6 columns keeps the scale shape. Only the checksums
   that were not re-sealed can tell; what `load` promises then is never an
@@ -33,6 +35,7 @@ import struct
 import time
 import zlib
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -48,6 +51,9 @@ SEED = int(
     os.environ.get("FUZZ_SEED")
     or (int.from_bytes(os.urandom(4), "little") if PROFILE == "hunt" else 20261124)
 )
+
+
+E8M0 = {"power_of_two": True, "scale_format": "float8_e8m0fnu"}
 
 
 def _tree() -> dict:
@@ -66,6 +72,18 @@ def _tree() -> dict:
             x, scaling=dtypes.PerBlock(4, power_of_two=True)
         ),
         "s8": dtypes.int8.encode(np.float32(1.5)),
+        # layout version 2: scale formats, tensor scales, zero points, code books
+        "mx": dtypes.get("mxfp4").encode(x, scaling=dtypes.PerBlock(4, **E8M0)),
+        "mi": dtypes.get("mxint8").encode(x),
+        "nv": dtypes.get("nvfp4").encode(x, scaling=dtypes.PerBlock(2, scale_format="e4m3")),
+        "u4": dtypes.get("uint4").encode(x[:, :5], scaling=dtypes.PerAxis(0)),
+        "u8": dtypes.get("uint8").encode(x, scaling=dtypes.PerBlock(3, scale_format="bf16")),
+        "nf": dtypes.get("nf4").encode(x[:, :5]),
+        "cb": dtypes.CodebookFormat([-1.0, 0.0, 1.0], name="tiny").encode(x),
+        "h8": dtypes.int8.encode(
+            x, scaling=dtypes.PerTensor(power_of_two=True, scale_format="f16")
+        ),
+        "e0": dtypes.ENCODINGS["float8_e8m0fnu"].encode(np.abs(x) + 0.5),
     }
     tree: dict = {k: Tensor.from_encoded(v) for k, v in encodings.items()}
     tree["nested"] = {"list": [np.arange(5, dtype=np.int32), np.float32([0.5, -2.0])]}
@@ -145,6 +163,16 @@ HOT_STRINGS = [
     "key",
     "index",
     "t0",
+    "float8_e8m0fnu",
+    "float8_e4m3fn",
+    "float16",
+    "uint",
+    "codebook",
+    "minmax",
+    "nf4",
+    "mxfp4",
+    "x:scale",
+    "x:zero_point",
 ]
 
 
@@ -236,43 +264,88 @@ MUTATIONS = [mutate_json, mutate_json, mutate_header_bytes, mutate_data, mutate_
 # -- the reference check of a loaded tree whose data changed --------------------------------
 
 
-def _reference_valid(name: str, t: Tensor, stored: dict[str, np.ndarray]) -> None:
+SCALE_TYPES = {
+    "float32": np.float32,
+    "bfloat16": ml_dtypes.bfloat16,
+    "float16": np.float16,
+    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+    "float8_e8m0fnu": ml_dtypes.float8_e8m0fnu,
+}
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _top(fmt) -> float:
+    return float(fmt.qmax if fmt.kind in ("int", "uint") else fmt.max)
+
+
+def _reference_scales(name: str, enc, stored: dict[str, bytes]) -> None:
+    """Scales as the documented layout reads them: positive finite normals (after widening),
+    powers of two under power_of_two, the largest code times them finite."""
+    fmt, scaling = enc.format, enc.scaling
+    scale_format = scaling.scale_format
+    raw = np.frombuffer(stored[name + ":scale"], SCALE_TYPES[scale_format])
+    assert raw.tobytes() == np.asarray(enc.scale).tobytes(), f"{name}: scales differ"
+    scale = raw.astype(np.float64)
+    if scale_format == "float8_e8m0fnu" and fmt.kind == "int":
+        scale = scale / 64.0  # MXINT8's elements are code / 64
+    if scale_format == "float8_e4m3fn":  # two-level: block scales times the tensor scale
+        ts = np.frombuffer(stored[name + ":tensor_scale"], np.float32)
+        assert ts.tobytes() == np.asarray(enc.tensor_scale).tobytes()
+        assert ts[0] >= 2.0**-126, f"{name}: tensor scale {ts} loaded"
+        assert ts[0] * 448 * _top(fmt) <= F32_MAX, f"{name}: tensor scale {ts} loaded"
+        assert np.all(np.isfinite(scale)), f"{name}: NaN block scale loaded"
+        assert not np.any(np.signbit(raw.astype(np.float32))), f"{name}: negative block scale"
+        return
+    zero_ok = fmt.kind == "int" and fmt.bits == 1
+    ok = np.isfinite(scale) & ((scale >= 2.0**-126) | (zero_ok & (scale == 0)))
+    ok &= ~np.signbit(scale)
+    ok &= scale * _top(fmt) <= F32_MAX
+    assert ok.all(), f"{name}: scales {scale[~ok][:4]} loaded"
+    if scaling.power_of_two:
+        mant, _ = np.frexp(scale)
+        clamped = scale == float(ml_dtypes.finfo(SCALE_TYPES[scale_format]).max)
+        assert np.all((mant == 0.5) | clamped), f"{name}: non power-of-two scales loaded"
+
+
+def _fields(data: np.ndarray, bits: int, n: int, name: str) -> np.ndarray:
+    all_bits = np.unpackbits(data.view(np.uint8), axis=-1, bitorder="little")
+    assert not all_bits[..., n * bits :].any(), f"{name}: padding bits loaded"
+    fields = all_bits[..., : n * bits].reshape((*all_bits.shape[:-1], n, bits))
+    return (fields.astype(np.int64) << np.arange(bits)).sum(-1)
+
+
+def _reference_valid(name: str, t: Tensor, stored: dict[str, bytes]) -> None:
     enc = t.encoded
     fmt = enc.format
     data = np.asarray(enc.data)
     file_data = stored[name]
     assert data.tobytes() == file_data, f"{name}: loaded bytes differ from the file's"
     if enc.scale is not None:
-        scale = np.asarray(enc.scale, np.float32)
-        assert scale.tobytes() == stored[name + ":scale"]
-        zero_ok = fmt.kind == "int" and fmt.bits == 1
-        ok = np.isfinite(scale) & ((scale >= 2.0**-126) | (zero_ok & (scale == 0)))
-        ok &= ~np.signbit(scale)
-        top = fmt.qmax if fmt.kind == "int" else fmt.max
-        ok &= scale.astype(np.float64) * top <= np.finfo(np.float32).max
-        assert ok.all(), f"{name}: scales {scale[~ok][:4]} loaded"
-        if enc.scaling.power_of_two:
-            mant, _ = np.frexp(scale)
-            assert np.all(mant == 0.5), f"{name}: non power-of-two scales loaded"
+        _reference_scales(name, enc, stored)
+    if enc.zero_point is not None:
+        zp = np.frombuffer(stored[name + ":zero_point"], np.uint8)
+        assert zp.tobytes() == np.asarray(enc.zero_point).tobytes()
+        assert np.all(zp <= fmt.qmax), f"{name}: zero point past {fmt.qmax} loaded"
+    n = enc.shape[-1] if enc.shape else 1
     if fmt.kind == "int" and fmt.bits < 8:
         b = fmt.bits
-        n = enc.shape[-1] if enc.shape else 1
-        bits = np.unpackbits(data.view(np.uint8), axis=-1, bitorder="little")
-        assert not bits[..., n * b :].any(), f"{name}: padding bits loaded"
-        fields = bits[..., : n * b].reshape((*bits.shape[:-1], n, b))
-        codes = (fields.astype(np.int64) << np.arange(b)).sum(-1)
+        codes = _fields(data, b, n, name)
         if b > 1:
             codes = np.where(codes >= 2 ** (b - 1), codes - 2**b, codes)
             assert np.all(np.abs(codes) <= fmt.qmax), f"{name}: code out of range loaded"
     elif fmt.kind == "int":
         assert np.all(data.astype(np.int16) >= -127), f"{name}: int8 code -128 loaded"
+    elif fmt.kind in ("uint", "codebook") and fmt.bits < 8:
+        codes = _fields(data, fmt.bits, n, name)
+        if fmt.kind == "codebook":
+            assert np.all(codes < len(fmt.values)), f"{name}: code past the table loaded"
     elif fmt.name == "tf32":
         # NaN payloads are kept: tf32's nearest_even encode passes them through.
         off = (data.view(np.uint32) & 0x1FFF).astype(bool) & ~np.isnan(data)
         assert not np.any(off), f"{name}: tf32 off grid loaded"
-    if enc.scale is not None and fmt.kind == "float":
+    if enc.scale is not None and fmt.kind != "int":
         decoded = np.asarray(enc.decode(np.float32))
-        assert np.all(np.isfinite(decoded)), f"{name}: scaled float decodes to inf/NaN"
+        assert np.all(np.isfinite(decoded)), f"{name}: scaled encoding decodes to inf/NaN"
 
 
 def _stored_bytes(raw: bytes) -> dict[str, bytes]:

@@ -69,10 +69,17 @@ def assert_encoded_like_library(t: Tensor, x: np.ndarray, fmt: dtypes.Format, sc
         np.asarray(got.data).reshape(-1).view(np.uint8),
         np.asarray(expected.data).reshape(-1).view(np.uint8),
     )
-    if expected.scale is None:
-        assert got.scale is None
-    else:
-        np.testing.assert_array_equal(np.asarray(got.scale), np.asarray(expected.scale))
+    for part in ("scale", "tensor_scale", "zero_point"):
+        want, have = getattr(expected, part), getattr(got, part)
+        if want is None:
+            assert have is None, part
+        else:
+            want, have = np.asarray(want), np.asarray(have)
+            assert (have.dtype, have.shape, have.tobytes()) == (
+                want.dtype,
+                want.shape,
+                want.tobytes(),
+            ), part
 
 
 # --------------------------------------------------------------------------
@@ -92,9 +99,53 @@ def test_console_script_and_module_print_the_format_table():
 
 def test_formats_json(capsys):
     assert _cli.main(["formats", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    every = json.loads(capsys.readouterr().out)
+    rows = [r for r in every if r["registry"] == "FORMATS"]
     assert [r["name"] for r in rows] == list(dtypes.FORMATS)
     assert {r["name"]: r["bits"] for r in rows} == {n: f.bits for n, f in dtypes.FORMATS.items()}
+    encodings = [r["name"] for r in every if r["registry"] == "ENCODINGS"]
+    assert encodings == list(dtypes.ENCODINGS)
+    assert len(every) == len(rows) + len(encodings)
+
+
+# True storage per value of a large tensor, from the specifications: element bits plus
+# the scale's bits shared by its block (OCP MX: 8-bit E8M0 per 32; NVFP4: 8-bit e4m3 per
+# 16 and a float32 per tensor; NF4: float32 per 64); per-tensor scales and zero points
+# are bytes per tensor.
+TRUE_BITS = {
+    "float4_e2m1fn": (4, 0),
+    "float6_e2m3fn": (6, 0),
+    "float6_e3m2fn": (6, 0),
+    "float8_e4m3": (8, 0),
+    "float8_e3m4": (8, 0),
+    "float8_e8m0fnu": (8, 0),
+    "mxfp8_e4m3": (8 + 8 / 32, 0),
+    "mxfp8_e5m2": (8 + 8 / 32, 0),
+    "mxfp6_e3m2": (6 + 8 / 32, 0),
+    "mxfp6_e2m3": (6 + 8 / 32, 0),
+    "mxfp4": (4 + 8 / 32, 0),
+    "mxint8": (8 + 8 / 32, 0),
+    "nvfp4": (4 + 8 / 16, 4),
+    "nf4": (4 + 32 / 64, 0),
+    "uint8": (8, 4 + 1),
+    "uint4": (4, 4 + 1),
+}
+
+
+def test_formats_lists_named_encodings_at_their_true_bits(capsys):
+    assert _cli.main(["formats", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(TRUE_BITS) <= set(rows)
+    for name, (bits, per_tensor) in TRUE_BITS.items():
+        assert (rows[name]["bits_per_value"], rows[name]["bytes_per_tensor"]) == (
+            bits,
+            per_tensor,
+        ), name
+    assert (rows["int4"]["bits_per_value"], rows["int4"]["bytes_per_tensor"]) == (4, 4)
+    assert _cli.main(["formats"]) == 0
+    table = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line}
+    assert table["mxfp4"][-2:] == ["4.25", "-"]
+    assert table["nvfp4"][-2:] == ["4.5", "4"]
 
 
 @pytest.mark.parametrize("command", [[], ["formats"], ["convert"], ["report"]])
@@ -133,7 +184,7 @@ def test_demo_missing_is_a_one_line_error(monkeypatch, capsys):
 
 def preset_scaling(fmt: dtypes.Format):
     """The documented default of --scaling: per-block 32 for integers of 4 bits or fewer."""
-    if fmt.kind == "int" and fmt.bits <= 4:
+    if fmt.kind in ("int", "uint") and fmt.bits <= 4:
         return dtypes.PerBlock(32)
     return fmt.default_scaling()
 
@@ -342,6 +393,114 @@ def test_convert_onto_itself_needs_overwrite(checkpoint, tmp_path, capsys):
     assert _cli.main(["convert", str(path), "-o", str(path), "--to", "bf16", "--overwrite"]) == 0
     assert precision.load(path)["encoder.weight"].format == dtypes.bfloat16
     assert os.listdir(tmp_path) == ["m.safetensors"]
+
+
+# --------------------------------------------------------------------------
+# named encodings: MX, NVFP4, NF4, zero points
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "nf4", "uint8"])
+def test_convert_and_report_named_encodings(checkpoint, tmp_path, capsys, name):
+    out = tmp_path / f"{name}.safetensors"
+    argv = ["convert", str(checkpoint), "-o", str(out), "--to", name, "-q", "--keep", "none"]
+    assert _cli.main(argv) == 0
+    assert f"converted 3 tensor(s) to {name}" in capsys.readouterr().out
+    fmt = dtypes.get(name)
+    loaded = precision.load(out)
+    for tensor in FLOATS:
+        x = np.asarray(INPUT[tensor], np.float32)
+        assert_encoded_like_library(loaded[tensor], x, fmt, preset_scaling(fmt))
+        in_memory = Tensor(x).to_reduced_precision(name)
+        assert loaded[tensor].numpy().tobytes() == in_memory.numpy().tobytes()
+    assert _cli.main(["report", str(checkpoint), str(out), "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    approx = precision.load(out, as_arrays=True)
+    for tensor in FLOATS:
+        x = np.asarray(INPUT[tensor], np.float32)
+        rep = error_report(x, np.asarray(approx[tensor]))
+        assert rows[tensor]["format"] == name
+        assert rows[tensor]["sqnr_db"] == pytest.approx(rep.sqnr_db, rel=1e-12)
+        assert rows[tensor]["bytes"] == fmt.nbytes(x.shape)  # codes, scales, zero points
+
+
+ENCODING_STREAMS = [  # (--to, --scaling, a tensor that streams)
+    ("mxfp4", None, "d"),
+    ("nvfp4", None, "a"),
+    ("nf4", "per-block:16", "a"),
+    ("uint4", None, "d"),
+    ("uint8", "per-axis:0", "a"),
+]
+# the inputs of STREAM_INPUT these need: streamed in several blocks, rows with a packed
+# tail byte (whole), a scalar (kept)
+ENCODING_STREAM_INPUT = {k: STREAM_INPUT[k] for k in ("a", "b", "d", "f")}
+
+
+@pytest.fixture(scope="module")
+def encoding_stream_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("stream") / "e.safetensors"
+    safetensors.numpy.save_file(ENCODING_STREAM_INPUT, str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("fmt", "flag", "streamed"), ENCODING_STREAMS, ids=[c[0] for c in ENCODING_STREAMS]
+)
+def test_named_encodings_stream_the_library_bytes(
+    encoding_stream_checkpoint, tmp_path, monkeypatch, fmt, flag, streamed
+):
+    monkeypatch.setattr(_cli_convert, "_BLOCK", 64)
+    blocks = []
+    read = _cli_convert._Blocks.blocks
+    monkeypatch.setattr(
+        _cli_convert._Blocks,
+        "blocks",
+        lambda self, n, pad=False: blocks.append(self.name) or read(self, n, pad),
+    )
+    out = tmp_path / "out.safetensors"
+    argv = ["convert", str(encoding_stream_checkpoint), "-o", str(out), "--to", fmt, "-q"]
+    argv += ["--keep", "none", "--no-stats", *(["--scaling", flag] if flag else [])]
+    assert _cli.main(argv) == 0
+    assert streamed in blocks  # the block path really ran
+    scaling = _cli_convert._scaling(flag, dtypes.get(fmt))
+    loaded = precision.load(out)
+    for name, value in ENCODING_STREAM_INPUT.items():
+        t = loaded[name]
+        if t.format == dtypes.get(fmt):
+            assert_encoded_like_library(t, np.asarray(value, np.float32), t.format, scaling)
+        else:  # kept: the scaling does not fit (a scalar per block)
+            assert t.format.name in ("float32", "bfloat16", "float16"), name
+
+
+def test_dry_run_says_how_each_tensor_is_converted(checkpoint, capsys):
+    assert _cli.main(["convert", str(checkpoint), "--to", "nvfp4", "--dry-run"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
+    assert lines["head.weight"].endswith("absmax pass, then blocks")  # 32 values a row
+    assert lines["encoder.weight"].endswith("whole tensor (blocks do not tile the rows)")
+    assert _cli.main(["convert", str(checkpoint), "--to", "uint8", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "whole tensor (one min/max scale for the tensor)" in out
+    assert re.search(r"encoder\.bias .* kept \(--keep default\) +copied", out)
+
+
+ENCODING_USAGE_ERRORS = {
+    "nf4 rounding up": (["--to", "nf4", "--rounding", "up"], "rounds with nearest_even or"),
+    "mx scales not pow2": (["--to", "mxfp4", "--scaling", "per-block:64"], "power_of_two"),
+    "nf4 unscaled": (["--to", "nf4", "--scaling", "none"], "always needs a scaling"),
+    "uint4 pow2": (["--to", "uint4", "--scaling", "per-tensor:pow2"], "power_of_two"),
+    "e8m0 scaled": (["--to", "float8_e8m0fnu", "--scaling", "per-tensor"], "scale format"),
+    "nvfp4 pow2": (["--to", "nvfp4", "--scaling", "per-block:16:pow2"], "power_of_two"),
+}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"), ENCODING_USAGE_ERRORS.values(), ids=ENCODING_USAGE_ERRORS.keys()
+)
+def test_bad_encoding_combinations_are_usage_errors(capsys, argv, message):
+    assert _cli.main(["convert", "IN", "-o", "OUT", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("precision convert: error: --"), err
+    assert message in err, err
+    assert err.count("\n") == 1
 
 
 # --------------------------------------------------------------------------
