@@ -237,10 +237,14 @@ def save(path: str | os.PathLike, tree: Any, *, overwrite: bool = False) -> None
     """Save a tree of Tensors and arrays to a safetensors file, atomically.
 
     Every leaf is stored exactly: a reduced Tensor as its container codes and
-    float32 scales, with its format, scaling, logical dtype, shape and key path
-    in the header's metadata; a plain array as it is. The file is written to
-    a temporary file beside `path`, fsynced and renamed, so an error or a
-    crash never leaves a partial file or damages an existing one.
+    scales in their scale format (float32, E8M0, e4m3, bfloat16 or float16),
+    with NVFP4's tensor scale and asymmetric integers' zero points, and its
+    format (code books with their table), scaling, logical dtype, shape and
+    key path in the header's metadata, so that a plain safetensors reader
+    can decode it (docs/cli.md, "File layout"); a plain array as it is. The
+    file is written to a temporary file beside `path`, fsynced and renamed,
+    so an error or a crash never leaves a partial file or damages an
+    existing one.
 
     Args:
         path: destination file.
@@ -251,7 +255,8 @@ def save(path: str | os.PathLike, tree: Any, *, overwrite: bool = False) -> None
     Raises:
         FileExistsError: `path` exists and `overwrite` is False.
         TypeError: a leaf is neither a Tensor nor an array of a storable dtype.
-        ValueError: two leaves would be stored under the same name.
+        ValueError: two leaves would be stored under the same name, or an
+            encoding holds values no encoder writes (a NaN scale).
         OSError: the destination cannot be written.
 
     Examples:

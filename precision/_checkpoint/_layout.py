@@ -82,11 +82,12 @@ _LOGICAL: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float64": np.
 
 # -- limits ---------------------------------------------------------------
 # Bounds on what one file may declare, checked before anything is allocated
-# (documented in docs/checkpoints.md). They are far above real models and
+# (documented in docs/cli.md, "Safety"). They are far above real models and
 # make a header's cost proportional to its size: a hostile header cannot
 # make `load` build millions of objects or arrays whose sizes overflow.
 
-#: Arrays in one file (a reduced Tensor stores two: its codes and its scales).
+#: Arrays in one file (a reduced Tensor stores up to four: its codes, its scales,
+#: a tensor scale and zero points).
 MAX_ARRAYS = 1 << 16
 #: Characters of one array name (its key path joined with dots).
 MAX_NAME_LENGTH = 4096

@@ -13,14 +13,20 @@ usually only one block of it (`_Engine`):
   it (exact: a maximum), the second encodes each block with that absmax
   appended as an extra value, which gives every value the scale of the
   whole tensor, so the codes are those of the whole-tensor encode;
+* **two-level** — NVFP4's e4m3 block scales hang on the tensor's absmax:
+  one pass reads it, the second encodes each block with one more scaling
+  block holding it, which gives every block the whole tensor's float32
+  tensor scale;
 * **rows** — per-axis scaling along the first axis: blocks of whole rows;
 * **columns** — per-axis scaling along another axis: one pass for every
   group's absmax, then row blocks encoded with one more row holding them;
 * **cast** — unscaled nearest-even conversion into a format with an
   ml_dtypes type: a numpy cast in blocks, nothing compiled;
 * **whole** — everything else (stochastic rounding, int1's mean scales,
-  per-axis along other axes, inputs stored in a precision format): the
-  tensor is encoded at once, its statistics taken in row slices.
+  asymmetric integers' min/max scales over more than a block or a row,
+  inputs stored in a precision format): the tensor is encoded at once, its
+  statistics taken in row slices. `--dry-run` says which mode each tensor
+  takes, and why when whole.
 
 Every path gives the bytes the library's own `Format.encode` gives for the
 whole tensor (tests/precision/test_cli.py checks each). The statistics (SQNR

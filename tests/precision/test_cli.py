@@ -482,6 +482,44 @@ def test_dry_run_says_how_each_tensor_is_converted(checkpoint, capsys):
     assert re.search(r"encoder\.bias .* kept \(--keep default\) +copied", out)
 
 
+def _file_bytes(path) -> dict[str, bytes]:
+    """Each array's bytes, located by the header (F8 dtypes included)."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    header.pop("__metadata__")
+    return {
+        k: raw[8 + n + v["data_offsets"][0] : 8 + n + v["data_offsets"][1]]
+        for k, v in header.items()
+    }
+
+
+def test_a_checkpoint_of_named_encodings_converts_and_copies(tmp_path, capsys):
+    x = np.random.default_rng(3).standard_normal((4, 64)).astype(np.float32)
+    tree = {n: Tensor(x).to_reduced_precision(n) for n in ("mxfp4", "nvfp4", "uint4", "nf4")}
+    src, dst = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    precision.save(src, tree)
+    argv = ["convert", str(src), "-o", str(dst), "--to", "bf16", "--exclude", "^uint4$", "-q"]
+    assert _cli.main(argv) == 0
+    assert "converted 3 tensor(s) to bfloat16, kept 1 unchanged" in capsys.readouterr().out
+    before, after = _file_bytes(src), _file_bytes(dst)
+    for name in ("uint4", "uint4:scale", "uint4:zero_point"):  # copied byte for byte
+        assert after[name] == before[name]
+    loaded = precision.load(dst)
+    for name in ("mxfp4", "nvfp4", "nf4"):  # decoded, then converted
+        expected = Tensor(tree[name].numpy()).to_reduced_precision("bf16")
+        assert loaded[name].numpy().tobytes() == expected.numpy().tobytes()
+    # a copied tensor is checked as load checks it: a zero point past 15 is refused
+    raw = bytearray(src.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    raw[8 + n + header["uint4:zero_point"]["data_offsets"][0]] = 16
+    src.write_bytes(bytes(raw))
+    argv = ["convert", str(src), "-o", str(dst), "--to", "bf16", "--include", "^mx", "--overwrite"]
+    assert _cli.main(argv) == 1
+    assert "zero point past the largest code" in capsys.readouterr().err
+
+
 ENCODING_USAGE_ERRORS = {
     "nf4 rounding up": (["--to", "nf4", "--rounding", "up"], "rounds with nearest_even or"),
     "mx scales not pow2": (["--to", "mxfp4", "--scaling", "per-block:64"], "power_of_two"),
