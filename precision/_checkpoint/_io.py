@@ -29,12 +29,11 @@ import os
 import zlib
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
 
-from dtypes import Encoded
+import dtypes
 
 from .._errors import CheckpointError
 from ._atomic_file import _TempFile
@@ -51,6 +50,11 @@ from ._layout import (
     unflatten,
 )
 from ._reader import Reader
+
+if TYPE_CHECKING:
+    import jax
+
+    from dtypes import Encoded
 
 __all__ = ["load", "save"]
 
@@ -185,6 +189,8 @@ def write(
 
 def _to_jax(arr: np.ndarray) -> jax.Array | np.ndarray:
     """A jax array aliasing `arr`, or `arr` itself for 64-bit data jax would truncate."""
+    import jax
+
     if arr.dtype.itemsize == 8 and not jax.config.read("jax_enable_x64"):
         return arr
     return jax.device_put(arr)
@@ -192,6 +198,8 @@ def _to_jax(arr: np.ndarray) -> jax.Array | np.ndarray:
 
 def encoded(leaf: Leaf, stored: Stored) -> Encoded:
     """The `Encoded` storage of a tensor leaf from its arrays (as read from the file)."""
+    import jax
+
     assert leaf.format is not None
     last = (leaf.shape[-1] if leaf.shape else None) if leaf.format.packed else None
     jdata = jax.device_put(stored.data.view(leaf.container))
@@ -199,7 +207,7 @@ def encoded(leaf: Leaf, stored: Stored) -> Encoded:
     if stored.scale is not None:
         assert leaf.scale_container is not None  # a scale comes with its scaling
         jscale = jax.device_put(stored.scale.view(leaf.scale_container))
-    return Encoded(
+    return dtypes.Encoded(
         jdata,
         jscale,
         leaf.format,
@@ -212,6 +220,8 @@ def encoded(leaf: Leaf, stored: Stored) -> Encoded:
 
 def materialize(leaf: Leaf, stored: Stored, as_arrays: bool) -> Any:
     """The value a leaf loads as: a Tensor, or logical arrays when `as_arrays`."""
+    import jax
+
     if leaf.kind == "array":
         return _to_jax(stored.data)
     dtype = leaf.dtype

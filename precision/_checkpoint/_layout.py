@@ -35,17 +35,14 @@ import json
 import math
 from typing import Any, NamedTuple
 
-import jax
 import ml_dtypes
 import numpy as np
-from jax import tree_util
 
 import dtypes
 from dtypes import (
     AsymmetricIntFormat,
     CodebookFormat,
     E8M0Format,
-    Encoded,
     FloatFormat,
     Format,
     IntFormat,
@@ -555,6 +552,8 @@ def _tensor_type() -> type[Any] | None:
 
 
 def _path_entry(entry: Any) -> tuple[str, Any]:
+    from jax import tree_util
+
     if isinstance(entry, tree_util.DictKey):
         key = entry.key
         if isinstance(key, bool) or not isinstance(key, str | int):
@@ -579,11 +578,13 @@ def path_name(path: tuple[tuple[str, Any], ...]) -> str:
 
 def _describe(path: tuple[tuple[str, Any], ...], leaf: Any) -> tuple[Leaf, list[np.ndarray]]:
     """A leaf's storage description and its arrays (data first)."""
+    import jax
+
     name = path_name(path)
     tensor_type = _tensor_type()
     if tensor_type is not None and isinstance(leaf, tensor_type):
         enc, dtype = leaf.encoded, np.dtype(leaf.dtype)
-    elif isinstance(leaf, Encoded):
+    elif isinstance(leaf, dtypes.Encoded):
         enc, dtype = leaf, np.dtype(np.float32)
     else:
         dt = getattr(leaf, "dtype", None)
@@ -641,7 +642,10 @@ def _describe(path: tuple[tuple[str, Any], ...], leaf: Any) -> tuple[Leaf, list[
 def flatten(tree: Any) -> list[tuple[Leaf, list[np.ndarray]]]:
     """Every leaf of `tree` (Tensors, Encoded values and arrays) with its arrays."""
     tensor_type = _tensor_type()
-    leaf_types = (Encoded,) if tensor_type is None else (Encoded, tensor_type)
+    from jax import tree_util
+
+    encoded = dtypes.Encoded
+    leaf_types = (encoded,) if tensor_type is None else (encoded, tensor_type)
     pairs = tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, leaf_types))[0]
     out = [_describe(tuple(_path_entry(e) for e in path), leaf) for path, leaf in pairs]
     check_names([spec for spec, _ in out])

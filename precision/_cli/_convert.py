@@ -63,7 +63,7 @@ from ._files import (
     shard_names,
     write_index,
 )
-from ._interrupts import check_interrupt, deferred_interrupts
+from ._interrupts import check_interrupt, deferred_interrupts, import_jax
 from ._output import PROG, _DataError, _fmt_db, _human, _progress, _table, _UsageError
 
 #: What `--keep` keeps by default for formats of 8 bits or fewer: norms,
@@ -934,6 +934,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                 + "; ".join(f"{n}: {r}" for r, n in reasons)
                 + "); check --include/--exclude/--keep/--scaling, or see --dry-run"
             )
+        if any(p.reason is None and p.mode != "cast" for p in plans):
+            import_jax()  # (a numpy cast needs no JAX: it starts in a fraction of the time)
         engine = _Engine(fmt, scaling, args.rounding, stats=not args.no_stats)
         total = sum(p.leaf.data_dtype.itemsize * math.prod(p.leaf.shape) for p in plans)
         progress = _progress(total, args.quiet, "converting")

@@ -5,17 +5,18 @@ not always safe or even seen:
 
 - raised while the garbage collector runs a callback (JAX registers one),
   it is printed as "Exception ignored" and swallowed;
-- raised while an extension module initialises (JAX's, during import), it
-  can leave the interpreter inconsistent: a crash instead of exit 130.
+- raised while a module is being imported (JAX's extension modules, which
+  the commands import lazily, the first time a tensor needs them), it can
+  leave the interpreter inconsistent: a crash instead of exit 130.
 
 So `main` installs `interrupt_handler` before it does anything else. The
 handler records every SIGINT in a flag; it raises at once except inside a
-garbage-collector callback and inside `deferring()` (the imports of the
-heavy modules), where the flag alone carries it to the next
-`check_interrupt` — between blocks, at the end of the imports, and before
-the output is committed (`deferred_interrupts`). An interrupt therefore
-always stops a command that has not committed its output, with exit status
-130 and one line on stderr.
+garbage-collector callback, inside any import, and inside `deferring()`,
+where the flag alone carries it to the next `check_interrupt` — between
+tensors and blocks, at the end of `deferring()`, before the output is
+committed (`deferred_interrupts`) and when the command returns. An interrupt
+therefore always stops a command that has not committed its output, with
+exit status 130 and one line on stderr.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 _interrupted = False
 _deferring = False
+_IMPORTLIB = "<frozen importlib._bootstrap"  # the frames of every import in progress
 
 
 def _on_sigint(signum: int, frame: Any) -> None:
@@ -37,8 +39,9 @@ def _on_sigint(signum: int, frame: Any) -> None:
     if _deferring:
         return
     depth = 0
-    while frame is not None and depth < 32:
-        if frame.f_code.co_name.endswith("gc_callback"):
+    while frame is not None and depth < 64:
+        code = frame.f_code
+        if code.co_name.endswith("gc_callback") or code.co_filename.startswith(_IMPORTLIB):
             return
         frame, depth = frame.f_back, depth + 1
     raise KeyboardInterrupt
@@ -82,6 +85,17 @@ def deferring() -> Iterator[None]:
     finally:
         _deferring = outer
     check_interrupt()
+
+
+def import_jax() -> None:
+    """Import JAX (once) with interrupts deferred: commands import it only when a tensor needs it.
+
+    A numpy cast (`convert --to bf16`) never does, and starts in a fraction of
+    the time; an encode or decode does, and its first one pays for the import.
+    """
+    with deferring():
+        import jax
+        import jax.numpy  # noqa: F401
 
 
 def check_interrupt() -> None:

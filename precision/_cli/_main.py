@@ -22,7 +22,7 @@ import re
 import sys
 from typing import Any, NoReturn
 
-from ._interrupts import deferring, interrupt_handler
+from ._interrupts import check_interrupt, deferring, interrupt_handler
 from ._output import PROG, _DataError, _MissingDependency, _table, _UsageError
 
 __all__ = ["main"]
@@ -457,7 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     program = argv is None
     try:
         with interrupt_handler(program):
-            return _main(argv, program)
+            code = _main(argv, program)
+            check_interrupt()  # one recorded where raising was unsafe, and not yet acted on
+            return code
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; nothing was written", file=sys.stderr)
         if program:

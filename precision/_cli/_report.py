@@ -29,6 +29,7 @@ from .._checkpoint._io import encoded
 from .._checkpoint._layout import Leaf
 from .._checkpoint._reader import Reader
 from ._files import Source, leaf_nbytes
+from ._interrupts import check_interrupt, import_jax
 from ._output import (
     PROG,
     _DataError,
@@ -137,12 +138,13 @@ class _Accumulator:
 
 def _values(reader: Reader, leaf: Leaf) -> np.ndarray:
     """The logical float32 values of a leaf (no copy for float32 storage)."""
-    import jax.numpy as jnp
-
     stored = reader.read_leaf(leaf)
     data = stored.data
     if leaf.kind == "array" or (leaf.format is not None and leaf.scale is None and _raw(leaf)):
         return data if data.dtype == np.float32 else data.astype(np.float32)
+    import_jax()
+    import jax.numpy as jnp
+
     return np.asarray(encoded(leaf, stored).decode(jnp.float32))
 
 
@@ -201,6 +203,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         progress = _progress(len(pairs), args.quiet, "comparing", unit="tensor")
         try:
             for name, rreader, rleaf, oreader, oleaf in pairs:
+                check_interrupt()
                 progress.set_postfix_str(name, refresh=False)
                 r = _values(rreader, rleaf)
                 o = _values(oreader, oleaf)
