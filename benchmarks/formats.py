@@ -182,11 +182,12 @@ def int_rows(table, x, x_np, repeat) -> None:
 
 def unpacked_fp6(fmt: dtypes.FloatFormat) -> tuple[Callable, Callable]:
     """Encode to one uint8 code per value and decode it: fp6 as it was stored before packing."""
-    from dtypes import _codec, _float_codes
+    from dtypes import _float_codec, _float_codes
 
-    enc = jax.jit(
-        lambda v: _float_codes.to_codes(fmt, _codec._round_values(fmt, v, "nearest_even", None))
-    )
+    def encode(v: jax.Array) -> jax.Array:
+        return _float_codes.to_codes(fmt, _float_codec.round_values(fmt, v, "nearest_even", None))
+
+    enc = jax.jit(encode)
     dec = jax.jit(lambda c: _float_codes.from_codes(fmt, c))
     return enc, dec
 
