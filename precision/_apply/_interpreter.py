@@ -36,7 +36,7 @@ def evaluate(jaxpr: Any, consts: list[Any], invals: list[Val], ctx: Context) -> 
     """Evaluate an open jaxpr on `(value, state)` pairs under the precision rules."""
     env: dict[Any, Val] = {}
 
-    def read(var) -> Val:
+    def read(var: Any) -> Val:
         if isinstance(var, compat.Literal):
             return (var.val, None)
         return env[var]
@@ -59,11 +59,13 @@ def _plain(states: list[State | None]) -> list[State | None]:
     return [None if s is None else s.plain() for s in states]
 
 
-def _run(jaxpr: Any, states: list[State | None], ctx: Context, box: list | None = None) -> Callable:
+def _run(
+    jaxpr: Any, states: list[State | None], ctx: Context, box: list[State | None] | None = None
+) -> Callable[..., tuple[Any, ...]]:
     """A function of plain values evaluating `jaxpr` with fixed input states."""
     inner, consts = compat.closed(jaxpr)
 
-    def fn(*xs):
+    def fn(*xs: Any) -> tuple[Any, ...]:
         outs = evaluate(inner, consts, list(zip(xs, states, strict=True)), ctx)
         if box is not None:
             box[:] = [None if s is None else s.plain() for _, s in outs]
@@ -72,9 +74,11 @@ def _run(jaxpr: Any, states: list[State | None], ctx: Context, box: list | None 
     return fn
 
 
-def _abstract_states(jaxpr: Any, args: list[Any], states: list[State | None], ctx) -> list:
+def _abstract_states(
+    jaxpr: Any, args: list[Any], states: list[State | None], ctx: Context
+) -> list[State | None]:
     """The output states of `jaxpr`, found by abstract evaluation (no compute)."""
-    box: list = []
+    box: list[State | None] = []
     jax.eval_shape(_run(jaxpr, _plain(states), ctx, box), *args)
     return box
 
@@ -86,13 +90,13 @@ def _adopt_to(value: Any, state: State | None, target: State | None) -> Any:
     return prepare([(value, None)], target)[0]
 
 
-def _call(eqn, ins: list[Val], ctx: Context) -> list[Val]:
+def _call(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
     inner, consts = compat.closed(compat.inner_jaxpr(eqn))
     return evaluate(inner, consts, ins, ctx)
 
 
-def _remat(eqn, ins: list[Val], ctx: Context) -> list[Val]:
-    box: list = []
+def _remat(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
+    box: list[State | None] = []
     fn = _run(eqn.params["jaxpr"], _plain([s for _, s in ins]), ctx, box)
     params = eqn.params
     outs = jax.checkpoint(fn, prevent_cse=params["prevent_cse"], policy=params["policy"])(
@@ -101,14 +105,14 @@ def _remat(eqn, ins: list[Val], ctx: Context) -> list[Val]:
     return list(zip(outs, box, strict=True))
 
 
-def _custom_jvp(eqn, ins: list[Val], ctx: Context) -> list[Val]:
+def _custom_jvp(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
     """The primal under the rules; tangents from the function's own jvp rule."""
-    box: list = []
+    box: list[State | None] = []
     primal = _run(eqn.params["call_jaxpr"], _plain([s for _, s in ins]), ctx, box)
     wrapped = jax.custom_jvp(primal)
 
     @wrapped.defjvp
-    def _jvp(primals, tangents):
+    def _jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, Any]:
         outs = primal(*primals)
         _, tans = jax.jvp(lambda *xs: tuple(compat.bind_eqn(eqn, *xs)), primals, tangents)
         return outs, tans
@@ -117,41 +121,42 @@ def _custom_jvp(eqn, ins: list[Val], ctx: Context) -> list[Val]:
     return list(zip(outs, box, strict=True))
 
 
-def _custom_vjp(eqn, ins: list[Val], ctx: Context) -> list[Val]:
+def _custom_vjp(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
     """The primal under the rules; cotangents from the function's own fwd/bwd."""
-    box: list = []
+    box: list[State | None] = []
     primal = _run(eqn.params["call_jaxpr"], _plain([s for _, s in ins]), ctx, box)
     wrapped = jax.custom_vjp(primal)
 
-    def fwd(*xs):
+    def fwd(*xs: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         return primal(*xs), xs
 
-    def bwd(xs, cts):
+    def bwd(xs: tuple[Any, ...], cts: tuple[Any, ...]) -> tuple[Any, ...]:
         _, vjp = jax.vjp(lambda *a: tuple(compat.bind_eqn(eqn, *a)), *xs)
-        return vjp(tuple(cts))
+        grads: tuple[Any, ...] = vjp(tuple(cts))
+        return grads
 
     wrapped.defvjp(fwd, bwd)
     outs = wrapped(*(v for v, _ in ins))
     return list(zip(outs, box, strict=True))
 
 
-def _cond(eqn, ins: list[Val], ctx: Context) -> list[Val]:
+def _cond(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
     (index, _), ops = ins[0], ins[1:]
     branches = eqn.params["branches"]
     values, states = [v for v, _ in ops], _plain([s for _, s in ops])
     per_branch = [_abstract_states(br, values, states, ctx) for br in branches]
     joined: list[State | None] = []
     for slot in zip(*per_branch, strict=True):
-        acc = None
+        acc: State | None = None
         for s in slot:
             acc = join("cond", acc, s)
         joined.append(acc)
 
-    def make(br):
-        box: list = []
+    def make(br: Any) -> Callable[..., tuple[Any, ...]]:
+        box: list[State | None] = []
         run = _run(br, states, ctx, box)
 
-        def fn(*xs):
+        def fn(*xs: Any) -> tuple[Any, ...]:
             outs = run(*xs)
             return tuple(_adopt_to(o, s, t) for o, s, t in zip(outs, box, joined, strict=True))
 
@@ -161,7 +166,11 @@ def _cond(eqn, ins: list[Val], ctx: Context) -> list[Val]:
     return list(zip(outs, joined, strict=True))
 
 
-def _fixed_point(op: str, carry_states, abstract_args) -> tuple[list, list]:
+def _fixed_point(
+    op: str,
+    carry_states: list[State | None],
+    abstract_args: Callable[[list[State | None]], list[State | None]],
+) -> tuple[list[State | None], list[State | None]]:
     """Carry states stable under the body: weak carries adopt the body's format."""
     states = _plain(list(carry_states))
     for _ in range(len(states) + 2):
@@ -179,10 +188,13 @@ def _as_scaling(cls: type, scaling: dtypes.Scaling, **changes: Any) -> dtypes.Sc
     kept = {
         f.name: getattr(scaling, f.name) for f in dataclasses.fields(scaling) if f.name in names
     }
-    return cls(**{**kept, **changes})
+    out: dtypes.Scaling = cls(**{**kept, **changes})
+    return out
 
 
-def _scan_slice(enc: dtypes.Encoded) -> tuple[tuple, Callable] | None:
+def _scan_slice(
+    enc: dtypes.Encoded,
+) -> tuple[tuple[Any, ...], Callable[..., dtypes.Encoded]] | None:
     """(arrays to scan over, rebuild of one iteration's encoding) for stacked storage.
 
     The stacking axis is 0; the scale follows when it varies along it (per
@@ -219,7 +231,7 @@ def _scan_slice(enc: dtypes.Encoded) -> tuple[tuple, Callable] | None:
     return (enc.data, scale), lambda d, s: make(d, s, moved)
 
 
-def _scan(eqn, ins: list[Val], ctx: Context) -> list[Val]:
+def _scan(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
     p = eqn.params
     nc, nk = p["num_consts"], p["num_carry"]
     consts, carry, xs = ins[:nc], ins[nc : nc + nk], ins[nc + nk :]
@@ -232,7 +244,7 @@ def _scan(eqn, ins: list[Val], ctx: Context) -> list[Val]:
         for v, _ in xs
     ]
 
-    def abstract(states):
+    def abstract(states: list[State | None]) -> list[State | None]:
         args = [*const_vals, *(v for v, _ in carry), *x_specs]
         return _abstract_states(p["jaxpr"], args, [*const_states, *states, *x_states], ctx)
 
@@ -251,10 +263,10 @@ def _scan(eqn, ins: list[Val], ctx: Context) -> list[Val]:
             scanned.append(sliced[0])
             rebuilds.append((sliced[1], s))
     inner, inner_consts = compat.closed(p["jaxpr"])
-    box: list = []
+    box: list[State | None] = []
 
-    def body(c, x):
-        x_ins = []
+    def body(c: list[Any], x: list[tuple[Any, ...]]) -> tuple[list[Any], list[Any]]:
+        x_ins: list[Val] = []
         for arrays, rebuild, st in zip(x, rebuilds, x_states, strict=True):
             if rebuild is None:
                 x_ins.append((arrays[0], st))
@@ -290,27 +302,27 @@ def _scan(eqn, ins: list[Val], ctx: Context) -> list[Val]:
     return [*zip(final, carry_states, strict=True), *zip(ys, y_states, strict=True)]
 
 
-def _while(eqn, ins: list[Val], ctx: Context) -> list[Val]:
+def _while(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
     p = eqn.params
     cn, bn = p["cond_nconsts"], p["body_nconsts"]
     cconsts, bconsts, carry = ins[:cn], ins[cn : cn + bn], ins[cn + bn :]
     bvals, bstates = [v for v, _ in bconsts], _plain([s for _, s in bconsts])
     cvals, cstates = [v for v, _ in cconsts], _plain([s for _, s in cconsts])
 
-    def abstract(states):
+    def abstract(states: list[State | None]) -> list[State | None]:
         args = [*bvals, *(v for v, _ in carry)]
         return _abstract_states(p["body_jaxpr"], args, [*bstates, *states], ctx)
 
     carry_states, _ = _fixed_point("while", [s for _, s in carry], abstract)
     init = tuple(_adopt_to(v, s, t) for (v, s), t in zip(carry, carry_states, strict=True))
     cond_run = _run(p["cond_jaxpr"], [*cstates, *carry_states], ctx)
-    box: list = []
+    box: list[State | None] = []
     body_run = _run(p["body_jaxpr"], [*bstates, *carry_states], ctx, box)
 
-    def cond_fn(c):
+    def cond_fn(c: tuple[Any, ...]) -> Any:
         return cond_run(*cvals, *c)[0]
 
-    def body_fn(c):
+    def body_fn(c: tuple[Any, ...]) -> tuple[Any, ...]:
         outs = body_run(*bvals, *c)
         return tuple(_adopt_to(o, s, t) for o, s, t in zip(outs, box, carry_states, strict=True))
 

@@ -70,7 +70,7 @@ def _native_path(op: str, fmt: dtypes.Format) -> np.dtype | None:
     return native
 
 
-def contraction_rule(eqn, vals: list[Val], ctx: Context) -> list[Val]:
+def contraction_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
     op = eqn.primitive.name
     state = op_state(op, vals, ctx)
     if state is None:
@@ -113,7 +113,9 @@ def _codes(stored: Stored) -> jax.Array:
     return decode_storage(enc.format, enc.data, ones, enc.scaling, last, np.float32).astype(np.int8)
 
 
-def _scale_factor(enc: dtypes.Encoded, contract: tuple[int, ...], keep_order) -> Any | None:
+def _scale_factor(
+    enc: dtypes.Encoded, contract: tuple[int, ...], keep_order: list[int]
+) -> Any | None:
     """The operand's scales as a function of its kept dims, or None if they vary
     along a contracted dim (then they do not factor out of the sum)."""
     shape, scaling, scale = enc.shape, enc.scaling, enc.scale
@@ -129,7 +131,7 @@ def _scale_factor(enc: dtypes.Encoded, contract: tuple[int, ...], keep_order) ->
     return jnp.transpose(full, [kept.index(d) for d in keep_order])
 
 
-def _integer_dot(eqn, a, b, ea: Stored, eb: Stored):
+def _integer_dot(eqn: Any, a: jax.Array, b: jax.Array, ea: Stored, eb: Stored) -> jax.Array | None:
     """Exact int32 accumulation of the codes, then one rescale, when both
     operands are integer storage whose scales factor out.
 
@@ -158,12 +160,14 @@ def _integer_dot(eqn, a, b, ea: Stored, eb: Stored):
     out_dtype = eqn.outvars[0].aval.dtype
 
     @jax.custom_jvp
-    def exact(a, b, ca, cb, sa, sb):
+    def exact(
+        a: jax.Array, b: jax.Array, ca: jax.Array, cb: jax.Array, sa: jax.Array, sb: jax.Array
+    ) -> jax.Array:
         acc = lax.dot_general(ca, cb, dims, preferred_element_type=jnp.int32)
         return (acc.astype(jnp.float32) * sa * sb).astype(out_dtype)
 
     @exact.defjvp
-    def _jvp(primals, tangents):
+    def _jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, Any]:
         a, b = primals[:2]
         ta, tb = tangents[:2]
         bind = functools.partial(eqn.primitive.bind, **eqn.params)

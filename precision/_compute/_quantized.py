@@ -64,6 +64,12 @@ __all__ = ["Layout", "dequantize", "layouts", "quantize", "quantized_contraction
 
 MX = dtypes.PerBlock(32, axis=-1, power_of_two=True, scale_format="float8_e8m0fnu")
 
+# An integer operand as its contraction takes it: (codes, scale over its kept dims).
+_IntOperand = tuple[jax.Array, jax.Array]
+# What one contraction reuses as stored: integer codes of each operand, or its encoding
+# when stored in the forward format itself.
+_Ext = tuple[_IntOperand | None, _IntOperand | None, dtypes.Encoded | None, dtypes.Encoded | None]
+
 
 def scaling_for(name: str) -> dtypes.Scaling:
     """The `dtypes` scaling of the rows-by-summed matrix for a `Contract` scaling name."""
@@ -154,7 +160,7 @@ class Layout:
         return jnp.transpose(moved, [perm.index(d) for d in range(len(self.shape))]).reshape(shape)
 
 
-def layouts(eqn, a_shape, b_shape) -> tuple[Layout, Layout]:
+def layouts(eqn: Any, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[Layout, Layout]:
     """The two operands' layouts for one contraction equation."""
     if eqn.primitive.name == "dot_general":
         (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
@@ -202,7 +208,9 @@ def _native_float(fmt: dtypes.Format, scaling: dtypes.Scaling) -> TypeGuard[dtyp
     )
 
 
-def _encode_native_float(x: jax.Array, fmt: dtypes.FloatFormat, scaling: dtypes.Scaling):
+def _encode_native_float(
+    x: jax.Array, fmt: dtypes.FloatFormat, scaling: dtypes.Scaling
+) -> dtypes.Encoded:
     """`fmt.encode(x, scaling=scaling)`: for fp8 `dtypes` rounds with one saturating
     convert into the container (one fused elementwise op, what an fp8 GEMM's
     producer should be)."""
@@ -230,7 +238,9 @@ def dequantize(enc: dtypes.Encoded, layout: Layout, scaling: str) -> jax.Array:
     return values if layout.direct(scaling) is not None else layout.back(values)
 
 
-def _out_scale(eqn, out_ndim: int, sa: jax.Array, sb: jax.Array, la: Layout, lb_: Layout):
+def _out_scale(
+    eqn: Any, out_ndim: int, sa: jax.Array, sb: jax.Array, la: Layout, lb_: Layout
+) -> tuple[jax.Array, jax.Array]:
     """The two operands' kept-dim scales, broadcastable to the output."""
     if eqn.primitive.name == "dot_general":
         (_, _), (lb, _) = eqn.params["dimension_numbers"]
@@ -242,7 +252,7 @@ def _out_scale(eqn, out_ndim: int, sa: jax.Array, sb: jax.Array, la: Layout, lb_
         return sa, sb
     _, _, out = eqn.params["dimension_numbers"]
 
-    def place(s, dim, kept):
+    def place(s: jax.Array, dim: int, kept: tuple[int, ...]) -> jax.Array:
         shape = [1] * out_ndim
         if kept:
             shape[dim] = s.shape[0]
@@ -251,7 +261,7 @@ def _out_scale(eqn, out_ndim: int, sa: jax.Array, sb: jax.Array, la: Layout, lb_
     return place(sa, out[0], la.kept), place(sb, out[1], lb_.kept)
 
 
-def _grad_layout(eqn, shape: tuple[int, ...]) -> Layout:
+def _grad_layout(eqn: Any, shape: tuple[int, ...]) -> Layout:
     """Rows of a cotangent: per token (all but the last dim) or per image of a convolution."""
     nd = len(shape)
     if not nd:
@@ -264,7 +274,7 @@ def _grad_layout(eqn, shape: tuple[int, ...]) -> Layout:
 
 def _int_stored(
     stored: Stored | None, layout: Layout, forward: dtypes.Format
-) -> tuple[jax.Array, jax.Array] | None:
+) -> _IntOperand | None:
     """(codes, kept-dim scale) of an integer storage operand whose scales factor out and
     whose codes fit the declared format (int4 codes serve an int8 contraction, not the
     other way round). The codes stay in the operand's own layout: XLA:CPU gives its int8
@@ -296,7 +306,7 @@ def _zero_cotangent(x: Any) -> Any:
     return np.zeros(x.shape, jax.dtypes.float0)
 
 
-def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> list[Val]:
+def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State) -> list[Val]:
     """The declared quantized contraction of one equation (see the module docstring)."""
     spec = ctx.contract
     op = eqn.primitive.name
@@ -328,7 +338,7 @@ def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> l
     a_dtype, b_dtype = a.dtype, b.dtype
     own_a = stored_a.enc if same_a and stored_a is not None else None
     own_b = stored_b.enc if same_b and stored_b is not None else None
-    ext = (ext_a, ext_b, own_a, own_b)
+    ext: _Ext = (ext_a, ext_b, own_a, own_b)
     last_a = own_a.shape[-1] if own_a is not None and own_a.format.packed else None
     last_b = own_b.shape[-1] if own_b is not None and own_b.format.packed else None
 
@@ -336,11 +346,16 @@ def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> l
     out_dtype = out_aval.dtype
     params = dict(eqn.params)
     params["preferred_element_type"] = np.dtype(np.float32)
-    bind_f32 = lambda x, y: eqn.primitive.bind(x, y, **params)
 
-    def operands(a, b, ext):
+    def bind_f32(x: jax.Array, y: jax.Array) -> jax.Array:
+        out: jax.Array = eqn.primitive.bind(x, y, **params)
+        return out
+
+    def operands(a: jax.Array, b: jax.Array, ext: _Ext) -> tuple[Any, Any]:
         """Residuals: the narrow operands (codes and scales), never float copies."""
         ea, eb, sta, stb = ext
+        qa: Any  # (codes, kept-dim scale) for an integer format, else an encoding
+        qb: Any
         if integer:
             qa = ea if ea is not None else _int_rows(a, la, fmt, scaling, moved_a)
             qb = eb if eb is not None else _int_rows(b, lb, fmt, scaling, moved_b)
@@ -349,9 +364,11 @@ def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> l
         qb = stb if same_b else quantize(b, lb, fmt, scaling)
         return qa, qb
 
-    def values(q, layout: Layout, same: bool, last, moved: bool) -> jax.Array:
+    def values(q: Any, layout: Layout, same: bool, last: int | None, moved: bool) -> jax.Array:
         """Float32 values of a quantized operand (what the backward pass contracts with)."""
         if integer:
+            codes: jax.Array
+            kept_scale: jax.Array
             codes, kept_scale = q
             if not moved:
                 return codes.astype(jnp.float32) * layout.spread(kept_scale)
@@ -361,7 +378,7 @@ def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> l
             return decode_storage(q.format, q.data, q.scale, q.scaling, last, np.float32)
         return dequantize(q, layout, scaling)
 
-    def forward(qa, qb) -> jax.Array:
+    def forward(qa: Any, qb: Any) -> jax.Array:
         if integer:
             (ca, ka), (cb, kb) = qa, qb
             iparams = dict(eqn.params)
@@ -373,7 +390,7 @@ def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> l
                     _moved_dims(lb, len(rbatch)) if moved_b else (tuple(rc), tuple(rbatch)),
                 )
                 iparams["dimension_numbers"] = ((lc, rc), (lbatch, rbatch))
-            acc = eqn.primitive.bind(ca, cb, **iparams)
+            acc: jax.Array = eqn.primitive.bind(ca, cb, **iparams)
             oa, ob = _out_scale(eqn, acc.ndim, ka, kb, la, lb)
             return ((acc.astype(jnp.float32) * oa) * ob).astype(out_dtype)
         va = values(qa, la, same_a, last_a, moved_a)
@@ -381,14 +398,16 @@ def quantized_contraction(eqn, vals: list[Val], ctx: Context, state: State) -> l
         return bind_f32(va, vb).astype(out_dtype)
 
     @jax.custom_vjp
-    def contract(a, b, ext):
+    def contract(a: jax.Array, b: jax.Array, ext: _Ext) -> jax.Array:
         return forward(*operands(a, b, ext))
 
-    def contract_fwd(a, b, ext):
+    def contract_fwd(
+        a: jax.Array, b: jax.Array, ext: _Ext
+    ) -> tuple[jax.Array, tuple[Any, Any, _Ext]]:
         qa, qb = operands(a, b, ext)
         return forward(qa, qb), (qa, qb, ext)
 
-    def contract_bwd(res, g):
+    def contract_bwd(res: tuple[Any, Any, _Ext], g: jax.Array) -> tuple[jax.Array, jax.Array, Any]:
         qa, qb, ext = res
         g = g.astype(jnp.float32)
         if spec.backward is not None:
@@ -415,7 +434,9 @@ def _moved_dims(layout: Layout, n_batch: int) -> tuple[tuple[int, ...], tuple[in
     return tuple(range(k, k + len(layout.summed))), tuple(range(n_batch))
 
 
-def _int_rows(x: jax.Array, layout: Layout, fmt: dtypes.Format, scaling: str, moved: bool):
+def _int_rows(
+    x: jax.Array, layout: Layout, fmt: dtypes.Format, scaling: str, moved: bool
+) -> _IntOperand:
     """(codes, scale over its kept dims) of a float operand; the codes in the operand's
     layout, or with `moved` its kept dims first and summed dims last."""
     enc = quantize(x, layout, fmt, scaling)

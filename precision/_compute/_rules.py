@@ -172,7 +172,7 @@ def finish(op: str, outs: list[Any], state: State) -> list[Val]:
     return result
 
 
-def _moved_storage(eqn, vals: list[Val], state: State) -> Stored | None:
+def _moved_storage(eqn: Any, vals: list[Val], state: State) -> Stored | None:
     """The storage encoding of a moved storage value, if the move keeps it valid."""
     op = eqn.primitive.name
     if op not in CODE_MOVES and op not in IDENTITIES:
@@ -245,7 +245,7 @@ def _decoded_at_use(op: str, vals: list[Val]) -> list[Val]:
     ]
 
 
-def default_rule(eqn, vals: list[Val], ctx: Context) -> list[Val]:
+def default_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
     op = eqn.primitive.name
     state = op_state(op, vals, ctx)
     if state is None:
