@@ -22,7 +22,16 @@ A scaling names the format its scales are kept in (`Scaling.scale_format`):
   `e4m3((block_amax / top) * g)` (nearest-even, at most 448), and its
   elements are `x * (g / e4m3_scale)` rounded onto the element grid,
   saturating (0 for a block whose scale rounds to 0). Decoding is
-  `code * (e4m3_scale * (1 / g))`.
+  `code * (e4m3_scale * (1 / g))`. Two refinements keep every scale a normal
+  float32, as everywhere else in `dtypes` (XLA on CPU flushes subnormals, and
+  a tensor whose absmax is below about 3e-35 would otherwise decode as
+  zeros): `g` is at most 2**126, so the tensor scale is at least 2**-126; a
+  nonzero block scale whose product with the tensor scale would fall below
+  2**-126 is raised to the smallest e4m3 value that keeps it normal; and
+  `block_amax / top` keeps 24 significant bits where it is below 2**-126
+  (computed 2**24 times larger, with g 2**24 times smaller). None of them
+  touches a tensor whose absmax is above 2688 * 2**-117 (about 1.6e-32) or a
+  block whose absmax is above 6 * 2**-126.
 
 All scale arithmetic is float32, one operation per group, so a numpy
 reference doing the same operations gets the same bits. Which element formats
@@ -111,11 +120,27 @@ def _two_level(
     amax_t = jnp.where(jnp.any(jnp.isnan(amax_b)), jnp.float32(jnp.nan), amax_t)
     top32 = np.float32(top)
     g = np.float32(_E4M3_MAX * top) / jnp.where(amax_t == 0, jnp.float32(1), amax_t)
-    g = jnp.where(amax_t == 0, jnp.float32(1), jnp.minimum(g, np.float32(np.finfo(np.float32).max)))
+    # at most 2**126: the tensor scale 1/g is never a float32 subnormal
+    g = jnp.where(amax_t == 0, jnp.float32(1), jnp.minimum(g, np.float32(2.0**126)))
     g = jnp.where(jnp.isinf(amax_t), jnp.float32(jnp.nan), g)  # ±inf poisons the tensor scale
-    # the division by `top` must not become a multiplication by 1/top
-    per_block = amax_b / (amax_b * jnp.float32(0) + top32)
-    stored = jnp.minimum(per_block * g, np.float32(_E4M3_MAX)).astype(jnp.float8_e4m3fn)
+    # The division by `top` must not become a multiplication by 1/top. Below
+    # top * 2**-126 its quotient would be a float32 subnormal, which XLA on CPU
+    # flushes: there it is taken 2**24 times larger, and g 2**24 times smaller
+    # (the product, rounded once, is the same number where both are exact).
+    tiny = amax_b < np.float32(top * 2.0**-126)
+    shift = jnp.where(tiny, jnp.float32(2.0**24), jnp.float32(1))
+    per_block = (amax_b * shift) / (amax_b * jnp.float32(0) + top32)
+    q = per_block * (g / shift)
+    stored = jnp.minimum(q, np.float32(_E4M3_MAX)).astype(jnp.float8_e4m3fn)
+    s32 = stored.astype(jnp.float32)
+    # A nonzero block scale times the tensor scale stays >= 2**-126: at most one
+    # e4m3 step above `lo` (<= 1), reached from its rounding by one code up.
+    lo = _TINY * g
+    floor = lo.astype(jnp.float8_e4m3fn)
+    floor_bits = lax.bitcast_convert_type(floor, jnp.uint8)
+    short = floor.astype(jnp.float32) < lo
+    floor = lax.bitcast_convert_type(floor_bits + short.astype(jnp.uint8), jnp.float8_e4m3fn)
+    stored = jnp.where((s32 > 0) & (s32 < lo), floor, stored)
     s32 = stored.astype(jnp.float32)
     inv = g / jnp.where(s32 > 0, s32, jnp.float32(1))
     inv = jnp.where((s32 > 0) & jnp.isfinite(s32), inv, jnp.float32(0))

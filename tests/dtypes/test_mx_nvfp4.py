@@ -240,12 +240,28 @@ def test_mxint8_follows_the_ocp_rules(eager_and_jit):
 def nvfp4_reference(x: np.ndarray):
     """(e2m1 codes, e4m3 scales, float32 tensor scale, decoded values) of float32 `x`."""
     f32 = np.float32
+    # scaled encodings read float32 subnormal inputs as (signed) zero (docs/formats.md)
+    x = np.where(np.abs(x) < f32(2.0**-126), x * f32(0), x).astype(f32)
     amax_t = f32(np.abs(x).max())
-    g = f32(1) if amax_t == 0 else f32(f32(448.0 * 6.0) / amax_t)  # tensor encoding scale
+    with np.errstate(over="ignore"):
+        g = f32(1) if amax_t == 0 else f32(f32(448.0 * 6.0) / amax_t)  # tensor encoding scale
+    g = min(g, f32(2.0**126))  # refinement: the tensor scale 1/g is a normal float32
     blocks = x.reshape(*x.shape[:-1], -1, 16)
     amax_b = np.abs(blocks).max(-1).astype(f32)
-    dec_b = (amax_b / f32(6)).astype(f32)  # the block's decoding scale
-    s8 = np.minimum((dec_b * g).astype(f32), f32(448)).astype(ml_dtypes.float8_e4m3fn)
+    # the block's decoding scale, to 24 significant bits even below 2**-126 (refinement),
+    # times g rounded once (an exact float64 product)
+    shift = np.where(amax_b < f32(6 * 2.0**-126), f32(2.0**24), f32(1))
+    dec_b = ((amax_b * shift) / f32(6)).astype(f32)
+    q = (dec_b.astype(np.float64) * np.float64(g) / shift).astype(f32)
+    s8 = np.minimum(q, f32(448)).astype(ml_dtypes.float8_e4m3fn)
+    s32 = s8.astype(f32)
+    # refinement: a nonzero block scale times the tensor scale is at least 2**-126 (the
+    # smallest e4m3 value that keeps it so, found on the enumerated e4m3 grid)
+    lo = f32(2.0**-126) * g
+    grid = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+    grid = grid[np.isfinite(grid.astype(f32)) & (grid.astype(f32) >= lo)]
+    floor = grid[np.argmin(grid.astype(f32))]
+    s8 = np.where((s32 > 0) & (s32 < lo), floor, s8).astype(ml_dtypes.float8_e4m3fn)
     s32 = s8.astype(f32)
     with np.errstate(divide="ignore"):
         enc_b = np.where(s32 > 0, (g / np.where(s32 > 0, s32, f32(1))).astype(f32), f32(0))
@@ -280,6 +296,26 @@ def test_nvfp4_follows_the_published_recipe(seed, eager_and_jit):
     np.testing.assert_array_equal(_codes(enc), codes)
     np.testing.assert_array_equal(np.asarray(enc.decode()), values)
     np.testing.assert_array_equal(np.asarray(eager_and_jit(fmt.round)(x)), values)
+
+
+@pytest.mark.parametrize("magnitude", [1e-36, 1e-37, 3e-35, 1e-33, 1e-30, 1e30])
+def test_nvfp4_tiny_and_huge_tensors_keep_normal_scales(magnitude, eager_and_jit):
+    """A tensor whose absmax is near the bottom of float32 keeps its values (its scales are
+    normal float32 numbers, as everywhere in dtypes), bit for bit as the reference."""
+    fmt = dtypes.get("nvfp4")
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((4, 64)) * magnitude).astype(np.float32)
+    x[1, 16:32] *= np.float32(2.0**-10)  # a block far below the others
+    enc = eager_and_jit(fmt.encode)(x)
+    codes, s8, tensor_scale, values = nvfp4_reference(x)
+    assert np.float32(enc.tensor_scale) == tensor_scale >= np.float32(2.0**-126)
+    np.testing.assert_array_equal(np.asarray(enc.scale).view(np.uint8), s8.view(np.uint8))
+    np.testing.assert_array_equal(_codes(enc), codes)
+    np.testing.assert_array_equal(np.asarray(enc.decode()), values)
+    # the values survive: NVFP4's relative error per block, not zeros
+    assert np.count_nonzero(values) > 0.8 * x.size
+    big = np.abs(x) > np.abs(x).max() / 4
+    assert np.all(np.abs(values[big] - x[big]) <= 0.5 * np.abs(x[big]))
 
 
 def test_nvfp4_all_zero_tensor():
