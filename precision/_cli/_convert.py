@@ -108,11 +108,83 @@ def _format(text: str) -> dtypes.Format:
     return fmt
 
 
+# The short names `--scaling` suggests for each scale format (any name that
+# dtypes.get resolves to one of dtypes.SCALE_FORMATS is accepted).
+_SCALE_SHORT = {
+    "float32": "f32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "float8_e4m3fn": "e4m3",
+    "float8_e8m0fnu": "e8m0",
+}
+_SCALE_ORDER = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e8m0fnu")
+
+
+@dataclasses.dataclass(frozen=True)
+class _ScalingText:
+    """The fields of a `--scaling` text (already checked against the grammar)."""
+
+    kind: str  # "none", "per-tensor", "per-axis" or "per-block"
+    number: int | None  # the axis of per-axis, the size of per-block
+    pow2: bool
+    scales: str | None  # the scale format as typed, or None
+
+    @classmethod
+    def parse(cls, text: str) -> _ScalingText:
+        parts = text.split(":")
+        kind, rest = parts[0], parts[1:]
+        number = int(rest.pop(0)) if kind in ("per-axis", "per-block") else None
+        pow2 = bool(rest) and rest[0] == "pow2"
+        if pow2:
+            rest.pop(0)
+        return cls(kind, number, pow2, rest[0] if rest else None)
+
+    def __str__(self) -> str:
+        fields = [self.kind]
+        fields += [] if self.number is None else [str(self.number)]
+        fields += ["pow2"] if self.pow2 else []
+        fields += [] if self.scales is None else [self.scales]
+        return ":".join(fields)
+
+    def build(self, scale_format: str) -> dtypes.Scaling | None:
+        """The dtypes scaling; raises what dtypes raises for a refused combination."""
+        if self.kind == "none":
+            return None
+        if self.kind == "per-tensor":
+            return dtypes.PerTensor(power_of_two=self.pow2, scale_format=scale_format)
+        assert self.number is not None
+        if self.kind == "per-axis":
+            return dtypes.PerAxis(self.number, power_of_two=self.pow2, scale_format=scale_format)
+        return dtypes.PerBlock(self.number, power_of_two=self.pow2, scale_format=scale_format)
+
+
+def _scale_format(word: str, text: str) -> str:
+    """The scale format `word` names (a name or alias of one of dtypes.SCALE_FORMATS)."""
+    try:
+        name: str | None = dtypes.get(word).name
+    except (ValueError, TypeError):
+        name = None
+    if name not in dtypes.SCALE_FORMATS:
+        what = "is not a format" if name is None else f"names {name}, which is not a scale format"
+        choices = ", ".join(f"{full} ({short})" for full, short in _SCALE_SHORT.items())
+        raise _UsageError(
+            f"--scaling {text}: {word!r} {what}; end --scaling with a scale format: {choices}"
+        )
+    return name
+
+
 def _scaling(text: str | None, fmt: dtypes.Format) -> dtypes.Scaling | None:
     """The scaling of `--scaling` (already checked against the grammar), or the preset.
 
-    A named composition keeps the scale format of its own scaling (`--to mxfp4
-    --scaling per-block:64:pow2` stores E8M0 scales per 64 values).
+    A named composition keeps the scale format of its own scaling unless the
+    text names one (`--to mxfp4 --scaling per-block:64:pow2` stores E8M0
+    scales per 64 values); anything else stores float32 scales unless told.
+
+    Examples:
+        >>> print(_scaling("per-block:128:bf16", dtypes.get("int4")))
+        per-block 128 on axis -1, bfloat16 scales
+        >>> print(_scaling("per-block:64:pow2", dtypes.get("mxfp4")))
+        per-block 64 on axis -1, power of two, float8_e8m0fnu scales
     """
     default = fmt.default_scaling()
     if text is None:
@@ -122,22 +194,66 @@ def _scaling(text: str | None, fmt: dtypes.Format) -> dtypes.Scaling | None:
             # takes the whole range (int4 on GPT-2's wte: 12 dB vs 20 dB).
             return dtypes.PerBlock(32)
         return default
-    parts = text.split(":")
-    pow2 = parts[-1] == "pow2"
-    if pow2:
-        parts = parts[:-1]
-    if parts[0] == "none":
-        return None
-    scale_format = "float32" if default is None else default.scale_format
+    spec = _ScalingText.parse(text)
+    if spec.scales is not None:
+        scale_format = _scale_format(spec.scales, text)
+    else:
+        scale_format = "float32" if default is None else default.scale_format
     try:
-        if parts[0] == "per-tensor":
-            return dtypes.PerTensor(power_of_two=pow2, scale_format=scale_format)
-        if parts[0] == "per-axis":
-            return dtypes.PerAxis(int(parts[1]), power_of_two=pow2, scale_format=scale_format)
-        return dtypes.PerBlock(int(parts[1]), power_of_two=pow2, scale_format=scale_format)
+        return spec.build(scale_format)
     except (ValueError, TypeError) as exc:
         where = f"--scaling {text} with --to {fmt.name}"
-        raise _UsageError(f"{where}: {_first_sentence(exc)}") from None
+        fix = _working_scaling(fmt, spec, scale_format)
+        raise _UsageError(f"{where}: {_first_sentence(exc)}{fix}") from None
+
+
+def _probe(scaling: dtypes.Scaling) -> np.ndarray:
+    """Ones of the smallest shape `scaling` fits: one block, or one index per axis."""
+    axis = int(getattr(scaling, "axis", 0))
+    ndim = axis + 1 if axis >= 0 else -axis
+    shape = [1] * ndim
+    if isinstance(scaling, dtypes.PerBlock):
+        shape[axis] = int(scaling.size)
+    return np.ones(shape, np.float32)
+
+
+def _refusal(fmt: dtypes.Format, scaling: dtypes.Scaling | None) -> BaseException | None:
+    """Why `fmt` refuses `scaling` (asked of the format with a one-block probe), or None."""
+    if scaling is None:
+        return None
+    probe = _probe(scaling)
+    check = getattr(fmt, "check", None)
+    try:
+        if check is not None:
+            check(probe, scaling=scaling)
+        else:  # pragma: no cover - before Format.check existed
+            fmt.encode(probe, scaling=scaling)
+    except (ValueError, TypeError) as exc:
+        return exc
+    return None
+
+
+def _working_scaling(fmt: dtypes.Format, spec: _ScalingText, scale_format: str) -> str:
+    """`; write --scaling X instead` for the nearest text `fmt` takes, or "" if none.
+
+    Nearest: the same text with :pow2 toggled, then each other scale format
+    (16-bit ones first) with the same :pow2, then with it toggled. The
+    formats themselves decide, not a copy of their rules.
+    """
+    others = [s for s in _SCALE_ORDER if s != scale_format]
+    candidates = [(not spec.pow2, scale_format)]
+    candidates += [(p, s) for p in (spec.pow2, not spec.pow2) for s in others]
+    for pow2, scales in candidates:
+        named = spec.scales is not None or scales != scale_format
+        short = _SCALE_SHORT[scales] if named else None
+        other = dataclasses.replace(spec, pow2=pow2, scales=short)
+        try:
+            scaling = other.build(scales)
+        except (ValueError, TypeError):
+            continue
+        if _refusal(fmt, scaling) is None:
+            return f"; write --scaling {other} instead"
+    return ""
 
 
 def _check_pair(
@@ -151,21 +267,13 @@ def _check_pair(
         )
     if scaling is None:
         return
-    axis = int(getattr(scaling, "axis", 0))
-    ndim = axis + 1 if axis >= 0 else -axis
-    shape = [1] * ndim
-    if isinstance(scaling, dtypes.PerBlock):
-        shape[axis] = int(scaling.size)
-    probe = np.ones(shape, np.float32)
-    check = getattr(fmt, "check", None)
-    try:
-        if check is not None:
-            check(probe, scaling=scaling)
-        else:  # pragma: no cover - before Format.check existed
-            fmt.encode(probe, scaling=scaling)
-    except (ValueError, TypeError) as exc:
+    refused = _refusal(fmt, scaling)
+    if refused is not None:
         where = f"--scaling {text}" if text else f"the default scaling {scaling}"
-        raise _UsageError(f"--to {fmt.name} with {where}: {_first_sentence(exc)}") from None
+        fix = ""
+        if text:
+            fix = _working_scaling(fmt, _ScalingText.parse(text), scaling.scale_format)
+        raise _UsageError(f"--to {fmt.name} with {where}: {_first_sentence(refused)}{fix}")
     if fmt.kind not in ("float", "int"):
         # Code books, asymmetric integers and E8M0 round in fewer modes: ask the
         # format with one value, so a refused mode is a usage error up front.
@@ -173,7 +281,7 @@ def _check_pair(
 
         key = jax.random.key(0) if rounding == "stochastic" else None
         try:
-            fmt.encode(probe, scaling=scaling, rounding=rounding, key=key)
+            fmt.encode(_probe(scaling), scaling=scaling, rounding=rounding, key=key)
         except (ValueError, TypeError) as exc:
             raise _UsageError(
                 f"--to {fmt.name} with --rounding {rounding}: {_first_sentence(exc)}"

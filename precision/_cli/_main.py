@@ -42,16 +42,22 @@ def _version() -> str:
 # resolved against the registry once the arguments are parsed)
 
 # --scaling grammar:
-#   none                  unscaled (float formats only)
-#   per-tensor[:pow2]     one scale per tensor
-#   per-axis:AXIS[:pow2]  one scale per index along AXIS
-#   per-block:SIZE[:pow2] one scale per SIZE consecutive values of the last axis
+#   none                            unscaled (float formats only)
+#   per-tensor[:pow2][:SCALES]      one scale per tensor
+#   per-axis:AXIS[:pow2][:SCALES]   one scale per index along AXIS
+#   per-block:SIZE[:pow2][:SCALES]  one scale per SIZE consecutive values of the last axis
+# :pow2 rounds the scales to powers of two; SCALES names their format
+# (float32, bfloat16, float16, float8_e4m3fn, float8_e8m0fnu or an alias that
+# dtypes.get resolves to one: f32, bf16, fp16, e4m3, e8m0). Without SCALES a
+# named encoding keeps its own scale format and anything else stores float32.
+# SCALES is resolved, and the whole scaling checked against --to, in
+# _convert before anything is read.
 _SCALING = re.compile(
-    r"none|per-tensor(:pow2)?|per-axis:-?\d{1,3}(:pow2)?|per-block:\d{1,9}(:pow2)?"
+    r"none|(per-tensor|per-axis:-?\d{1,3}|per-block:\d{1,9})(:pow2)?(:[a-z][a-z0-9_]{0,31})?"
 )
 _SCALING_HELP = (
     "use per-tensor, per-axis:AXIS, per-block:SIZE (each optionally followed by :pow2 for "
-    "power-of-two scales) or none"
+    "power-of-two scales, then by a scale format: f32, bf16, fp16, e4m3 or e8m0) or none"
 )
 
 
@@ -181,9 +187,11 @@ def _parser() -> argparse.ArgumentParser:
         "--scaling",
         type=_scaling_text,
         default=None,
-        help="per-tensor, per-axis:AXIS, per-block:SIZE (add :pow2 for power-of-two scales) or "
-        "none; default: per-block:32 for 4-bit and narrower integer formats, per-tensor for "
-        "int8, the format's own default for float formats",
+        help="per-tensor, per-axis:AXIS, per-block:SIZE or none; add :pow2 for power-of-two "
+        "scales, then the scales' format: f32 (default), bf16, fp16, e4m3 or e8m0 (e.g. "
+        "per-block:128:bf16, per-block:32:pow2:e8m0); default: per-block:32 for 4-bit and "
+        "narrower integer formats, per-tensor for int8, the format's own default (scale format "
+        "included) for float formats and named encodings",
     )
     p.add_argument(
         "--rounding",

@@ -241,6 +241,47 @@ def test_convert_with_scaling(checkpoint, tmp_path, capsys, fmt, flag, scaling):
     assert "kept 1: excluded (--exclude)" in capsys.readouterr().out
 
 
+def test_int4_group_128_with_bfloat16_scales(tmp_path):
+    # the layout of GPTQ/AWQ-style int4 checkpoints: 4 bits a value plus one
+    # bfloat16 scale per 128 values, 4.125 bits a value
+    x = RNG.standard_normal((16, 512)).astype(np.float32)
+    src, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    safetensors.numpy.save_file({"w": x}, str(src))
+    argv = ["convert", str(src), "-o", str(out), "--to", "int4", "--scaling", "per-block:128:bf16"]
+    assert _cli.main([*argv, "-q", "--keep", "none"]) == 0
+    t = precision.load(out)["w"]
+    scaling = dtypes.PerBlock(128, scale_format="bfloat16")
+    assert t.scaling == scaling
+    assert raw_arrays(out)["w:scale"].dtype == ml_dtypes.bfloat16
+    expected = Tensor(x).to_reduced_precision("int4", scaling=scaling)
+    assert t.numpy().tobytes() == expected.numpy().tobytes()
+    assert_encoded_like_library(t, x, dtypes.get("int4"), scaling)
+    header = 8 + int.from_bytes(out.read_bytes()[:8], "little")
+    assert (out.stat().st_size - header) * 8 == x.size * 4.125
+
+
+def test_scale_format_names(capsys):
+    assert set(_cli_convert._SCALE_SHORT) == set(dtypes.SCALE_FORMATS)
+    assert set(_cli_convert._SCALE_ORDER) == set(dtypes.SCALE_FORMATS)
+    for name, short in _cli_convert._SCALE_SHORT.items():
+        assert dtypes.get(short).name == name
+        pow2 = ":pow2" if name == "float8_e8m0fnu" else ""
+        for word in (name, short, short.upper()):
+            text = _cli._scaling_text(f"per-block:32{pow2}:{word}")
+            scaling = _cli_convert._scaling(text, dtypes.get("e4m3"))
+            assert scaling == dtypes.PerBlock(32, power_of_two=bool(pow2), scale_format=name)
+    per_tensor = _cli_convert._scaling("per-tensor:fp16", dtypes.get("int8"))
+    assert per_tensor == dtypes.PerTensor(scale_format="float16")
+    # a named encoding keeps its scale format unless the text names one
+    mxfp4 = dtypes.get("mxfp4")
+    assert _cli_convert._scaling("per-block:64:pow2", mxfp4).scale_format == "float8_e8m0fnu"
+    assert _cli_convert._scaling("per-block:64:bf16", mxfp4).scale_format == "bfloat16"
+    assert _cli.main(["convert", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "per-block:128:bf16" in help_text
+    assert "f32 (default), bf16, fp16, e4m3 or e8m0" in help_text
+
+
 # Shapes that exercise every streamed path with tiny blocks (_BLOCK = 64
 # values): a ragged last block, odd last axes (packed rows with padding), a
 # long 1-D tensor, bfloat16 and float16 input, a scalar, an empty tensor.
@@ -269,6 +310,9 @@ STREAM_CASES = [
     ("int4", "per-axis:0"),
     ("int8", "per-axis:-1"),
     ("int1", "per-tensor"),
+    ("int4", "per-block:16:bf16"),
+    ("int8", "per-axis:0:fp16"),
+    ("int8", "per-block:16:pow2:e8m0"),
 ]
 
 
@@ -429,6 +473,7 @@ ENCODING_STREAMS = [  # (--to, --scaling, a tensor that streams)
     ("nf4", "per-block:16", "a"),
     ("uint4", None, "d"),
     ("uint8", "per-axis:0", "a"),
+    ("uint4", "per-block:32:bf16", "d"),
 ]
 # the inputs of STREAM_INPUT these need: streamed in several blocks, rows with a packed
 # tail byte (whole), a scalar (kept)
@@ -527,6 +572,30 @@ ENCODING_USAGE_ERRORS = {
     "uint4 pow2": (["--to", "uint4", "--scaling", "per-tensor:pow2"], "power_of_two"),
     "e8m0 scaled": (["--to", "float8_e8m0fnu", "--scaling", "per-tensor"], "scale format"),
     "nvfp4 pow2": (["--to", "nvfp4", "--scaling", "per-block:16:pow2"], "power_of_two"),
+    "e8m0 scales not pow2": (
+        ["--to", "int4", "--scaling", "per-block:32:e8m0"],
+        "write --scaling per-block:32:pow2:e8m0 instead",
+    ),
+    "e4m3 scales on int4": (
+        ["--to", "int4", "--scaling", "per-block:32:e4m3"],
+        "write --scaling per-block:32:bf16 instead",
+    ),
+    "e8m0 scales on nf4": (
+        ["--to", "nf4", "--scaling", "per-block:64:pow2:e8m0"],
+        "write --scaling per-block:64:bf16 instead",
+    ),
+    "int8 is no scale format": (
+        ["--to", "int4", "--scaling", "per-block:128:int8"],
+        "'int8' names int8, which is not a scale format; end --scaling with a scale format",
+    ),
+    "unknown scale format": (
+        ["--to", "int4", "--scaling", "per-block:128:bf17"],
+        "'bf17' is not a format; end --scaling with a scale format: float32 (f32)",
+    ),
+    "scaled bf16 with bf16 scales": (
+        ["--to", "bf16", "--scaling", "per-tensor:bf16"],
+        "--to bfloat16 with --scaling per-tensor:bf16",
+    ),
 }
 
 
@@ -610,6 +679,17 @@ USAGE_ERRORS = {
     "unknown format": ["convert", "IN", "-o", "OUT", "--to", "float7"],
     "bad scaling": ["convert", "IN", "-o", "OUT", "--to", "int8", "--scaling", "per-row"],
     "bad block": ["convert", "IN", "-o", "OUT", "--to", "int8", "--scaling", "per-block:x"],
+    "scales before pow2": [
+        "convert",
+        "IN",
+        "-o",
+        "OUT",
+        "--to",
+        "int8",
+        "--scaling",
+        "per-block:32:e8m0:pow2",
+    ],
+    "scaled none": ["convert", "IN", "-o", "OUT", "--to", "int8", "--scaling", "none:bf16"],
     "bad regex": ["convert", "IN", "-o", "OUT", "--to", "int8", "--exclude", "("],
     "bad rounding": ["convert", "IN", "-o", "OUT", "--to", "int8", "--rounding", "random"],
     "missing output": ["convert", "IN", "--to", "int8"],
