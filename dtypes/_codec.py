@@ -22,7 +22,7 @@ from . import _packing, _scale_format
 from ._encoded import Encoded
 from ._errors import FormatError, PrecisionTypeError, RoundingError, ScalingError
 from ._format import Format
-from ._inputs import as_float_array, check_finite, resolve_scaling
+from ._inputs import as_float_array, check_finite
 from ._rounding_modes import check_rounding
 from ._scaling import Scaling
 
@@ -163,6 +163,15 @@ def prepare_storage(
             "the directed modes have no meaning for it"
         )
     x = as_float_array(x).astype(jnp.float32)
+    scaling = storage_scaling(fmt, scaling)
+    if x.ndim:
+        scaling.validate(x.shape)
+    check_finite(x, fmt)
+    return x, scaling
+
+
+def storage_scaling(fmt: Format, scaling: Scaling | None) -> Scaling:
+    """The scaling of a code-book or zero-point encoding, checked (absmax scales only)."""
     scaling = fmt.default_scaling() if scaling is None else scaling
     if not isinstance(scaling, Scaling):
         raise PrecisionTypeError(
@@ -178,10 +187,7 @@ def prepare_storage(
             f"{fmt.name} scales map each group onto its codes exactly (no power-of-two rule); pass "
             f"{type(scaling).__name__} without power_of_two=True"
         )
-    if x.ndim:
-        scaling.validate(x.shape)
-    check_finite(x, fmt)
-    return x, scaling
+    return scaling
 
 
 def check_encoded(fmt: Format, enc: Any) -> None:
@@ -198,19 +204,11 @@ def check_encoded(fmt: Format, enc: Any) -> None:
 
 
 def check_storage(fmt: Format, x: Any, scaling: Scaling | None) -> None:
-    """`check` of the storage encodings: the scaling's fit and finite values.
-
-    (What `check` has always verified for them; `encode` also checks the
-    rounding mode and the scale format, see `prepare_storage`.)
-    """
+    """`check` of the code-book and zero-point encodings: what `prepare_storage`
+    checks (the scaling, its fit, finite values) except the rounding mode,
+    which `check` is not given."""
     x = as_float_array(x)
-    scaling = resolve_scaling(fmt, scaling)
-    if scaling is not None and scaling.scale_format == "float8_e4m3fn":
-        raise ScalingError(
-            f"two-level float8_e4m3fn scales (the NVFP4 recipe) are for float elements, not "
-            f"{fmt.name}; use scale_format='bfloat16' or 'float16' for integer groups"
-        )
-    if scaling is not None and x.ndim:
-        scaling.validate(x.shape)
-    if scaling is not None:
-        check_finite(x, fmt)
+    resolved = storage_scaling(fmt, scaling)
+    if x.ndim:
+        resolved.validate(x.shape)
+    check_finite(x, fmt)

@@ -106,9 +106,10 @@ class E8M0Format(Format):
 
     def check(self, x: Any, *, scaling: Scaling | None = None) -> None:
         """Raise the error a scaling that does not fit `x`, or NaN/inf in it, would raise."""
-        from . import _codec
+        from ._inputs import as_float_array
 
-        _codec.check_storage(self, x, scaling)
+        _storage_args(self, scaling, "nearest_even")
+        as_float_array(x)
 
     def __repr__(self) -> str:
         return "E8M0Format()"

@@ -139,13 +139,17 @@ def _encode_jit(
                     else Encoded(codes, None, fmt, None)
                 )
         return _store(fmt, round_values(fmt, x, rounding, key), None, None)
-    x = x.astype(jnp.float32)
+    # a 0-d value is one group of one (as the integer encodings take it)
+    scalar = x.ndim == 0
+    x = (x.reshape(1) if scalar else x).astype(jnp.float32)
     scale, inv, pre = scales(x, scaling, fmt.max, fmt.emax)
     # scales as stored in the scaling's scale format (float32, E8M0, e4m3 + tensor scale…)
     scale, tensor_scale, inv, pre = _scale_format.narrow(
         flush_subnormals(x), scaling, scale, inv, pre, fmt.max, 0
     )
     y = times_reciprocal(flush_subnormals(x), scaling, inv, pre)
+    if scalar:
+        y, scale = y.reshape(()), scale.reshape(())
     # The scale is chosen so values fit; saturating keeps float fuzz at the
     # top of a group (and OCP's power-of-two overshoot) from becoming inf/NaN.
     native = fmt.native_dtype

@@ -172,6 +172,14 @@ class PerTensor(Scaling):
         return "per-tensor" + (", power of two" if self.power_of_two else "") + _scale_note(self)
 
 
+def _refuse_scalar(scaling: Scaling, shape: tuple[int, ...]) -> None:
+    if not shape:
+        raise ScalingError(
+            f"{type(scaling).__name__}(axis={scaling.axis}) needs an axis, and a 0-d value "  # type: ignore[attr-defined]
+            "(shape ()) has none; use PerTensor(), or encode an array of at least one axis"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class PerAxis(Scaling):
     """One scale per index along `axis` (per channel / per row).
@@ -191,7 +199,8 @@ class PerAxis(Scaling):
         return self.axis % ndim
 
     def validate(self, shape: tuple[int, ...]) -> None:
-        if not shape or not -len(shape) <= self.axis < len(shape):
+        _refuse_scalar(self, shape)
+        if not -len(shape) <= self.axis < len(shape):
             raise ScalingError(
                 f"PerAxis(axis={self.axis}) does not fit a tensor of shape {tuple(shape)}; "
                 f"choose an axis in [-{len(shape)}, {len(shape) - 1}] or use PerTensor()"
@@ -252,7 +261,8 @@ class PerBlock(Scaling):
         return max(1, min(self.size, n))
 
     def validate(self, shape: tuple[int, ...]) -> None:
-        if not shape or not -len(shape) <= self.axis < len(shape):
+        _refuse_scalar(self, shape)
+        if not -len(shape) <= self.axis < len(shape):
             raise ScalingError(
                 f"PerBlock(axis={self.axis}) does not fit a tensor of shape {tuple(shape)}; "
                 f"choose an axis in [-{len(shape)}, {len(shape) - 1}] or use PerTensor()"
