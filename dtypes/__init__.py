@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ._float import FloatFormat as FloatFormat
     from ._format import Format as Format
     from ._int import IntFormat as IntFormat
+    from ._named import ENCODING_ALIASES as ENCODING_ALIASES
     from ._named import ENCODINGS as ENCODINGS
     from ._registry import ALIASES as ALIASES
     from ._registry import FORMATS as FORMATS
@@ -70,6 +71,7 @@ _HOME = {
     "Format": "_format",
     "IntFormat": "_int",
     "ENCODINGS": "_named",
+    "ENCODING_ALIASES": "_named",
     "ALIASES": "_registry",
     "FORMATS": "_registry",
     "bfloat16": "_registry",
@@ -96,6 +98,7 @@ _HOME = {
 __all__ = [
     "ALIASES",
     "ENCODINGS",
+    "ENCODING_ALIASES",
     "FORMATS",
     "ROUNDING_MODES",
     "SCALE_FORMATS",

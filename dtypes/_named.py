@@ -16,6 +16,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 from ._asymmetric import uint4, uint8
 from ._codebook import nf4
 from ._e8m0 import float8_e8m0fnu
@@ -45,32 +48,36 @@ mxfp4 = FloatFormat(2, 1, finite=True, scaling=MX_BLOCK, name="mxfp4")
 mxint8 = IntFormat(8, scaling=MX_BLOCK, name="mxint8")
 nvfp4 = FloatFormat(2, 1, finite=True, scaling=NVFP4_BLOCK, name="nvfp4")
 
-ENCODINGS: dict[str, Format] = {
-    f.name: f
-    for f in (
-        float4_e2m1fn,
-        float6_e2m3fn,
-        float6_e3m2fn,
-        float8_e4m3,
-        float8_e3m4,
-        float8_e8m0fnu,
-        mxfp8_e4m3,
-        mxfp8_e5m2,
-        mxfp6_e3m2,
-        mxfp6_e2m3,
-        mxfp4,
-        mxint8,
-        nvfp4,
-        nf4,
-        uint8,
-        uint4,
-    )
-}
+ENCODINGS: Mapping[str, Format] = MappingProxyType(
+    {
+        f.name: f
+        for f in (
+            float4_e2m1fn,
+            float6_e2m3fn,
+            float6_e3m2fn,
+            float8_e4m3,
+            float8_e3m4,
+            float8_e8m0fnu,
+            mxfp8_e4m3,
+            mxfp8_e5m2,
+            mxfp6_e3m2,
+            mxfp6_e2m3,
+            mxfp4,
+            mxint8,
+            nvfp4,
+            nf4,
+            uint8,
+            uint4,
+        )
+    }
+)
 """Named encodings beyond `FORMATS`: ml_dtypes layouts, E8M0, MX/NVFP4, NF4, uint8/uint4."""
 
-ENCODING_ALIASES: dict[str, str] = {
-    "e8m0": "float8_e8m0fnu",
-    "mxfp8": "mxfp8_e4m3",
-    "e2m1": "float4_e2m1fn",
-}
-"""Other spellings of `ENCODINGS` names (matched case-insensitively)."""
+ENCODING_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "e8m0": "float8_e8m0fnu",
+        "mxfp8": "mxfp8_e4m3",
+        "e2m1": "float4_e2m1fn",
+    }
+)
+"""Other spellings of `ENCODINGS` names (matched case-insensitively; read-only)."""

@@ -24,6 +24,7 @@ PUBLIC_MODULES = ("dtypes", "precision", "precision.testing")
 DTYPES_ALL = [
     "ALIASES",
     "ENCODINGS",
+    "ENCODING_ALIASES",
     "FORMATS",
     "ROUNDING_MODES",
     "SCALE_FORMATS",
