@@ -97,7 +97,7 @@ def _metadata(
 
 
 def write(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     leaves: list[Leaf],
     produce: Iterable[tuple[str, np.ndarray | Iterable[np.ndarray]]],
     *,
@@ -193,7 +193,8 @@ def _to_jax(arr: np.ndarray) -> jax.Array | np.ndarray:
 
     if arr.dtype.itemsize == 8 and not jax.config.read("jax_enable_x64"):
         return arr
-    return jax.device_put(arr)
+    out: jax.Array = jax.device_put(arr)
+    return out
 
 
 def encoded(leaf: Leaf, stored: Stored) -> Encoded:
@@ -243,7 +244,7 @@ def materialize(leaf: Leaf, stored: Stored, as_arrays: bool) -> Any:
 # public API
 
 
-def save(path: str | os.PathLike, tree: Any, *, overwrite: bool = False) -> None:
+def save(path: str | os.PathLike[str], tree: Any, *, overwrite: bool = False) -> None:
     """Save a tree of Tensors and arrays to a safetensors file, atomically.
 
     Every leaf is stored exactly: a reduced Tensor as its container codes and
@@ -287,7 +288,7 @@ def save(path: str | os.PathLike, tree: Any, *, overwrite: bool = False) -> None
     write(path, leaves, pairs, overwrite=overwrite)
 
 
-def load(path: str | os.PathLike, *, as_arrays: bool = False) -> Any:
+def load(path: str | os.PathLike[str], *, as_arrays: bool = False) -> Any:
     """Load a checkpoint written by `save`, or any safetensors file.
 
     A file written by `save` comes back as the nested dicts and lists of its

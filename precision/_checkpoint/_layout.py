@@ -33,6 +33,7 @@ import binascii
 import dataclasses
 import json
 import math
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import ml_dtypes
@@ -513,7 +514,8 @@ def scaling_from_json(spec: Any, version: int = VERSION) -> Scaling | None:
             raise CheckpointError(f"scaling field {key!r} = {spec[key]} is out of range")
     args = {key: spec[key] for key in fields[kind]}
     cls = {"per-tensor": PerTensor, "per-axis": PerAxis, "per-block": PerBlock}[kind]
-    return cls(power_of_two=spec["power_of_two"], scale_format=scale_format, **args)
+    scaling: Scaling = cls(power_of_two=spec["power_of_two"], scale_format=scale_format, **args)
+    return scaling
 
 
 def _no_clash(fmt: Format) -> Format:
@@ -527,7 +529,7 @@ def _no_clash(fmt: Format) -> Format:
     return fmt
 
 
-def _exact_keys(spec: dict, keys: set[str]) -> None:
+def _exact_keys(spec: dict[str, Any], keys: set[str]) -> None:
     if set(spec) != keys:
         missing = sorted(keys - set(spec))
         extra = sorted(set(spec) - keys)
@@ -750,7 +752,7 @@ def unflatten(items: list[tuple[tuple[tuple[str, Any], ...], Any]]) -> Any:
     kinds = {path[0][0] for path, _ in items}
     if len(kinds) > 1:
         raise CheckpointError(f"one level of the tree mixes key kinds {sorted(kinds)}")
-    groups: dict[Any, list] = {}
+    groups: dict[Any, list[tuple[Any, Any]]] = {}
     for path, value in items:
         groups.setdefault(path[0][1], []).append((path[1:], value))
     children = {key: unflatten(group) for key, group in groups.items()}
@@ -777,12 +779,12 @@ _TINY32 = 0x00800000  # float32 bits of 2**-126, the smallest normal (and smalle
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
-def _slices(flat: np.ndarray):
+def _slices(flat: np.ndarray) -> Iterator[np.ndarray]:
     for start in range(0, flat.size, _CHUNK):
         yield flat[start : start + _CHUNK]
 
 
-def _any(flat: np.ndarray, bad) -> bool:
+def _any(flat: np.ndarray, bad: Callable[[np.ndarray], Any]) -> bool:
     return any(bool(np.any(bad(part))) for part in _slices(flat))
 
 
@@ -826,7 +828,8 @@ def _fields(fmt: Format, data: np.ndarray, n: int) -> np.ndarray:
     bits = np.unpackbits(data, axis=-1, bitorder="little")[..., : n * w]
     bits = bits.reshape((*data.shape[:-1], n, w))
     weights = (np.uint16(1) << np.arange(w, dtype=np.uint16)).astype(np.uint16)
-    return (bits.astype(np.uint16) * weights).sum(axis=-1, dtype=np.uint16)
+    fields: np.ndarray = (bits.astype(np.uint16) * weights).sum(axis=-1, dtype=np.uint16)
+    return fields
 
 
 def _float_code_violation(fmt: FloatFormat, codes: np.ndarray, scaled: bool) -> str | None:

@@ -44,8 +44,8 @@ import os
 import re
 import sys
 import zlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -65,6 +65,9 @@ from ._files import (
 )
 from ._interrupts import check_interrupt, deferred_interrupts, import_jax
 from ._output import PROG, _DataError, _fmt_db, _human, _progress, _table, _UsageError
+
+if TYPE_CHECKING:
+    import jax
 
 #: What `--keep` keeps by default for formats of 8 bits or fewer: norms,
 #: biases and embeddings, in the spellings of the common model families
@@ -308,9 +311,9 @@ class _Plan:
 
 @dataclasses.dataclass
 class _Rules:
-    include: re.Pattern | None
-    exclude: re.Pattern | None
-    keep: re.Pattern | None
+    include: re.Pattern[str] | None
+    exclude: re.Pattern[str] | None
+    keep: re.Pattern[str] | None
     keep_text: str
 
 
@@ -339,7 +342,11 @@ def _fits(scaling: dtypes.Scaling, shape: tuple[int, ...]) -> bool:
 
 
 def _plan(
-    source: Source, fmt: dtypes.Format, scaling: dtypes.Scaling | None, rules: _Rules, rounding
+    source: Source,
+    fmt: dtypes.Format,
+    scaling: dtypes.Scaling | None,
+    rules: _Rules,
+    rounding: str,
 ) -> list[_Plan]:
     plans = []
     for reader, leaf in source.items:
@@ -491,7 +498,7 @@ class _Stats:
         return _sqnr(self.signal, self.noise)
 
 
-def _energy(x, y):
+def _energy(x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(max |x|, Σ(x/max)², Σ((x-y)/max)²) over the finite values of x (traced)."""
     import jax.numpy as jnp
 
@@ -554,9 +561,9 @@ class _Engine:
         self, fmt: dtypes.Format, scaling: dtypes.Scaling | None, rounding: str, stats: bool
     ):
         self.fmt, self.scaling, self.rounding, self.stats = fmt, scaling, rounding, stats
-        self._cache: dict[tuple, Any] = {}
+        self._cache: dict[tuple[Any, ...], Any] = {}
 
-    def _jit(self, key: tuple, build) -> Any:
+    def _jit(self, key: tuple[Any, ...], build: Callable[[], Callable[..., Any]]) -> Any:
         fn = self._cache.get(key)
         if fn is None:
             import jax
@@ -570,7 +577,7 @@ class _Engine:
         scaling: dtypes.Scaling | None,
         absmax: Any = None,
         twolevel: bool = False,
-    ):
+    ) -> tuple[tuple[np.ndarray | None, ...], bool, Any]:
         """Encode one block: ((data, scale, tensor scale, zero points), all finite, stats or
         None), synchronously; absent arrays are None."""
         import jax.numpy as jnp
@@ -580,8 +587,8 @@ class _Engine:
         slab = appended and (np.ndim(absmax) > 0 or twolevel)
         key = ("block", x.shape, x.dtype.name, scaling, appended, slab, twolevel)
 
-        def build():
-            def f(raw, top):
+        def build() -> Callable[..., Any]:
+            def f(raw: jax.Array, top: jax.Array) -> tuple[tuple[Any, ...], jax.Array, Any]:
                 xf = raw.astype(jnp.float32)
                 finite = jnp.all(jnp.isfinite(xf))
                 if slab:  # one more row: every group's absmax, or one group the tensor's
@@ -610,7 +617,7 @@ class _Engine:
                     data, scale = enc.data, enc.scale
                     y = enc.decode(jnp.float32).reshape(xf.shape) if stats else None
                     flat = xf
-                energy = _energy(flat, y) if stats else None
+                energy = _energy(flat, y) if y is not None else None  # y: with stats
                 return (data, scale, enc.tensor_scale, enc.zero_point), finite, energy
 
             return f
@@ -622,7 +629,7 @@ class _Engine:
         arrays = tuple(None if a is None else np.asarray(a) for a in parts)
         return arrays, bool(finite), energy
 
-    def whole(self, x: Any, key: Any):
+    def whole(self, x: Any, key: Any) -> tuple[Any, ...]:
         """Encode a whole tensor (raw floats, cast inside the program): (data, scale,
         tensor scale, zero points), absent arrays None."""
         import jax.numpy as jnp
@@ -630,16 +637,17 @@ class _Engine:
         fmt, scaling, rounding = self.fmt, self.scaling, self.rounding
         ck = ("whole", x.shape, str(x.dtype), key is None)
 
-        def build():
-            def f(raw, k):
+        def build() -> Callable[..., Any]:
+            def f(raw: jax.Array, k: jax.Array | None) -> tuple[jax.Array | None, ...]:
                 enc = fmt.encode(raw.astype(jnp.float32), scaling=scaling, rounding=rounding, key=k)
                 return enc.data, enc.scale, enc.tensor_scale, enc.zero_point
 
             return f
 
-        return self._jit(ck, build)(x, key)
+        parts: tuple[Any, ...] = self._jit(ck, build)(x, key)
+        return parts
 
-    def slice_energy(self, out: Leaf, x: Any, parts: tuple):
+    def slice_energy(self, out: Leaf, x: Any, parts: tuple[Any, ...]) -> tuple[bool, _Stats]:
         """Statistics and finiteness of a whole-tensor encode, taken in row slices."""
         import jax
         import jax.numpy as jnp
@@ -671,8 +679,10 @@ class _Engine:
                 sub = (n, *shape[1:])
             ck = ("energy", sub, str(xc.dtype), None if s is None else s.shape)
 
-            def build(sub=sub):
-                def f(raw, dd, ss, ts, zz):
+            def build(sub: tuple[int, ...] = sub) -> Callable[..., Any]:
+                def f(
+                    raw: jax.Array, dd: jax.Array, ss: Any, ts: Any, zz: Any
+                ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
                     xf = raw.astype(jnp.float32)
                     enc = dtypes.Encoded(dd, ss, fmt, scaling, last, tensor_scale=ts, zero_point=zz)
                     y = enc.decode(jnp.float32)
@@ -854,6 +864,7 @@ class _Converter:
             if energy is not None:
                 stats.add(*energy)
             data = parts[0]
+            assert data is not None  # every encoding has codes
             # Padding is proportional in every mode: whole rows, whole scale
             # groups, or (packed) a multiple of a byte's worth of values.
             yield data.reshape(-1)[: data.size * n // per_block].view(out.data_dtype)
@@ -1113,7 +1124,9 @@ def _write_shards(
     return size
 
 
-def _provenance(args: argparse.Namespace, fmt: dtypes.Format, scaling) -> str:
+def _provenance(
+    args: argparse.Namespace, fmt: dtypes.Format, scaling: dtypes.Scaling | None
+) -> str:
     where = "" if scaling is None else f" {scaling}"
     return f"precision convert --to {fmt.name}{where} --rounding {args.rounding}"
 
@@ -1126,7 +1139,16 @@ def _reasons(plans: list[_Plan]) -> list[tuple[str, int]]:
     return sorted(reasons.items())
 
 
-def _summary(plans, fmt, scaling, source, size_out, dst, *, dry: bool) -> None:
+def _summary(
+    plans: list[_Plan],
+    fmt: dtypes.Format,
+    scaling: dtypes.Scaling | None,
+    source: Source,
+    size_out: int | None,
+    dst: str | None,
+    *,
+    dry: bool,
+) -> None:
     converted = [p for p in plans if p.reason is None]
     kept = len(plans) - len(converted)
     where = f" ({scaling})" if scaling is not None else ""

@@ -117,7 +117,7 @@ def load_data(path: str | None = None, *, split_seed: int = 0) -> Dataset:
             f"{arrays['x_test'].shape[1:]}; they must match"
         )
 
-    def images(a):
+    def images(a: np.ndarray) -> np.ndarray:
         return (a.astype(np.float32) / 255.0)[..., None]
 
     h, w = arrays["x_train"].shape[1:]
@@ -162,13 +162,13 @@ def cnn(params: Params, images: jax.Array) -> jax.Array:
     dense 512 + ReLU, dense 512 + ReLU, dense 10.
     """
 
-    def conv(x, p):
+    def conv(x: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
         y = lax.conv_general_dilated(
             x, p["kernel"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
         )
         return jax.nn.relu(y + p["bias"].reshape(1, 1, 1, -1))
 
-    def dense(x, p):
+    def dense(x: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
         return x @ p["kernel"] + p["bias"].reshape(1, -1)
 
     x = conv(images, params["conv1"])
@@ -271,7 +271,7 @@ def _kernel_filter(mode: Mode) -> Callable[[tuple[Any, ...], Any], bool]:
     """Selects the kernels a QAT mode quantizes (binary nets keep both ends in float32)."""
     ends = (LAYERS[0], LAYERS[-1]) if mode.skip_ends else ()
 
-    def where(path, leaf):
+    def where(path: tuple[Any, ...], leaf: Any) -> bool:
         keys = [getattr(k, "key", None) for k in path]
         return keys[-1] == "kernel" and keys[0] not in ends
 
@@ -291,12 +291,13 @@ def _fake_quantize(mode: Mode) -> Callable[[Params], Params]:
     select = _kernel_filter(mode)
 
     def quantize(params: Params) -> Params:
-        def one(path, leaf):
+        def one(path: tuple[Any, ...], leaf: jax.Array) -> jax.Array:
             if not select(path, leaf):
                 return leaf
             return fmt.round(leaf, scaling=dtypes.PerAxis(leaf.ndim - 1))
 
-        return jax.tree_util.tree_map_with_path(one, params)
+        quantized: Params = jax.tree_util.tree_map_with_path(one, params)
+        return quantized
 
     return quantize
 
@@ -320,7 +321,7 @@ def _forward(mode: Mode) -> Callable[[Params, jax.Array], jax.Array]:
     fmt = dtypes.get(mode.compute)
     model = apply(cnn)
 
-    def forward(params, x):
+    def forward(params: Params, x: jax.Array) -> jax.Array:
         params = to_reduced_precision(quantize(params), fmt)
         logits = model(params, Tensor(x).to_reduced_precision(fmt))
         return jnp.asarray(logits)  # logical float32 values of the fmt-rounded logits
@@ -352,7 +353,7 @@ def _stored(mode: Mode, params: Params) -> Any:
     return params
 
 
-def _l1(tree) -> jax.Array | int:  # 0 for an empty tree
+def _l1(tree: Any) -> jax.Array | int:  # 0 for an empty tree
     leaves = jax.tree_util.tree_leaves(tree)
     return sum(jnp.sum(jnp.abs(x.astype(jnp.float32))) for x in leaves)
 
@@ -402,11 +403,13 @@ def train(
     if steps is not None:
         per_epoch = max(1, min(per_epoch, steps))
 
-    def loss_fn(p, x, y, ls):
+    def loss_fn(p: Any, x: jax.Array, y: jax.Array, ls: Any) -> tuple[jax.Array, jax.Array]:
         loss = cross_entropy(forward(p, x), y)
         return ls.scale(loss), loss
 
-    def step(carry, images, labels, idx):
+    def step(
+        carry: tuple[Any, ...], images: jax.Array, labels: jax.Array, idx: jax.Array
+    ) -> tuple[tuple[Any, ...], jax.Array]:
         stored, ls, k, moved, intended = carry
         x, y = images[idx], labels[idx]
         # Differentiate with respect to the float32 view of what is stored.
@@ -476,7 +479,12 @@ def train(
     )
 
 
-def evaluate(forward, params: Params, data: Dataset, chunk: int = 1000) -> float:
+def evaluate(
+    forward: Callable[[Params, jax.Array], jax.Array],
+    params: Params,
+    data: Dataset,
+    chunk: int = 1000,
+) -> float:
     """Fraction of test images whose argmax logit is the label."""
     predict = jax.jit(lambda p, x: jnp.argmax(forward(p, x), axis=-1))
     correct = 0
@@ -505,7 +513,7 @@ def format_table(rows: Sequence[Row]) -> str:
     ]
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
 
-    def fmt(cells):
+    def fmt(cells: Sequence[str]) -> str:
         first = cells[0].ljust(widths[0])
         rest = (c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))
         return "  ".join((first, *rest))

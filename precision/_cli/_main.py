@@ -68,7 +68,7 @@ def _scaling_text(text: str) -> str:
     return text
 
 
-def _regex_arg(text: str) -> re.Pattern:
+def _regex_arg(text: str) -> re.Pattern[str]:
     try:
         return re.compile(text, re.IGNORECASE)
     except re.error as exc:

@@ -342,7 +342,8 @@ def _plot(hists: dict[str, np.ndarray], rows: list[dict[str, Any]], path: str) -
     counted = {r["name"]: max(r["size"] - r["nonfinite"], 1) for r in changed}
 
     def fractions(name: str) -> np.ndarray:
-        return hists[name].astype(np.float64) / counted[name]
+        fraction: np.ndarray = hists[name].astype(np.float64) / counted[name]
+        return fraction
 
     everyone = np.mean([fractions(r["name"]) for r in changed], axis=0)
     bx.fill_between(centers, everyone, step="mid", color="0.85", label="mean of all changed")
