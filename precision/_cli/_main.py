@@ -307,7 +307,8 @@ def _parser() -> argparse.ArgumentParser:
 def _format_row(fmt: Any, registry: str) -> dict[str, Any]:
     import dtypes
 
-    aliases = sorted(a for a, n in dtypes.ALIASES.items() if n == fmt.name)
+    names = dtypes.ALIASES if registry == "FORMATS" else dtypes.ENCODING_ALIASES
+    aliases = sorted(a for a, n in names.items() if n == fmt.name)
     per_value, per_tensor = _true_bits(fmt)
     scaling = fmt.default_scaling()
     row: dict[str, Any] = {
