@@ -65,11 +65,8 @@ def check_finite(x: jax.Array, fmt: Format) -> None:
     """Eagerly refuse NaN/inf in a scaled encoding: they would poison a whole group."""
     if is_tracer(x):
         return
-    # Concrete values may still meet an enclosing trace (constants closed over
-    # by a jitted function): evaluate the check now, not into the trace.
-    with jax.ensure_compile_time_eval():
-        if bool(jnp.all(jnp.isfinite(x))):
-            return
+    if _all_finite_now(x):
+        return
     bad = ~np.isfinite(np.asarray(x, np.float64))
     first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
     value = np.asarray(x, np.float64)[first] if bad.ndim else float(np.asarray(x))
@@ -78,6 +75,16 @@ def check_finite(x: jax.Array, fmt: Format) -> None:
         f"is {value} at index {first}. A scale computed over them would be NaN; replace them "
         "first (e.g. jnp.nan_to_num(x)) or encode into an unscaled float format"
     )
+
+
+def _all_finite_now(x: jax.Array) -> bool:
+    """Whether concrete `x` is all finite: read in place by numpy where it is in host
+    memory (an eager check compiled per shape costs more than the check), else on its
+    device. Computed now, even inside an enclosing trace (a closed-over constant)."""
+    if all(d.platform == "cpu" for d in x.devices()):
+        return bool(np.isfinite(np.asarray(x)).all())
+    with jax.ensure_compile_time_eval():
+        return bool(jnp.all(jnp.isfinite(x)))
 
 
 def any_nan_now(x: jax.Array) -> bool:
