@@ -781,3 +781,18 @@ def test_cast_sqnr_right_where_float32_squares_underflow_or_overflow(tmp_path, c
     y64 = x.astype(ml_dtypes.bfloat16).astype(np.float64)
     expected = 10 * np.log10(np.sum(x64 * x64) / np.sum((x64 - y64) ** 2))
     assert db == pytest.approx(expected, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [np.float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2],
+)
+def test_cast_statistics_widen_every_code_exactly(dtype):
+    """The statistics widen cast blocks by table lookup: every bit pattern gives the bits
+    numpy's or ml_dtypes' own cast gives (NaN payloads included)."""
+    itemsize = np.dtype(dtype).itemsize
+    codes = np.arange(1 << (8 * itemsize), dtype=f"u{itemsize}").view(dtype)
+    with np.errstate(all="ignore"):
+        expected = codes.astype(np.float32)
+    got = _cli_convert._widened(codes)
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
