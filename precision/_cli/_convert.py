@@ -540,12 +540,24 @@ def _widening_table(dtype: np.dtype[Any]) -> np.ndarray:
 def _widened(y: np.ndarray) -> np.ndarray:
     """`y` as float32: a table lookup for float16 and float8 types (numpy's and
     ml_dtypes' element-by-element casts of these are 1.5-5x slower), a cast otherwise."""
-    if y.dtype == np.float32:
-        return y
-    if y.dtype.itemsize <= 2 and y.dtype != ml_dtypes.bfloat16:  # (bfloat16's cast is a shift)
+    if _by_table(y.dtype):
         table = _widening_table(y.dtype)
-        return np.take(table, y.view(f"u{y.dtype.itemsize}"))
+        return np.take(table, y.view(f"u{y.dtype.itemsize}"), mode="clip")
     return y.astype(np.float32)
+
+
+_SCRATCH: list[np.ndarray] = [np.empty(0, np.float32)]
+
+
+def _scratch(n: int) -> np.ndarray:
+    """A float32 buffer of `n` values, reused from block to block (the command is one thread)."""
+    if _SCRATCH[0].size < n:
+        _SCRATCH[0] = np.empty(n, np.float32)
+    return _SCRATCH[0][:n]
+
+
+def _by_table(dtype: np.dtype[Any]) -> bool:
+    return dtype.itemsize <= 2 and dtype != ml_dtypes.bfloat16  # (bfloat16's cast is a shift)
 
 
 def _numpy_energy(x: np.ndarray, y: np.ndarray, stats: _Stats) -> None:
@@ -557,7 +569,13 @@ def _numpy_energy(x: np.ndarray, y: np.ndarray, stats: _Stats) -> None:
     NaN (overflow in a format without inf) makes the noise infinite: it was lost.
     """
     with np.errstate(all="ignore"):
-        d = np.subtract(x, _widened(y), dtype=np.float32)
+        # into one reused buffer: a fresh 4 MiB array per block costs its page faults
+        d = _scratch(x.size)
+        if _by_table(y.dtype):
+            np.take(_widening_table(y.dtype), y.view(f"u{y.dtype.itemsize}"), out=d, mode="clip")
+            np.subtract(x, d, out=d)
+        else:
+            np.subtract(x, y, out=d, dtype=np.float32)
         sig, noi = float(np.dot(x, x)), float(np.dot(d, d))
         if _trusted(sig, x) and _trusted(noi, d):
             stats.add(1.0, sig, noi)
