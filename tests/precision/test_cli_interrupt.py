@@ -111,7 +111,7 @@ def test_sigint_at_many_moments(source, tmp_path, target):
     else:
         shutil.rmtree(dst)
     # Moments spread over the conversion itself, after the package import
-    # (an interrupt during the import: test_sigint_during_import).
+    # (an interrupt during start-up: test_sigint_during_startup).
     stopped, seen = 0, []
     for fraction in FRACTIONS:
         delay = fraction * duration
