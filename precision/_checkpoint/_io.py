@@ -43,12 +43,10 @@ from ._layout import (
     VERSION_KEY,
     Leaf,
     Stored,
-    _tensor_type,
     _tensors_crc,
     check_names,
-    flatten,
-    unflatten,
 )
+from ._leaves import _tensor_type, flatten, unflatten
 from ._reader import Reader
 
 if TYPE_CHECKING:

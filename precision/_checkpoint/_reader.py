@@ -27,6 +27,7 @@ import dtypes
 from dtypes import AsymmetricIntFormat, CodebookFormat, E8M0Format, FloatFormat, Format, IntFormat
 
 from .._errors import CheckpointError
+from ._invariants import violation
 from ._layout import (
     _DTYPE_NAMES,
     _DTYPES,
@@ -49,7 +50,6 @@ from ._layout import (
     path_name,
     scaling_from_json,
     shape_problem,
-    violation,
 )
 
 #: Foreign float tensors load as Tensors stored in the format of their dtype.

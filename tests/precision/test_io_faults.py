@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 import dtypes
 import precision
 from precision import CheckpointError, Tensor
-from precision._checkpoint import _io, _layout
+from precision._checkpoint import _invariants, _io, _layout, _leaves
 from precision._cli import _main as _cli
 from precision._errors import SaveError
 
@@ -102,7 +102,7 @@ class FailingCrc:
 
 def test_exception_half_way_leaves_no_file(tmp_path, monkeypatch):
     tree = make_tree()
-    n = sum(len(spec.arrays()) for spec, _ in _io.flatten(tree))
+    n = sum(len(spec.arrays()) for spec, _ in _leaves.flatten(tree))
     fake = FailingCrc(n // 2, RuntimeError("injected failure"))
     monkeypatch.setattr(_io, "zlib", fake)
     with pytest.raises(RuntimeError, match="injected failure"):
@@ -844,7 +844,7 @@ def test_the_save_side_token_bound_covers_the_real_header(tmp_path, depth):
         tree = {f"level{i}": tree, f"list{i}": [leaf]}
     path = tmp_path / "t.safetensors"
     precision.save(path, tree)
-    bound = sum(_layout._json_tokens_bound(spec) for spec, _ in _layout.flatten(tree))
+    bound = sum(_layout._json_tokens_bound(spec) for spec, _ in _leaves.flatten(tree))
     assert _header_tokens(path) <= bound
 
 
@@ -873,7 +873,7 @@ def test_the_word_at_a_time_field_search_agrees_with_a_field_by_field_reference(
             if rng.random() < 0.3:
                 arr[rng.integers(0, n)] = rng.choice(every)
             reference = any(np.any(((arr >> k) & mask) == value) for k in range(0, 8, bits))
-            assert _layout._has_field(arr, bits, value) == reference, (arr.tolist(), bits)
+            assert _invariants._has_field(arr, bits, value) == reference, (arr.tolist(), bits)
 
 
 RACER = """
