@@ -44,7 +44,9 @@ from typing import Any
 ROWS = [
     ("fp32", None, None),
     ("bf16-cast", None, None),
+    ("bf16-policy", None, None),
     ("apply-bf16", None, "bfloat16"),
+    ("bf16", "bfloat16", "bfloat16"),
     ("int8", "int8", None),
     ("int4", "int4", None),
     ("fp8", "float8_e4m3fn", None),
@@ -158,13 +160,21 @@ def run_one(model_name: str, row: str, quick: bool, mode: str) -> dict[str, Any]
         "int4": dtypes.PerBlock(32),
         "float8_e4m3fn": dtypes.PerTensor(),
     }
+    bf16 = jnp.bfloat16
 
     def kernels(path, leaf):
         name = jax.tree_util.keystr(path)
         return leaf.ndim > 1 and "embedding" not in name and "pos" not in name
 
     def convert(params):
+        if fmt == "bfloat16":  # every float leaf, as the bf16-cast model has it
+            return precision.to_reduced_precision(params, fmt)
         return precision.to_reduced_precision(params, fmt, scaling=scalings[fmt], where=kernels)
+
+    def cast(tree):
+        return jax.tree_util.tree_map(
+            lambda a: a.astype(bf16) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree
+        )
 
     def loss_of(out):
         return jnp.mean(jnp.asarray(out, jnp.float32) ** 2)
@@ -176,13 +186,16 @@ def run_one(model_name: str, row: str, quick: bool, mode: str) -> dict[str, Any]
 
             def step(v, x):
                 return jax.grad(lambda v: loss_of(model.apply(v, x)))(v)
-        elif row == "bf16-cast":
-            cast = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), variables)
-            xb = x.astype(jnp.bfloat16) if kind == "image" else x
-            forward, args = jax.jit(model.apply), (cast, xb)
+        elif row == "bf16-cast":  # weights cast once, outside: a bfloat16 model
+            forward, args = jax.jit(model.apply), (cast(variables), cast(x))
 
             def step(v, x):
                 return jax.grad(lambda v: loss_of(model.apply(v, x)))(v)
+        elif row == "bf16-policy":  # float32 weights cast in every call (a jmp-style policy)
+            forward, args = jax.jit(lambda v, x: model.apply(cast(v), cast(x))), (variables, x)
+
+            def step(v, x):
+                return jax.grad(lambda v: loss_of(model.apply(cast(v), cast(x))))(v)
         elif fmt is None:
             run = precision.apply(model.apply, compute=compute)
             forward, args = jax.jit(run), (variables, x)
@@ -210,7 +223,12 @@ def run_one(model_name: str, row: str, quick: bool, mode: str) -> dict[str, Any]
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # before the baseline exists
     # The baseline runs in this process too, its calls alternating with the row's, so
     # that a machine whose load changes moves both alike and the ratio stays honest.
-    ref = "bf16-cast" if compute == "bfloat16" and mode == "forward" else "fp32"
+    # bfloat16 compute is compared with plain JAX given the same weights: float32
+    # weights cast in the call (`apply-bf16`), bfloat16 ones (`bf16`), storage
+    # decoded in the call (int8/int4/fp8 with bfloat16 compute) against the cast policy.
+    ref = "fp32"
+    if compute == "bfloat16" and mode == "forward":
+        ref = "bf16-cast" if fmt == "bfloat16" else "bf16-policy"
     _, _, ref_fn, ref_args = build(ref, None, None)
     seconds, ref_seconds = _alternating(
         lambda: fn(*fn_args), lambda: ref_fn(*ref_args), 5 if quick else 7

@@ -17,7 +17,10 @@ each branch:
    format's grid, are multiplied in float32 (products of two values of at
    most 12 significant bits are exact in float32, so both paths keep the
    contract: exact products, float32 accumulation). tf32 multiplies at
-   HIGHEST precision.
+   HIGHEST precision. A float32 operand is rounded into the compute format at
+   the contraction, like a decode (ResNet-18 under bfloat16 compute: 50.6 MiB
+   of temporaries and 1.3x the bf16-cast model's time when XLA rounded every
+   weight first, 10.3 MiB and 1.04x at the contraction).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from jax import lax
 import dtypes
 
 from .._storage import decode_storage
-from ._rules import RULES, Val, decode_at_use, finish, op_state, prepare
+from ._rules import RULES, Val, decode_at_use, finish, op_state, prepare_at_use
 from ._state import Context, Stored
 
 __all__ = ["contraction_rule"]
@@ -90,7 +93,7 @@ def contraction_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
         a = decode_at_use(stored_a, b)
     elif stored_b is not None and stored_a is None:
         b = decode_at_use(stored_b, a)
-    a, b = prepare([(a, sa), (b, sb)], state)
+    a, b = prepare_at_use([(a, sa), (b, sb)], state)
     params = dict(eqn.params)
     native = _native_path(op, state.format)
     if native is not None:

@@ -38,7 +38,17 @@ from .._jax_compat import bind_eqn
 from .._storage import decode_encoded, full_format, is_float, round_nearest
 from ._state import Context, State, Stored, mismatch
 
-__all__ = ["RULES", "Val", "decode_at_use", "default_rule", "op_state", "prepare", "rule_for"]
+__all__ = [
+    "RULES",
+    "Val",
+    "at_use",
+    "decode_at_use",
+    "default_rule",
+    "op_state",
+    "prepare",
+    "prepare_at_use",
+    "rule_for",
+]
 
 Val = tuple[Any, State | None]
 Rule = Callable[[Any, list[Val], Context], list[Val]]
@@ -204,34 +214,62 @@ def _moved_storage(eqn: Any, vals: list[Val], state: State) -> Stored | None:
     return Stored(moved, stored.dtype)
 
 
-def decode_at_use(stored: Stored, other: Any = None) -> Any:
-    """The decoded values of `stored`, computed where an op uses them.
+def at_use(fn: Callable[[Any], Any], arg: Any, *probes: Any) -> Any:
+    """`fn(arg)`, computed where an op uses it.
 
-    On CPU the decode runs inside a conditional whose predicate is read from
-    `other` (the op's other operand) or from the scales. XLA cannot hoist a
-    conditional above its predicate, so an unrolled model does not decode every
-    layer at the start (XLA removes optimization barriers before it schedules),
-    and it cannot fuse the decode's multiply into its consumer, where LLVM would
-    contract `code * scale - y` into one fused multiply-add: then one stored
-    value would be two different float32 numbers (`a - a[:1]` would not be 0).
-    Both branches are the same decode, so the result does not depend on the
-    predicate, which is False only for a NaN.
+    On CPU `fn` runs inside a conditional whose predicate is read from the
+    first floating array of `probes` (the op's other operand, then a scale).
+    XLA cannot hoist a conditional above its predicate, so an unrolled model
+    does not decode or round every layer's weights at the start (XLA removes
+    optimization barriers before it schedules; holding every float32 weight at
+    once also takes XLA's temporaries past the size glibc reuses, and each
+    call then pays a page fault per 4 KiB), and it cannot fuse a decode's
+    multiply into its consumer, where LLVM would contract `code * scale - y`
+    into one fused multiply-add: then one stored value would be two different
+    float32 numbers (`a - a[:1]` would not be 0). Both branches are `fn`, so
+    the result does not depend on the predicate, which is False only for a NaN.
     """
-    enc, dtype = stored.enc, stored.dtype
-
-    def decode(enc: dtypes.Encoded) -> Any:
-        return decode_encoded(enc, dtype)
-
     if jax.default_backend() != "cpu":
-        return decode(enc)  # GPU/TPU: XLA fuses the decode into its consumer
+        return fn(arg)  # GPU/TPU: XLA fuses the work into its consumer
     probe = None
-    for candidate in (other, enc.scale):
+    for candidate in probes:
         if candidate is not None and np.size(candidate) and is_float(candidate):
             probe = jnp.ravel(candidate)[0]
             break
     if probe is None:
-        return decode(enc)
-    return lax.cond(probe == probe, decode, decode, enc)
+        return fn(arg)
+    return lax.cond(probe == probe, fn, fn, arg)
+
+
+def decode_at_use(stored: Stored, other: Any = None) -> Any:
+    """The decoded values of `stored`, computed where an op uses them (see `at_use`)."""
+    dtype = stored.dtype
+
+    def decode(enc: dtypes.Encoded) -> Any:
+        return decode_encoded(enc, dtype)
+
+    return at_use(decode, stored.enc, other, stored.enc.scale)
+
+
+def prepare_at_use(vals: list[Val], state: State) -> list[Any]:
+    """`prepare` for the operands of a contraction: each rounding placed at it (`at_use`).
+
+    A float32 weight rounded into a narrower compute format is the same value
+    at every call, so XLA would otherwise round every layer's weights first.
+    """
+    fmt = state.format
+
+    def round_to(v: Any) -> Any:
+        return round_nearest(fmt, jnp.asarray(v))
+
+    out = []
+    for i, (v, s) in enumerate(vals):
+        if not is_float(v) or fmt.is_full_precision or (s is not None and s.format == fmt):
+            out.append(v)
+        else:
+            others = [w for j, (w, _) in enumerate(vals) if j != i]
+            out.append(at_use(round_to, v, *others))
+    return out
 
 
 def _decoded_at_use(op: str, vals: list[Val]) -> list[Val]:
