@@ -11,21 +11,26 @@ embedding) and a ResNet-18 (BatchNorm in eval mode, 32 x 32 inputs, batch 8).
 Each row runs in a fresh subprocess (so peak RSS is its own):
 
 - `fp32`: plain JAX on float32 weights (the baseline of the weight-only rows);
-- `bf16-cast`: plain JAX with weights and input cast to bfloat16 (the
-  baseline of the bf16-compute rows);
+- `bf16-cast`: plain JAX with weights and input cast to bfloat16 once,
+  outside the timed call (a bfloat16 model: the baseline of `bf16`);
+- `bf16-policy`: plain JAX given float32 weights, cast to bfloat16 inside the
+  call as a mixed-precision policy does (the baseline of the other
+  bf16-compute rows: they too are given float32 weights or storage);
 - `apply-bf16`: `precision.apply(model.apply, compute="bfloat16")` on float32
   weights;
+- `bf16`: the same on bfloat16 Tensors of every float parameter;
 - `int8`, `int4`, `fp8` (weight-only: int8 per output channel, int4 per
   block of 32, float8_e4m3fn per tensor; norms, biases and embeddings kept
   float32) with float32 compute, and the same with `compute="bfloat16"`.
 
 Forward rows time the jitted forward pass; `qat` rows time a jitted gradient
 step with the conversion inside the loss (quantization-aware training). Each
-row's process also builds its baseline (`fp32`, or `bf16-cast` for bfloat16
-compute) and calls the two in turn, so the ratio is taken under one load; the
+row's process also builds its baseline (`fp32`, or `bf16-policy` / `bf16-cast`
+for bfloat16 compute) and calls the two in turn, so the ratio is taken under one load; the
 peak RSS is read before the baseline exists.
 Targets on CPU: weight-only forward <= 1.15x fp32, bf16-compute forward
-<= 1.1x bf16-cast; int4 memory <= storage + 2 decoded layers + activations.
+<= 1.1x the plain bf16 model given the same weights; int4 memory <= storage
++ 2 decoded layers + activations.
 """
 
 from __future__ import annotations

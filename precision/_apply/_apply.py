@@ -178,8 +178,11 @@ def _build(
                     else:
                         states.append(State(full_format(dtype), True, None, fmt.name))
                 elif scaling is None and fmt.kind == "float":
-                    values.append(decode_encoded(t.encoded, dtype))
-                    states.append(State(fmt, True))
+                    # a compute format; its values are widened where an op uses them
+                    enc = t.encoded
+                    values.append(decode_encoded(enc, dtype))
+                    stored = None if fmt.is_full_precision else Stored(enc, dtype)
+                    states.append(State(fmt, True, stored))
                 else:
                     enc = t.encoded
                     values.append(decode_encoded(enc, dtype))

@@ -37,7 +37,7 @@ from jax import lax
 import dtypes
 
 from .._storage import decode_storage
-from ._rules import RULES, Val, decode_at_use, finish, op_state, prepare_at_use
+from ._rules import RULES, Val, finish, op_state, operands_at_use
 from ._state import Context, Stored
 
 __all__ = ["contraction_rule"]
@@ -89,11 +89,7 @@ def contraction_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
         exact = _integer_dot(eqn, a, b, stored_a, stored_b)
         if exact is not None:
             return finish(op, [exact], state)
-    if stored_a is not None and stored_b is None:
-        a = decode_at_use(stored_a, b)
-    elif stored_b is not None and stored_a is None:
-        b = decode_at_use(stored_b, a)
-    a, b = prepare_at_use([(a, sa), (b, sb)], state)
+    a, b = operands_at_use([(a, sa), (b, sb)], state)
     params = dict(eqn.params)
     native = _native_path(op, state.format)
     if native is not None:

@@ -45,8 +45,8 @@ __all__ = [
     "decode_at_use",
     "default_rule",
     "op_state",
+    "operands_at_use",
     "prepare",
-    "prepare_at_use",
     "rule_for",
 ]
 
@@ -251,24 +251,32 @@ def decode_at_use(stored: Stored, other: Any = None) -> Any:
     return at_use(decode, stored.enc, other, stored.enc.scale)
 
 
-def prepare_at_use(vals: list[Val], state: State) -> list[Any]:
-    """`prepare` for the operands of a contraction: each rounding placed at it (`at_use`).
+def operands_at_use(vals: list[Val], state: State) -> list[Any]:
+    """The operands of a contraction in its compute format, each made where it is used.
 
-    A float32 weight rounded into a narrower compute format is the same value
-    at every call, so XLA would otherwise round every layer's weights first.
+    Storage is decoded and a float32 operand rounded into a narrower compute
+    format inside one `at_use` conditional per operand: a weight is the same
+    value at every call, so XLA would otherwise decode or round every layer's
+    weights first and hold them all.
     """
     fmt = state.format
-
-    def round_to(v: Any) -> Any:
-        return round_nearest(fmt, jnp.asarray(v))
-
     out = []
     for i, (v, s) in enumerate(vals):
-        if not is_float(v) or fmt.is_full_precision or (s is not None and s.format == fmt):
+        stored = s.stored if s is not None else None
+        rounds = is_float(v) and not fmt.is_full_precision and (s is None or s.format != fmt)
+        if stored is None and not rounds:
             out.append(v)
+            continue
+
+        def make(arg: Any, stored: Stored | None = stored, rounds: bool = rounds) -> Any:
+            x = decode_encoded(arg, stored.dtype) if stored is not None else arg
+            return round_nearest(fmt, jnp.asarray(x)) if rounds else x
+
+        others = [w for j, (w, _) in enumerate(vals) if j != i]
+        if stored is None:
+            out.append(at_use(make, v, *others))
         else:
-            others = [w for j, (w, _) in enumerate(vals) if j != i]
-            out.append(at_use(round_to, v, *others))
+            out.append(at_use(make, stored.enc, *others, stored.enc.scale))
     return out
 
 

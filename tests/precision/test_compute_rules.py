@@ -225,7 +225,7 @@ def test_integer_matmul_with_contracted_axis_scales_falls_back_to_float():
     )
     b = Tensor(rng.normal(size=(8, 2)).astype(np.float32)).to_reduced_precision("int8")
     f = precision.apply(jnp.matmul)
-    assert "int32" not in str(jax.make_jaxpr(f)(a, b))
+    assert "preferred_element_type=int32" not in str(jax.make_jaxpr(f)(a, b))  # no int dot
     exact = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
     quantum = np.abs(exact).max() / 127
     assert np.abs(np.asarray(f(a, b)) - exact).max() <= quantum / 2 * 1.0001
@@ -400,3 +400,35 @@ def test_weight_only_layers_are_decoded_one_at_a_time(layout):
     np.testing.assert_allclose(
         np.asarray(precision.apply(mlp)(weights, x)), ref, rtol=1e-5, atol=1e-6
     )
+
+
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8"])
+def test_weights_meet_the_compute_format_one_layer_at_a_time(weights):
+    # Under compute="bfloat16" a float32 weight is rounded, a bfloat16 Tensor widened and
+    # int8 storage decoded next to its matmul: 8 unrolled layers of 256 x 256 keep at
+    # most two float32 layers (256 KiB each) of temporaries, not all eight (2 MiB).
+    depth, width = 8, 256
+    gen = np.random.default_rng(6)
+    stack = gen.normal(size=(depth, width, width)).astype(np.float32) / 16
+    x = jnp.asarray(gen.normal(size=(4, width)).astype(np.float32))
+    if weights == "float32":
+        ws = [jnp.asarray(w) for w in stack]
+    elif weights == "bfloat16":
+        ws = [Tensor(w).to_reduced_precision("bfloat16") for w in stack]
+    else:
+        ws = [Tensor(w).to_reduced_precision("int8", scaling=dtypes.PerAxis(-1)) for w in stack]
+
+    def mlp(ws, x):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return x
+
+    run = precision.apply(mlp, compute="bfloat16")
+    assert _temp_bytes(run, ws, x) <= 2 * width * width * 4 + 64 * 1024
+    # float64 layers on the weights as stored, bfloat16-rounded operands: within a few
+    # bfloat16 steps of what the compute format gives
+    h = np.asarray(x, np.float64)
+    for w in ws:
+        stored = np.asarray(w, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+        h = np.tanh(h.astype(ml_dtypes.bfloat16).astype(np.float64) @ stored)
+    np.testing.assert_allclose(np.asarray(run(ws, x), np.float64), h, rtol=0, atol=2**-5)
