@@ -46,7 +46,6 @@ import re
 import sys
 import zlib
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import ml_dtypes
@@ -606,46 +605,14 @@ class _Engine:
     ):
         self.fmt, self.scaling, self.rounding, self.stats = fmt, scaling, rounding, stats
         self._cache: dict[tuple[Any, ...], Any] = {}
-        self._worker: ThreadPoolExecutor | None = None
 
     def _jit(self, key: tuple[Any, ...], build: Callable[[], Callable[..., Any]]) -> Any:
         fn = self._cache.get(key)
-        if isinstance(fn, Future):
-            fn = self._cache[key] = fn.result()  # compiled ahead (its errors raise here)
         if fn is None:
             import jax
 
             fn = self._cache[key] = jax.jit(build())
         return fn
-
-    def block_ahead(
-        self,
-        shape: tuple[int, ...],
-        dtype: np.dtype[Any],
-        scaling: Any,
-        absmax: Any,
-        twolevel: bool,
-    ) -> None:
-        """Compile `block`'s program for blocks of `shape` on the worker thread, once."""
-        key, build = self._block_program(shape, dtype, scaling, absmax, twolevel)
-        if key in self._cache:
-            return
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix="precision-compile")
-
-        def compile_it() -> Any:
-            import jax
-
-            top = np.float32(0) if absmax is None else np.asarray(absmax, np.float32)
-            specs = (jax.ShapeDtypeStruct(shape, dtype), jax.ShapeDtypeStruct(top.shape, top.dtype))
-            return jax.jit(build()).lower(*specs).compile()
-
-        self._cache[key] = self._worker.submit(compile_it)
-
-    def close(self) -> None:
-        """Drop the compiles not started (an interrupt or an error: nothing waits for them)."""
-        if self._worker is not None:
-            self._worker.shutdown(wait=False, cancel_futures=True)
 
     def block(
         self,
@@ -656,31 +623,14 @@ class _Engine:
     ) -> tuple[tuple[np.ndarray | None, ...], bool, Any]:
         """Encode one block: ((data, scale, tensor scale, zero points), all finite, stats or
         None), synchronously; absent arrays are None."""
-        key, build = self._block_program(x.shape, x.dtype, scaling, absmax, twolevel)
-        fn = self._jit(key, build)
-        top = np.float32(0) if absmax is None else np.asarray(absmax, np.float32)
-        parts, finite, energy = fn(x, top)
-        # np.asarray waits: the input buffer may be reused after this
-        arrays = tuple(None if a is None else np.asarray(a) for a in parts)
-        return arrays, bool(finite), energy
+        import jax.numpy as jnp
 
-    def _block_program(
-        self,
-        shape: tuple[int, ...],
-        dtype: np.dtype[Any],
-        scaling: Any,
-        absmax: Any,
-        twolevel: bool,
-    ) -> tuple[tuple[Any, ...], Callable[[], Callable[..., Any]]]:
-        """(cache key, builder) of the program `block` runs on blocks of `shape`."""
         fmt, rounding, stats = self.fmt, self.rounding, self.stats
         appended = absmax is not None
         slab = appended and (np.ndim(absmax) > 0 or twolevel)
-        key = ("block", tuple(shape), np.dtype(dtype).name, scaling, appended, slab, twolevel)
+        key = ("block", x.shape, x.dtype.name, scaling, appended, slab, twolevel)
 
         def build() -> Callable[..., Any]:
-            import jax.numpy as jnp
-
             def f(raw: jax.Array, top: jax.Array) -> tuple[tuple[Any, ...], jax.Array, Any]:
                 xf = raw.astype(jnp.float32)
                 finite = jnp.all(jnp.isfinite(xf))
@@ -715,7 +665,12 @@ class _Engine:
 
             return f
 
-        return key, build
+        fn = self._jit(key, build)
+        top = np.float32(0) if absmax is None else np.asarray(absmax, np.float32)
+        parts, finite, energy = fn(x, top)
+        # np.asarray waits: the input buffer may be reused after this
+        arrays = tuple(None if a is None else np.asarray(a) for a in parts)
+        return arrays, bool(finite), energy
 
     def whole(self, x: Any, key: Any) -> tuple[Any, ...]:
         """Encode a whole tensor (raw floats, cast inside the program): (data, scale,
@@ -912,33 +867,25 @@ class _Converter:
         if self.engine.stats:
             self.sqnr[plan.leaf.name] = stats.sqnr
 
-    def compile_ahead(self, plans: list[_Plan]) -> None:
-        """Start compiling the block programs the streamed tensors will call, in turn, on a
-        worker thread: the first reads (a per-tensor absmax pass) overlap the compiles."""
-        for plan in plans:
-            if plan.reason is not None or plan.mode in ("whole", "cast"):
-                continue
-            shape = _block_shape(plan)
-            absmax: Any = None
-            if plan.mode in ("twopass", "twolevel"):
-                absmax = np.float32(0)
-            elif plan.mode == "columns":
-                absmax = np.zeros((1, *plan.out.shape[1:]), np.float32)
-            twolevel = plan.mode == "twolevel"
-            self.engine.block_ahead(shape, plan.leaf.data_dtype, plan.out.scaling, absmax, twolevel)
-
     def _streamed(self, plan: _Plan, extras: dict[str, list[np.ndarray]]) -> Iterator[np.ndarray]:
         out, engine = plan.out, self.engine
         scaling = out.scaling
         total = math.prod(out.shape)
-        shape = _block_shape(plan)
-        per_block = math.prod(shape)
+        g = _granule(plan)
+        per_block = _block_values(total, g)
+        if plan.mode in ("rows", "columns"):
+            shape: tuple[int, ...] = (per_block // math.prod(out.shape[1:]), *out.shape[1:])
+        elif isinstance(scaling, dtypes.PerBlock):
+            size = int(scaling.size)
+            shape = (per_block // size, size)
+        else:
+            shape = (per_block,)
         blocks = _Blocks(plan.reader, plan.leaf.name)
         absmax: np.floating | np.ndarray | None = None
         if plan.mode in ("twopass", "twolevel"):  # the absmax first (exact: a maximum)
             absmax = np.float32(0)
             for block in blocks.blocks(per_block):
-                # two reductions, no |x| array (its pages cost more than the reading)
+                # two reductions, no |x| array
                 m = np.float32(np.maximum(np.max(block), -np.min(block)))  # NaN kept
                 if not np.isfinite(m):
                     raise self._not_finite(plan)
@@ -1038,18 +985,6 @@ def _granule(plan: _Plan) -> int:
     if plan.mode in ("rows", "columns"):
         g = math.prod(out.shape[1:])
     return g
-
-
-def _block_shape(plan: _Plan) -> tuple[int, ...]:
-    """The shape of the blocks a streamed tensor is encoded in."""
-    out = plan.out
-    per_block = _block_values(math.prod(out.shape), _granule(plan))
-    if plan.mode in ("rows", "columns"):
-        return (per_block // math.prod(out.shape[1:]), *out.shape[1:])
-    if isinstance(out.scaling, dtypes.PerBlock):
-        size = int(out.scaling.size)
-        return (per_block // size, size)
-    return (per_block,)
 
 
 def _block_values(total: int, g: int) -> int:
@@ -1173,7 +1108,6 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             source.sharded and not dst.endswith(".safetensors")
         )
         try:
-            converter.compile_ahead(plans)
             if sharded:
                 size_out = _write_shards(source, plans, converter, dst, args, metadata)
             else:
@@ -1186,7 +1120,6 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                     guard=deferred_interrupts,
                 )
         finally:
-            engine.close()
             progress.close()
     _summary(plans, fmt, scaling, source, size_out, dst, dry=False)
     _report_sqnr(converter.sqnr, args)
