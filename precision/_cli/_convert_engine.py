@@ -700,7 +700,3 @@ def _block_values(total: int, g: int) -> int:
         if size >= total:
             return size
     return max(g, _BLOCK // g * g)
-
-
-def _round_up(n: int, g: int) -> int:
-    return -(-n // g) * g

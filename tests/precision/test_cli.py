@@ -797,3 +797,19 @@ def test_cast_statistics_widen_every_code_exactly(dtype):
         expected = codes.astype(np.float32)
     got = _cli_convert._widened(codes)
     np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
+@pytest.mark.parametrize(("to", "loads_jax"), [("bf16", False), ("fp16", False), ("int8", True)])
+def test_unscaled_casts_never_import_jax(checkpoint, tmp_path, to, loads_jax):
+    # A numpy cast needs no JAX and starts in a fraction of the time; an encode imports it.
+    out = tmp_path / "out.safetensors"
+    code = (
+        "import sys\n"
+        "from precision._cli._main import main\n"
+        f"rc = main(['convert', {str(checkpoint)!r}, '-o', {str(out)!r}, '--to', {to!r}, '-q'])\n"
+        "print(rc, 'jax' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-2:] == ["0", str(loads_jax)]
+    assert set(raw_arrays(out)) >= set(FLOATS)
