@@ -89,11 +89,10 @@ def contraction_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
         exact = _integer_dot(eqn, a, b, stored_a, stored_b)
         if exact is not None:
             return finish(op, [exact], state)
-    a, b = operands_at_use([(a, sa), (b, sb)], state)
-    params = dict(eqn.params)
     native = _native_path(op, state.format)
+    a, b = operands_at_use([(a, sa), (b, sb)], state, native)
+    params = dict(eqn.params)
     if native is not None:
-        a, b = a.astype(native), b.astype(native)
         params["preferred_element_type"] = eqn.outvars[0].aval.dtype
     elif state.format == dtypes.tf32:
         params["precision"] = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)

@@ -251,33 +251,59 @@ def decode_at_use(stored: Stored, other: Any = None) -> Any:
     return at_use(decode, stored.enc, other, stored.enc.scale)
 
 
-def operands_at_use(vals: list[Val], state: State) -> list[Any]:
+def operands_at_use(vals: list[Val], state: State, native: Any = None) -> list[Any]:
     """The operands of a contraction in its compute format, each made where it is used.
 
     Storage is decoded and a float32 operand rounded into a narrower compute
     format inside one `at_use` conditional per operand: a weight is the same
     value at every call, so XLA would otherwise decode or round every layer's
-    weights first and hold them all.
+    weights first and hold them all. With `native` (a narrow container the
+    contraction takes as it is) the conditional returns that container, so a
+    rounded weight leaves it at its narrow width.
     """
     fmt = state.format
+
+    def to_native(x: Any) -> Any:
+        return x if native is None else jnp.asarray(x).astype(native)
+
     out = []
     for i, (v, s) in enumerate(vals):
         stored = s.stored if s is not None else None
         rounds = is_float(v) and not fmt.is_full_precision and (s is None or s.format != fmt)
         if stored is None and not rounds:
-            out.append(v)
+            out.append(to_native(v))
             continue
 
         def make(arg: Any, stored: Stored | None = stored, rounds: bool = rounds) -> Any:
             x = decode_encoded(arg, stored.dtype) if stored is not None else arg
-            return round_nearest(fmt, jnp.asarray(x)) if rounds else x
+            return to_native(round_nearest(fmt, jnp.asarray(x)) if rounds else x)
 
         others = [w for j, (w, _) in enumerate(vals) if j != i]
         if stored is None:
-            out.append(at_use(make, v, *others))
+            out.append(_rounded_at_use(make, v, *others))
         else:
             out.append(at_use(make, stored.enc, *others, stored.enc.scale))
     return out
+
+
+def _rounded_at_use(make: Callable[[Any], Any], v: Any, *probes: Any) -> Any:
+    """`at_use(make, v, ...)` for a rounding: the conditional holds the primal only.
+
+    `make` is linear in its tangent (a rounding's derivative rule), so the
+    derivative is computed as it would be without the conditional and stays
+    free to fuse into the backward pass.
+    """
+
+    @jax.custom_jvp
+    def placed(x: Any, *ps: Any) -> Any:
+        return at_use(make, x, *ps)
+
+    @placed.defjvp
+    def _jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, Any]:
+        _, t = jax.jvp(make, primals[:1], tangents[:1])
+        return placed(*primals), t
+
+    return placed(v, *probes)
 
 
 def _decoded_at_use(op: str, vals: list[Val]) -> list[Val]:
