@@ -228,6 +228,13 @@ def at_use(fn: Callable[[Any], Any], arg: Any, *probes: Any) -> Any:
     into one fused multiply-add: then one stored value would be two different
     float32 numbers (`a - a[:1]` would not be 0). Both branches are `fn`, so
     the result does not depend on the predicate, which is False only for a NaN.
+
+    Derivatives are `fn`'s own, computed outside the conditional (it is linear
+    in its tangent: a decode or a rounding), so the backward pass fuses as it
+    would without it. Under `vmap` with only the probe batched, one element of
+    the batch is the predicate and `arg` is made once for the whole batch
+    (JAX would otherwise turn the conditional into a select over a copy of
+    `arg` per batch element).
     """
     if jax.default_backend() != "cpu":
         return fn(arg)  # GPU/TPU: XLA fuses the work into its consumer
@@ -238,7 +245,35 @@ def at_use(fn: Callable[[Any], Any], arg: Any, *probes: Any) -> Any:
             break
     if probe is None:
         return fn(arg)
-    return lax.cond(probe == probe, fn, fn, arg)
+    return _placed(fn)(arg, probe)
+
+
+def _placed(fn: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+    """`(arg, probe) -> fn(arg)` inside a conditional on `probe` (see `at_use`)."""
+
+    def branch(a: Any, p: Any) -> Any:
+        return lax.cond(p == p, fn, fn, a)
+
+    inner = jax.custom_batching.custom_vmap(branch)
+
+    @inner.def_vmap
+    def _batched(axis_size: int, in_batched: Any, a: Any, p: Any) -> tuple[Any, bool]:
+        a_batched, p_batched = in_batched
+        if not any(jax.tree_util.tree_leaves(a_batched)):
+            # only the predicate varies along the batch: one placement for all
+            return inner(a, p[0] if p_batched else p), False
+        axes = jax.tree_util.tree_map(lambda b: 0 if b else None, a_batched)
+        return jax.vmap(fn, in_axes=(axes,))(a), True
+
+    outer = jax.custom_jvp(inner)
+
+    @outer.defjvp
+    def _jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, Any]:
+        _, t = jax.jvp(fn, primals[:1], tangents[:1])
+        return outer(*primals), t
+
+    placed: Callable[[Any, Any], Any] = outer
+    return placed
 
 
 def decode_at_use(stored: Stored, other: Any = None) -> Any:
@@ -280,30 +315,10 @@ def operands_at_use(vals: list[Val], state: State, native: Any = None) -> list[A
 
         others = [w for j, (w, _) in enumerate(vals) if j != i]
         if stored is None:
-            out.append(_rounded_at_use(make, v, *others))
+            out.append(at_use(make, v, *others))
         else:
             out.append(at_use(make, stored.enc, *others, stored.enc.scale))
     return out
-
-
-def _rounded_at_use(make: Callable[[Any], Any], v: Any, *probes: Any) -> Any:
-    """`at_use(make, v, ...)` for a rounding: the conditional holds the primal only.
-
-    `make` is linear in its tangent (a rounding's derivative rule), so the
-    derivative is computed as it would be without the conditional and stays
-    free to fuse into the backward pass.
-    """
-
-    @jax.custom_jvp
-    def placed(x: Any, *ps: Any) -> Any:
-        return at_use(make, x, *ps)
-
-    @placed.defjvp
-    def _jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, Any]:
-        _, t = jax.jvp(make, primals[:1], tangents[:1])
-        return placed(*primals), t
-
-    return placed(v, *probes)
 
 
 def _decoded_at_use(op: str, vals: list[Val]) -> list[Val]:

@@ -432,3 +432,52 @@ def test_weights_meet_the_compute_format_one_layer_at_a_time(weights):
         stored = np.asarray(w, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
         h = np.tanh(h.astype(ml_dtypes.bfloat16).astype(np.float64) @ stored)
     np.testing.assert_allclose(np.asarray(run(ws, x), np.float64), h, rtol=0, atol=2**-5)
+
+
+@pytest.mark.parametrize("name", NARROW_FLOATS)
+def test_float32_weights_rounded_at_use_give_the_same_gradients_on_both_paths(name, monkeypatch):
+    # float32 operands under a declared compute format are rounded inside the contraction's
+    # conditional, their derivative outside it: both dot paths agree, and for bfloat16 with
+    # plain JAX rounding the same values by lax.reduce_precision, straight through (the
+    # derivative of a rounding is 1 where the value did not overflow)
+    a = rng.standard_normal((8, 32)).astype(np.float32)
+    b = rng.standard_normal((32, 4)).astype(np.float32)
+
+    def grads(native):
+        monkeypatch.setattr(_contractions, "_cpu_native_formats", lambda: native)
+        matmul = precision.apply(jnp.matmul, compute=name)
+        return jax.grad(lambda a, b: jnp.sum(jnp.asarray(matmul(a, b)) ** 2), (0, 1))(a, b)
+
+    slow, fast = grads(frozenset()), grads(frozenset(NARROW_FLOATS))
+    for s, f in zip(slow, fast, strict=True):
+        np.testing.assert_allclose(np.asarray(f), np.asarray(s), rtol=dtypes.get(name).eps)
+    if name == "bfloat16":
+
+        def plain(a, b):
+            def r(v):
+                return v + lax.stop_gradient(lax.reduce_precision(v, 8, 7) - v)
+
+            return jnp.sum(r(jnp.matmul(r(a), r(b))) ** 2)
+
+        for s, p in zip(slow, jax.grad(plain, (0, 1))(a, b), strict=True):
+            np.testing.assert_allclose(np.asarray(s), np.asarray(p), rtol=1e-6)
+
+
+def test_vmap_of_apply_places_each_weight_once_for_the_batch():
+    # Under an outer vmap only the predicate of a weight's conditional is batched: the
+    # weight is rounded once, not copied per batch element (16 x 4 layers x 256 KiB).
+    gen = np.random.default_rng(8)
+    ws = [jnp.asarray(gen.normal(size=(256, 256)).astype(np.float32) / 16) for _ in range(4)]
+    x = jnp.asarray(gen.normal(size=(16, 8, 256)).astype(np.float32))
+
+    def mlp(ws, x):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return x
+
+    run = precision.apply(mlp, compute="bfloat16")
+    batched = jax.vmap(run, in_axes=(None, 0))
+    assert _temp_bytes(batched, ws, x) <= 2 * 256 * 256 * 4 + 4 * x.size * 4
+    looped = np.stack([np.asarray(run(ws, x[i])) for i in range(x.shape[0])])
+    # the batched matmul sums in another order: at most one bfloat16 step apart
+    np.testing.assert_allclose(np.asarray(batched(ws, x)), looped, rtol=0, atol=2**-7)
