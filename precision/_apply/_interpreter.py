@@ -256,12 +256,7 @@ def _scan(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
     scanned: list[tuple[Any, ...]] = []
     rebuilds: list[tuple[Callable[..., dtypes.Encoded], State] | None] = []
     for v, s in xs:
-        if (
-            s is None
-            or s.stored is None
-            or s.stored.moves
-            or (sliced := _scan_slice(s.stored.enc)) is None
-        ):
+        if s is None or s.stored is None or (sliced := _scan_slice(s.stored.enc)) is None:
             scanned.append((v,))
             rebuilds.append(None)
         else:

@@ -198,8 +198,6 @@ def _moved_storage(eqn: Any, vals: list[Val], state: State) -> Stored | None:
     if op in IDENTITIES:
         return stored
     others = [v for v, _ in vals[1:]]
-    if stored.moves:  # a deferred move: the next one joins it (one-operand moves only)
-        return None if others else stored._replace(moves=(*stored.moves, eqn))
     if enc.scaling is None:
         if getattr(enc.format, "native_dtype", None) is None or enc.format.packed:
             return None  # (codes, not values: negation is not a move of them)
@@ -228,8 +226,8 @@ def _moved_storage(eqn: Any, vals: list[Val], state: State) -> Stored | None:
 def _deferred(eqn: Any, vals: list[Val], state: State, compute: dtypes.Format) -> Stored | None:
     """A move, under a declared compute format, of a value not yet in it, kept unrounded.
 
-    The float32 array with its move (or the moved storage) is kept with the
-    rounding into the compute format still to do (`Stored.then`), so the op that uses it
+    The moved float32 array (or moved storage) is kept with the rounding into
+    the compute format still to do (`Stored.then`), so the op that uses it
     rounds it there: `x @ w.T` rounds each layer's `w` at its matmul, inside
     its conditional, instead of at the transpose, where XLA would round every
     layer's weights at the start of the program. The eager value the move
@@ -245,12 +243,12 @@ def _deferred(eqn: Any, vals: list[Val], state: State, compute: dtypes.Format) -
         return None
     if s.stored is not None:
         inner = _moved_storage(eqn, vals, s)  # the move as it is without a declaration
-        return None if inner is None else inner._replace(then=compute)
+        return None if inner is None else Stored(inner.enc, inner.dtype, compute)
     dtype = np.dtype(v.dtype)
-    if dtype != np.float32 or len(vals) != 1:
+    if dtype != np.float32 or vals[0][0] is not v:
         return None
-    # the array as given, its move applied where it is used
-    return Stored(dtypes.Encoded(v, None, full_format(dtype), None), dtype, compute, (eqn,))
+    data = bind_eqn(eqn, v, *(w for w, _ in vals[1:]))[0]
+    return Stored(dtypes.Encoded(data, None, full_format(dtype), None), dtype, compute)
 
 
 def at_use(fn: Callable[[Any], Any], arg: Any, *probes: Any) -> Any:
@@ -325,10 +323,8 @@ def decode_at_use(stored: Stored, other: Any = None) -> Any:
 
 
 def decoded(stored: Stored, enc: dtypes.Encoded) -> Any:
-    """The values `stored` stands for, from its arrays `enc`: decoded, moved, rounded."""
+    """The values `stored` stands for, from its arrays `enc` (decoded, then rounded)."""
     x = decode_encoded(enc, stored.dtype)
-    for eqn in stored.moves:
-        x = bind_eqn(eqn, x)[0]
     return x if stored.then is None else round_nearest(stored.then, x)
 
 

@@ -36,10 +36,6 @@ class Stored(NamedTuple):
     # float32 weight moved (`w.T`) under a declared compute format is kept as the
     # moved float32 array, so its rounding happens at its use, not at the move.
     then: dtypes.Format | None = None
-    # One-operand moves (equations) still to apply to the decoded values, before
-    # `then`: `w.T` of a float32 weight stays `w`, so XLA can still fold the
-    # transpose into the matmul that uses it.
-    moves: tuple[Any, ...] = ()
 
 
 class State(NamedTuple):
