@@ -121,7 +121,7 @@ def _storage_of(value: Any, state: State, dtype: np.dtype, ctx: Context) -> dtyp
     if ctx.output is not None:
         fmt = ctx.output
         return encode_values(fmt, value, fmt.default_scaling())
-    if state.stored is not None and state.stored.then is None:
+    if state.stored is not None:
         enc = state.stored.enc
         scale = enc.scale
         if scale is not None and isinstance(enc.scaling, dtypes.PerTensor) and enc.shape:

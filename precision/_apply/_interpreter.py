@@ -25,8 +25,8 @@ from jax import lax
 import dtypes
 
 from .. import _jax_compat as compat
-from .._compute import Context, State, Stored, Val, decoded, join, prepare, rule_for
-from .._storage import is_float
+from .._compute import Context, State, Stored, Val, join, prepare, rule_for
+from .._storage import decode_encoded, is_float
 
 __all__ = ["evaluate"]
 
@@ -274,8 +274,8 @@ def _scan(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
             make, outer = rebuild
             assert outer.stored is not None  # only stacked storage is rebuilt
             enc = make(*arrays)
-            stored = Stored(enc, outer.stored.dtype, outer.stored.then)
-            value = decoded(stored, enc)
+            value = decode_encoded(enc, outer.stored.dtype)
+            stored = Stored(enc, outer.stored.dtype)
             x_ins.append((value, State(outer.format, outer.tensor, stored, outer.source)))
         outs = evaluate(
             inner,

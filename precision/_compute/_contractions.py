@@ -85,13 +85,7 @@ def contraction_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
     (a, sa), (b, sb) = vals
     stored_a = sa.stored if sa is not None else None
     stored_b = sb.stored if sb is not None else None
-    if (
-        op == "dot_general"
-        and stored_a is not None
-        and stored_b is not None
-        and stored_a.then is None
-        and stored_b.then is None
-    ):
+    if op == "dot_general" and stored_a is not None and stored_b is not None:
         exact = _integer_dot(eqn, a, b, stored_a, stored_b)
         if exact is not None:
             return finish(op, [exact], state)

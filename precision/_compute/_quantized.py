@@ -311,9 +311,8 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
     spec = ctx.contract
     op = eqn.primitive.name
     (a, sa), (b, sb) = vals
-    # (storage with a rounding still to do is used as its rounded values)
-    stored_a = sa.stored if sa is not None and sa.stored and sa.stored.then is None else None
-    stored_b = sb.stored if sb is not None and sb.stored and sb.stored.then is None else None
+    stored_a = sa.stored if sa is not None else None
+    stored_b = sb.stored if sb is not None else None
     la, lb = layouts(eqn, a.shape, b.shape)
     fmt, scaling = spec.forward, spec.scaling
     integer = fmt.kind == "int" and scaling != "mx"

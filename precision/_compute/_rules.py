@@ -43,7 +43,6 @@ __all__ = [
     "Val",
     "at_use",
     "decode_at_use",
-    "decoded",
     "default_rule",
     "op_state",
     "operands_at_use",
@@ -193,17 +192,8 @@ def _moved_storage(eqn: Any, vals: list[Val], state: State) -> Stored | None:
         return None
     stored = floats[0][1].stored
     enc = stored.enc
-    if state.format not in (stored.then or full_format(stored.dtype), enc.format):
-        return None  # (a result in another format is that format's values, not these)
     if op in IDENTITIES:
         return stored
-    others = [v for v, _ in vals[1:]]
-    if enc.scaling is None:
-        if getattr(enc.format, "native_dtype", None) is None or enc.format.packed:
-            return None  # (codes, not values: negation is not a move of them)
-        # a native float container: its elements move exactly like the values
-        data = bind_eqn(eqn, enc.data, *others)[0]
-        return Stored(dtypes.Encoded(data, None, enc.format, None), stored.dtype, stored.then)
     if enc.format.packed or not isinstance(enc.scaling, dtypes.PerTensor):
         return None
     if (
@@ -217,38 +207,11 @@ def _moved_storage(eqn: Any, vals: list[Val], state: State) -> Stored | None:
     ):
         return None  # (zero points and code books do not commute with negation)
     # The codes move exactly like the values; the one scale stays.
+    others = [v for v, _ in vals[1:]]
     data = bind_eqn(eqn, enc.data, *others)[0]
     assert enc.scale is not None  # a per-tensor encoding always has its scale
     moved = dtypes.Encoded(data, enc.scale.reshape(()), enc.format, enc.scaling)
-    return Stored(moved, stored.dtype, stored.then)
-
-
-def _deferred(eqn: Any, vals: list[Val], state: State, compute: dtypes.Format) -> Stored | None:
-    """A move, under a declared compute format, of a value not yet in it, kept unrounded.
-
-    The moved float32 array (or moved storage) is kept with the rounding into
-    the compute format still to do (`Stored.then`), so the op that uses it
-    rounds it there: `x @ w.T` rounds each layer's `w` at its matmul, inside
-    its conditional, instead of at the transpose, where XLA would round every
-    layer's weights at the start of the program. The eager value the move
-    computes stays what it was, rounded (moves and outputs read it).
-    """
-    if eqn.primitive.name not in CODE_MOVES or state.format != compute:
-        return None
-    floats = [(v, s) for v, s in vals if is_float(v)]
-    if len(floats) != 1:
-        return None
-    v, s = floats[0]
-    if s is None or not s.format.is_full_precision:
-        return None
-    if s.stored is not None:
-        inner = _moved_storage(eqn, vals, s)  # the move as it is without a declaration
-        return None if inner is None else Stored(inner.enc, inner.dtype, compute)
-    dtype = np.dtype(v.dtype)
-    if dtype != np.float32 or vals[0][0] is not v:
-        return None
-    data = bind_eqn(eqn, v, *(w for w, _ in vals[1:]))[0]
-    return Stored(dtypes.Encoded(data, None, full_format(dtype), None), dtype, compute)
+    return Stored(moved, stored.dtype)
 
 
 def at_use(fn: Callable[[Any], Any], arg: Any, *probes: Any) -> Any:
@@ -315,17 +278,12 @@ def _placed(fn: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
 
 def decode_at_use(stored: Stored, other: Any = None) -> Any:
     """The decoded values of `stored`, computed where an op uses them (see `at_use`)."""
+    dtype = stored.dtype
 
     def decode(enc: dtypes.Encoded) -> Any:
-        return decoded(stored, enc)
+        return decode_encoded(enc, dtype)
 
     return at_use(decode, stored.enc, other, stored.enc.scale)
-
-
-def decoded(stored: Stored, enc: dtypes.Encoded) -> Any:
-    """The values `stored` stands for, from its arrays `enc` (decoded, then rounded)."""
-    x = decode_encoded(enc, stored.dtype)
-    return x if stored.then is None else round_nearest(stored.then, x)
 
 
 def operands_at_use(vals: list[Val], state: State, native: Any = None) -> list[Any]:
@@ -352,7 +310,7 @@ def operands_at_use(vals: list[Val], state: State, native: Any = None) -> list[A
             continue
 
         def make(arg: Any, stored: Stored | None = stored, rounds: bool = rounds) -> Any:
-            x = decoded(stored, arg) if stored is not None else arg
+            x = decode_encoded(arg, stored.dtype) if stored is not None else arg
             return to_native(round_nearest(fmt, jnp.asarray(x)) if rounds else x)
 
         others = [w for j, (w, _) in enumerate(vals) if j != i]
@@ -379,9 +337,7 @@ def default_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
     state = op_state(op, vals, ctx)
     if state is None:
         return [(o, None) for o in bind_eqn(eqn, *(v for v, _ in vals))]
-    moved = _moved_storage(eqn, vals, state)
-    if moved is None and ctx.compute is not None:
-        moved = _deferred(eqn, vals, state, ctx.compute)
+    moved = _moved_storage(eqn, vals, state) if ctx.compute is None else None
     outs = bind_eqn(eqn, *prepare(_decoded_at_use(op, vals), state))
     result = finish(op, outs, state)
     if moved is not None and len(result) == 1:

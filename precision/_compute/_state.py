@@ -32,10 +32,6 @@ class Stored(NamedTuple):
 
     enc: dtypes.Encoded
     dtype: np.dtype  # the logical dtype it decodes into
-    # A compute format the decoded values are rounded into where they are used: a
-    # float32 weight moved (`w.T`) under a declared compute format is kept as the
-    # moved float32 array, so its rounding happens at its use, not at the move.
-    then: dtypes.Format | None = None
 
 
 class State(NamedTuple):

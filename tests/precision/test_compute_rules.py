@@ -402,14 +402,11 @@ def test_weight_only_layers_are_decoded_one_at_a_time(layout):
     )
 
 
-@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8"])
-def test_weights_meet_the_compute_format_one_layer_at_a_time(weights, transposed):
+def test_weights_meet_the_compute_format_one_layer_at_a_time(weights):
     # Under compute="bfloat16" a float32 weight is rounded, a bfloat16 Tensor widened and
-    # int8 storage decoded next to its matmul, also when it reaches the matmul moved
-    # (`x @ w.T`, as in PyTorch-style layers and tied embeddings): 8 unrolled layers of
-    # 256 x 256 keep at most two float32 layers (256 KiB each) of temporaries, not all
-    # eight (2 MiB).
+    # int8 storage decoded next to its matmul: 8 unrolled layers of 256 x 256 keep at
+    # most two float32 layers (256 KiB each) of temporaries, not all eight (2 MiB).
     depth, width = 8, 256
     gen = np.random.default_rng(6)
     stack = gen.normal(size=(depth, width, width)).astype(np.float32) / 16
@@ -418,13 +415,12 @@ def test_weights_meet_the_compute_format_one_layer_at_a_time(weights, transposed
         ws = [jnp.asarray(w) for w in stack]
     elif weights == "bfloat16":
         ws = [Tensor(w).to_reduced_precision("bfloat16") for w in stack]
-    else:  # (a transposed per-axis encoding is decoded at the transpose: per tensor)
-        scaling = dtypes.PerTensor() if transposed else dtypes.PerAxis(-1)
-        ws = [Tensor(w).to_reduced_precision("int8", scaling=scaling) for w in stack]
+    else:
+        ws = [Tensor(w).to_reduced_precision("int8", scaling=dtypes.PerAxis(-1)) for w in stack]
 
     def mlp(ws, x):
         for w in ws:
-            x = jnp.tanh(x @ (w.T if transposed else w))
+            x = jnp.tanh(x @ w)
         return x
 
     run = precision.apply(mlp, compute="bfloat16")
@@ -434,7 +430,6 @@ def test_weights_meet_the_compute_format_one_layer_at_a_time(weights, transposed
     h = np.asarray(x, np.float64)
     for w in ws:
         stored = np.asarray(w, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
-        stored = stored.T if transposed else stored
         h = np.tanh(h.astype(ml_dtypes.bfloat16).astype(np.float64) @ stored)
     np.testing.assert_allclose(np.asarray(run(ws, x), np.float64), h, rtol=0, atol=2**-5)
 
