@@ -177,16 +177,15 @@ def _build(
                         states.append(State(fmt, True))
                     else:
                         states.append(State(full_format(dtype), True, None, fmt.name))
-                elif scaling is None and fmt.kind == "float":
-                    # a compute format; its values are widened where an op uses them
-                    enc = t.encoded
-                    values.append(decode_encoded(enc, dtype))
-                    stored = None if fmt.is_full_precision else Stored(enc, dtype)
-                    states.append(State(fmt, True, stored))
                 else:
+                    # decoded (widened) where an op uses it; this eager value serves moves
                     enc = t.encoded
                     values.append(decode_encoded(enc, dtype))
-                    states.append(State(full_format(dtype), True, Stored(enc, dtype), fmt.name))
+                    if scaling is None and fmt.kind == "float":  # a compute format
+                        stored = None if fmt.is_full_precision else Stored(enc, dtype)
+                        states.append(State(fmt, True, stored))
+                    else:  # storage: counts as its logical dtype
+                        states.append(State(full_format(dtype), True, Stored(enc, dtype), fmt.name))
             elif kind == _ARRAY:
                 x = next(it)
                 values.append(x)

@@ -165,6 +165,24 @@ class Reader:
     def error(self, what: str) -> CheckpointError:
         return CheckpointError(f"{self.path}: {what}")
 
+    def fill(self, f: Any, offset: int, view: memoryview, name: str) -> None:
+        """Read exactly `len(view)` bytes of tensor `name` at `offset` of file `f` into `view`."""
+        f.seek(offset)
+        done = 0
+        while done < len(view):
+            got = f.readinto(view[done:])
+            if not got:
+                raise self.error(f"tensor {name!r}: the file ended while reading it")
+            done += got
+
+    def check_crc(self, name: str, crc: int) -> None:
+        """Raise unless `crc` is the CRC-32 recorded for `name` (files written by `save`)."""
+        if self.crc is not None and crc != self.crc[name]:
+            raise self.error(
+                f"tensor {name!r}: its bytes do not match the CRC-32 recorded when it was saved "
+                "(the file is corrupted)"
+            )
+
     # -- header ------------------------------------------------------------
     def _parse(self) -> None:
         size = os.fstat(self._file.fileno()).st_size
@@ -581,18 +599,9 @@ class Reader:
         entry = self.entries[name]
         out = self._allocate(name, entry.shape, entry.dtype)
         view = out.reshape(-1).view(np.uint8).data
-        self._file.seek(entry.begin)
-        done = 0
-        while done < entry.nbytes:
-            got = self._file.readinto(view[done:])
-            if not got:
-                raise self.error(f"tensor {name!r}: the file ended while reading it")
-            done += got
-        if self.crc is not None and zlib.crc32(view) != self.crc[name]:
-            raise self.error(
-                f"tensor {name!r}: its bytes do not match the CRC-32 recorded when it was saved "
-                "(the file is corrupted)"
-            )
+        self.fill(self._file, entry.begin, view, name)
+        if self.crc is not None:
+            self.check_crc(name, zlib.crc32(view))
         del view
         self.check_values(name, out)
         return out
@@ -618,23 +627,13 @@ class Reader:
             n = min(rows, entry.shape[0] - start)
             out = self._allocate(name, (n, *row_shape), entry.dtype)
             view = out.reshape(-1).view(np.uint8).data
-            self._file.seek(entry.begin + start * row_bytes)
-            done = 0
-            while done < n * row_bytes:
-                got = self._file.readinto(view[done:])
-                if not got:
-                    raise self.error(f"tensor {name!r}: the file ended while reading it")
-                done += got
+            self.fill(self._file, entry.begin + start * row_bytes, view, name)
             if self.crc is not None:
                 crc = zlib.crc32(view, crc)
             del view
             self.check_values(name, out, whole_rows=start + n == entry.shape[0])
             yield out
-        if self.crc is not None and crc != self.crc[name]:
-            raise self.error(
-                f"tensor {name!r}: its bytes do not match the CRC-32 recorded when it was saved "
-                "(the file is corrupted)"
-            )
+        self.check_crc(name, crc)
 
     def read_leaf(self, leaf: Leaf) -> Stored:
         """Every array of one leaf (data, and its scales, tensor scale and zero points)."""

@@ -471,13 +471,7 @@ class _Blocks:
             for start in range(0, total, values):
                 n = min(values, total - start)
                 view = buf[:n].view(np.uint8).data
-                f.seek(entry.begin + start * dtype.itemsize)
-                done = 0
-                while done < len(view):
-                    got = f.readinto(view[done:])
-                    if not got:
-                        raise reader.error(f"tensor {self.name!r}: the file ended while reading it")
-                    done += got
+                reader.fill(f, entry.begin + start * dtype.itemsize, view, self.name)
                 if reader.crc is not None:
                     crc = zlib.crc32(view, crc)
                 del view
@@ -486,11 +480,7 @@ class _Blocks:
                     yield buf
                 else:
                     yield buf[:n]
-        if reader.crc is not None and crc != reader.crc[self.name]:
-            raise reader.error(
-                f"tensor {self.name!r}: its bytes do not match the CRC-32 recorded when it was "
-                "saved (the file is corrupted)"
-            )
+        reader.check_crc(self.name, crc)
 
 
 # --------------------------------------------------------------------------

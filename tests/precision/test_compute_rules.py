@@ -303,22 +303,26 @@ def test_both_contraction_paths_compile_their_dot_and_agree(name, dot_path):
     assert np.mean(got == rounded) >= 0.95
 
 
+def _grads_on_both_dot_paths(monkeypatch, loss_of, a, b):
+    """Gradients of `loss_of(matmul)` through apply's float32 dot and through the native one."""
+
+    def grads(native):
+        monkeypatch.setattr(_contractions, "_cpu_native_formats", lambda: native)
+        return jax.grad(loss_of, argnums=(0, 1))(a, b)
+
+    return grads(frozenset()), grads(frozenset(NARROW_FLOATS))
+
+
 @pytest.mark.parametrize("name", NARROW_FLOATS)
 def test_both_contraction_paths_give_the_same_gradients(name, monkeypatch):
     a = rng.standard_normal((8, 32)).astype(np.float32)
     b = rng.standard_normal((32, 4)).astype(np.float32)
 
-    def grads(native):
-        monkeypatch.setattr(_contractions, "_cpu_native_formats", lambda: native)
-        matmul = precision.apply(jnp.matmul)
+    def loss(a, b):
+        ta, tb = Tensor(a).to_reduced_precision(name), Tensor(b).to_reduced_precision(name)
+        return jnp.sum(jnp.asarray(precision.apply(jnp.matmul)(ta, tb).to_full_precision()) ** 2)
 
-        def loss(a, b):
-            ta, tb = Tensor(a).to_reduced_precision(name), Tensor(b).to_reduced_precision(name)
-            return jnp.sum(jnp.asarray(matmul(ta, tb).to_full_precision()) ** 2)
-
-        return jax.grad(loss, argnums=(0, 1))(a, b)
-
-    slow, fast = grads(frozenset()), grads(frozenset(NARROW_FLOATS))
+    slow, fast = _grads_on_both_dot_paths(monkeypatch, loss, a, b)
     for s, f in zip(slow, fast, strict=True):
         # both round the input cotangents into the container; only the order of
         # the float32 sums may differ, by at most one step of the format
@@ -443,12 +447,10 @@ def test_float32_weights_rounded_at_use_give_the_same_gradients_on_both_paths(na
     a = rng.standard_normal((8, 32)).astype(np.float32)
     b = rng.standard_normal((32, 4)).astype(np.float32)
 
-    def grads(native):
-        monkeypatch.setattr(_contractions, "_cpu_native_formats", lambda: native)
-        matmul = precision.apply(jnp.matmul, compute=name)
-        return jax.grad(lambda a, b: jnp.sum(jnp.asarray(matmul(a, b)) ** 2), (0, 1))(a, b)
+    def loss(a, b):
+        return jnp.sum(jnp.asarray(precision.apply(jnp.matmul, compute=name)(a, b)) ** 2)
 
-    slow, fast = grads(frozenset()), grads(frozenset(NARROW_FLOATS))
+    slow, fast = _grads_on_both_dot_paths(monkeypatch, loss, a, b)
     for s, f in zip(slow, fast, strict=True):
         np.testing.assert_allclose(np.asarray(f), np.asarray(s), rtol=dtypes.get(name).eps)
     if name == "bfloat16":
