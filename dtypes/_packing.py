@@ -95,10 +95,11 @@ def _pack_dense(codes: jax.Array, bits: int, n: int) -> jax.Array:
 
     Each 32-bit word of a group's bit stream is one reduction over the group's
     codes, each shifted into place (the fields are disjoint, so the sum is an
-    OR); the words are then cut into bytes. The codes are read by as many
-    reductions as a group has words (one for fp6), so whatever computed them
-    is not repeated per output byte when XLA fuses it in; reductions over a
-    short last axis vectorise on XLA:CPU, where strided slices do not.
+    OR). The codes are read by as many reductions as a group has words (one
+    for fp6), so whatever computed them is not repeated per output byte when
+    XLA fuses it in; reductions over a short last axis vectorise on XLA:CPU,
+    where strided slices do not. The bytes of a group are then whole words
+    bitcast into bytes, and of a last word only the bytes the group uses.
     """
     per_group, group_bytes = group_shape(bits)
     n_words = -(-group_bytes // 4)
@@ -117,10 +118,16 @@ def _pack_dense(codes: jax.Array, bits: int, n: int) -> jax.Array:
                 left[i], right[i] = max(s, 0), max(-s, 0)
         parts = (field << left.reshape(at)) >> right.reshape(at)
         words.append(jnp.sum(parts, axis=-1, dtype=jnp.uint32))
-    stacked = jnp.stack(words, axis=-1)[..., None]
-    shifts = np.array([0, 8, 16, 24], np.uint32).reshape((1,) * (stacked.ndim - 1) + (4,))
-    as_bytes = ((stacked >> shifts) & jnp.uint32(0xFF)).astype(jnp.uint8)
-    as_bytes = as_bytes.reshape((*lead, groups, 4 * n_words))[..., :group_bytes]
+    # Whole words are bitcast into four bytes each; a last word partly used
+    # gives its low two bytes by a bitcast of its low half, and its third as a
+    # byte of its own: no byte is computed only to be sliced off.
+    pieces = [lax.bitcast_convert_type(w, jnp.uint8) for w in words[: group_bytes // 4]]
+    rest = group_bytes % 4
+    if rest >= 2:
+        pieces.append(lax.bitcast_convert_type(words[-1].astype(jnp.uint16), jnp.uint8))
+    if rest % 2:
+        pieces.append((words[-1] >> np.uint32(8 * (rest - 1))).astype(jnp.uint8)[..., None])
+    as_bytes = jnp.concatenate(pieces, axis=-1)
     out: jax.Array = as_bytes.reshape((*lead, groups * group_bytes))[..., : packed_length(n, bits)]
     return out
 
