@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._errors import NonFiniteError, PrecisionTypeError
-from ._scaling import Scaling
+from ._arguments import refuse_non_finite, resolve_scaling
+from ._errors import PrecisionTypeError
 
 if TYPE_CHECKING:
     from ._format import Format
@@ -50,31 +50,13 @@ def is_tracer(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
-def resolve_scaling(fmt: Format, scaling: Scaling | None) -> Scaling | None:
-    """`scaling`, or the format's default for None; anything else but a `Scaling` is refused."""
-    if scaling is None:
-        return fmt.default_scaling()
-    if not isinstance(scaling, Scaling):
-        raise PrecisionTypeError(
-            f"scaling must be PerTensor(), PerAxis(axis) or PerBlock(size), got {scaling!r}"
-        )
-    return scaling
-
-
 def check_finite(x: jax.Array, fmt: Format) -> None:
     """Eagerly refuse NaN/inf in a scaled encoding: they would poison a whole group."""
     if is_tracer(x):
         return
     if _all_finite_now(x):
         return
-    bad = ~np.isfinite(np.asarray(x, np.float64))
-    first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
-    value = np.asarray(x, np.float64)[first] if bad.ndim else float(np.asarray(x))
-    raise NonFiniteError(
-        f"cannot encode {int(bad.sum())} non-finite value(s) into scaled {fmt.name}: the first "
-        f"is {value} at index {first}. A scale computed over them would be NaN; replace them "
-        "first (e.g. jnp.nan_to_num(x)) or encode into an unscaled float format"
-    )
+    refuse_non_finite(np.asarray(x), fmt)
 
 
 def _all_finite_now(x: jax.Array) -> bool:

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ._errors import FormatError
+from ._arguments import refuse_non_finite, resolve_scaling
+from ._errors import FormatError, ScalingError
 from ._format import Format
 from ._scaling import PerTensor, Scaling
 
@@ -111,6 +112,13 @@ class IntFormat(Format):
 
     def check(self, x: Any, *, scaling: Scaling | None = None) -> None:
         """Raise the error `encode(x, scaling=scaling)` would raise (see `Format.check`)."""
+        if isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating):
+            # the same checks, made without JAX for numpy floats
+            resolved = resolve_scaling(self, scaling)
+            assert resolved is not None  # an integer format always has a default scaling
+            refuse_scaling(self, resolved, x.shape)
+            refuse_non_finite(x, self)
+            return
         from . import _int_codec
 
         _int_codec.check(self, x, scaling)
@@ -137,3 +145,25 @@ class IntFormat(Format):
     def __repr__(self) -> str:
         scaling = f", scaling={self.scaling!r}" if self.scaling is not None else ""
         return f"IntFormat({self.bits}{scaling}, name={self.name!r})"
+
+
+def refuse_scaling(fmt: IntFormat, scaling: Scaling, shape: tuple[int, ...]) -> None:
+    """Raise `ScalingError` unless `fmt` takes `scaling` for values of `shape`."""
+    if scaling.power_of_two and fmt.binary:
+        raise ScalingError(
+            "int1 scales are mean(|x|) per group and have no power-of-two variant; "
+            f"pass {type(scaling).__name__} without power_of_two=True"
+        )
+    if scaling.scale_format not in ("float32", "bfloat16", "float16"):
+        if fmt.binary:
+            raise ScalingError(
+                f"int1 scales are mean(|x|) per group and cannot be stored as "
+                f"{scaling.scale_format}; use scale_format='float32', 'bfloat16' or 'float16'"
+            )
+        if scaling.scale_format == "float8_e4m3fn":
+            raise ScalingError(
+                f"two-level float8_e4m3fn scales (the NVFP4 recipe) are for float elements, not "
+                f"{fmt.name}; use scale_format='bfloat16' or 'float16' for integer groups"
+            )
+    if shape:
+        scaling.validate(shape)

@@ -17,9 +17,9 @@ import numpy as np
 
 from . import _codec, _scale_format
 from ._encoded import Encoded
-from ._errors import ScalingError
 from ._group_scales import flush_subnormals, mean_abs, scales, times_reciprocal
 from ._inputs import as_float_array, check_finite, resolve_scaling
+from ._int import refuse_scaling
 from ._rounding import round_integer
 from ._rounding_modes import check_rounding
 from ._scaling import Scaling
@@ -32,24 +32,7 @@ __all__ = ["check", "decode", "encode", "fake_quantize"]
 
 def _validate(fmt: IntFormat, x: jax.Array, scaling: Scaling) -> None:
     """Every check that can be made before computing: scalings, shapes, eager values."""
-    if scaling.power_of_two and fmt.binary:
-        raise ScalingError(
-            "int1 scales are mean(|x|) per group and have no power-of-two variant; "
-            f"pass {type(scaling).__name__} without power_of_two=True"
-        )
-    if scaling.scale_format not in ("float32", "bfloat16", "float16"):
-        if fmt.binary:
-            raise ScalingError(
-                f"int1 scales are mean(|x|) per group and cannot be stored as "
-                f"{scaling.scale_format}; use scale_format='float32', 'bfloat16' or 'float16'"
-            )
-        if scaling.scale_format == "float8_e4m3fn":
-            raise ScalingError(
-                f"two-level float8_e4m3fn scales (the NVFP4 recipe) are for float elements, not "
-                f"{fmt.name}; use scale_format='bfloat16' or 'float16' for integer groups"
-            )
-    if x.ndim:
-        scaling.validate(x.shape)
+    refuse_scaling(fmt, scaling, x.shape)
     check_finite(x, fmt)
 
 

@@ -119,6 +119,7 @@ def test_no_import_cycles():
 # format classes import them inside their methods, on first use.
 JAX_FREE = (
     "dtypes",
+    "dtypes._arguments",
     "dtypes._asymmetric",
     "dtypes._codebook",
     "dtypes._e8m0",

@@ -423,8 +423,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                 + "; ".join(f"{n}: {r}" for r, n in reasons)
                 + "); check --include/--exclude/--keep/--scaling, or see --dry-run"
             )
-        if any(p.reason is None and p.mode != "cast" for p in plans):
-            import_jax()  # (a numpy cast needs no JAX: it starts in a fraction of the time)
+        if any(p.reason is None and p.mode not in ("cast", "intcast") for p in plans):
+            import_jax()  # (numpy casts need no JAX: they start in a fraction of the time)
         engine = _Engine(fmt, scaling, args.rounding, stats=not args.no_stats)
         total = sum(p.leaf.data_dtype.itemsize * math.prod(p.leaf.shape) for p in plans)
         progress = _progress(total, args.quiet, "converting")

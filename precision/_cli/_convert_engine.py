@@ -22,6 +22,10 @@ holds more than one tensor's input, and usually only one block of it
   group's absmax, then row blocks encoded with one more row holding them;
 * **cast** — unscaled nearest-even conversion into a format with an
   ml_dtypes type: a numpy cast in blocks, nothing compiled;
+* **intcast** — int8 with one float32 scale for the tensor, nearest even:
+  the absmax pass, then numpy blocks (`_numpy_int` says why the codes are
+  the library's), nothing compiled; an absmax outside `_NUMPY_ABSMAX`
+  takes the two passes above;
 * **whole** — everything else (stochastic rounding, int1's mean scales,
   asymmetric integers' min/max scales over more than a block or a row,
   inputs stored in a precision format): the tensor is encoded at once, its
@@ -52,7 +56,7 @@ import dtypes
 from .._checkpoint._io import encoded
 from .._checkpoint._layout import Leaf, two_level
 from .._checkpoint._reader import Reader, aligned_empty
-from ._interrupts import check_interrupt
+from ._interrupts import check_interrupt, import_jax
 from ._output import _DataError
 
 if TYPE_CHECKING:
@@ -114,6 +118,45 @@ def _castable(fmt: dtypes.Format, scaling: dtypes.Scaling | None, rounding: str)
     )
 
 
+#: Per-tensor absmax range in which numpy gives an integer encode's codes:
+#: inside it the library's scale rule takes none of its special paths
+#: (flushed, subnormal, near-overflow or pre-divided scales; `dtypes` has
+#: them), and a product `x * (qmax / absmax)` that numpy keeps subnormal
+#: where XLA:CPU flushes it lies below 2**-19, which rounds to 0 either way.
+_NUMPY_ABSMAX = (2.0**-100, 2.0**100)
+
+
+def _numpy_int(fmt: dtypes.Format, scaling: dtypes.Scaling, rounding: str) -> bool:
+    """Whether a per-tensor integer encode may run in numpy (`_Converter._int_blocks`).
+
+    Its codes are `clip(rint(x * (qmax / absmax)), -qmax, qmax)` in float32,
+    the scale `absmax / qmax`: correctly rounded IEEE operations, the same in
+    numpy as in the library's compiled encode for an absmax in `_NUMPY_ABSMAX`
+    and nearest-even rounding (tests/precision/test_cli.py compares them).
+    """
+    return (
+        fmt.kind == "int"
+        and not getattr(fmt, "binary", False)
+        and np.dtype(fmt.container) == np.int8
+        and not fmt.packed
+        and not scaling.power_of_two
+        and scaling.scale_format == "float32"
+        and rounding == "nearest_even"
+    )
+
+
+def _int_codes(
+    x: np.ndarray, absmax: np.float32, qmax: np.float32, out: np.ndarray | None = None
+) -> np.ndarray:
+    """int8 codes `clip(rint(x * (qmax / absmax)), -qmax, qmax)` of float32 `x`, whose
+    tensor's absmax lies in `_NUMPY_ABSMAX` (`out`: a float32 scratch shaped like x)."""
+    y = np.multiply(x, qmax / absmax, out=out)  # one float32 reciprocal, as the library's
+    np.rint(y, out=y)  # halves to even
+    np.clip(y, -qmax, qmax, out=y)
+    codes: np.ndarray = y.astype(np.int8)
+    return codes
+
+
 def _mode(plan: _Plan, rounding: str) -> tuple[str, str]:
     """How a tensor is converted (a mode of the module docstring), and why when whole."""
     leaf, out = plan.leaf, plan.out
@@ -144,6 +187,8 @@ def _mode(plan: _Plan, rounding: str) -> tuple[str, str]:
     if isinstance(scaling, dtypes.PerTensor):
         if ranged:
             return "whole", "one min/max scale for the tensor"
+        if _numpy_int(fmt, scaling, rounding):
+            return "intcast", ""
         return ("twopass", "") if _per_byte_ok(fmt, last) else ("whole", packed_rows)
     if isinstance(scaling, dtypes.PerBlock) and scaling.axis % ndim == ndim - 1:
         size = int(scaling.size)
@@ -166,6 +211,7 @@ _HOW = {
     "cast": "streamed (numpy cast)",
     "flat": "streamed in blocks",
     "twopass": "absmax pass, then blocks",
+    "intcast": "absmax pass, then numpy blocks",
     "twolevel": "absmax pass, then blocks",
     "rows": "streamed by rows",
     "columns": "group absmax pass, then rows",
@@ -252,14 +298,15 @@ def _widened(y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
-_SCRATCH: list[np.ndarray] = [np.empty(0, np.float32)]
+_SCRATCH: list[np.ndarray] = [np.empty(0, np.float32), np.empty(0, np.float32)]
 
 
-def _scratch(n: int) -> np.ndarray:
-    """A float32 buffer of `n` values, reused from block to block (the command is one thread)."""
-    if _SCRATCH[0].size < n:
-        _SCRATCH[0] = np.empty(n, np.float32)
-    return _SCRATCH[0][:n]
+def _scratch(n: int, slot: int = 0) -> np.ndarray:
+    """A float32 buffer of `n` values, reused from block to block (the command is one
+    thread); slot 0 is the statistics' own."""
+    if _SCRATCH[slot].size < n:
+        _SCRATCH[slot] = np.empty(n, np.float32)
+    return _SCRATCH[slot][:n]
 
 
 def _by_table(dtype: np.dtype[Any]) -> bool:
@@ -574,7 +621,7 @@ class _Converter:
             shape = (per_block,)
         blocks = _Blocks(plan.reader, plan.leaf.name)
         absmax: np.floating | np.ndarray | None = None
-        if plan.mode in ("twopass", "twolevel"):  # the absmax first (exact: a maximum)
+        if plan.mode in ("twopass", "twolevel", "intcast"):  # the absmax first (a maximum)
             absmax = np.float32(0)
             for block in blocks.blocks(per_block):
                 # two reductions, no |x| array
@@ -584,11 +631,18 @@ class _Converter:
                 absmax = max(absmax, m)
         elif plan.mode == "columns":  # every group's absmax first, as a slab of one row
             absmax = self._slab(plan, blocks, per_block)
+        if plan.mode == "intcast":
+            assert absmax is not None
+            low, high = _NUMPY_ABSMAX
+            if low <= float(absmax) <= high:
+                yield from self._int_blocks(plan, blocks, np.float32(absmax), extras)
+                return
+            import_jax()  # the library's special scales: its compiled encode
         stats = _Stats()
         done = 0
         # per-group arrays of each block, or (a per-tensor or per-axis scale
         # computed from the absmax given) one copy shared by every block
-        shared = plan.mode in ("twopass", "columns")
+        shared = plan.mode in ("twopass", "intcast", "columns")
         for block in blocks.blocks(per_block, pad=True):
             check_interrupt()
             n = min(per_block, total - done)
@@ -615,6 +669,28 @@ class _Converter:
             done += n
             self.progress.update(n * plan.leaf.data_dtype.itemsize)
         if engine.stats:
+            self.sqnr[plan.leaf.name] = stats.sqnr
+
+    def _int_blocks(
+        self, plan: _Plan, blocks: _Blocks, absmax: np.float32, extras: dict[str, list[np.ndarray]]
+    ) -> Iterator[np.ndarray]:
+        """Integer codes of one scale for the whole tensor, block by block in numpy."""
+        fmt = plan.out.format
+        assert fmt is not None
+        qmax = np.float32(fmt.max)  # the largest code
+        scale = absmax / qmax
+        extras["scale"][:] = [np.array([scale], np.float32)]
+        stats = _Stats()
+        for block in blocks.blocks(_BLOCK):
+            check_interrupt()
+            x = block if block.dtype == np.float32 else block.astype(np.float32)
+            y = _scratch(x.size, 1)
+            codes = _int_codes(x, absmax, qmax, y)
+            if self.engine.stats:
+                _numpy_energy(x, np.multiply(codes, scale, out=y, dtype=np.float32), stats)
+            yield codes.view(plan.out.data_dtype)
+            self.progress.update(block.nbytes)
+        if self.engine.stats:
             self.sqnr[plan.leaf.name] = stats.sqnr
 
     def _slab(self, plan: _Plan, blocks: _Blocks, per_block: int) -> np.ndarray:

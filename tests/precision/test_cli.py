@@ -799,9 +799,12 @@ def test_cast_statistics_widen_every_code_exactly(dtype):
     np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
 
 
-@pytest.mark.parametrize(("to", "loads_jax"), [("bf16", False), ("fp16", False), ("int8", True)])
-def test_unscaled_casts_never_import_jax(checkpoint, tmp_path, to, loads_jax):
-    # A numpy cast needs no JAX and starts in a fraction of the time; an encode imports it.
+@pytest.mark.parametrize(
+    ("to", "loads_jax"), [("bf16", False), ("fp16", False), ("int8", False), ("int4", True)]
+)
+def test_numpy_conversions_never_import_jax(checkpoint, tmp_path, to, loads_jax):
+    # Casts and int8 per tensor (the default) run in numpy: no JAX, a fraction of the start.
+    # A compiled encode (int4's default per-block scaling) imports it.
     out = tmp_path / "out.safetensors"
     code = (
         "import sys\n"

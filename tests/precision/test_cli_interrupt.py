@@ -154,10 +154,11 @@ def mapped(pid: int, library: str) -> bool:
 # initialise (an interrupt there once crashed the interpreter); and moments
 # after, while JAX's garbage-collector callback may run (an interrupt there
 # was printed and swallowed, and the conversion went on to write its output).
-# A bfloat16 cast is numpy alone (it never loads JAX); int8 loads JAX once
-# the tensors are planned.
+# A bfloat16 cast and int8 per tensor are numpy alone (they never load JAX);
+# int8 per row loads JAX once the tensors are planned.
 STARTUP = [("bf16", "_multiarray_umath", 0.0), ("int8", "_multiarray_umath", 0.0)] + [
-    ("int8", "jaxlib", d) for d in (0.0, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15)
+    ("int8 --scaling per-axis:0", "jaxlib", d)
+    for d in (0.0, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15)
 ]
 
 
@@ -167,7 +168,7 @@ def test_sigint_during_startup(tmp_path, to, library, delay):
     dst = tmp_path / "out.safetensors"
     safetensors.numpy.save_file({"w": np.ones((4, 4), np.float32)}, str(src))
     proc = subprocess.Popen(
-        [*CLI, str(src), "-o", str(dst), "--to", to, "--keep", "none"],
+        [*CLI, str(src), "-o", str(dst), "--to", *to.split(), "--keep", "none"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

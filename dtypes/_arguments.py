@@ -1,0 +1,45 @@
+"""Argument checks that need no JAX: the scaling given, and NaN/inf in numpy values.
+
+`_inputs` applies them to every encoder's input; a format's `check` applies
+them alone to float numpy arrays, so a caller that only asks whether a
+format takes a scaling (the command line, planning a conversion) loads no JAX.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ._errors import NonFiniteError, PrecisionTypeError
+from ._scaling import Scaling
+
+if TYPE_CHECKING:
+    from ._format import Format
+
+__all__ = ["refuse_non_finite", "resolve_scaling"]
+
+
+def resolve_scaling(fmt: Format, scaling: Scaling | None) -> Scaling | None:
+    """`scaling`, or the format's default for None; anything else but a `Scaling` is refused."""
+    if scaling is None:
+        return fmt.default_scaling()
+    if not isinstance(scaling, Scaling):
+        raise PrecisionTypeError(
+            f"scaling must be PerTensor(), PerAxis(axis) or PerBlock(size), got {scaling!r}"
+        )
+    return scaling
+
+
+def refuse_non_finite(values: np.ndarray, fmt: Format) -> None:
+    """Raise `NonFiniteError` naming the count and the first NaN/inf of `values`, if any."""
+    bad = ~np.isfinite(np.asarray(values, np.float64))
+    if not bad.any():
+        return
+    first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
+    value = np.asarray(values, np.float64)[first] if bad.ndim else float(np.asarray(values))
+    raise NonFiniteError(
+        f"cannot encode {int(bad.sum())} non-finite value(s) into scaled {fmt.name}: the first "
+        f"is {value} at index {first}. A scale computed over them would be NaN; replace them "
+        "first (e.g. jnp.nan_to_num(x)) or encode into an unscaled float format"
+    )
