@@ -120,7 +120,8 @@ def main() -> None:
     # the bytecode on its first run, unless PYTHONDONTWRITEBYTECODE is set)
     for package in ("precision", "dtypes"):
         spec = importlib.util.find_spec(package)  # found, not imported: this process stays small
-        assert spec is not None and spec.submodule_search_locations
+        assert spec is not None
+        assert spec.submodule_search_locations
         compileall.compile_dir(spec.submodule_search_locations[0], quiet=1)
     work = tempfile.mkdtemp(dir=args.dir)
     try:
