@@ -132,7 +132,7 @@ def _numpy_int(fmt: dtypes.Format, scaling: dtypes.Scaling, rounding: str) -> bo
     Its codes are `clip(rint(x * (qmax / absmax)), -qmax, qmax)` in float32,
     the scale `absmax / qmax`: correctly rounded IEEE operations, the same in
     numpy as in the library's compiled encode for an absmax in `_NUMPY_ABSMAX`
-    and nearest-even rounding (tests/precision/test_cli.py compares them).
+    and nearest-even rounding (tests/precision/test_cli_numpy_int.py compares them).
     """
     return (
         fmt.kind == "int"
