@@ -12,9 +12,9 @@ two's complement; int1 stores one bit per value, 1 for +1 and 0 for -1.
 
 Everything is vectorised jnp: the codes are cut into groups of
 `lcm(bits, 8) / bits` codes that fill `lcm(bits, 8) / 8` bytes exactly, and
-each byte of a group (each code, when unpacking) is a reduction over the
-group of fixed shifts, unrolled over the at most 15 bytes of a group and
-never over the data.
+each byte of a group (widths dividing 8) or each 32-bit word of it (other
+widths; each code, when unpacking) is a reduction over the group of fixed
+shifts, unrolled over the at most 15 bytes of a group and never over the data.
 """
 
 from __future__ import annotations
