@@ -188,22 +188,32 @@ def _unpack_dense(data: jax.Array, bits: int, n: int) -> jax.Array:
         pairs = data[..., : 2 * n].reshape((*lead, n, 2))
         return lax.bitcast_convert_type(pairs, jnp.uint16)
     per_group, group_bytes = group_shape(bits)
-    container = jnp.uint8 if bits <= 8 else jnp.uint16
-    width = 8 if bits <= 8 else 16
+    n_words = -(-group_bytes // 4)
     groups = math.ceil(n / per_group)
-    b = _pad_last(data[..., : groups * group_bytes], groups * group_bytes).astype(container)
-    b = b.reshape((*lead, groups, group_bytes))
-    mask = container((1 << bits) - 1)
-    out = []
-    for i in range(per_group):  # a fixed layout, unrolled over <= 8 codes
-        left = np.full(group_bytes, width, np.uint32)
-        right = np.zeros(group_bytes, np.uint32)
-        for j in range(group_bytes):
-            t = 8 * j - i * bits  # where byte j starts relative to code i
-            if -8 < t < bits:
-                left[j], right[j] = max(t, 0), max(-t, 0)
-        at = (1,) * (b.ndim - 1) + (group_bytes,)
-        parts = (b << left.astype(container).reshape(at)) >> right.astype(container).reshape(at)
-        out.append(jnp.sum(parts, axis=-1, dtype=container) & mask)
-    codes = jnp.stack(out, axis=-1)
+    b = _pad_last(data[..., : groups * group_bytes], groups * group_bytes).astype(jnp.uint32)
+    b = b.reshape((*lead, groups, 1, group_bytes))
+    # The group's 32-bit words, each a reduction over its bytes (shifting by
+    # 32 gives 0: a byte of another word is no part).
+    place = np.full((n_words, group_bytes), 32, np.uint32)
+    for j in range(group_bytes):
+        place[j // 4, j] = 8 * (j % 4)
+    place = place.reshape((1,) * (b.ndim - 2) + place.shape)
+    words = jnp.sum(b << place, axis=-1, dtype=jnp.uint32)  # (..., groups, n_words)
+    # Code i is the bits of the stream from i * bits, taken from the words it
+    # lies in: its first word shifted right, the next one shifted left (the
+    # ranges are disjoint, so the sum is an OR), then masked.
+    right = np.full((per_group, n_words), 32, np.uint32)
+    left = np.full((per_group, n_words), 32, np.uint32)
+    for i in range(per_group):
+        for w in range(n_words):
+            s = i * bits - 32 * w  # where code i starts relative to word w
+            if 0 <= s < 32:
+                right[i, w], left[i, w] = s, 0
+            elif -bits < s < 0:
+                right[i, w], left[i, w] = 0, -s
+    at = (1,) * (words.ndim - 1) + (per_group, n_words)
+    parts = (words[..., None, :] >> right.reshape(at)) << left.reshape(at)
+    mask = jnp.uint32((1 << bits) - 1)
+    codes = jnp.sum(parts, axis=-1, dtype=jnp.uint32) & mask
+    codes = codes.astype(jnp.uint8 if bits <= 8 else jnp.uint16)
     return codes.reshape((*lead, groups * per_group))[..., :n]
