@@ -33,9 +33,9 @@ def resolve_scaling(fmt: Format, scaling: Scaling | None) -> Scaling | None:
 
 def refuse_non_finite(values: np.ndarray, fmt: Format) -> None:
     """Raise `NonFiniteError` naming the count and the first NaN/inf of `values`, if any."""
-    bad = ~np.isfinite(np.asarray(values, np.float64))
-    if not bad.any():
+    if np.isfinite(values).all():
         return
+    bad = ~np.isfinite(np.asarray(values, np.float64))
     first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
     value = np.asarray(values, np.float64)[first] if bad.ndim else float(np.asarray(values))
     raise NonFiniteError(

@@ -112,8 +112,8 @@ class IntFormat(Format):
 
     def check(self, x: Any, *, scaling: Scaling | None = None) -> None:
         """Raise the error `encode(x, scaling=scaling)` would raise (see `Format.check`)."""
-        if isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating):
-            # the same checks, made without JAX for numpy floats
+        if isinstance(x, np.ndarray) and x.dtype in (np.float16, np.float32):
+            # the same checks, made without JAX (float64 goes to JAX, which may narrow it)
             resolved = resolve_scaling(self, scaling)
             assert resolved is not None  # an integer format always has a default scaling
             refuse_scaling(self, resolved, x.shape)

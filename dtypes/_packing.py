@@ -216,4 +216,5 @@ def _unpack_dense(data: jax.Array, bits: int, n: int) -> jax.Array:
     mask = jnp.uint32((1 << bits) - 1)
     codes = jnp.sum(parts, axis=-1, dtype=jnp.uint32) & mask
     codes = codes.astype(jnp.uint8 if bits <= 8 else jnp.uint16)
-    return codes.reshape((*lead, groups * per_group))[..., :n]
+    out: jax.Array = codes.reshape((*lead, groups * per_group))[..., :n]
+    return out

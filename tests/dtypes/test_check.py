@@ -46,6 +46,10 @@ INPUTS = {
     "inf": np.full((2, 64), np.inf, np.float32),
     "scalar": np.float32(-1.5),
     "odd": np.linspace(-3, 3, 30, dtype=np.float32).reshape(3, 10),
+    "0-d": np.array(2.5, np.float32),
+    "half": np.full((2, 64), 0.5, np.float16),
+    "half-inf": np.full((2, 64), np.inf, np.float16),
+    "float64 beyond float32": np.array([[1.0, 1e300]] * 2),  # inf once narrowed, as JAX does
 }
 
 
@@ -77,3 +81,19 @@ def test_a_scalar_is_one_group_of_one(name, scaling):
         assert np.shape(enc.decode()) == ()
         assert float(enc.decode()) == float(np.asarray(one)[0])
         assert float(fmt.round(v, scaling=scaling)) == float(enc.decode())
+
+
+@pytest.mark.parametrize("name", ["int8", "int4", "int1"])
+def test_checks_without_jax_say_what_encode_says(name):
+    # float16/float32 numpy arrays are checked without JAX: the same words as encode's
+    fmt = dtypes.get(name)
+    for x in (np.array([1.0, np.nan, -np.inf], np.float32), np.ones((3, 5), np.float16)):
+        for scaling in (None, dtypes.PerAxis(2), dtypes.PerBlock(32, power_of_two=True)):
+            said = []
+            for call in (fmt.check, fmt.encode):
+                try:
+                    call(x, scaling=scaling)
+                    said.append("ok")
+                except Exception as exc:
+                    said.append(f"{type(exc).__name__}: {exc}")
+            assert said[0] == said[1], (x.dtype, scaling)

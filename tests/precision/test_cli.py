@@ -329,6 +329,8 @@ def test_block_conversion_gives_the_library_bytes(
     stream_checkpoint, tmp_path, monkeypatch, fmt, flag
 ):
     monkeypatch.setattr(_cli_engine, "_BLOCK", 64)
+    monkeypatch.setattr(_cli_engine, "_PART", 16)  # numpy paths: blocks in 3 uneven parts
+    monkeypatch.setattr(_cli_engine, "_WORKERS", 3)
     blocks = []
     read = _cli_convert._Blocks.blocks
     monkeypatch.setattr(

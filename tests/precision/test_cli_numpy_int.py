@@ -59,7 +59,7 @@ def test_numpy_codes_are_the_library_codes(seed, e, kind):
     x = values(seed, e, kind)
     absmax = np.float32(np.max(np.abs(x)))
     assume(LOW <= absmax <= HIGH)
-    codes = _cli_engine._int_codes(x, absmax, np.float32(127))
+    codes = _cli_engine._int_codes(x, absmax, np.float32(127)).astype(np.int8)
     want_codes, want_scale = library(x)
     np.testing.assert_array_equal(codes, want_codes)
     assert (absmax / np.float32(127)).tobytes() == want_scale.tobytes()
@@ -74,18 +74,33 @@ ABOVE = np.nextafter(np.float32(HIGH), np.float32(np.inf))
     [LOW, HIGH, BELOW, ABOVE, 2.0**-126, 3e38],
     ids=["low", "high", "below", "above", "tiny", "near-max"],
 )
-def test_each_absmax_gives_the_library_bytes(tmp_path, absmax):
-    # In the range: numpy; outside it (and all zeros): the compiled encode.
+def test_each_absmax_gives_the_library_bytes(tmp_path, monkeypatch, absmax):
+    # In the range: numpy, each block in three uneven parts on worker threads;
+    # outside it (and all zeros): the compiled encode.
+    monkeypatch.setattr(_cli_engine, "_PART", 64)
+    monkeypatch.setattr(_cli_engine, "_WORKERS", 3)
+    numpy_path = []
+    run = _cli_engine._Converter._int_blocks
+    monkeypatch.setattr(
+        _cli_engine._Converter,
+        "_int_blocks",
+        lambda self, plan, *a: numpy_path.append(plan.leaf.name) or run(self, plan, *a),
+    )
     rng = np.random.default_rng(5)
     x = np.clip(rng.standard_normal((61, 83)), -1, 1).astype(np.float32) * np.float32(absmax)
     x[0, 0] = np.float32(absmax)
     x[1, :4] = [1e-40, -1e-40, -0.0, 2.0**-126]
     tensors = {"w": x, "h": x[:8].astype(ml_dtypes.bfloat16), "v": x.reshape(-1)[:999].copy()}
     tensors["z"] = np.zeros(40, np.float32)  # absmax 0: scale 1, codes 0
+    if absmax <= 65504:
+        tensors["f"] = x[:5].astype(np.float16)
     src, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
     safetensors.numpy.save_file(tensors, str(src))
     argv = ["convert", str(src), "-o", str(out), "--to", "int8", "--scaling", "per-tensor"]
     assert _cli.main([*argv, "--keep", "none", "-q"]) == 0
+    in_range = {n for n, v in tensors.items() if LOW <= np.max(np.abs(np.float32(v))) <= HIGH}
+    assert set(numpy_path) == in_range
+    assert ("w" in in_range) == (LOW <= absmax <= HIGH)
     loaded = precision.load(out)
     for name, value in tensors.items():
         enc = loaded[name].encoded
