@@ -152,11 +152,10 @@ def _int_codes(
 ) -> np.ndarray:
     """Integer codes `clip(rint(x * (qmax / absmax)), -qmax, qmax)` of float32 `x`, whose
     tensor's absmax lies in `_NUMPY_ABSMAX`, as float32 (in `out` if given)."""
-    y = np.multiply(x, qmax / absmax, out=out)  # one float32 reciprocal, as the library's
+    y: np.ndarray = np.multiply(x, qmax / absmax, out=out)  # one reciprocal, as the library's
     np.rint(y, out=y)  # halves to even
     np.clip(y, -qmax, qmax, out=y)
-    codes: np.ndarray = y
-    return codes
+    return y
 
 
 def _mode(plan: _Plan, rounding: str) -> tuple[str, str]:
@@ -372,34 +371,34 @@ def _in_parts(fn: Callable[[slice], _T], n: int) -> list[_T]:
         return list(_POOL[0].map(fn, [slice(i, min(i + step, n)) for i in range(0, n, step)]))
 
 
-def _add_parts(fn: Callable[[slice], tuple[float, float] | None], n: int, stats: _Stats) -> None:
-    """Run `fn` over a block's `n` values in parts, adding the energies it returns."""
-    for energy in _in_parts(fn, n):
-        if energy is not None:
-            stats.add(1.0, *energy)
+#: A part of a numpy block conversion: (x, y, scratch buffers, stats, part) -> the
+#: part's energies, or None without statistics.
+_Part = Callable[
+    [np.ndarray, np.ndarray, tuple[np.ndarray, ...], bool, slice], tuple[float, float] | None
+]
 
 
 def _cast_part(
-    x: np.ndarray, y: np.ndarray, d: np.ndarray, stats: bool, p: slice
+    x: np.ndarray, y: np.ndarray, scratch: tuple[np.ndarray, ...], stats: bool, p: slice
 ) -> tuple[float, float] | None:
     """Part `p` of a block cast into `y` (unless it is `x`), and its energies if `stats`."""
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is the format's inf
         if y is not x:
             y[p] = x[p]
-    return _numpy_energy(x[p], y[p], d[p]) if stats else None
+    return _numpy_energy(x[p], y[p], scratch[0][p]) if stats else None
 
 
 def _int_part(
+    top: tuple[np.float32, np.float32],
     x: np.ndarray,
     codes: np.ndarray,
-    scratch: tuple[np.ndarray, np.ndarray],
-    top: tuple[np.float32, np.float32],
+    scratch: tuple[np.ndarray, ...],
     stats: bool,
     p: slice,
 ) -> tuple[float, float] | None:
     """Part `p` of a block's integer codes into `codes` (`top`: absmax, qmax), and its
     energies against the decoded codes if `stats`."""
-    (y, d), (absmax, qmax) = scratch, top
+    (absmax, qmax), (d, y) = top, scratch
     np.copyto(codes[p], _int_codes(x[p], absmax, qmax, y[p]), casting="unsafe")  # exact
     if not stats:
         return None
@@ -651,17 +650,34 @@ class _Converter:
 
     def _cast(self, plan: _Plan) -> Iterator[np.ndarray]:
         """Blocks cast by numpy into the format's ml_dtypes type, with their statistics."""
-        out = plan.out
-        assert out.format is not None
-        target = np.dtype(out.format.container)
+        assert plan.out.format is not None
+        target = np.dtype(plan.out.format.container)
+        blocks = _Blocks(plan.reader, plan.leaf.name).blocks(_BLOCK)
+        return self._numpy_blocks(plan, blocks, target, _cast_part, scratches=1)
+
+    def _numpy_blocks(
+        self,
+        plan: _Plan,
+        blocks: Iterator[np.ndarray],
+        target: np.dtype[Any],
+        part: _Part,
+        scratches: int,
+    ) -> Iterator[np.ndarray]:
+        """Each block as float32 `x` into a `target` array `y` (`x` itself for float32) by
+        `part(x, y, scratch, stats, p)` over parts `p` on worker threads (`scratch`: that
+        many float32 buffers like `x`, slot 0 the statistics'); their energies added up,
+        the tensor's SQNR kept."""
         stats = _Stats()
-        for block in _Blocks(plan.reader, plan.leaf.name).blocks(_BLOCK):
+        for block in blocks:
             check_interrupt()
             x = block if block.dtype == np.float32 else block.astype(np.float32)
             y = x if target == np.float32 else np.empty(x.shape, target)
-            cast = functools.partial(_cast_part, x, y, _scratch(x.size), self.engine.stats)
-            _add_parts(cast, x.size, stats)
-            yield y.view(out.data_dtype)
+            scratch = tuple(_scratch(x.size, slot) for slot in range(scratches))
+            run = functools.partial(part, x, y, scratch, self.engine.stats)
+            for energy in _in_parts(run, x.size):
+                if energy is not None:
+                    stats.add(1.0, *energy)
+            yield y.view(plan.out.data_dtype)
             self.progress.update(block.nbytes)
         if self.engine.stats:
             self.sqnr[plan.leaf.name] = stats.sqnr
@@ -735,25 +751,12 @@ class _Converter:
         self, plan: _Plan, blocks: _Blocks, absmax: np.float32, extras: dict[str, list[np.ndarray]]
     ) -> Iterator[np.ndarray]:
         """Integer codes of one scale for the whole tensor, block by block in numpy."""
-        fmt = plan.out.format
-        assert fmt is not None
-        qmax = np.float32(fmt.max)  # the largest code
-        scale = absmax / qmax
-        extras["scale"][:] = [np.array([scale], np.float32)]
-        stats = _Stats()
-        for block in blocks.blocks(_BLOCK):
-            check_interrupt()
-            x = block if block.dtype == np.float32 else block.astype(np.float32)
-            codes = np.empty(x.shape, np.int8)
-            scratch = (_scratch(x.size, 1), _scratch(x.size))
-            encode = functools.partial(
-                _int_part, x, codes, scratch, (absmax, qmax), self.engine.stats
-            )
-            _add_parts(encode, x.size, stats)
-            yield codes.view(plan.out.data_dtype)
-            self.progress.update(block.nbytes)
-        if self.engine.stats:
-            self.sqnr[plan.leaf.name] = stats.sqnr
+        assert plan.out.format is not None
+        qmax = np.float32(plan.out.format.max)  # the largest code
+        extras["scale"][:] = [np.array([absmax / qmax], np.float32)]
+        encode = functools.partial(_int_part, (absmax, qmax))
+        int8 = np.dtype(np.int8)
+        yield from self._numpy_blocks(plan, blocks.blocks(_BLOCK), int8, encode, scratches=2)
 
     def _slab(self, plan: _Plan, blocks: _Blocks, per_block: int) -> np.ndarray:
         """One row, shaped like the tensor's rows, holding each per-axis group's absmax."""
