@@ -96,6 +96,23 @@ class Encoded:
                 n += int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize
         return n
 
+    def group_scales(self) -> jax.Array | None:
+        """float32 multiplier of the codes of each scaling group, or None if unscaled.
+
+        Shaped like `scaling.scale_shape(shape)`: the stored scales widened
+        exactly (E8M0 bytes built from bits, the implicit element scale of
+        MXINT8 folded in, a two-level encoding's tensor scale multiplied in),
+        so `codes * broadcast(group_scales())` is what `decode` computes.
+        Asymmetric encodings also subtract their zero point.
+        """
+        if self.scale is None or self.scaling is None:
+            return None
+        from ._scale_format import widen  # JAX, on first use: `import dtypes` stays light
+
+        offset = getattr(self.format, "top_exponent", 0)
+        scales: jax.Array = widen(self.scale, self.tensor_scale, self.scaling, offset)
+        return scales
+
     def decode(self, dtype: Any = np.float32) -> jax.Array:
         """Logical values (see `Format.decode`)."""
         return self.format.decode(self, dtype)

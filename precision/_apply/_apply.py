@@ -40,13 +40,12 @@ __all__ = ["apply"]
 
 _TENSOR, _ARRAY, _WEAK, _STATIC = 0, 1, 2, 3
 _PAIR = object()  # key tag of the two-Tensor fast path
-_concrete: list[type[Any]] = []  # the concrete array type, found at the first call (not at import)
 
 
-def _concrete_type() -> type[Any]:
-    if not _concrete:
-        _concrete.append(type(jax.numpy.zeros(())))
-    return _concrete[0]
+def _concrete(x: Any) -> bool:
+    """Whether `x` is a concrete JAX array (not a tracer, not numpy): decided per value,
+    never cached, so a first call inside a trace changes nothing for later calls."""
+    return isinstance(x, jax.Array) and not compat.is_tracer(x)
 
 
 def _is_tensor(x: Any) -> bool:
@@ -353,8 +352,10 @@ def apply(
                 )
                 if entry is not None:
                     da, db = a._data, b._data
-                    concrete = _concrete_type()
-                    if type(da) is not concrete or type(db) is not concrete:
+                    # Only concrete JAX arrays take this path; traced data (inside
+                    # jit, grad, vmap) and numpy leaves take the full one, which keys
+                    # on differentiation and checks devices of abstract values.
+                    if not _concrete(da) or not _concrete(db):
                         return _slow(args, kwargs)
                     if da.sharding is not db.sharding and da.sharding != db.sharding:
                         check_devices(args)

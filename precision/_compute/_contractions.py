@@ -36,7 +36,8 @@ from jax import lax
 
 import dtypes
 
-from .._storage import decode_storage
+from ._int_operands import codes, kept_scale
+from ._quantized import quantized_contraction
 from ._rules import RULES, Val, finish, op_state, operands_at_use
 from ._state import Context, Stored
 
@@ -79,8 +80,6 @@ def contraction_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
     if state is None:
         return [(eqn.primitive.bind(*(v for v, _ in vals), **eqn.params), None)]
     if ctx.contract is not None and op not in ctx.float32_ops:
-        from ._quantized import quantized_contraction  # (it builds on this module)
-
         return quantized_contraction(eqn, vals, ctx, state)
     (a, sa), (b, sb) = vals
     stored_a = sa.stored if sa is not None else None
@@ -100,35 +99,6 @@ def contraction_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
     return finish(op, [out], state)
 
 
-def _codes(stored: Stored) -> jax.Array:
-    """The integer codes of an integer encoding (unpacked), as int8."""
-    enc = stored.enc
-    if not enc.format.packed:
-        return enc.data
-    assert enc.scale is not None  # integer storage is always scaled
-    ones = jnp.ones_like(enc.scale)  # decoding with unit scales gives the codes, exactly
-    last = enc.shape[-1] if enc.shape else None
-    return decode_storage(enc.format, enc.data, ones, enc.scaling, last, np.float32).astype(np.int8)
-
-
-def _scale_factor(
-    enc: dtypes.Encoded, contract: tuple[int, ...], keep_order: list[int]
-) -> Any | None:
-    """The operand's scales as a function of its kept dims, or None if they vary
-    along a contracted dim (then they do not factor out of the sum)."""
-    shape, scaling, scale = enc.shape, enc.scaling, enc.scale
-    assert scaling is not None  # integer storage is always scaled
-    assert scale is not None
-    ndim = len(shape)
-    if isinstance(scaling, dtypes.PerAxis | dtypes.PerBlock) and scaling.axis % ndim in contract:
-        return None
-    full = scaling.broadcast(scale.reshape(scaling.scale_shape(shape)), shape) if ndim else scale
-    for d in sorted(contract, reverse=True):
-        full = lax.index_in_dim(full, 0, axis=d, keepdims=False)
-    kept = [d for d in range(ndim) if d not in contract]
-    return jnp.transpose(full, [kept.index(d) for d in keep_order])
-
-
 def _integer_dot(eqn: Any, a: jax.Array, b: jax.Array, ea: Stored, eb: Stored) -> jax.Array | None:
     """Exact int32 accumulation of the codes, then one rescale, when both
     operands are integer storage whose scales factor out.
@@ -141,14 +111,12 @@ def _integer_dot(eqn: Any, a: jax.Array, b: jax.Array, ea: Stored, eb: Stored) -
     fa, fb = ea.enc.format, eb.enc.format
     if fa.kind != "int" or fb.kind != "int":
         return None
-    if any(e.enc.tensor_scale is not None or e.enc.zero_point is not None for e in (ea, eb)):
-        return None
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lc, rc, lb, rb = tuple(lc), tuple(rc), tuple(lb), tuple(rb)
     l_free = [d for d in range(a.ndim) if d not in lc and d not in lb]
     r_free = [d for d in range(b.ndim) if d not in rc and d not in rb]
-    sa = _scale_factor(ea.enc, lc, [*lb, *l_free])
-    sb = _scale_factor(eb.enc, rc, [*rb, *r_free])
+    sa = kept_scale(ea.enc, lc, [*lb, *l_free])
+    sb = kept_scale(eb.enc, rc, [*rb, *r_free])
     if sa is None or sb is None:
         return None
     nb = len(lb)
@@ -171,7 +139,7 @@ def _integer_dot(eqn: Any, a: jax.Array, b: jax.Array, ea: Stored, eb: Stored) -
         bind = functools.partial(eqn.primitive.bind, **eqn.params)
         return exact(*primals), bind(ta, b) + bind(a, tb)
 
-    return exact(a, b, _codes(ea), _codes(eb), sa, sb)
+    return exact(a, b, codes(ea), codes(eb), sa, sb)
 
 
 RULES["dot_general"] = contraction_rule

@@ -56,7 +56,7 @@ import numpy as np
 import dtypes
 
 from .._storage import decode_storage
-from ._contractions import _codes, _scale_factor
+from ._int_operands import codes, kept_scale
 from ._rules import Val, decode_at_use, finish, prepare
 from ._state import Context, State, Stored
 
@@ -288,16 +288,13 @@ def _int_stored(
         or not isinstance(fmt, dtypes.IntFormat)
         or fmt.bits > forward.bits
         or enc.scale is None
-        or enc.tensor_scale is not None
         or enc.scaling is None
-        or enc.scaling.scale_format != "float32"
     ):
         return None
-    scale = _scale_factor(enc, layout.summed, list(layout.kept))
+    scale = kept_scale(enc, layout.summed, list(layout.kept))
     if scale is None:
         return None
-    codes = _codes(stored)
-    return codes, scale.astype(jnp.float32)
+    return codes(stored), scale
 
 
 def _zero_cotangent(x: Any) -> Any:
@@ -367,13 +364,13 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
     def values(q: Any, layout: Layout, same: bool, last: int | None, moved: bool) -> jax.Array:
         """Float32 values of a quantized operand (what the backward pass contracts with)."""
         if integer:
-            codes: jax.Array
-            kept_scale: jax.Array
-            codes, kept_scale = q
+            int_codes: jax.Array
+            row_scale: jax.Array
+            int_codes, row_scale = q
             if not moved:
-                return codes.astype(jnp.float32) * layout.spread(kept_scale)
-            rows = kept_scale.reshape(kept_scale.shape + (1,) * len(layout.summed))
-            return layout.unmoved(codes.astype(jnp.float32) * rows)
+                return int_codes.astype(jnp.float32) * layout.spread(row_scale)
+            rows = row_scale.reshape(row_scale.shape + (1,) * len(layout.summed))
+            return layout.unmoved(int_codes.astype(jnp.float32) * rows)
         if same:
             return decode_storage(q.format, q.data, q.scale, q.scaling, last, np.float32)
         return dequantize(q, layout, scaling)
@@ -441,10 +438,10 @@ def _int_rows(
     layout, or with `moved` its kept dims first and summed dims last."""
     enc = quantize(x, layout, fmt, scaling)
     if layout.direct(scaling) is not None:
-        codes = enc.data  # quantized in place
+        data = enc.data  # quantized in place
     elif moved:
-        codes = enc.data.reshape(layout.kept_shape + layout.summed_shape)
+        data = enc.data.reshape(layout.kept_shape + layout.summed_shape)
     else:
-        codes = layout.back(enc.data)  # a reshape when the layout is in order
+        data = layout.back(enc.data)  # a reshape when the layout is in order
     assert enc.scale is not None  # a quantized operand always has its scales
-    return codes, layout.row_scale(enc.scale)
+    return data, layout.row_scale(enc.scale)
