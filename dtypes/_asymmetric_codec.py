@@ -18,6 +18,7 @@ from jax import lax
 from . import _codec, _packing, _scale_format
 from ._encoded import Encoded
 from ._group_scales import TINY, flush_subnormals, times_reciprocal
+from ._ieee import divide, is_finite, nan_where, select, times_pow2, times_scale
 from ._rounding import round_integer
 from ._rounding_modes import ROUNDING_MODES
 from ._scaling import Scaling
@@ -55,25 +56,27 @@ def _encode_jit(
     scalar = x.ndim == 0
     xs = flush_subnormals(x.reshape(1) if scalar else x)
     xg = lax.stop_gradient(xs)
-    bad = _group(scaling, (~jnp.isfinite(xg)).astype(jnp.float32), jnp.sum) > 0
+    bad = _group(scaling, (~is_finite(xg)).astype(jnp.float32), jnp.sum) > 0
+    xg = select(is_finite(xg), xg, jnp.float32(0))  # no NaN or inf enters the arithmetic
     if fmt.calibration == "minmax":
         hi = jnp.maximum(_group(scaling, xg, jnp.max), 0)  # zero padding keeps 0 in range
         lo = jnp.minimum(_group(scaling, xg, jnp.min), 0)
     else:
         hi = _group(scaling, jnp.abs(xg), jnp.max)
         lo = -hi
-    span = hi - lo
+    # a subnormal span reads as 0 everywhere (XLA:CPU flushes it, GPUs keep it)
+    span = flush_subnormals(hi - lo)
     qmax32 = np.float32(fmt.qmax)
-    scale = span / (span * jnp.float32(0) + qmax32)  # a real division, not * (1/qmax)
+    scale = divide(span, qmax32)  # correctly rounded on every backend
     scale = jnp.where(span == 0, jnp.float32(1), jnp.maximum(scale, TINY))
-    scale = jnp.where(bad, jnp.float32(jnp.nan), scale)
+    scale = nan_where(bad, scale)
     stored, _, inv, pre = _scale_format.narrow(xs, scaling, scale, scale, scale, fmt.qmax, 0)
     if scaling.scale_format == "float32":
         s32 = stored
         pre = jnp.where(s32 > np.float32(2.0**100), jnp.float32(2.0**-64), jnp.float32(1))
-        inv = jnp.float32(1) / (s32 * pre)
-    inv = jnp.where(jnp.isfinite(inv), inv, jnp.float32(0))
-    zero_point = jnp.clip(jnp.round(-(lo * pre) * inv), 0, fmt.qmax)
+        inv = divide(jnp.float32(1), s32 * pre)
+    inv = select(is_finite(inv) & ~bad, inv, jnp.float32(0))
+    zero_point = jnp.clip(jnp.round(-times_pow2(lo, pre) * inv), 0, fmt.qmax)
     y = times_reciprocal(xs, scaling, inv, pre)
     rounded = round_integer(y, rounding, key)
     codes = jnp.clip(rounded + scaling.broadcast(zero_point, xs.shape), 0, fmt.qmax)
@@ -102,4 +105,4 @@ def _decode_jit(fmt: AsymmetricIntFormat, enc: Encoded, dtype: Any) -> jax.Array
     if shape:
         scale = enc.scaling.broadcast(scale, shape)
         zp = enc.scaling.broadcast(zp, shape)
-    return ((codes.astype(jnp.float32) - zp) * scale).astype(dtype)
+    return times_scale(codes.astype(jnp.float32) - zp, scale).astype(dtype)

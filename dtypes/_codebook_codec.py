@@ -18,6 +18,7 @@ from . import _codec, _packing, _scale_format
 from ._codebook import CODEBOOK_ROUNDINGS
 from ._encoded import Encoded
 from ._group_scales import flush_subnormals, scales, times_reciprocal
+from ._ieee import divide, times_scale
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ def stochastic_index(fmt: CodebookFormat, y: jax.Array, key: jax.Array) -> jax.A
     n = v.shape[0]
     i = jnp.clip(jnp.searchsorted(v, y, side="right") - 1, 0, n - 2)
     a, b = v[i], v[i + 1]
-    p = (y - a) / (b - a)
+    p = divide(y - a, b - a)
     u = jax.random.uniform(key, y.shape, jnp.float32)
     return (i + (u < p).astype(i.dtype)).astype(jnp.int32)
 
@@ -117,4 +118,4 @@ def _decode_jit(fmt: CodebookFormat, enc: Encoded, dtype: Any) -> jax.Array:
     scale = _scale_format.widen(enc.scale, None, enc.scaling, 0)
     if enc.shape:
         scale = enc.scaling.broadcast(scale, enc.shape)
-    return (values * scale).astype(dtype)
+    return times_scale(values, scale).astype(dtype)

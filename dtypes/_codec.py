@@ -22,6 +22,7 @@ from . import _packing, _scale_format
 from ._encoded import Encoded
 from ._errors import FormatError, PrecisionTypeError, RoundingError, ScalingError
 from ._format import Format
+from ._ieee import times_scale, to_float32
 from ._inputs import as_float_array, check_finite
 from ._rounding_modes import check_rounding
 from ._scaling import Scaling
@@ -86,15 +87,20 @@ def dequantize(codes: jax.Array, enc: Encoded, offset: int, dtype: Any) -> jax.A
     `offset` is log2 of the implicit scale of the elements, folded into E8M0
     scale bytes (MXINT8: 6; 0 for every other format).
     """
+    float32 = np.dtype(dtype) == np.float32
     if enc.scale is None:
-        return codes.astype(dtype)
+        return to_float32(codes) if float32 else codes.astype(dtype)
     assert enc.scaling is not None  # a scale comes with its scaling
     shape = enc.shape
     scale = _scale_format.widen(enc.scale, enc.tensor_scale, enc.scaling, offset)
     scale = scale if shape else scale.reshape(())
     if shape:
         scale = enc.scaling.broadcast(scale, shape)
-    return (codes.astype(jnp.float32) * scale).astype(dtype)
+    # A NaN scale (a group that held NaN or inf) decodes its group as NaN: selected
+    # as bits, not left to a product that flags assuming no NaN may drop (`_ieee`).
+    floats = jnp.issubdtype(codes.dtype, jnp.floating)
+    values = to_float32(codes) if floats else codes.astype(jnp.float32)
+    return times_scale(values, scale).astype(dtype)
 
 
 def fake_quantizer(qdq: QDQ) -> Callable[..., jax.Array]:

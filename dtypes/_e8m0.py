@@ -81,10 +81,21 @@ class E8M0Format(Format):
         return Encoded(_to_e8m0()(as_float_array(x)), None, self, None)
 
     def decode(self, encoded: Encoded, dtype: Any = np.float32) -> jax.Array:
-        """Values of E8M0 bytes (2**-127 is a float32 subnormal: decode to float64 to keep it)."""
-        import jax.numpy as jnp
+        """Values of E8M0 bytes: byte b is 2**(b - 127), 0xFF is NaN.
 
-        return encoded.data.astype(jnp.dtype(dtype))
+        Into float32 the values are built from their bits (byte 0, 2**-127, is a
+        float32 subnormal, which a conversion may flush on one backend and keep
+        on another); other dtypes convert.
+        """
+        import jax.numpy as jnp
+        from jax import lax
+
+        if jnp.dtype(dtype) != jnp.float32:
+            return encoded.data.astype(jnp.dtype(dtype))
+        byte = lax.bitcast_convert_type(encoded.data, jnp.uint8).astype(jnp.uint32)
+        bits = jnp.where(byte == 0, jnp.uint32(0x00400000), byte << 23)
+        bits = jnp.where(byte == 0xFF, jnp.uint32(0x7FC00000), bits)
+        return lax.bitcast_convert_type(bits, jnp.float32)
 
     def round(
         self,

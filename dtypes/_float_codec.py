@@ -20,6 +20,7 @@ from . import _codec, _float_codes, _scale_format
 from ._encoded import Encoded
 from ._errors import FormatError, NonFiniteError, ScalingError
 from ._group_scales import flush_subnormals, scales, times_reciprocal
+from ._ieee import from_float32, times_scale
 from ._inputs import any_nan_now, as_float_array, check_finite, is_tracer, resolve_scaling
 from ._rounding import Grid, round_float
 from ._rounding_modes import check_rounding
@@ -128,8 +129,11 @@ def _encode_jit(
     if scaling is None:
         if rounding == "nearest_even" and fmt.native_dtype is not None and not fmt.saturate:
             # A convert *into* the container is a real rounding (only round
-            # trips can be elided), and XLA's matches ml_dtypes bit for bit.
-            return Encoded(x.astype(fmt.container), None, fmt, None)
+            # trips can be elided), and XLA's matches ml_dtypes bit for bit;
+            # NaN and inf are written as bits, with their sign (`_ieee`).
+            if x.dtype != jnp.float32:
+                return Encoded(x.astype(fmt.container), None, fmt, None)
+            return Encoded(from_float32(x, fmt.container), None, fmt, None)
         if rounding == "nearest_even" and fmt.container == np.uint8:
             codes = _float_codes.nearest_codes(fmt, x)
             if codes is not None:
@@ -158,7 +162,7 @@ def _encode_jit(
         # the bit rounding does (subnormals included; checked against it in the
         # tests), and the clip is the saturation: one fused op instead of dozens.
         top = np.float32(fmt.max)
-        enc = Encoded(jnp.clip(y, -top, top).astype(native), scale, fmt, scaling)
+        enc = Encoded(from_float32(jnp.clip(y, -top, top), native), scale, fmt, scaling)
         enc.tensor_scale = tensor_scale
         return enc
     enc = _store(fmt, round_values(fmt, y, rounding, key, saturate=True), scale, scaling)
@@ -171,6 +175,8 @@ def _store(
 ) -> Encoded:
     """Put on-grid float values into the format's container (codes if no native type)."""
     if fmt.container != np.uint8:
+        if values.dtype == jnp.float32:
+            return Encoded(from_float32(values, fmt.container), scale, fmt, scaling)
         return Encoded(values.astype(fmt.container), scale, fmt, scaling)
     codes = _float_codes.to_codes(fmt, values)
     if not fmt.packed:
@@ -215,7 +221,7 @@ def _qdq(
     scale = _scale_format.widen(stored, tensor_scale, scaling, 0)
     y = times_reciprocal(flush_subnormals(xf), scaling, inv, pre)
     q = round_values(fmt, y, rounding, key, saturate=True)
-    out = q * scaling.broadcast(scale, xf.shape)
+    out = times_scale(q, scaling.broadcast(scale, xf.shape))
     mask = (jnp.abs(y) <= fmt.max) if scaling.power_of_two else jnp.ones(xf.shape, bool)
     if scalar:
         out, mask = out.reshape(()), mask.reshape(())

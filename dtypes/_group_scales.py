@@ -11,6 +11,7 @@ flushed explicitly (`flush_subnormals`) and scales are kept normal.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -18,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from . import _ieee
+from ._ieee import divide, is_finite, is_nan, nan_where, select
 from ._scaling import PerBlock, Scaling
 
 __all__ = [
@@ -51,21 +54,6 @@ def pow2(k: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(((k + 127).astype(jnp.uint32)) << 23, jnp.float32)
 
 
-def _opaque(like: jax.Array, divisor: np.float32) -> jax.Array:
-    """`divisor` shaped like `like`, in a form XLA cannot treat as a constant.
-
-    The scales are specified as correctly rounded quotients (`absmax / qmax`),
-    but XLA turns a division by a constant into a multiplication by its
-    rounded reciprocal, one ulp off for many inputs. `like * 0 + divisor` is
-    data-dependent (IEEE forbids folding `x * 0`: x may be inf or NaN, and
-    then so is the scale, as it should be), unlike an optimization barrier,
-    which `vmap` sees through. Scale arrays hold one value per group, so the
-    real division costs nothing.
-    """
-    out: jax.Array = like * jnp.float32(0) + divisor
-    return out
-
-
 def group_absmax(x: jax.Array, scaling: Scaling) -> jax.Array:
     # Scales are treated as constants by autodiff (straight-through): the
     # gradient of decode(encode(x)) is 1, not the sensitivity of the
@@ -81,10 +69,11 @@ def group_absmax(x: jax.Array, scaling: Scaling) -> jax.Array:
     # max, or adding a sum of x * 0, stops XLA from vectorising the max: 5-8x
     # slower encodes; this costs about one more pass over x.) Such a group's
     # absmax is NaN, hence its scale.
+    # (Read from the bits: flags that assume no NaN would fold `isfinite` to true.)
     poison = scaling.group_reduce(
-        ~jnp.isfinite(x), lambda a, axes: jnp.any(a, axis=axes, keepdims=True)
+        ~is_finite(x.astype(jnp.float32)), lambda a, axes: jnp.any(a, axis=axes, keepdims=True)
     )
-    return jnp.where(poison, jnp.float32(jnp.nan).astype(absmax.dtype), absmax)
+    return nan_where(poison, absmax.astype(jnp.float32)).astype(absmax.dtype)
 
 
 def _pairwise_sum(a: jax.Array, axes: tuple[int, ...]) -> jax.Array:
@@ -123,18 +112,22 @@ def mean_abs(x: jax.Array, scaling: Scaling) -> jax.Array:
     """
     x = lax.stop_gradient(x)
     absmax = group_absmax(x, scaling).astype(jnp.float32)
-    finite = jnp.isfinite(absmax)
+    finite = ~is_nan(absmax)  # a group with NaN or inf has a NaN absmax
+    absmax = select(finite, absmax, jnp.float32(0))  # no NaN enters the arithmetic
     positive = finite & (absmax > 0)
     k = jnp.minimum(floor_log2(jnp.where(positive, absmax, jnp.float32(1))), 126)
-    terms = jnp.abs(x) * scaling.broadcast(pow2(-k), x.shape)
+    # (on the exponent bits: `a * p + b * p` may otherwise become `(a + b) * p`)
+    terms = _ieee.times_pow2(jnp.abs(x), scaling.broadcast(pow2(-k), x.shape))
     total = scaling.group_reduce(terms, _pairwise_sum)
+    finite = finite & is_finite(total)
+    total = select(finite, total, jnp.float32(0))
     counts = group_sizes(scaling, x.shape)
-    mean = (total / jnp.maximum(counts, jnp.float32(1))) * pow2(k)
+    mean = divide(total, jnp.maximum(counts, jnp.float32(1))) * pow2(k)
     # The exact mean never exceeds absmax; this keeps rounding at float32's top finite.
     mean = jnp.minimum(mean, absmax)
     # a mean below the smallest normal would be flushed to zero on CPU
     mean = jnp.where((total > 0) & (mean < TINY), TINY, mean)
-    return jnp.where(finite & ~jnp.isnan(total), mean, jnp.float32(jnp.nan))
+    return nan_where(~finite, mean)
 
 
 def flush_subnormals(x: jax.Array) -> jax.Array:
@@ -142,12 +135,12 @@ def flush_subnormals(x: jax.Array) -> jax.Array:
 
     XLA on CPU reads subnormal inputs of arithmetic as zero, GPUs need not:
     scaled encodings flush them explicitly so every backend gives the same
-    codes (the comparison is exact: a subnormal compares below the smallest
-    normal whether or not the hardware flushes it).
+    codes. Read and written as bits (`_ieee.flush_subnormals`): `x * 0` would
+    lose the sign of zero under flags that ignore signed zeros.
     """
-    # Two comparisons, not abs(x) < TINY: an abs shared with an absmax
-    # reduction makes XLA materialize a full-size copy of x.
-    return jnp.where((x < TINY) & (x > -TINY), x * jnp.float32(0), x)
+    if x.dtype != jnp.float32:  # (float64 under x64: its own subnormals are not flushed)
+        return jnp.where((x < TINY) & (x > -TINY), x * jnp.float32(0), x)
+    return _ieee.flush_subnormals(x)
 
 
 def scales(
@@ -169,7 +162,10 @@ def scales(
     instead of materializing a flushed copy of the whole tensor).
     """
     absmax = group_absmax(x, scaling).astype(jnp.float32)
-    absmax = jnp.where(absmax < TINY, jnp.float32(0), absmax)  # NaN stays NaN
+    # A group holding NaN or inf has a NaN absmax: it gets a NaN scale at the end,
+    # and 0 meanwhile, so no NaN enters the arithmetic (see `_ieee`).
+    bad = is_nan(absmax)
+    absmax = select(bad | (absmax < TINY), jnp.float32(0), absmax)
     pre = jnp.ones_like(absmax)
     if scaling.power_of_two:
         k = jnp.maximum(floor_log2(absmax) - top_exponent, -126)
@@ -179,41 +175,62 @@ def scales(
         scale, inv = pow2(k), pow2(jnp.where(big, 64 - k, -k))
     else:
         top32 = np.float32(top)
-        scale = absmax / _opaque(absmax, top32)
+        scale = divide(absmax, top32)
         # Near float32's top, qmax * fl(absmax / qmax) can round past max:
         # take the scale one ulp lower there, so every code decodes finite.
-        over = jnp.isinf(scale * top32) & jnp.isfinite(absmax)
+        over = scale >= _overflows_times(top32)
         scale = jnp.where(over, jnp.nextafter(scale, jnp.float32(0)), scale)
         # For absmax beyond 2**100 the reciprocal top / absmax would be a
         # subnormal, which XLA on CPU flushes to zero: divide x and absmax by
         # 2**64 first (exact), which gives the very same codes.
         big = absmax > np.float32(2.0**100)
         pre = jnp.where(big, jnp.float32(2.0**-64), pre)
-        inv = top32 / (absmax * pre)
+        inv = divide(top32, absmax * pre)
         # absmax / top below the smallest normal (the comparison is exact)
         tiny = absmax < np.float32(top) * TINY
         scale = jnp.where(tiny, TINY, scale)
         inv = jnp.where(tiny, jnp.float32(2.0**126), inv)
     zero = absmax == 0
-    finite = jnp.isfinite(absmax)
-    scale = jnp.where(zero, jnp.float32(1), jnp.where(finite, scale, jnp.float32(jnp.nan)))
-    inv = jnp.where(zero | ~finite, jnp.float32(0), inv)
+    scale = nan_where(bad, select(zero, jnp.float32(1), scale))
+    inv = select(zero | bad, jnp.float32(0), inv)
     return scale, inv, pre
+
+
+@functools.cache
+def _overflows_times(top: np.float32) -> np.float32:
+    """The smallest float32 `s` whose product with `top` rounds to inf (a constant, so
+    the test needs no infinity: flags that assume none cannot fold it away)."""
+    with np.errstate(over="ignore"):
+        s = np.float32(np.finfo(np.float32).max / np.float64(top))
+        while np.isinf(s * top):
+            s = np.nextafter(s, np.float32(0))
+        while not np.isinf(s * top):
+            s = np.nextafter(s, np.float32(np.inf))
+    return s
 
 
 def times_reciprocal(x: jax.Array, scaling: Scaling, inv: jax.Array, pre: jax.Array) -> jax.Array:
     """x * (top / absmax) per group, as `(x * pre) * inv` (see `scales`).
 
     A product below float32's smallest normal is flushed to zero by XLA on
-    CPU, which would make `up` round a positive value to code 0 (and `down` a
-    negative one). Such a product is replaced by ±2**-126: it has the sign and
-    the non-zeroness of the exact product and, like it, lies far below half of
-    every scaled format's smallest step, so every rounding mode decides as it
-    would on the exact value.
+    CPU and kept as a subnormal on GPUs, which would make `up` round a
+    positive value to code 0 on one and 1 on the other (and `down` a negative
+    one). Every such product is replaced by ±2**-126, on every backend (the
+    comparisons are exact whether or not the hardware flushes): it has the
+    sign and the non-zeroness of the exact product and, like it, lies far
+    below half of every scaled format's smallest step, so every rounding mode
+    decides as it would on the exact value.
     """
     inv_b = scaling.broadcast(inv, x.shape)
-    y = (x * scaling.broadcast(pre, x.shape)) * inv_b
-    lost = (y == 0) & (x != 0) & (inv_b > 0)
+    # NaN and ±inf elements (their group's scale is NaN, its reciprocal 0) give 0,
+    # selected as bits: their codes are then the same on every backend (a NaN's
+    # conversion to an integer code is the backend's choice).
+    x = _ieee.select(is_finite(x), x, jnp.float32(0)) if x.dtype == jnp.float32 else x
+    if x.dtype == jnp.float32:
+        y = _ieee.times_pow2(x, scaling.broadcast(pre, x.shape)) * inv_b
+    else:
+        y = (x * scaling.broadcast(pre, x.shape)) * inv_b
+    lost = (y < TINY) & (y > -TINY) & (x != 0) & (inv_b > 0)
     return jnp.where(lost, jnp.where(x > 0, TINY, -TINY), y)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from . import _codec, _scale_format
 from ._encoded import Encoded
 from ._group_scales import flush_subnormals, mean_abs, scales, times_reciprocal
+from ._ieee import times_scale, unsigned_zero
 from ._inputs import as_float_array, check_finite, resolve_scaling
 from ._int import refuse_scaling
 from ._rounding import round_integer
@@ -77,7 +78,7 @@ def _int_codes(
     )
     y = times_reciprocal(flush_subnormals(x), scaling, inv, pre)
     rounded = round_integer(y, rounding, key)
-    codes = jnp.clip(rounded, -fmt.qmax, fmt.qmax)
+    codes = unsigned_zero(jnp.clip(rounded, -fmt.qmax, fmt.qmax))
     return codes, scale, inv, rounded, tensor_scale
 
 
@@ -124,7 +125,7 @@ def _qdq(
     xf = (x.reshape(1) if scalar else x).astype(jnp.float32)
     codes, stored, _, rounded, tensor_scale = _int_codes(fmt, xf, scaling, rounding, key)
     scale = _scale_format.widen(stored, tensor_scale, scaling, fmt.top_exponent)
-    out = codes * scaling.broadcast(scale, xf.shape)
+    out = times_scale(codes, scaling.broadcast(scale, xf.shape))
     if scaling.power_of_two and not fmt.binary:
         # Only power-of-two scales can push a code out of range: those
         # elements were clipped and pass no gradient (clipped STE).

@@ -48,6 +48,7 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
+from ._ieee import divide, is_finite, is_nan, nan_where, select, to_float32
 from ._scaling import Scaling, scale_dtype
 
 __all__ = ["narrow", "widen"]
@@ -60,11 +61,9 @@ def _group_max(x: jax.Array, scaling: Scaling) -> jax.Array:
     """Per-group absmax of flushed float32 `x`, NaN where the group holds NaN."""
     a = jnp.abs(lax.stop_gradient(x))
     amax = scaling.group_reduce(a, lambda v, ax: jnp.max(v, axis=ax, keepdims=True, initial=0.0))
-    # (XLA's vectorised max may drop NaN: count them separately)
-    nans = scaling.group_reduce(
-        jnp.isnan(a).astype(jnp.float32), lambda v, ax: jnp.sum(v, axis=ax, keepdims=True)
-    )
-    return jnp.where(nans > 0, jnp.float32(jnp.nan), amax.astype(jnp.float32))
+    # (XLA's vectorised max may drop NaN: find them separately, from the bits)
+    nans = scaling.group_reduce(is_nan(a), lambda v, ax: jnp.any(v, axis=ax, keepdims=True))
+    return nan_where(nans, amax.astype(jnp.float32))
 
 
 def narrow(
@@ -104,11 +103,12 @@ def narrow(
     info = ml_dtypes.finfo(dtype)
     lo = np.float32(info.smallest_subnormal if fmt == "float16" else _TINY)
     stored = jnp.clip(scale, lo, np.float32(info.max)).astype(dtype)
-    s32 = stored.astype(jnp.float32)
+    s32 = to_float32(stored)
     big = s32 > np.float32(2.0**100)  # keep the reciprocal a normal float32
     pre = jnp.where(big, jnp.float32(2.0**-64), jnp.float32(1))
-    inv = jnp.float32(1) / (s32 * pre)
-    inv = jnp.where(jnp.isfinite(s32), inv, jnp.float32(0))
+    finite = is_finite(s32)
+    s32 = select(finite, s32, jnp.float32(1))  # no NaN enters the arithmetic
+    inv = select(finite, divide(jnp.float32(1), s32 * pre), jnp.float32(0))
     return stored, None, inv, pre
 
 
@@ -116,36 +116,47 @@ def _two_level(
     x: jax.Array, scaling: Scaling, top: float
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     amax_b = _group_max(x, scaling)
+    # NaN blocks poison the tensor scale (inf, read as such, too); the arithmetic
+    # below sees 0 in their place, and the NaN is selected at the end (`_ieee`).
+    block_nan = is_nan(amax_b)
+    amax_b = select(block_nan, jnp.float32(0), amax_b)
     amax_t = jnp.max(amax_b, initial=0.0)
-    amax_t = jnp.where(jnp.any(jnp.isnan(amax_b)), jnp.float32(jnp.nan), amax_t)
+    poisoned = jnp.any(block_nan) | ~is_finite(amax_t)
+    amax_t = select(poisoned, jnp.float32(0), amax_t)
     top32 = np.float32(top)
-    g = np.float32(_E4M3_MAX * top) / jnp.where(amax_t == 0, jnp.float32(1), amax_t)
+    g = divide(np.float32(_E4M3_MAX * top), select(amax_t == 0, jnp.float32(1), amax_t))
     # at most 2**126: the tensor scale 1/g is never a float32 subnormal
     g = jnp.where(amax_t == 0, jnp.float32(1), jnp.minimum(g, np.float32(2.0**126)))
-    g = jnp.where(jnp.isinf(amax_t), jnp.float32(jnp.nan), g)  # ±inf poisons the tensor scale
-    # The division by `top` must not become a multiplication by 1/top. Below
-    # top * 2**-126 its quotient would be a float32 subnormal, which XLA on CPU
-    # flushes: there it is taken 2**24 times larger, and g 2**24 times smaller
-    # (the product, rounded once, is the same number where both are exact).
+    # Below top * 2**-126 the quotient by `top` would be a float32 subnormal,
+    # which XLA on CPU flushes: there it is taken 2**24 times larger, and g 2**24
+    # times smaller (the product, rounded once, is the same number where both
+    # are exact). Divisions are `divide`'s: the same bits on every backend.
     tiny = amax_b < np.float32(top * 2.0**-126)
     shift = jnp.where(tiny, jnp.float32(2.0**24), jnp.float32(1))
-    per_block = (amax_b * shift) / (amax_b * jnp.float32(0) + top32)
-    q = per_block * (g / shift)
+    per_block = divide(amax_b * shift, top32)
+    q = per_block * divide(g, shift)
     stored = jnp.minimum(q, np.float32(_E4M3_MAX)).astype(jnp.float8_e4m3fn)
-    s32 = stored.astype(jnp.float32)
+    s32 = to_float32(stored)
     # A nonzero block scale times the tensor scale stays >= 2**-126: at most one
     # e4m3 step above `lo` (<= 1), reached from its rounding by one code up.
     lo = _TINY * g
     floor = lo.astype(jnp.float8_e4m3fn)
     floor_bits = lax.bitcast_convert_type(floor, jnp.uint8)
-    short = floor.astype(jnp.float32) < lo
+    short = to_float32(floor) < lo
     floor = lax.bitcast_convert_type(floor_bits + short.astype(jnp.uint8), jnp.float8_e4m3fn)
     stored = jnp.where((s32 > 0) & (s32 < lo), floor, stored)
-    s32 = stored.astype(jnp.float32)
-    inv = g / jnp.where(s32 > 0, s32, jnp.float32(1))
-    inv = jnp.where((s32 > 0) & jnp.isfinite(s32), inv, jnp.float32(0))
-    tensor_scale = (jnp.float32(1) / g).reshape(())
+    s32 = to_float32(stored)
+    inv = divide(g, jnp.where(s32 > 0, s32, jnp.float32(1)))
+    inv = select((s32 > 0) & ~block_nan & ~poisoned, inv, jnp.float32(0))
+    stored = _nan_e4m3_where(block_nan | poisoned, stored)
+    tensor_scale = nan_where(poisoned, divide(jnp.float32(1), g)).reshape(())
     return stored, tensor_scale, inv, jnp.ones_like(inv)
+
+
+def _nan_e4m3_where(cond: jax.Array, stored: jax.Array) -> jax.Array:
+    """e4m3 block scales with e4m3's NaN (0x7F) where `cond`, written as bits."""
+    byte = lax.bitcast_convert_type(stored, jnp.uint8)
+    return lax.bitcast_convert_type(jnp.where(cond, jnp.uint8(0x7F), byte), jnp.float8_e4m3fn)
 
 
 def widen(
@@ -156,13 +167,16 @@ def widen(
         # byte b is 2**(b - 127), built from bits; 0xFF is NaN (byte 0, 2**-127, a
         # float32 subnormal, is never written by an encoder and reads as 0 here)
         byte = lax.bitcast_convert_type(stored, jnp.uint8).astype(jnp.uint32)
-        s = lax.bitcast_convert_type(
-            jnp.where(byte == 0xFF, jnp.uint32(0x7FC00000), byte << 23), jnp.float32
-        )
+        nan = byte == 0xFF
+        s = lax.bitcast_convert_type(jnp.where(nan, jnp.uint32(127 << 23), byte << 23), jnp.float32)
         if offset:
             s = s * np.float32(2.0**-offset)
     else:
-        s = stored.astype(jnp.float32)
+        s = to_float32(stored)
+        nan = is_nan(s)
+    # NaN scales are set aside while multiplying and selected back as bits (`_ieee`)
     if tensor_scale is not None:
-        s = s * tensor_scale.astype(jnp.float32)
-    return s
+        t = tensor_scale.astype(jnp.float32)
+        nan = nan | is_nan(t)
+        s = select(nan, jnp.float32(1), s) * select(is_nan(t), jnp.float32(1), t)
+    return nan_where(nan, s)

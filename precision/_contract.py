@@ -64,11 +64,10 @@ class Contract:
     Both operands of each `dot_general` / `conv_general_dilated` are
     quantized to `forward` with absmax scales chosen by `scaling`; an integer
     storage operand whose scales factor out of the sum uses its own codes.
-    Integer formats accumulate in int32 (an `s8 x s8 -> s32` dot) and are
-    rescaled once; float8 operands are dequantized as `convert(f8) * scale`
-    next to the dot (the form XLA's GPU fp8 GEMM rewriter turns into one
-    cuBLASLt call) and accumulate in float32. The result is then rounded
-    onto the compute format. Gradients are straight-through the
+    With tensorwise or rowwise scales the narrow codes themselves go to the
+    dot (`s8 x s8 -> s32`, `f8 x f8 -> f32`) and the scales multiply its
+    result; MX blocks are dequantized from their bits and contract in
+    float32. The result is then rounded onto the compute format. Gradients are straight-through the
     quantization; with `backward` set the cotangent of each contraction is
     quantized to it (the same scaling rule) before the two backward
     contractions.

@@ -60,15 +60,23 @@ def _cpu_native_formats() -> frozenset[str]:
     return frozenset()
 
 
-def _native_path(op: str, fmt: dtypes.Format) -> np.dtype | None:
-    """The container to hand XLA's contraction directly, if the format has one and it is fast."""
+def _native_container(op: str, fmt: dtypes.Format) -> np.dtype | None:
+    """The narrow container of a compute format that XLA contracts as it is, if any."""
     if not isinstance(fmt, dtypes.FloatFormat):
         return None
     native = fmt.native_dtype
     if native is None or fmt.is_full_precision or native.itemsize >= 4:
         return None
-    if jax.default_backend() == "cpu" and (
-        op != "dot_general" or native.name not in _cpu_native_formats()
+    return native
+
+
+def _native_path(op: str, fmt: dtypes.Format) -> np.dtype | None:
+    """The container to hand XLA's contraction directly, if the format has one and it is fast."""
+    native = _native_container(op, fmt)
+    if (
+        native is not None
+        and jax.default_backend() == "cpu"
+        and (op != "dot_general" or native.name not in _cpu_native_formats())
     ):
         return None  # (XLA's bfloat16 convolutions on CPU are no faster than float32's)
     return native

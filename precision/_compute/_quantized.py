@@ -18,19 +18,21 @@ contraction runs on the narrow values:
   `PerTensor` / `PerAxis` / `PerBlock` groups the operand like its rows, it
   is encoded in place instead (the same groups, so the same codes), since a
   transpose feeding the encode makes its reductions strided.
-- **Integer formats, tensorwise or rowwise** (W8A8): scales are constant
-  along the summed dims, so they factor out of the sum: the codes contract
-  with int32 accumulation (`preferred_element_type=int32`, an
-  `s8 x s8 -> s32` dot on every backend), then one rescale,
-  `(float32(acc) * scale_a) * scale_b`. An integer storage operand whose
-  scales factor out (an int8 weight `PerAxis` on its output channel) uses
-  its stored codes; it is not re-quantized.
-- **Float8 formats, and MX blocks** (scales vary along the sum): operands
-  are dequantized next to the contraction as `convert(f8) * scale`, the form
-  XLA's GPU GEMM rewriter matches (`MultiplyAnyOrder(Convert(fp8),
-  Broadcast(scale))` in `gemm_rewriter.cc`) to call cuBLASLt's fp8 GEMM with
-  the scales as its alpha terms; float32 accumulation. An operand stored in
-  the forward format itself is used as stored.
+- **Tensorwise or rowwise, integer or fp8** (W8A8, fp8 per tensor / per
+  row): scales are constant along the summed dims, so they factor out of the
+  sum: the narrow codes themselves go to the dot (`s8 x s8 -> s32`,
+  `f8 x f8 -> f32` via `preferred_element_type`), then one rescale,
+  `(acc * scale_a) * scale_b`. No quantize -> dequantize round trip feeds a
+  float dot: XLA:GPU deletes such round trips where excess precision is
+  allowed, and an H100 then ran the "fp8" contraction as a float32 GEMM. An
+  integer storage operand whose scales factor out (an int8 weight `PerAxis`
+  on its output channel), or an fp8 one stored in the forward format, is
+  used as stored; it is not re-quantized.
+- **MX blocks** (scales vary along the sum) and formats without a
+  dot-capable container: operands are dequantized from their bits (the
+  `dtypes` decode, which no simplifier can undo) and contract in float32.
+  JAX offers no block-scaled matmul that XLA lowers for these layouts, so
+  this is an emulation, with the fp8 rounding but not the fp8 speed.
 - **Gradients** (custom vjp): straight-through the quantization. The
   cotangent, quantized to `Contract.backward` when one is declared (per
   tensor / per row of the output / MX blocks along its last dim, by the
@@ -219,17 +221,14 @@ def _encode_native_float(
 
 def dequantize(enc: dtypes.Encoded, layout: Layout, scaling: str) -> jax.Array:
     """Float32 values of a quantized operand (`quantize(x, layout, fmt, scaling)`), in
-    its own layout.
-
-    Float32 scales are applied as `convert(codes) * scale`, a broadcast of a
-    scalar (tensorwise) or of one value per row: XLA's GPU GEMM rewriter
-    folds exactly this into an fp8 cuBLASLt call. MX scales go through the
-    `dtypes` decode (E8M0 bytes widened to float32 powers of two).
+    its own layout: what the backward pass contracts with, and the forward
+    operands of MX blocks (through the `dtypes` decode, built from bits).
     """
     if (
         isinstance(enc.scaling, dtypes.PerTensor | dtypes.PerAxis)
         and enc.scale is not None
         and enc.scale.dtype == np.float32
+        and _native_fp8(enc.format)
     ):
         scale = enc.scale.reshape(()) if enc.scale.size == 1 else enc.scale
         values = enc.data.astype(jnp.float32) * scale
@@ -283,18 +282,18 @@ def _int_stored(
         return None
     enc = stored.enc
     fmt = enc.format
-    if (
-        fmt.kind != "int"
-        or not isinstance(fmt, dtypes.IntFormat)
-        or fmt.bits > forward.bits
-        or enc.scale is None
-        or enc.scaling is None
-    ):
+    usable_int = (
+        isinstance(fmt, dtypes.IntFormat)
+        and fmt.kind == "int"
+        and (forward.kind == "int" and fmt.bits <= forward.bits)
+    )
+    usable_float = fmt == forward and _native_fp8(fmt)  # stored in the forward fp8 itself
+    if not (usable_int or usable_float) or enc.scale is None or enc.scaling is None:
         return None
     scale = kept_scale(enc, layout.summed, list(layout.kept))
     if scale is None:
         return None
-    return codes(stored), scale
+    return (codes(stored) if usable_int else enc.data), scale
 
 
 def _zero_cotangent(x: Any) -> Any:
@@ -312,7 +311,15 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
     stored_b = sb.stored if sb is not None else None
     la, lb = layouts(eqn, a.shape, b.shape)
     fmt, scaling = spec.forward, spec.scaling
-    integer = fmt.kind == "int" and scaling != "mx"
+    # Tensorwise and rowwise scales factor out of the sum: the narrow codes go to the
+    # dot themselves (s8 x s8 -> s32, f8 x f8 -> f32) and the scales multiply its
+    # result. Nothing then feeds a float dot through a quantize -> dequantize round
+    # trip, which XLA:GPU deletes where it allows excess precision (a float32 GEMM
+    # where fp8 was declared). MX blocks (scales along the sum) and formats without
+    # a dot-capable container are dequantized from their bits (`dtypes` decode: no
+    # conversion for a simplifier to remove) and contract in float32.
+    integer = scaling != "mx" and (fmt.kind == "int" or _native_fp8(fmt))
+    acc_type = np.dtype(np.int32) if fmt.kind == "int" else np.dtype(np.float32)
 
     # Operands: float values brought to the compute format, or storage used as stored.
     # Integer codes reach the dot as the encode fusion (or the storage) made them:
@@ -379,7 +386,7 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
         if integer:
             (ca, ka), (cb, kb) = qa, qb
             iparams = dict(eqn.params)
-            iparams["preferred_element_type"] = np.dtype(np.int32)
+            iparams["preferred_element_type"] = acc_type
             if op == "dot_general":
                 (lc, rc), (lbatch, rbatch) = eqn.params["dimension_numbers"]
                 (lc, lbatch), (rc, rbatch) = (
@@ -423,6 +430,12 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
     contract.defvjp(contract_fwd, contract_bwd)
     out = contract(a, b, ext)
     return finish(op, [out], state)
+
+
+def _native_fp8(fmt: dtypes.Format) -> bool:
+    """An 8-bit float format whose container XLA contracts natively (f8e4m3fn, f8e5m2)."""
+    native = fmt.native_dtype if isinstance(fmt, dtypes.FloatFormat) else None
+    return native is not None and native in (np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2))
 
 
 def _moved_dims(layout: Layout, n_batch: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -1,0 +1,304 @@
+"""Float32 operations that give the same bits on every backend and under any XLA flags.
+
+XLA leaves the rounding of a floating-point division to the backend: XLA:GPU
+divides float32 with an approximate reciprocal (one ulp off for some
+inputs), and XLA:CPU does the same under its fast-math flags. Scales and
+their reciprocals decide every code of a scaled encoding, so `dtypes`
+computes them with `divide`: the quotient of the two significands by integer
+long division, rounded to nearest even from the remainder, assembled from
+bits. Integer division is exact on every backend, so the result is the
+correctly rounded IEEE quotient everywhere.
+
+Subnormal operands read as zero and subnormal results are flushed to (signed)
+zero, as XLA:CPU's arithmetic does; a NaN result is the positive quiet NaN,
+built from its bits.
+
+The same holds for NaN and infinity: a backend may assume there are none
+(XLA:CPU's fast-math flags do, and then fold `isnan` to false, a select of a
+NaN constant to its other branch, `x * 0` to +0) or canonicalize a NaN's sign
+in a conversion (GPUs do). So whether a value is NaN, infinite or subnormal
+is read from its bits (`is_nan`, `is_finite`, `flush_subnormals`), and a
+value that must be NaN or inf is selected as bits (`nan_where`, `select`),
+never left to arithmetic.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax import lax
+
+__all__ = [
+    "NAN_BITS",
+    "divide",
+    "flush_subnormals",
+    "from_bits",
+    "from_float32",
+    "is_finite",
+    "is_inf",
+    "is_nan",
+    "nan_where",
+    "select",
+    "times_pow2",
+    "times_scale",
+    "to_bits",
+    "to_float32",
+    "unsigned_zero",
+]
+
+_SIGN = 0x80000000
+_EXP_ONES = 0x7F800000
+_QUIET_NAN = 0x7FC00000
+_FRACTION = 0x7FFFFF
+_HIDDEN = 0x800000
+
+
+NAN_BITS = _QUIET_NAN
+"""The bits of the positive quiet float32 NaN (what `nan_where` writes)."""
+
+
+def to_bits(x: Any) -> jax.Array:
+    """The float32 bit pattern of `x` as uint32."""
+    return _bits(x)
+
+
+def from_bits(u: jax.Array) -> jax.Array:
+    """The float32 value of uint32 bits."""
+    return lax.bitcast_convert_type(u.astype(jnp.uint32), jnp.float32)
+
+
+def is_nan(x: Any) -> jax.Array:
+    """Whether each float32 value is NaN, from its bits."""
+    out: jax.Array = (_bits(x) & jnp.uint32(0x7FFFFFFF)) > jnp.uint32(_EXP_ONES)
+    return out
+
+
+def is_inf(x: Any) -> jax.Array:
+    """Whether each float32 value is +inf or -inf, from its bits."""
+    out: jax.Array = (_bits(x) & jnp.uint32(0x7FFFFFFF)) == jnp.uint32(_EXP_ONES)
+    return out
+
+
+def is_finite(x: Any) -> jax.Array:
+    """Whether each float32 value is finite (neither NaN nor ±inf), from its bits."""
+    out: jax.Array = (_bits(x) & jnp.uint32(_EXP_ONES)) != jnp.uint32(_EXP_ONES)
+    return out
+
+
+def select(cond: Any, a: Any, b: Any) -> jax.Array:
+    """`where(cond, a, b)` for float32 values, chosen as bits: a NaN or inf branch
+    survives flags that assume there are none."""
+    return from_bits(jnp.where(cond, _bits(a), _bits(b)))
+
+
+def nan_where(cond: Any, x: Any) -> jax.Array:
+    """`x` with the positive quiet NaN where `cond`, chosen as bits."""
+    return from_bits(jnp.where(cond, jnp.uint32(_QUIET_NAN), _bits(x)))
+
+
+def times_scale(values: jax.Array, scale: jax.Array) -> jax.Array:
+    """`values * scale` (float32), NaN exactly where the scale is NaN, selected as bits
+    (a product with a NaN that flags assuming none may turn into anything)."""
+    nan = is_nan(scale)
+    # a subnormal product is flushed on the bits (XLA:CPU flushes it, GPUs keep it)
+    return nan_where(nan, flush_subnormals(values * select(nan, jnp.float32(1), scale)))
+
+
+def unsigned_zero(x: jax.Array) -> jax.Array:
+    """float32 `x` with -0 replaced by +0, on the bits: integer codes held as floats
+    must not carry a sign of zero, or a compiler that drops their round trip through
+    an integer type (allowed for integral values) would change the decoded bits."""
+    u = _bits(x)
+    return from_bits(jnp.where((u & jnp.uint32(0x7FFFFFFF)) == 0, jnp.uint32(0), u))
+
+
+def flush_subnormals(x: Any) -> jax.Array:
+    """float32 `x` with subnormals replaced by zero of the same sign, from the bits
+    (XLA:CPU reads subnormal operands as zero, GPUs need not)."""
+    u = _bits(x)
+    return from_bits(jnp.where((u & jnp.uint32(_EXP_ONES)) == 0, u & jnp.uint32(_SIGN), u))
+
+
+def times_pow2(x: jax.Array, p: jax.Array) -> jax.Array:
+    """`x * p` for float32 `x` and powers of two `p`, exactly, on the exponent bits.
+
+    A product that would be subnormal is zero of `x`'s sign (as XLA:CPU flushes
+    it); the product must not overflow (callers scale into range). Done on the
+    bits so that no compiler can reassociate it with the multiplication that
+    follows (`(x * 2**-64) * r` into `x * (2**-64 * r)`, whose factor may
+    underflow), nor factor it out of a sum: fast-math flags allow both.
+    """
+    u = _bits(x)
+    k = ((_bits(p) >> 23) & 0xFF).astype(jnp.int32) - 127  # p = 2**k
+    e = ((u >> 23) & 0xFF).astype(jnp.int32) + k
+    keep = (e >= 1) & ((u & jnp.uint32(_EXP_ONES)) != 0)
+    moved = (u & jnp.uint32(~_EXP_ONES & 0xFFFFFFFF)) | (
+        jnp.clip(e, 1, 254).astype(jnp.uint32) << 23
+    )
+    return from_bits(jnp.where(keep, moved, u & jnp.uint32(_SIGN)))
+
+
+def _bits(x: Any) -> jax.Array:
+    """The float32 bit pattern of `x`; a literal for a Python or numpy scalar (so a
+    constant divisor's integer division compiles to a multiply-high)."""
+    if isinstance(x, float | int | np.floating | np.integer):
+        literal: jax.Array = jnp.uint32(np.float32(x).view(np.uint32))
+        return literal
+    return lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32)
+
+
+def divide(a: Any, b: Any) -> jax.Array:
+    """`a / b` in float32, correctly rounded (nearest even), by integer arithmetic.
+
+    Examples:
+        >>> import numpy as np
+        >>> float(divide(np.float32(1), np.float32(3))) == float(np.float32(1) / np.float32(3))
+        True
+    """
+    ua, ub = _bits(a), _bits(b)
+    ua, ub = jnp.broadcast_arrays(ua, ub)
+    sign = (ua ^ ub) & jnp.uint32(_SIGN)
+    ea = ((ua >> 23) & 0xFF).astype(jnp.int32)
+    eb = ((ub >> 23) & 0xFF).astype(jnp.int32)
+    ma = (ua & jnp.uint32(_FRACTION)) | jnp.uint32(_HIDDEN)
+    mb = (ub & jnp.uint32(_FRACTION)) | jnp.uint32(_HIDDEN)
+
+    # Bring the dividend's significand into [mb, 2 mb): the quotient is then in [1, 2).
+    short = ma < mb
+    ma = jnp.where(short, ma << 1, ma)
+    exponent = ea - eb + 127 - short.astype(jnp.int32)
+    # The leading quotient bit is 1; 24 more (23 fraction bits and a guard bit) come
+    # 8 at a time: the remainder is below mb < 2**24, so remainder << 8 fits 32 bits.
+    # (A constant divisor, the common case, makes each step a multiply-high.)
+    rem = ma - mb
+    q = jnp.ones_like(ma)
+    for _ in range(3):
+        shifted = rem << 8
+        q = (q << 8) | (shifted // mb)
+        rem = shifted % mb
+    mant, guard = q >> 1, q & 1
+    up = (guard == 1) & ((rem != 0) | ((mant & 1) == 1))
+    mant = mant + up.astype(jnp.uint32)
+    carry = mant >> 24  # rounded up to 2**24: one more exponent
+    mant = jnp.where(carry == 1, mant >> 1, mant)
+    exponent = exponent + carry.astype(jnp.int32)
+    biased = jnp.clip(exponent, 0, 255).astype(jnp.uint32)
+    finite = sign | (biased << 23) | (mant & jnp.uint32(_FRACTION))
+
+    a_abs, b_abs = ua & jnp.uint32(~_SIGN & 0xFFFFFFFF), ub & jnp.uint32(~_SIGN & 0xFFFFFFFF)
+    a_nan, b_nan = a_abs > _EXP_ONES, b_abs > _EXP_ONES
+    a_inf, b_inf = a_abs == _EXP_ONES, b_abs == _EXP_ONES
+    a_zero, b_zero = ea == 0, eb == 0  # zeros and subnormals (read as zero)
+    nan = a_nan | b_nan | (a_inf & b_inf) | (a_zero & b_zero)
+    inf = a_inf | b_zero | (exponent >= 255)
+    zero = a_zero | b_inf | (exponent <= 0)
+    bits = jnp.where(
+        nan,
+        jnp.uint32(_QUIET_NAN),
+        jnp.where(
+            a_inf | b_zero,
+            sign | jnp.uint32(_EXP_ONES),
+            jnp.where(zero, sign, jnp.where(inf, sign | jnp.uint32(_EXP_ONES), finite)),
+        ),
+    )
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def to_float32(x: jax.Array) -> jax.Array:
+    """float32 values of a narrower float array (bfloat16, float16, float8), built from
+    the codes' bits alone, subnormals, NaN and ±inf included (sign kept).
+
+    Not a conversion: a compiler may drop a convert round trip (`f32 -> f16 -> f32`
+    becomes the unrounded value where excess precision is allowed, XLA's default),
+    a conversion may canonicalize a NaN's sign or flush subnormals, and flags that
+    assume no NaN or inf may turn those into anything.
+    """
+    if x.dtype == jnp.float32:
+        return x
+    dtype = np.dtype(x.dtype)
+    if dtype == np.dtype(jnp.bfloat16):  # float32's upper half, subnormals included
+        u16 = lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+        return from_bits(u16 << 16)
+    nan_codes, inf_codes, width = _special_codes(dtype)
+    info = ml_dtypes.finfo(dtype)
+    m_bits, bias = int(info.nmant), 1 - int(info.minexp)
+    u = lax.bitcast_convert_type(x, jnp.uint8 if width == 8 else jnp.uint16).astype(jnp.uint32)
+    sign = (u >> (width - 1)) << 31
+    mag = u & jnp.uint32((1 << (width - 1)) - 1)
+    exp = (mag >> m_bits).astype(jnp.int32)
+    mant = mag & jnp.uint32((1 << m_bits) - 1)
+    normal = (exp + (127 - bias)).astype(jnp.uint32) << 23 | (mant << (23 - m_bits))
+    # a subnormal code: mant * 2**(1 - bias - m_bits), its top bit at position p
+    p = 31 - lax.clz(mant).astype(jnp.int32)
+    sub_exp = (p + (1 - bias - m_bits) + 127).astype(jnp.uint32)
+    shift = jnp.clip(23 - p, 0, 31).astype(jnp.uint32)
+    sub = (sub_exp << 23) | ((mant << shift) & jnp.uint32(_FRACTION))
+    out = jnp.where(exp > 0, normal, jnp.where(mant > 0, sub, jnp.uint32(0)))
+    # float16 NaNs keep their payload, made quiet (as XLA's conversion does); the
+    # float8 types' NaNs widen to the quiet NaN (as ml_dtypes' do)
+    nan = jnp.uint32(_QUIET_NAN)
+    if dtype == np.float16:
+        nan = nan | (mant << (23 - m_bits))
+    out = jnp.where(_among(mag, nan_codes), nan, out)
+    out = jnp.where(_among(mag, inf_codes), jnp.uint32(_EXP_ONES), out)
+    return from_bits(sign | out)
+
+
+def from_float32(x: jax.Array, dtype: Any) -> jax.Array:
+    """float32 `x` converted to a narrower float dtype (nearest even), NaN and ±inf
+    written as bits with their sign (inf becomes NaN where the dtype has no inf,
+    as XLA's and ml_dtypes' conversions do)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float32:
+        return x
+    nan_codes, inf_codes, width = _special_codes(dtype)
+    uint = jnp.uint8 if width == 8 else jnp.uint16
+    u = _bits(x)
+    sign = (u >> 31) << (width - 1)
+    out = lax.bitcast_convert_type(x.astype(dtype), uint).astype(jnp.uint32)
+    if dtype == np.float16:
+        # float16 keeps the payload's top bits, made quiet (as XLA:CPU's conversion
+        # does; numpy's keeps a signaling NaN signaling)
+        payload = (u & jnp.uint32(_FRACTION)) >> 13
+        nan_code = jnp.uint32(0x7C00 | 0x200) | payload
+    elif isinstance(nan_codes, int):
+        # ml_dtypes' bfloat16 and float8 types write their quiet NaN
+        m_bits = int(ml_dtypes.finfo(dtype).nmant)
+        nan_code = jnp.uint32(nan_codes | (1 << (m_bits - 1)))
+    else:
+        nan_code = jnp.uint32(nan_codes[0] if nan_codes else 0)
+    inf_code = jnp.uint32(inf_codes[0]) if inf_codes else nan_code
+    out = jnp.where(is_inf(x), sign | inf_code, out)
+    out = jnp.where(is_nan(x), sign | nan_code, out)
+    narrow: jax.Array = lax.bitcast_convert_type(out.astype(uint), dtype)
+    return narrow
+
+
+def _among(mag: jax.Array, codes: tuple[int, ...] | int) -> jax.Array:
+    """Whether each magnitude is one of `codes` (an int: every magnitude above it)."""
+    if isinstance(codes, int):
+        above: jax.Array = mag > jnp.uint32(codes)
+        return above
+    hit = jnp.zeros(mag.shape, bool)
+    for c in codes:
+        hit = hit | (mag == jnp.uint32(c))
+    return hit
+
+
+@functools.cache
+def _special_codes(dtype: np.dtype[Any]) -> tuple[tuple[int, ...] | int, tuple[int, ...], int]:
+    """(NaN magnitudes, or the infinity's magnitude when every code above it is NaN;
+    inf magnitudes; width in bits) of a float dtype, read off ml_dtypes' own values."""
+    width = dtype.itemsize * 8
+    mags = np.arange(1 << (width - 1), dtype=np.uint8 if width == 8 else np.uint16)
+    values = mags.view(dtype).astype(np.float32)
+    nans = tuple(int(m) for m in mags[np.isnan(values)])
+    infs = tuple(int(m) for m in mags[np.isinf(values)])
+    if infs and len(nans) > 1:
+        return infs[0], infs, width
+    return nans, infs, width

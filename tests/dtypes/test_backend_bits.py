@@ -1,0 +1,95 @@
+"""The same bits on every backend, checked without a GPU.
+
+A GPU divides float32 inexactly, may canonicalize a NaN's sign in a
+conversion, keeps subnormal products that XLA:CPU flushes, and XLA removes
+convert round trips where excess precision is allowed. XLA:CPU under its
+fast-math flags does all of that and more (it also assumes there is no NaN or
+inf, and reassociates), so an encoding whose bits survive those flags is
+built without any floating-point operation whose rounding a backend chooses.
+
+`backend_bits.py` (beside this file) encodes, decodes and rounds an
+adversarial array in every format, encoding, scaling, scale format and
+rounding mode of its CI subset; this test runs it in two fresh processes,
+with and without the flags, and compares every digest. The full case list
+runs under `HYPOTHESIS_PROFILE=hunt` (see `tests/conftest.py`) and on accelerators
+(`benchmarks/accelerator.py`).
+
+Known exception: int1's mean-absolute scales (its pairwise sum) reassociate
+under the fast-math flags (one ulp in a few groups); XLA:GPU does not
+reassociate, so they are compared on a GPU only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+from backend_bits import FAST_MATH_FLAGS  # noqa: E402
+
+_REASSOCIATED = ("int1 [per-axis 0]", "int1 [per-block 32 on axis -1]")
+
+
+def _start(tmp: Path, name: str, flags: str, quick: bool) -> tuple[subprocess.Popen, Path]:
+    """Run backend_bits.py in a fresh process under `flags` (both runs go at once)."""
+    out = tmp / f"{name}.json"
+    env = dict(os.environ, XLA_FLAGS=flags, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    args = [sys.executable, str(HERE / "backend_bits.py"), str(out)]
+    args += ["--quick"] if quick else []
+    return subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True), out
+
+
+def test_encodings_are_bit_identical_under_fast_math(tmp_path):
+    quick = os.environ.get("HYPOTHESIS_PROFILE") != "hunt"  # the full list when hunting
+    plain, plain_out = _start(tmp_path, "plain", "", quick)
+    fast, fast_out = _start(tmp_path, "fast", FAST_MATH_FLAGS, quick)
+    for proc in (plain, fast):
+        _, err = proc.communicate(timeout=1500)
+        assert proc.returncode == 0, err[-4000:]
+    a = json.loads(plain_out.read_text())
+    b = json.loads(fast_out.read_text())
+    assert a.keys() == b.keys()
+    parts = ("codes", "scales", "tensor scale", "zero points", "decoded", "rounded")
+    diffs = []
+    for case in a:
+        if case.startswith(_REASSOCIATED) or a[case] == b[case]:
+            continue
+        if isinstance(a[case], str) or isinstance(b[case], str):
+            diffs.append(f"{case}: {a[case]} / {b[case]}")
+            continue
+        which = [p for p, x, y in zip(parts, a[case], b[case], strict=True) if x != y]
+        diffs.append(f"{case}: {', '.join(which)} differ")
+    assert not diffs, "\n".join(diffs)
+    assert len(a) > 100  # the case list did run
+
+
+@pytest.mark.parametrize("flags", ["", FAST_MATH_FLAGS], ids=["default", "fast-math"])
+def test_divide_is_correctly_rounded_under_any_flags(flags, tmp_path):
+    """`_ieee.divide` against numpy's IEEE division on 1M random bit patterns and
+    the quotients the scales use (numpy is the independent reference)."""
+    script = tmp_path / "div.py"
+    script.write_text(
+        "import numpy as np, jax\n"
+        "from dtypes._ieee import divide\n"
+        "rng = np.random.default_rng(1)\n"
+        "a, b = rng.integers(0, 2**32, (2, 1 << 20), dtype=np.uint64).astype(np.uint32)"
+        ".view(np.float32)\n"
+        "b[:1000] = np.float32([127, 7, 1, 448, 57344, 6, 28, 7.5, 255, 15] * 100)\n"
+        "tiny = np.float32(2.0**-126)\n"
+        "flush = lambda v: np.where(np.abs(v) < tiny, v * 0, v)\n"
+        "with np.errstate(all='ignore'):\n"
+        "    want = flush(flush(a) / flush(b)).astype(np.float32)\n"
+        "got = np.asarray(jax.jit(divide)(a, b))\n"
+        "same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))\n"
+        "assert same.all(), (a[~same][:5], b[~same][:5], got[~same][:5], want[~same][:5])\n"
+    )
+    env = dict(os.environ, XLA_FLAGS=flags, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
