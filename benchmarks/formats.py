@@ -160,7 +160,8 @@ def native_rows(table, fmt, x, x_np, repeat, target) -> None:
 
 
 def numpy_int8(v: np.ndarray) -> tuple[np.ndarray, np.float32]:
-    """The DESIGN formula: one reciprocal per tensor, a multiply and round-half-even per value."""
+    """The integer rule (docs/design.md §2): one reciprocal per tensor, then per value a
+    multiply and a round-half-even."""
     absmax = np.max(np.abs(v))
     inv = np.float32(127) / absmax
     return np.clip(np.rint(v * inv), -127, 127).astype(np.int8), absmax / np.float32(127)

@@ -18,7 +18,7 @@ from jax import lax
 from . import _codec, _packing, _scale_format
 from ._encoded import Encoded
 from ._group_scales import TINY, flush_subnormals, times_reciprocal
-from ._ieee import divide, is_finite, nan_where, select, times_pow2, times_scale
+from ._ieee import divide, is_finite, is_nan, nan_where, select, times_pow2, times_scale
 from ._rounding import round_integer
 from ._rounding_modes import ROUNDING_MODES
 from ._scaling import Scaling
@@ -58,16 +58,24 @@ def _encode_jit(
     xg = lax.stop_gradient(xs)
     bad = _group(scaling, (~is_finite(xg)).astype(jnp.float32), jnp.sum) > 0
     xg = select(is_finite(xg), xg, jnp.float32(0))  # no NaN or inf enters the arithmetic
+    # (`initial`: an empty group spans [0, 0], so it gets scale 1 like an all-zero one)
+    group_max = functools.partial(jnp.max, initial=0.0)
     if fmt.calibration == "minmax":
-        hi = jnp.maximum(_group(scaling, xg, jnp.max), 0)  # zero padding keeps 0 in range
-        lo = jnp.minimum(_group(scaling, xg, jnp.min), 0)
+        hi = jnp.maximum(_group(scaling, xg, group_max), 0)  # zero padding keeps 0 in range
+        lo = jnp.minimum(_group(scaling, xg, functools.partial(jnp.min, initial=0.0)), 0)
     else:
-        hi = _group(scaling, jnp.abs(xg), jnp.max)
+        hi = _group(scaling, jnp.abs(xg), group_max)
         lo = -hi
     # a subnormal span reads as 0 everywhere (XLA:CPU flushes it, GPUs keep it)
     span = flush_subnormals(hi - lo)
     qmax32 = np.float32(fmt.qmax)
     scale = divide(span, qmax32)  # correctly rounded on every backend
+    # A span beyond float32's range (3e38 and -3e38 in one group) is taken in halves:
+    # halving is exact there, so the scale is still the correctly rounded span / qmax.
+    half = np.float32(0.5)
+    over = ~is_finite(span)
+    half_span = times_pow2(hi, half) - times_pow2(lo, half)
+    scale = select(over, divide(select(over, half_span, 0.0), qmax32) * 2, scale)
     scale = jnp.where(span == 0, jnp.float32(1), jnp.maximum(scale, TINY))
     scale = nan_where(bad, scale)
     stored, _, inv, pre = _scale_format.narrow(xs, scaling, scale, scale, scale, fmt.qmax, 0)
@@ -105,4 +113,10 @@ def _decode_jit(fmt: AsymmetricIntFormat, enc: Encoded, dtype: Any) -> jax.Array
     if shape:
         scale = enc.scaling.broadcast(scale, shape)
         zp = enc.scaling.broadcast(zp, shape)
-    return times_scale(codes.astype(jnp.float32) - zp, scale).astype(dtype)
+    values = times_scale(codes.astype(jnp.float32) - zp, scale)
+    # A group spanning nearly all of float32 (3.4e38 and -3.4e38) has an end code whose
+    # product with the scale rounds past float32's largest value: it decodes to that
+    # value, so every code of a finite input decodes finite (NaN groups stay NaN).
+    top = np.float32(np.finfo(np.float32).max)
+    values = select(is_nan(values), values, jnp.clip(values, -top, top))
+    return values.astype(dtype)

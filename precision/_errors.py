@@ -75,3 +75,16 @@ class PolicyError(PrecisionError, ValueError):
 
 class SelectionError(PrecisionError, ValueError):
     """A `where=` / `exclude=` leaf selection that is not a valid regular expression."""
+
+
+class ToleranceError(PrecisionError, ValueError):
+    """A tolerance or scale given to an assertion or metric that cannot mean anything
+    (NaN, negative, zero where a step is needed): it would pass every comparison."""
+
+
+class SelectionWarning(UserWarning):
+    """A `where=` / `exclude=` selection that matched none of a tree's floating leaves."""
+
+
+class TensorIndexError(PrecisionError, IndexError):
+    """A static integer index outside its dimension (JAX would clamp it silently)."""

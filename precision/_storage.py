@@ -3,7 +3,7 @@
 Everything `precision` needs to know about a format goes through here, so the
 Tensor, the rules and the checkpoint code never reach into `dtypes` internals.
 
-A format plays one of two *roles* (DESIGN §3, "Storage and compute"):
+A format plays one of two *roles* (docs/design.md §4, "Storage and compute"):
 
 - a **compute** format is an unscaled float format (bfloat16, float16, tf32,
   float8 without a scale, custom `FloatFormat`s, and float32/float64):
@@ -186,8 +186,11 @@ def _straight_through_jvp(
     x, enc = primals
     y = decode_encoded(enc, dtype)
     t = tangents[0].astype(y.dtype)
-    fmt, scaling, scale = enc.format, enc.scaling, enc.scale
+    fmt, scaling = enc.format, enc.scaling
     if scaling is not None and scaling.power_of_two and not getattr(fmt, "binary", False):
+        # the multipliers of the codes as float32 (E8M0 bytes widened, MXINT8's
+        # implicit element scale folded in)
+        scale = enc.group_scales()
         top = fmt.max + (0.5 if fmt.kind == "int" else 0.0)
         bound = scaling.broadcast(scale, x.shape) * np.float32(top) if x.ndim else scale * top
         t = jnp.where(jnp.abs(x) <= bound, t, jnp.zeros_like(t))

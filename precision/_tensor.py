@@ -14,6 +14,7 @@ from dtypes import PrecisionTypeError
 
 from . import _operators
 from ._context import get_default_format, resolve_format
+from ._errors import TensorIndexError
 from ._jax_compat import is_tracer
 from ._storage import (
     carries_gradient,
@@ -549,7 +550,13 @@ class Tensor:
         _operators.unary("pos"),
         _operators.unary("abs"),
     )
-    __getitem__ = _operators.method("getitem")
+
+    def __getitem__(self, key: Any) -> Any:
+        """Indexing as JAX does it, except that a static integer index out of range
+        raises `IndexError` (as numpy does) instead of being clamped."""
+        _check_static_index(key, self.shape)
+        return _getitem(self, key)
+
     sum = _operators.reduction("sum")
     mean = _operators.reduction("mean")
     max = _operators.reduction("max")
@@ -576,3 +583,27 @@ class Tensor:
         """Axes reversed."""
         out: Tensor = _operators.method("transpose")(self, None)
         return out
+
+
+_getitem = _operators.method("getitem")
+
+
+def _check_static_index(key: Any, shape: tuple[int, ...]) -> None:
+    """Raise `IndexError` for a Python or numpy integer index outside its dimension."""
+    parts = key if isinstance(key, tuple) else (key,)
+    if any(p is Ellipsis for p in parts):
+        at = next(i for i, p in enumerate(parts) if p is Ellipsis)
+        explicit = sum(1 for p in parts if p is not None and p is not Ellipsis)
+        parts = (*parts[:at], *([slice(None)] * (len(shape) - explicit)), *parts[at + 1 :])
+    dim = 0
+    for p in parts:
+        if p is None:
+            continue
+        if isinstance(p, int | np.integer) and not isinstance(p, bool) and dim < len(shape):
+            n = shape[dim]
+            if not -n <= int(p) < n:
+                raise TensorIndexError(
+                    f"index {int(p)} is out of bounds for axis {dim} with size {n} (a Tensor of "
+                    f"shape {shape}); JAX would clamp it silently, so it is refused"
+                )
+        dim += 1

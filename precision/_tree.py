@@ -17,6 +17,7 @@ biases" is `exclude="bias|norm|scale"`, and "only matrices" is
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +29,7 @@ import dtypes
 from dtypes import PrecisionTypeError
 
 from ._context import get_default_format, resolve_format
-from ._errors import SelectionError
+from ._errors import SelectionError, SelectionWarning
 from ._tensor import Tensor
 
 __all__ = [
@@ -85,6 +86,24 @@ def _selector(where: Where, exclude: str | None) -> Callable[[tuple[Any, ...], A
     skip = _compile(exclude, "exclude")
     return lambda path, leaf: (
         skip.search(jax.tree_util.keystr(path)) is None and bool(include(path, leaf))
+    )
+
+
+def _warn_nothing_selected(flat: list[tuple[Any, Any]], where: Where, exclude: str | None) -> None:
+    """A selection that converts nothing is almost always a typo: say so, with the paths."""
+    floating = [_path_str(path) for path, leaf in flat if is_floating(leaf)]
+    if not floating:
+        return
+    given = ", ".join(
+        f"{name}={value!r}" for name, value in (("where", where), ("exclude", exclude)) if value
+    )
+    examples = ", ".join(floating[:3]) + (", ..." if len(floating) > 3 else "")
+    warnings.warn(
+        f"to_reduced_precision: {given} selected none of the {len(floating)} floating leaves "
+        f"({examples}); nothing was converted. A regex is searched in each path as printed "
+        "here, e.g. where='kernel'",
+        SelectionWarning,
+        stacklevel=3,
     )
 
 
@@ -173,6 +192,8 @@ def to_reduced_precision(
     select = _selector(where, exclude)
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_tensor)
     chosen = [i for i, (path, leaf) in enumerate(flat) if is_floating(leaf) and select(path, leaf)]
+    if not chosen and (where is not None or exclude is not None):
+        _warn_nothing_selected(flat, where, exclude)
     keys = (
         list(jax.random.split(key, len(chosen)))
         if key is not None and chosen

@@ -14,6 +14,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+import dtypes
 from dtypes import (
     AsymmetricIntFormat,
     CodebookFormat,
@@ -313,8 +314,11 @@ def scale_violation(leaf: Leaf, scale: np.ndarray) -> str | None:
         off = (part & np.uint32(0x7FFFFF)) != 0
         if scaling.power_of_two and np.any(off & (part != np.uint32(clamp))):
             return "has a scale that is not a power of two under power_of_two=True"
-        # Encoders pick scales so that the largest code decodes finite.
-        if np.any(part.view(np.float32).astype(np.float64) * top > _F32_MAX):
+        # Encoders pick scales so that the largest code decodes finite. An asymmetric
+        # group may span up to twice float32's largest value (3.4e38 and -3.4e38): its
+        # end codes decode clamped to that value, so the bound there is twice as wide.
+        limit = _F32_MAX * (2 if isinstance(fmt, dtypes.AsymmetricIntFormat) else 1)
+        if np.any(part.view(np.float32).astype(np.float64) * top > limit):
             return f"has a scale so large that {top:g} times it overflows float32"
     return None
 

@@ -1,4 +1,4 @@
-"""The precision rules of DESIGN §3 ("Storage and compute"), in one place.
+"""The precision rules of docs/design.md §4 ("Storage and compute"), in one place.
 
 See README.md beside this file for the design in prose.
 """

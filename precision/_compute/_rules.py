@@ -1,7 +1,7 @@
 """The precision rules: one table keyed by primitive name.
 
 A rule receives one equation and its `(value, state)` inputs and returns the
-outputs' pairs. The default rule (DESIGN §3, "Op semantics"):
+outputs' pairs. The default rule (docs/design.md §5):
 
 1. the op's compute format is the format its formatted inputs share, else the
    format declared for the call, else the logical dtype (a storage encoding

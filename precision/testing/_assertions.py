@@ -13,6 +13,7 @@ import numpy as np
 import dtypes
 from dtypes import FloatFormat, Format, IntFormat, PrecisionTypeError
 
+from .._errors import ToleranceError
 from ._grid import max_code, ordinals
 
 __all__ = ["assert_representable", "assert_ulp_close", "ulp_distance"]
@@ -39,6 +40,32 @@ def _default_scale(fmt: IntFormat, b: np.ndarray) -> np.float64:
         return np.float64(1.0)
     scale = finite.mean() if fmt.binary else finite.max() / fmt.qmax
     return np.float64(scale) if scale > 0 else np.float64(1.0)
+
+
+def _check_scale(scale: Any) -> None:
+    """A scale is one grid step: finite and positive, or every distance is meaningless."""
+    try:
+        s = np.asarray(scale, np.float64)
+    except (TypeError, ValueError):
+        raise ToleranceError(
+            f"scale must be a positive number or array of them, got {scale!r}"
+        ) from None
+    if not np.all(np.isfinite(s)) or not np.all(s > 0):
+        raise ToleranceError(
+            f"scale must be finite and positive (one step of the integer grid), got {scale!r}; "
+            "pass the scales the encoding used, e.g. enc.scale"
+        )
+
+
+def _check_tolerance(max_ulps: Any) -> None:
+    """`max_ulps` is a non-negative real number (NaN would pass every comparison)."""
+    if isinstance(max_ulps, bool) or not isinstance(max_ulps, int | float | np.number):
+        raise ToleranceError(f"max_ulps must be a number of steps, got {max_ulps!r}")
+    if not max_ulps >= 0:  # also NaN
+        raise ToleranceError(
+            f"max_ulps must be a non-negative number of steps (NaN would pass anything), "
+            f"got {max_ulps!r}"
+        )
 
 
 def ulp_distance(a: Any, b: Any, fmt: Format | str, *, scale: Any = None) -> np.ndarray:
@@ -86,6 +113,8 @@ def ulp_distance(a: Any, b: Any, fmt: Format | str, *, scale: Any = None) -> np.
     a_arr, b_arr = np.broadcast_arrays(a_arr, b_arr)
     if isinstance(fmt, IntFormat) and scale is None:
         scale = _default_scale(fmt, b_arr)
+    elif scale is not None:
+        _check_scale(scale)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         if scale is not None:
             s = np.asarray(scale, np.float64)
@@ -191,6 +220,7 @@ def assert_ulp_close(
     fmt = _format(fmt)
     act = _as_float_array(actual, "actual")
     exp = _as_float_array(expected, "expected")
+    _check_tolerance(max_ulps)
     dist = ulp_distance(act, exp, fmt, scale=scale)
     bad = dist > max_ulps
     if not bad.any():

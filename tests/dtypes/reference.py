@@ -1,4 +1,4 @@
-"""Independent numpy references for the storage formats, written from DESIGN §2.
+"""Independent numpy references for the storage formats, written from docs/design.md §2.
 
 Nothing here imports `dtypes`: a format is described by plain numbers
 (`Layout`), its grid is enumerated from the bit-field definition, rounding is
@@ -320,7 +320,7 @@ def int_quantize(
     binary: bool = False,
     mode: str = "nearest_even",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, scale-per-element) of the DESIGN §2 integer formula, in numpy float32.
+    """(codes, scale-per-element) of the docs/design.md §2 integer formula, in numpy float32.
 
     Absmax: `scale = absmax / qmax` and `codes = clip(round(x * (qmax / absmax)),
     -qmax, qmax)`, the reciprocal computed once per group in float32; an

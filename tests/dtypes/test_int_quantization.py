@@ -1,4 +1,4 @@
-"""Integer formats against the numpy reference of DESIGN §2, and packing bit by bit."""
+"""Integer formats against the numpy reference of docs/design.md §2, and packing bit by bit."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_codes_and_scales_match_numpy_reference(fmt, name, scaling, ref_kw, eage
 @pytest.mark.parametrize(("name", "scaling", "ref_kw"), SCALINGS, ids=[s[0] for s in SCALINGS])
 @pytest.mark.parametrize("fmt", MULTIBIT, ids=fid)
 def test_scales_are_bit_exact_absmax_over_qmax(fmt, name, scaling, ref_kw):
-    """DESIGN §2: the stored scale is `absmax / qmax` in float32 (correctly rounded)."""
+    """docs/design.md §2: the stored scale is `absmax / qmax` in float32 (correctly rounded)."""
     x = _data()
     enc = jax.jit(lambda v: fmt.encode(v, scaling=scaling))(jnp.asarray(x))
     _, scale = _codes_and_scale(enc)

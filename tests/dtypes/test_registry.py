@@ -25,7 +25,7 @@ CANONICAL = {
     "int1": dtypes.int1,
 }
 
-# Spellings people type (issue 2 and DESIGN §2), each with the format it must give.
+# Spellings people type (issue 2 and docs/design.md §2), each with the format it must give.
 ALIASES = {
     "bf16": "bfloat16",
     "fp16": "float16",

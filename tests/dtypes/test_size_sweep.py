@@ -8,7 +8,7 @@ is run here on sizes that straddle the vectorisation and tiling widths (1, 7,
 or -inf at the first, middle and last position, eagerly and under `jit`.
 
 Expected values do not come from `dtypes`: a scaled group holding NaN/inf must
-get a NaN scale under tracing and be refused eagerly (DESIGN §2); the other
+get a NaN scale under tracing and be refused eagerly (docs/design.md §2); the other
 groups and the other elements must be exactly what the same call gives for the
 clean array; and an unscaled element is what the exact oracle says for that
 special value.

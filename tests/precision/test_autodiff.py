@@ -356,3 +356,21 @@ def test_differentiating_a_conversion_from_outside_its_trace_is_refused(fmt, sca
     with pytest.raises(precision.PrecisionError, match=r"jax\.jit\(jax\.grad"):
         jax.grad(jax.jit(loss))(x)
     np.testing.assert_array_equal(np.asarray(jax.jit(jax.grad(loss))(x)), np.ones((2, 2)))
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "mxfp8_e4m3", "mxint8", "mxfp6_e2m3"])
+def test_grad_through_mx_conversions_is_the_clipped_straight_through(name):
+    """E8M0 scales once made the straight-through derivative multiply float32 by
+    float8_e8m0fnu (a TypePromotionError in every MX QAT step). The derivative must
+    equal `Format.round`'s, which masks the clipped codes by its own path."""
+    fmt = dtypes.get(name)
+    x = jnp.asarray(np.random.default_rng(3).normal(size=(6, 64)).astype(np.float32) * 3)
+    w = jnp.broadcast_to(jnp.arange(64.0), (6, 64))
+
+    def via_tensor(v):
+        return jnp.sum(jnp.asarray(Tensor(v).to_reduced_precision(name).to_full_precision()) * w)
+
+    got = jax.jit(jax.grad(via_tensor))(x)
+    want = jax.grad(lambda v: jnp.sum(fmt.round(v) * w))(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert np.any(np.asarray(got) != 0)

@@ -1,6 +1,6 @@
 """Real models on quantized weights: storage decoded at use, compute declared at the call.
 
-Acceptance tests of DESIGN §3 ("Storage and compute", "The rule: no silent
+Acceptance tests of docs/design.md §4 ("Storage and compute", "The rule: no silent
 mixing", "Op semantics") on four small models with random weights: a Flax
 linen GPT-2-style decoder (causal mask, LayerNorm, dropout with a typed key,
 tied embedding), a ResNet-style CNN with BatchNorm (train and eval), a Flax
@@ -11,7 +11,7 @@ batch statistics kept float32.
 
 Every expected value comes from plain JAX or numpy on the decoded weights
 (and the decoded weights themselves are checked against a numpy
-quantization written from DESIGN §2), never from `precision` itself.
+quantization written from docs/design.md §2), never from `precision` itself.
 """
 
 from __future__ import annotations
@@ -284,7 +284,7 @@ MODELS = list(_BUILDERS)
 
 
 def _np_quantize(x: np.ndarray, qmax: int, groups: str) -> np.ndarray:
-    """Decoded symmetric absmax integer quantization, written from DESIGN §2 in numpy.
+    """Decoded symmetric absmax integer quantization, written from docs/design.md §2 in numpy.
 
     `groups="last-axis"`: one scale per index of the last axis (PerAxis(-1));
     `groups="block32"`: blocks of 32 consecutive values along the last axis.
@@ -513,7 +513,7 @@ def test_qat_gradients_are_finite_and_aligned_with_float32(model, recipe):
 
 
 def _np_int8(x: np.ndarray) -> np.ndarray:
-    """Decoded int8 per-tensor storage, from DESIGN §2 in numpy."""
+    """Decoded int8 per-tensor storage, from docs/design.md §2 in numpy."""
     return _np_quantize(np.asarray(x, np.float32).reshape(-1, 1), 127, "last-axis").reshape(
         np.shape(x)
     )
@@ -640,7 +640,7 @@ def test_flax_layer_norm_on_a_zero_variance_row_is_its_bias():
 
 
 def test_a_decoded_value_is_one_float32_number():
-    """Every use of a stored element reads the same float32 value (DESIGN §3: storage
+    """Every use of a stored element reads the same float32 value (docs/design.md §4: storage
     decodes exactly into its logical dtype), so `x - x[:, :1]` over a constant row is 0."""
     x = np.full((2, 64), -3.0, np.float32)
     x[0] = np.linspace(-3.3, 3.3, 64, dtype=np.float32)

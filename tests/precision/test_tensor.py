@@ -387,3 +387,19 @@ def test_every_encoding_round_trips_through_tensor_and_apply(name):
     np.testing.assert_array_equal(np.asarray(same), ref)
     np.testing.assert_array_equal(np.asarray(precision.apply(lambda a: a * 2.0)(t)), 2 * ref)
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda a: a)(t)), ref)
+
+
+@pytest.mark.parametrize("key", [100, -5, (0, 7), (Ellipsis, 3), (None, 2, 0)])
+def test_a_static_index_out_of_range_raises_like_numpy(key):
+    t = Tensor(np.arange(6.0).reshape(2, 3))
+    with pytest.raises(IndexError, match="out of bounds"):
+        t[key]
+    with pytest.raises(IndexError):
+        np.arange(6.0).reshape(2, 3)[key]  # the same keys numpy refuses
+
+
+def test_in_range_indices_still_index():
+    t = Tensor(np.arange(6.0).reshape(2, 3))
+    assert t[-1, -1].numpy() == 5.0
+    assert t[..., 2].numpy().tolist() == [2.0, 5.0]
+    assert [float(r.sum().numpy()) for r in t] == [3.0, 12.0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -263,3 +265,14 @@ def test_stochastic_tree_conversion_draws_independent_bits_per_leaf():
     )
     ua, ub = np.asarray(updated["a"]), np.asarray(updated["b"])
     assert 0 < np.count_nonzero(ua != ub) < ua.size
+
+
+def test_a_selection_that_matches_nothing_warns_with_the_paths():
+    params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)}}
+    with pytest.warns(UserWarning, match=r"where='kernal' selected none of the 2 floating"):
+        out = precision.to_reduced_precision(params, "int8", where="kernal")
+    assert not precision.is_reduced_precision(out)
+    # a selection that matches converts without a word
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        precision.to_reduced_precision(params, "int8", where="kernel")
