@@ -124,7 +124,7 @@ def flush_subnormals(x: Any) -> jax.Array:
     return from_bits(jnp.where((u & jnp.uint32(_EXP_ONES)) == 0, u & jnp.uint32(_SIGN), u))
 
 
-def times_pow2(x: jax.Array, p: jax.Array) -> jax.Array:
+def times_pow2(x: jax.Array, p: Any) -> jax.Array:
     """`x * p` for float32 `x` and powers of two `p`, exactly, on the exponent bits.
 
     A product that would be subnormal is zero of `x`'s sign (as XLA:CPU flushes
