@@ -520,6 +520,13 @@ class Tensor:
         fmt = self._format.name
         if self._scaling is not None:
             fmt += f", scaling={self._scaling.describe()}"
+        if not isinstance(self._data, jax.Array | np.ndarray) and not is_tracer(self._data):
+            # A tree_map put other leaves in the storage's place (shapes, None, a
+            # ShapeDtypeStruct for a restore target): show them, as JAX shows any pytree.
+            leaves = f"data={self._data!r}"
+            if self._scale is not None:
+                leaves += f", scale={self._scale!r}"
+            return f"Tensor(dtype={self._dtype.name}, format={fmt}, {leaves})"
         head = f"shape={self.shape}, dtype={self._dtype.name}, format={fmt}"
         if is_tracer(self._data):
             return f"Tensor({head}, traced)"

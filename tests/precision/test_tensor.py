@@ -403,3 +403,18 @@ def test_in_range_indices_still_index():
     assert t[-1, -1].numpy() == 5.0
     assert t[..., 2].numpy().tolist() == [2.0, 5.0]
     assert [float(r.sum().numpy()) for r in t] == [3.0, 12.0]
+
+
+@pytest.mark.parametrize(
+    "leaf",
+    [lambda x: x.shape, lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), lambda x: None],
+    ids=["shape", "ShapeDtypeStruct", "None"],
+)
+def test_a_tree_map_to_other_leaves_prints_and_flattens(leaf):
+    """`print(jax.tree.map(lambda x: x.shape, params))` crashed in Tensor.__repr__."""
+    params = {"w": Tensor(np.ones((2, 3), np.float32)).to_reduced_precision("int8")}
+    mapped = jax.tree.map(leaf, params)
+    text = repr(mapped)
+    assert "format=int8" in text
+    again = jax.tree.unflatten(jax.tree.structure(mapped), jax.tree.leaves(mapped))
+    assert repr(again) == text
