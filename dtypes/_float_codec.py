@@ -21,7 +21,14 @@ from ._encoded import Encoded
 from ._errors import FormatError, NonFiniteError, ScalingError
 from ._group_scales import flush_subnormals, scales, times_reciprocal
 from ._ieee import from_float32, times_scale
-from ._inputs import any_nan_now, as_float_array, check_finite, is_tracer, resolve_scaling
+from ._inputs import (
+    any_inf_now,
+    any_nan_now,
+    as_float_array,
+    check_finite,
+    is_tracer,
+    resolve_scaling,
+)
 from ._rounding import Grid, round_float
 from ._rounding_modes import check_rounding
 from ._scaling import Scaling
@@ -97,6 +104,7 @@ def _validate(fmt: FloatFormat, x: jax.Array, scaling: Scaling | None) -> None:
                 f"cannot encode NaN into {fmt.name}, which has no NaN code; use a scaled "
                 "encoding (the group's scale becomes NaN) or a format with NaN"
             )
+
     if fmt.exponent_bits == 11 and not jax.config.read("jax_enable_x64"):
         raise FormatError(
             "encoding into float64 needs 64-bit JAX: set jax.config.update('jax_enable_x64', "
@@ -104,10 +112,24 @@ def _validate(fmt: FloatFormat, x: jax.Array, scaling: Scaling | None) -> None:
         )
 
 
+def _refuse_inf(fmt: FloatFormat, x: jax.Array, scaling: Scaling | None) -> None:
+    """An unscaled encode into a format with neither inf nor NaN refuses ±inf eagerly
+    (it would become ±max silently); `round`, an emulation, keeps snapping it to ±max."""
+    if scaling is None and fmt.finite and not fmt.nan and not fmt.saturate:
+        if not is_tracer(x) and any_inf_now(x):
+            raise NonFiniteError(
+                f"cannot encode inf into {fmt.name}, which has neither inf nor NaN (it would "
+                f"become ±{fmt.max:g} silently); build the format with saturate=True to clamp, "
+                "or use a scaled encoding"
+            )
+
+
 def check(fmt: FloatFormat, x: Any, scaling: Scaling | None) -> None:
     """Raise what `encode` would raise for `x` (shapes, eager values), encoding nothing."""
     x = as_float_array(x)
-    _validate(fmt, x, resolve_scaling(fmt, scaling))
+    resolved = resolve_scaling(fmt, scaling)
+    _validate(fmt, x, resolved)
+    _refuse_inf(fmt, x, resolved)
 
 
 def encode(fmt: FloatFormat, x: Any, scaling: Scaling | None, rounding: str, key: Any) -> Encoded:
@@ -116,6 +138,7 @@ def encode(fmt: FloatFormat, x: Any, scaling: Scaling | None, rounding: str, key
     x = as_float_array(x)
     scaling = resolve_scaling(fmt, scaling)
     _validate(fmt, x, scaling)
+    _refuse_inf(fmt, x, scaling)
     encoded: Encoded = _encode_jit(fmt, scaling, rounding, x, key)
     return encoded
 

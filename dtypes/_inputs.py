@@ -19,7 +19,14 @@ from ._errors import PrecisionTypeError
 if TYPE_CHECKING:
     from ._format import Format
 
-__all__ = ["any_nan_now", "as_float_array", "check_finite", "is_tracer", "resolve_scaling"]
+__all__ = [
+    "any_inf_now",
+    "any_nan_now",
+    "as_float_array",
+    "check_finite",
+    "is_tracer",
+    "resolve_scaling",
+]
 
 
 def as_float_array(x: Any) -> jax.Array:
@@ -73,3 +80,9 @@ def any_nan_now(x: jax.Array) -> bool:
     """Whether concrete `x` holds a NaN (computed now, even inside an enclosing trace)."""
     with jax.ensure_compile_time_eval():
         return bool(jnp.any(jnp.isnan(x)))
+
+
+def any_inf_now(x: jax.Array) -> bool:
+    """Whether concrete `x` holds ±inf (computed now, even inside an enclosing trace)."""
+    with jax.ensure_compile_time_eval():
+        return bool(jnp.any(jnp.isinf(x)))

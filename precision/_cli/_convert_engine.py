@@ -605,6 +605,12 @@ class _Converter:
     def _not_finite(self, plan: _Plan) -> _DataError:
         fmt = plan.out.format
         assert fmt is not None
+        if plan.out.scaling is None:
+            return _DataError(
+                f"tensor {plan.leaf.name!r} holds NaN or inf, which {fmt.name} (neither inf nor "
+                "NaN) cannot hold: it would become ±max or 0 silently; keep it (--exclude) or "
+                "choose a format with inf and NaN"
+            )
         return _DataError(
             f"tensor {plan.leaf.name!r} holds NaN or inf, which a scaled {fmt.name} encoding "
             "cannot hold; keep it (--exclude) or choose an unscaled float format"
@@ -725,7 +731,7 @@ class _Converter:
             parts, finite, energy = engine.block(
                 block.reshape(shape), scaling, absmax, twolevel=plan.mode == "twolevel"
             )
-            if scaling is not None and not finite:  # the padding is zeros: a real value
+            if (scaling is not None or _no_specials(plan)) and not finite:  # padding: zeros
                 raise self._not_finite(plan)
             if energy is not None:
                 stats.add(*energy)
@@ -791,9 +797,9 @@ class _Converter:
         if self.rounding == "stochastic":
             key = jax.random.fold_in(jax.random.key(self.seed), i)
         parts = engine.whole(x, key)
-        if out.scaling is not None or engine.stats:
+        if out.scaling is not None or engine.stats or _no_specials(plan):
             finite, stats = engine.slice_energy(out, x, parts)
-            if out.scaling is not None and not finite:
+            if (out.scaling is not None or _no_specials(plan)) and not finite:
                 raise self._not_finite(plan)
             if engine.stats:
                 self.sqnr[plan.leaf.name] = stats.sqnr
@@ -831,3 +837,16 @@ def _block_values(total: int, g: int) -> int:
         if size >= total:
             return size
     return max(g, _BLOCK // g * g)
+
+
+def _no_specials(plan: _Plan) -> bool:
+    """Whether the output format has neither inf nor NaN (e2m1, e3m2, e2m3) and does not
+    saturate: NaN and inf would be written as ±max or 0, so they are refused."""
+    fmt = plan.out.format
+    return (
+        isinstance(fmt, dtypes.FloatFormat)
+        and fmt.finite
+        and not fmt.nan
+        and not fmt.saturate
+        and plan.out.scaling is None
+    )

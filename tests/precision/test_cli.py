@@ -724,6 +724,8 @@ def _data_error_cases(tmp_path, checkpoint):
     existing.write_bytes(b"keep me")
     nan_input = tmp_path / "nan.safetensors"
     safetensors.numpy.save_file({"w": np.array([1.0, np.nan], np.float32)}, str(nan_input))
+    inf_input = tmp_path / "inf.safetensors"
+    safetensors.numpy.save_file({"w": np.array([np.inf, 1.0], np.float32)}, str(inf_input))
     out = str(tmp_path / "out.safetensors")
     return {
         "missing input": (["convert", str(tmp_path / "absent"), "-o", out, "--to", "int8"],
@@ -733,6 +735,10 @@ def _data_error_cases(tmp_path, checkpoint):
                           "already exists; pass --overwrite"),
         "nan in scaled": (["convert", str(nan_input), "-o", out, "--to", "int8"],
                           "tensor 'w' holds NaN or inf"),
+        "nan in fp4": (["convert", str(nan_input), "-o", out, "--to", "float4_e2m1fn"],
+                       "neither inf nor NaN"),
+        "inf in fp6": (["convert", str(inf_input), "-o", out, "--to", "float6_e3m2fn"],
+                       "neither inf nor NaN"),
         "report corrupt": (["report", str(checkpoint), str(corrupt)], "truncated"),
         "not safetensors": (["report", str(existing), str(checkpoint)], "not a safetensors file"),
     }  # fmt: skip

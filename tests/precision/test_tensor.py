@@ -418,3 +418,16 @@ def test_a_tree_map_to_other_leaves_prints_and_flattens(leaf):
     assert "format=int8" in text
     again = jax.tree.unflatten(jax.tree.structure(mapped), jax.tree.leaves(mapped))
     assert repr(again) == text
+
+
+@pytest.mark.parametrize("name", ["float4_e2m1fn", "float6_e3m2fn", "float6_e2m3fn"])
+def test_inf_into_a_format_without_inf_or_nan_is_refused_eagerly(name):
+    """+inf became ±6 / ±28 silently through to_reduced_precision and trees."""
+    x = np.array([np.inf, 1.0], np.float32)
+    with pytest.raises(dtypes.NonFiniteError, match="saturate=True"):
+        Tensor(x).to_reduced_precision(name)
+    with pytest.raises(ValueError, match=r"\['w'\]"):
+        precision.to_reduced_precision({"w": x}, name)
+    fmt = dtypes.get(name)
+    clamped = dtypes.FloatFormat(fmt.exponent_bits, fmt.mantissa_bits, finite=True, saturate=True)
+    assert Tensor(x).to_reduced_precision(clamped).numpy().tolist() == [fmt.max, 1.0]
