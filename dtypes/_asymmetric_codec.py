@@ -69,13 +69,15 @@ def _encode_jit(
     # a subnormal span reads as 0 everywhere (XLA:CPU flushes it, GPUs keep it)
     span = flush_subnormals(hi - lo)
     qmax32 = np.float32(fmt.qmax)
-    scale = divide(span, qmax32)  # correctly rounded on every backend
-    # A span beyond float32's range (3e38 and -3e38 in one group) is taken in halves:
-    # halving is exact there, so the scale is still the correctly rounded span / qmax.
+    scale = divide(select(is_finite(span), span, 0.0), qmax32)  # correctly rounded
+    # A span that may pass float32's range (3e38 and -3e38 in one group) is taken in
+    # halves: halving is exact there, so the scale is still the correctly rounded
+    # span / qmax. Decided by the ends' size, never by an infinity (flags that assume
+    # none would make `hi - lo` anything there).
+    big = (hi >= np.float32(2.0**126)) | (lo <= np.float32(-(2.0**126)))
     half = np.float32(0.5)
-    over = ~is_finite(span)
     half_span = times_pow2(hi, half) - times_pow2(lo, half)
-    scale = select(over, divide(select(over, half_span, 0.0), qmax32) * 2, scale)
+    scale = select(big, divide(select(big, half_span, 0.0), qmax32) * 2, scale)
     scale = jnp.where(span == 0, jnp.float32(1), jnp.maximum(scale, TINY))
     scale = nan_where(bad, scale)
     stored, _, inv, pre = _scale_format.narrow(xs, scaling, scale, scale, scale, fmt.qmax, 0)
@@ -113,10 +115,14 @@ def _decode_jit(fmt: AsymmetricIntFormat, enc: Encoded, dtype: Any) -> jax.Array
     if shape:
         scale = enc.scaling.broadcast(scale, shape)
         zp = enc.scaling.broadcast(zp, shape)
-    values = times_scale(codes.astype(jnp.float32) - zp, scale)
+    steps = codes.astype(jnp.float32) - zp
+    values = times_scale(steps, scale)
     # A group spanning nearly all of float32 (3.4e38 and -3.4e38) has an end code whose
     # product with the scale rounds past float32's largest value: it decodes to that
-    # value, so every code of a finite input decodes finite (NaN groups stay NaN).
+    # value, so every code of a finite input decodes finite (NaN groups stay NaN). The
+    # overflow is found on half the product, which cannot overflow.
     top = np.float32(np.finfo(np.float32).max)
-    values = select(is_nan(values), values, jnp.clip(values, -top, top))
+    half_values = times_scale(steps, times_pow2(scale, np.float32(0.5)))
+    over = (half_values > top / 2) | (half_values < -top / 2)
+    values = select(over & ~is_nan(values), jnp.where(steps > 0, top, -top), values)
     return values.astype(dtype)

@@ -155,58 +155,48 @@ def _bits(x: Any) -> jax.Array:
 def divide(a: Any, b: Any) -> jax.Array:
     """`a / b` in float32, correctly rounded (nearest even), by integer arithmetic.
 
+    For finite `a` and finite, normal, nonzero `b` (every scale computation's case:
+    callers set NaN groups aside first). A zero or subnormal `a`, or a quotient
+    below the smallest normal, gives zero of the quotient's sign (as XLA:CPU
+    flushes it); a quotient past float32's largest value gives inf.
+
     Examples:
         >>> import numpy as np
         >>> float(divide(np.float32(1), np.float32(3))) == float(np.float32(1) / np.float32(3))
         True
     """
-    ua, ub = _bits(a), _bits(b)
-    ua, ub = jnp.broadcast_arrays(ua, ub)
-    sign = (ua ^ ub) & jnp.uint32(_SIGN)
-    ea = ((ua >> 23) & 0xFF).astype(jnp.int32)
-    eb = ((ub >> 23) & 0xFF).astype(jnp.int32)
-    ma = (ua & jnp.uint32(_FRACTION)) | jnp.uint32(_HIDDEN)
-    mb = (ub & jnp.uint32(_FRACTION)) | jnp.uint32(_HIDDEN)
-
+    ua, ub = jnp.broadcast_arrays(_bits(a), _bits(b))
+    u32 = jnp.uint32
+    ea = (ua >> 23) & u32(0xFF)
+    eb = (ub >> 23) & u32(0xFF)
+    ma = (ua & u32(_FRACTION)) | u32(_HIDDEN)
+    mb = (ub & u32(_FRACTION)) | u32(_HIDDEN)
     # Bring the dividend's significand into [mb, 2 mb): the quotient is then in [1, 2).
     short = ma < mb
     ma = jnp.where(short, ma << 1, ma)
-    exponent = ea - eb + 127 - short.astype(jnp.int32)
+    # the biased exponent of the quotient, kept positive in uint32 (+ 256)
+    exponent = ea + u32(127 + 256) - eb - short.astype(jnp.uint32)
     # The leading quotient bit is 1; 24 more (23 fraction bits and a guard bit) come
     # 8 at a time: the remainder is below mb < 2**24, so remainder << 8 fits 32 bits.
-    # (A constant divisor, the common case, makes each step a multiply-high.)
     rem = ma - mb
     q = jnp.ones_like(ma)
     for _ in range(3):
         shifted = rem << 8
-        q = (q << 8) | (shifted // mb)
-        rem = shifted % mb
-    mant, guard = q >> 1, q & 1
-    up = (guard == 1) & ((rem != 0) | ((mant & 1) == 1))
-    mant = mant + up.astype(jnp.uint32)
+        digit = shifted // mb
+        q = (q << 8) | digit
+        rem = shifted - digit * mb
+    # round to nearest even on the guard bit, the remainder and the last bit
+    up = (q & 1) & ((rem != 0).astype(jnp.uint32) | ((q >> 1) & 1))
+    mant = (q >> 1) + up
     carry = mant >> 24  # rounded up to 2**24: one more exponent
-    mant = jnp.where(carry == 1, mant >> 1, mant)
-    exponent = exponent + carry.astype(jnp.int32)
-    biased = jnp.clip(exponent, 0, 255).astype(jnp.uint32)
-    finite = sign | (biased << 23) | (mant & jnp.uint32(_FRACTION))
-
-    a_abs, b_abs = ua & jnp.uint32(~_SIGN & 0xFFFFFFFF), ub & jnp.uint32(~_SIGN & 0xFFFFFFFF)
-    a_nan, b_nan = a_abs > _EXP_ONES, b_abs > _EXP_ONES
-    a_inf, b_inf = a_abs == _EXP_ONES, b_abs == _EXP_ONES
-    a_zero, b_zero = ea == 0, eb == 0  # zeros and subnormals (read as zero)
-    nan = a_nan | b_nan | (a_inf & b_inf) | (a_zero & b_zero)
-    inf = a_inf | b_zero | (exponent >= 255)
-    zero = a_zero | b_inf | (exponent <= 0)
-    bits = jnp.where(
-        nan,
-        jnp.uint32(_QUIET_NAN),
-        jnp.where(
-            a_inf | b_zero,
-            sign | jnp.uint32(_EXP_ONES),
-            jnp.where(zero, sign, jnp.where(inf, sign | jnp.uint32(_EXP_ONES), finite)),
-        ),
-    )
-    return lax.bitcast_convert_type(bits, jnp.float32)
+    exponent = exponent + carry
+    mant = mant >> carry
+    sign = (ua ^ ub) & u32(_SIGN)
+    under = (exponent <= 256) | (ea == 0)  # (zero or subnormal a: zero)
+    over = exponent >= 256 + 255
+    body = ((exponent - 256) << 23) | (mant & u32(_FRACTION))
+    bits = jnp.where(under, u32(0), jnp.where(over, u32(_EXP_ONES), body))
+    return lax.bitcast_convert_type(sign | bits, jnp.float32)
 
 
 def to_float32(x: jax.Array) -> jax.Array:
