@@ -175,6 +175,7 @@ def test_nav_pages_exist():
         "Testing",
         "Command line",
         "Reliability",
+        "Design",
         "Benchmarks",
         "API reference",
     ]
