@@ -34,7 +34,6 @@ import numpy as np
 from jax import lax
 
 __all__ = [
-    "NAN_BITS",
     "divide",
     "flush_subnormals",
     "from_bits",
@@ -46,7 +45,6 @@ __all__ = [
     "select",
     "times_pow2",
     "times_scale",
-    "to_bits",
     "to_float32",
     "unsigned_zero",
 ]
@@ -56,15 +54,6 @@ _EXP_ONES = 0x7F800000
 _QUIET_NAN = 0x7FC00000
 _FRACTION = 0x7FFFFF
 _HIDDEN = 0x800000
-
-
-NAN_BITS = _QUIET_NAN
-"""The bits of the positive quiet float32 NaN (what `nan_where` writes)."""
-
-
-def to_bits(x: Any) -> jax.Array:
-    """The float32 bit pattern of `x` as uint32."""
-    return _bits(x)
 
 
 def from_bits(u: jax.Array) -> jax.Array:
