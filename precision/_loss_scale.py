@@ -375,7 +375,9 @@ def all_finite(tree: Any) -> jax.Array:
     flags = []
     for leaf in jax.tree_util.tree_leaves(tree, is_leaf=_is_reduced_tensor):
         if _is_reduced_tensor(leaf):
-            leaf = jnp.asarray(leaf)
+            from ._tensor import logical_values
+
+            leaf = logical_values(leaf)
         if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact):
             flags.append(jnp.all(jnp.isfinite(leaf)))
     if not flags:

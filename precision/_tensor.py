@@ -14,7 +14,8 @@ from dtypes import PrecisionTypeError
 
 from . import _operators
 from ._context import get_default_format, resolve_format
-from ._errors import TensorIndexError
+from ._errors import PrecisionMismatchError, TensorIndexError
+from ._implicit import implicit_caller
 from ._jax_compat import is_tracer
 from ._storage import (
     carries_gradient,
@@ -23,10 +24,11 @@ from ._storage import (
     full_format,
     guarded_encoder,
     needs_straight_through,
+    role,
     straight_through,
 )
 
-__all__ = ["Tensor"]
+__all__ = ["Tensor", "logical_values"]
 
 _LOGICAL = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -393,6 +395,25 @@ class Tensor:
         return out if dtype is None else out.astype(dtype)
 
     def __jax_array__(self) -> jax.Array:
+        """The logical values, where JAX asks for an array.
+
+        A Tensor in a compute format (an unscaled narrow float: bfloat16, float16,
+        float8, ...) gives them only to `jnp.asarray(t)` / `jnp.array(t)` written by
+        the user: a jnp function, an operator of a JAX array or a library's
+        `jnp.asarray` would compute on float32 values and drop the format silently,
+        so they are refused. Storage encodings decode exactly into the logical dtype,
+        which is what the rules compute in, so they convert anywhere."""
+        fmt = self._format
+        narrow = role(fmt, self._scaling) == "compute" and fmt != full_format(self._dtype)
+        caller = implicit_caller() if narrow else None
+        if caller is not None:
+            raise PrecisionMismatchError(
+                f"a {fmt.name} Tensor reached {caller}, outside precision's rules: "
+                "JAX would compute on its float32 values and the format would be lost without "
+                "a word. Run the function under the rules with precision.apply(f)(...), "
+                "passing the Tensors as its arguments (not closed over), or convert "
+                "explicitly first: t.to_full_precision(), jnp.asarray(t) or np.asarray(t)"
+            )
         return self._values()
 
     def item(self) -> float:
@@ -593,6 +614,11 @@ class Tensor:
 
 
 _getitem = _operators.method("getitem")
+
+
+def logical_values(t: Tensor) -> jax.Array:
+    """A Tensor's logical values as an array (the library's own explicit conversion)."""
+    return t._values()
 
 
 def _check_static_index(key: Any, shape: tuple[int, ...]) -> None:

@@ -30,7 +30,7 @@ from dtypes import PrecisionTypeError
 
 from ._context import get_default_format, resolve_format
 from ._errors import SelectionError, SelectionWarning
-from ._tensor import Tensor
+from ._tensor import Tensor, logical_values
 
 __all__ = [
     "is_reduced_precision",
@@ -229,7 +229,7 @@ def to_full_precision(tree: Any) -> Any:
         [1.0, 1.0]
     """
     return jax.tree_util.tree_map(
-        lambda x: jnp.asarray(x) if isinstance(x, Tensor) else x,
+        lambda x: logical_values(x) if isinstance(x, Tensor) else x,
         tree,
         is_leaf=is_tensor,
     )

@@ -19,7 +19,7 @@ import numpy as np
 import dtypes
 
 from ._errors import UpdateError
-from ._tensor import Tensor
+from ._tensor import Tensor, logical_values
 from ._tree import is_tensor
 
 __all__ = ["apply_updates"]
@@ -105,7 +105,7 @@ def apply_updates(
             out.append(p)
             continue
         if isinstance(u, Tensor):
-            u = jnp.asarray(u)
+            u = logical_values(u)
         u = jnp.asarray(u)
         where = jax.tree_util.keystr(path) or "<root>"
         if tuple(u.shape) != tuple(p.shape):
@@ -144,7 +144,7 @@ def _rounds(p: Any) -> bool:
 
 def _update_leaf(p: Any, u: jax.Array, rounding: str, key: jax.Array | None) -> Any:
     if isinstance(p, Tensor):
-        total = jnp.asarray(p) + u.astype(p.dtype)
+        total = logical_values(p) + u.astype(p.dtype)
         if not p.is_reduced_precision:
             return Tensor(total, dtype=p.dtype)
         return Tensor(total, dtype=p.dtype).to_reduced_precision(

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import dtypes
 
 from ._context import resolve_format
-from ._tensor import Tensor
+from ._tensor import Tensor, logical_values
 from ._tree import is_tensor
 
 __all__ = ["ReducedState", "reduced_state"]
@@ -131,7 +131,7 @@ def reduced_state(
         def one(path: Any, leaf: Any) -> Any:
             if not isinstance(leaf, Tensor):
                 return leaf
-            value = jnp.asarray(leaf)
+            value = logical_values(leaf)
             rule = rule_of(path)
             return value * value if rule is not None and rule[1] else value
 

@@ -196,3 +196,81 @@ def test_mixing_inside_control_flow_raises():
 def test_mixing_raises_under_jit_too():
     with pytest.raises(PrecisionMismatchError):
         jax.jit(operator.add)(_tensor("bfloat16"), _tensor("int8"))
+
+
+# -- implicit conversions outside `apply` (the entry points JAX gives a Tensor) --------------
+
+
+def _bf16(shape=(4,)) -> Tensor:
+    return Tensor(
+        np.linspace(-1, 1, int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    ).to_reduced_precision("bfloat16")
+
+
+IMPLICIT = {
+    "array + tensor": lambda t: jnp.ones(t.shape) + t,
+    "array @ tensor": lambda t: jnp.ones((3, t.shape[0])) @ t,
+    "jnp.sin": jnp.sin,
+    "jit(jnp.sin)": jax.jit(lambda a: jnp.sin(a)),
+    "jit(array * tensor)": lambda t: jax.jit(lambda x, a: x * a)(jnp.ones(t.shape), t),
+    "jnp.dot": lambda t: jnp.dot(jnp.ones(t.shape), t),
+    "jnp.where": lambda t: jnp.where(True, t, 0.0),
+    "closed over in jit": lambda t: jax.jit(lambda x: x @ t)(jnp.ones((3, t.shape[0]))),
+    "closed over in apply": lambda t: precision.apply(lambda x: x @ t)(jnp.ones((3, t.shape[0]))),
+}
+
+
+@pytest.mark.parametrize("name", list(IMPLICIT))
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16", "float8_e4m3fn"])
+def test_jax_never_turns_a_compute_tensor_into_float32_silently(name, fmt):
+    t = Tensor(np.linspace(-1, 1, 4, dtype=np.float32)).to_reduced_precision(fmt)
+    with pytest.raises(PrecisionMismatchError, match=f"{fmt} Tensor reached .*precision.apply"):
+        IMPLICIT[name](t)
+
+
+def test_a_flax_model_given_bf16_tensors_outside_apply_is_refused_and_runs_inside():
+    nn = pytest.importorskip("flax.linen")
+    model = nn.Dense(3)
+    x = jnp.ones((2, 4))
+    params = precision.to_reduced_precision(model.init(jax.random.key(0), x), "bfloat16")
+    with pytest.raises(PrecisionMismatchError, match="flax"):
+        model.apply(params, x)
+    with pytest.raises(PrecisionMismatchError, match="flax"):
+        jax.jit(model.apply)(params, x)
+    xb = Tensor(x).to_reduced_precision("bfloat16")
+    out = precision.apply(model.apply)(params, xb)
+    assert out.format == dtypes.bfloat16
+
+
+def test_equinox_and_nnx_models_given_bf16_tensors_outside_apply_are_refused():
+    eqx = pytest.importorskip("equinox")
+    nnx = pytest.importorskip("flax.nnx")
+    x = jnp.ones(4)
+    lin = precision.to_reduced_precision(eqx.nn.Linear(4, 3, key=jax.random.key(0)), "bfloat16")
+    with pytest.raises(PrecisionMismatchError):
+        lin(x)
+    layer = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
+    graph, state = nnx.split(layer)
+    state = precision.to_reduced_precision(state, "bfloat16")
+    with pytest.raises(PrecisionMismatchError):
+        nnx.merge(graph, state)(x[None])
+
+
+@pytest.mark.parametrize("fmt", ["float32", "int8", "int4", "mxfp4", "nvfp4", "uint8"])
+def test_storage_tensors_convert_implicitly_as_the_rules_compute(fmt):
+    # storage decodes exactly into float32, which is what `apply` computes in: JAX may
+    # take the values anywhere, with the same result as under the rules
+    t = Tensor(np.linspace(-1, 1, 32, dtype=np.float32)).to_reduced_precision(fmt)
+    plain = jnp.sin(t)
+    ruled = precision.apply(jnp.sin)(t)
+    np.testing.assert_array_equal(np.asarray(plain), np.asarray(ruled))
+
+
+def test_the_users_own_conversions_give_the_logical_values():
+    t = _bf16((2, 3))
+    logical = np.asarray(t)
+    assert logical.dtype == np.float32
+    for out in (jnp.asarray(t), jnp.array(t), jax.jit(lambda a: jnp.asarray(a))(t), t.numpy()):
+        np.testing.assert_array_equal(np.asarray(out), logical)
+    full = jnp.sin(t.to_full_precision())
+    np.testing.assert_array_equal(np.asarray(full), np.asarray(jnp.sin(jnp.asarray(logical))))

@@ -359,13 +359,17 @@ def test_iteration_and_len():
         len(Tensor(1.0))
 
 
-def test_plain_jax_numpy_sees_logical_values():
-    # outside `apply`, JAX treats a Tensor as its logical values: a plain array
+def test_plain_jax_numpy_refuses_a_tensor_and_explicit_conversions_give_its_values():
+    # outside `apply`, a jnp function would compute on the float32 values and drop the
+    # format: refused with the rule's teaching error; the user's own jnp.asarray converts
     t = Tensor(X).to_reduced_precision("float16")
-    out = jnp.tanh(t)
-    assert isinstance(out, jax.Array)
-    logical = jnp.asarray(np.asarray(t))
-    np.testing.assert_array_equal(np.asarray(out), np.asarray(jnp.tanh(logical)))
+    refused = r"float16 Tensor reached `jnp\.tanh`"
+    with pytest.raises(precision.PrecisionMismatchError, match=refused):
+        jnp.tanh(t)
+    logical = np.asarray(t)
+    np.testing.assert_array_equal(np.asarray(jnp.asarray(t)), logical)
+    np.testing.assert_array_equal(np.asarray(jnp.array(t)), logical)
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda a: jnp.asarray(a))(t)), logical)
 
 
 NAMED = sorted(dtypes.ENCODINGS)
