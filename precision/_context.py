@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import contextvars
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import dtypes
 
@@ -12,9 +13,22 @@ from ._errors import FormatError
 
 __all__ = ["default_format", "get_default_format", "resolve_format"]
 
-_DEFAULT: contextvars.ContextVar[dtypes.Format] = contextvars.ContextVar(
-    "precision_default_format", default=dtypes.bfloat16
-)
+# The default format lives in a JAX user context, so that it is part of `jax.jit`'s
+# cache key: a function traced under one default is traced again under another (a
+# plain variable would be read once, at the first trace, and kept by the cache).
+# It is made at the first `default_format(...)`, so importing changes nothing in JAX.
+_CONTEXT: Any = None
+_MAKING = threading.Lock()
+
+
+def _context() -> Any:
+    global _CONTEXT
+    with _MAKING:
+        if _CONTEXT is None:
+            import jax
+
+            _CONTEXT = jax.make_user_context(default_value=None)
+    return _CONTEXT
 
 
 def resolve_format(fmt: str | dtypes.Format) -> dtypes.Format:
@@ -45,7 +59,8 @@ def get_default_format() -> dtypes.Format:
         >>> precision.get_default_format().name
         'bfloat16'
     """
-    return _DEFAULT.get()
+    fmt = None if _CONTEXT is None else _CONTEXT.value
+    return dtypes.bfloat16 if fmt is None else fmt
 
 
 @contextlib.contextmanager
@@ -68,8 +83,5 @@ def default_format(fmt: str | dtypes.Format) -> Iterator[dtypes.Format]:
         'bfloat16'
     """
     resolved = resolve_format(fmt)
-    token = _DEFAULT.set(resolved)
-    try:
+    with _context()(resolved):
         yield resolved
-    finally:
-        _DEFAULT.reset(token)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -163,6 +165,31 @@ def test_default_format_and_context():
             assert Tensor(X).to_reduced_precision().format == dtypes.float8_e5m2
         assert Tensor(X).to_reduced_precision().format == dtypes.float16
     assert Tensor(X).to_reduced_precision().format == dtypes.bfloat16
+
+
+def test_the_default_format_is_read_for_each_trace_not_kept_from_the_first():
+    # a jitted conversion traced under bfloat16 converts to float16 under the context
+    convert = jax.jit(lambda x: Tensor(x).to_reduced_precision())
+    tree = jax.jit(lambda p: precision.to_reduced_precision(p))
+    x = jnp.asarray(X)
+    assert convert(x).format == dtypes.bfloat16
+    assert tree({"w": x})["w"].format == dtypes.bfloat16
+    with precision.default_format("float16"):
+        assert convert(x).format == dtypes.float16
+        assert tree({"w": x})["w"].format == dtypes.float16
+        with precision.default_format("int8"):
+            assert convert(x).format == dtypes.int8
+        assert convert(x).format == dtypes.float16
+    assert convert(x).format == dtypes.bfloat16
+
+
+def test_importing_precision_leaves_jax_without_a_user_context():
+    code = (
+        "import jax, precision; from precision import _context; "
+        "precision.get_default_format(); assert _context._CONTEXT is None; print('ok')"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert run.stdout.strip() == "ok", run.stderr
 
 
 def test_to_full_precision_keeps_rounded_values():
