@@ -265,16 +265,38 @@ def _context(compute: Any, policy: Any, contract: Any = None) -> Context:
     return Context(fmt, ops, output, as_contract(contract))
 
 
+def _top_level_floats(args: tuple[Any, ...], kwargs: dict[str, Any], n: int) -> set[int]:
+    """Positions, among the leaves of `(args, kwargs)`, of the floats passed directly as
+    arguments. Those are weak and traced (as `jax.jit` treats them); a float inside a
+    container (an Equinox module's `Dropout(p=0.0)`, a dict of options) is static, as
+    Equinox's filters treat it, so a module's configuration stays Python."""
+    items = (*args, *(kwargs[k] for k in sorted(kwargs)))
+    if not any(isinstance(a, float | np.floating) for a in items):
+        return set()
+    top, at = set(), 0
+    for a in items:
+        if isinstance(a, float | np.floating):
+            top.add(at)
+            at += 1
+        else:
+            at += len(jax.tree_util.tree_leaves(a, is_leaf=_is_tensor))
+    if at != n:  # leaves counted differently (never expected): every float stays traced
+        return set(range(n))
+    return top
+
+
 def apply(
     f: Callable[..., Any], *, compute: Any = None, policy: Any = None, contract: Any = None
 ) -> Callable[..., Any]:
     """Make `f` (any JAX function) run on Tensors under the precision rules.
 
     The returned function accepts Tensors anywhere in its (pytree) arguments,
-    plus raw arrays (full precision), Python floats and numpy scalars (weak:
-    they adopt the format they meet; traced, so new values do not recompile),
-    PRNG keys (passed through) and hashable static options (ints, strings,
-    slices: part of the cache key). Inside `f` each Tensor is its logical value.
+    plus raw arrays (full precision), Python floats and numpy scalars passed as
+    arguments (weak: they adopt the format they meet; traced, so new values do
+    not recompile), PRNG keys (passed through) and hashable static options
+    (ints, strings, slices, and floats inside a container such as an Equinox
+    module's `Dropout(p=0.0)`, as Equinox's filters treat them: part of the
+    cache key). Inside `f` each Tensor is its logical value.
 
     Compute formats (unscaled floats: bfloat16, float16, tf32, fp8, float32)
     are arithmetic precisions: every floating result of an op on bfloat16
@@ -371,7 +393,8 @@ def apply(
         kinds: list[int] = []
         parts: list[Any] = [treedef]
         dyn: list[Any] = []
-        for leaf in leaves:
+        top = _top_level_floats(args, kwargs, len(leaves))
+        for i, leaf in enumerate(leaves):
             if isinstance(leaf, Tensor):
                 kinds.append(_TENSOR)
                 dyn.extend(jax.tree_util.tree_leaves(leaf))
@@ -380,7 +403,7 @@ def apply(
                 kinds.append(_ARRAY)
                 dyn.append(leaf)
                 parts.append((leaf.shape, leaf.dtype))
-            elif isinstance(leaf, float | np.floating):
+            elif isinstance(leaf, float | np.floating) and i in top:
                 kinds.append(_WEAK)
                 dyn.append(float(leaf))
                 parts.append(_WEAK)

@@ -482,3 +482,38 @@ def test_flax_and_equinox_models_run_unchanged():
     out = precision.apply(lambda m, x: jax.vmap(m)(x))(converted, _bf16(x))
     assert out.format == dtypes.bfloat16
     _close(out, jax.vmap(model)(x), 2e-2)
+
+
+def test_equinox_attention_with_its_dropout_runs_inside_apply():
+    # Dropout(p=0.0) is a float field: Equinox's filters keep it static, and so does apply
+    # (traced, Dropout asked for a key)
+    eqx = pytest.importorskip("equinox")
+    attn = eqx.nn.MultiheadAttention(2, 8, dropout_p=0.0, key=jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (5, 8))
+    stored = precision.to_reduced_precision(attn, "int8")
+    out = precision.apply(lambda m, q: m(q, q, q))(stored, x)
+    decoded = jax.tree.map(
+        lambda leaf: jnp.asarray(np.asarray(leaf)) if isinstance(leaf, Tensor) else leaf,
+        stored,
+        is_leaf=lambda leaf: isinstance(leaf, Tensor),
+    )
+    reference = decoded(x, x, x)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(reference), rtol=1e-5, atol=1e-6)
+    assert precision.apply(lambda d, v: d(v, key=None))(eqx.nn.Dropout(0.0), x).shape == x.shape
+
+
+def test_floats_passed_as_arguments_stay_traced_and_nested_ones_are_static():
+    traces = []
+
+    def f(a, s, opts):
+        traces.append(1)
+        return a * s * opts["k"]
+
+    g = precision.apply(f)
+    t = Tensor(np.ones(3, np.float32)).to_reduced_precision("bfloat16")
+    for s in (2.0, 3.0, 4.0):  # a new argument value: no new trace
+        g(t, s, {"k": 1.0})
+    assert len(traces) == 1
+    out = g(t, 2.0, {"k": 5.0})  # a nested float is static: traced again, used as Python
+    assert len(traces) == 2
+    assert out.numpy().tolist() == [10.0, 10.0, 10.0]
