@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import ml_dtypes
 import numpy as np
 
-from ._errors import RoundingError, ScalingError
+from ._errors import FormatError, RoundingError, ScalingError
 from ._format import Format
 from ._scaling import Scaling
 
@@ -34,8 +34,9 @@ class E8M0Format(Format):
     Byte `b` holds `2**(b - 127)` (from 2**-127 to 2**127); 0xFF is NaN; there
     is no zero, sign or infinity. Encoding rounds to the nearest power of two
     exactly as `ml_dtypes.float8_e8m0fnu` does (with no mantissa bits a tie,
-    `1.5 * 2**k`, goes up); zero, negative values and NaN become NaN, values
-    past 2**127 NaN as well. A storage encoding: only `nearest_even`
+    `1.5 * 2**k`, goes up); NaN stays NaN. Zero, negative values, inf and
+    values from 1.5 * 2**127 have no code: given eagerly they are refused
+    (`FormatError`), traced they become NaN. A storage encoding: only `nearest_even`
     rounding, no scaling.
 
     Examples:
@@ -78,7 +79,9 @@ class E8M0Format(Format):
         from ._inputs import as_float_array
 
         _storage_args(self, scaling, rounding)
-        return Encoded(_to_e8m0()(as_float_array(x)), None, self, None)
+        x = as_float_array(x)
+        _refuse_unrepresentable(x)
+        return Encoded(_to_e8m0()(x), None, self, None)
 
     def decode(self, encoded: Encoded, dtype: Any = np.float32) -> jax.Array:
         """Values of E8M0 bytes: byte b is 2**(b - 127), 0xFF is NaN.
@@ -116,11 +119,12 @@ class E8M0Format(Format):
         return math.prod(int(n) for n in shape)
 
     def check(self, x: Any, *, scaling: Scaling | None = None) -> None:
-        """Raise the error a scaling that does not fit `x`, or NaN/inf in it, would raise."""
+        """Raise what `encode` would raise for `x`: a scaling, or (eagerly) a value that
+        is not NaN and would become NaN (zero, negative, inf, from 1.5 * 2**127)."""
         from ._inputs import as_float_array
 
         _storage_args(self, scaling, "nearest_even")
-        as_float_array(x)
+        _refuse_unrepresentable(as_float_array(x))
 
     def __repr__(self) -> str:
         return "E8M0Format()"
@@ -133,6 +137,27 @@ def _to_e8m0() -> Callable[[jax.Array], jax.Array]:
     import jax.numpy as jnp
 
     return jax.jit(lambda x: x.astype(jnp.float8_e8m0fnu))
+
+
+def _refuse_unrepresentable(x: jax.Array) -> None:
+    """Refuse, eagerly, values E8M0 would turn into NaN: it holds positive powers of two
+    only (NaN itself has a code and stays NaN). Traced values encode as documented."""
+    from ._inputs import is_tracer
+
+    if is_tracer(x):
+        return
+    v = np.asarray(x, np.float64)
+    bad = ~np.isnan(v) & ~((v > 0) & (v < 1.5 * 2.0**127))
+    if bad.any():
+        first = np.unravel_index(int(np.argmax(bad)), v.shape) if v.ndim else ()
+        raise FormatError(
+            f"float8_e8m0fnu holds only positive powers of two (2**-127 to 2**127), so "
+            f"{int(bad.sum())} of {v.size} values would become NaN silently (the first, "
+            f"{float(v[first])!r}, at index {tuple(int(i) for i in first)}); it is a scale "
+            "format: use it as a scaling's scale_format (e.g. PerBlock(32, "
+            "power_of_two=True, scale_format='float8_e8m0fnu')), or encode these values "
+            "in a value format such as 'float8_e4m3fn'"
+        )
 
 
 def _storage_args(fmt: Format, scaling: Scaling | None, rounding: str) -> None:

@@ -167,6 +167,8 @@ def _mode(plan: _Plan, rounding: str) -> tuple[str, str]:
         return "whole", "stored encoded: decoded whole"
     if rounding == "stochastic":
         return "whole", "stochastic rounding"
+    if fmt.kind == "scale":
+        return "whole", "a scale format: every value is checked first"
     if not shape:
         return "whole", "a scalar"
     if _castable(fmt, scaling, rounding):
@@ -793,6 +795,12 @@ class _Converter:
         else:
             x = encoded(plan.leaf, stored).decode(np.float32)
         del stored
+        if out.format is not None and out.format.kind == "scale":
+            # a scale format as the values' format (E8M0): refuse what it would turn to NaN
+            try:
+                out.format.check(x)
+            except dtypes.PrecisionError as err:
+                raise _DataError(f"tensor {plan.leaf.name!r}: {err}") from None
         key = None
         if self.rounding == "stochastic":
             key = jax.random.fold_in(jax.random.key(self.seed), i)

@@ -7,10 +7,11 @@ largest tensor. What the plot needs is kept per tensor as a fixed-size
 histogram, never as the errors themselves.
 
 Columns (docs/cli.md, "Reading a report"): SQNR in dB over the finite
-values; `max err/absmax`, the largest error relative to the tensor's
-largest magnitude (unlike an elementwise relative error it is not 1 for
-every value that rounds to zero); `mean abs err`. The JSON output also
-carries the elementwise relative errors.
+values (-inf when a value became NaN or inf); `max err/absmax`, the largest
+error relative to the tensor's largest magnitude (unlike an elementwise
+relative error it is not 1 for every value that rounds to zero); `mean abs
+err`; `NaN/inf`, how many values are not finite in OTHER and how many of
+those are new. The JSON output also carries the elementwise relative errors.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class _Accumulator:
         self.absmax = absmax
         self.size = 0
         self.nonfinite = 0
+        self.broken = 0  # non-finite in OTHER where REF holds another value (a finite one)
         self.changed = False
         self.max_abs = 0.0
         self.sum_abs = 0.0
@@ -85,8 +87,10 @@ class _Accumulator:
         finite = np.isfinite(d)  # float32 inputs: finite exactly when both are
         if not finite.all():
             bad_r, bad_o = ref.ravel()[~finite], other.ravel()[~finite]
-            if not np.array_equal(bad_r, bad_o, equal_nan=True):
+            same = (bad_r == bad_o) | (np.isnan(bad_r) & np.isnan(bad_o))
+            if not same.all():
                 self.changed = True
+                self.broken += int(same.size - np.count_nonzero(same))
             self.nonfinite += int(r.size - np.count_nonzero(finite))
             r, d = r[finite], d[finite]
         if not r.size:
@@ -116,7 +120,9 @@ class _Accumulator:
 
     def result(self) -> dict[str, Any]:
         n = self.size - self.nonfinite
-        if self.noise == 0:
+        if self.broken:
+            sqnr = -math.inf  # a value turned NaN or inf: an infinite error
+        elif self.noise == 0:
             sqnr = math.inf
         elif self.signal == 0 or math.isinf(self.noise):
             sqnr = -math.inf
@@ -125,6 +131,7 @@ class _Accumulator:
         return {
             "size": self.size,
             "nonfinite": self.nonfinite,
+            "nonfinite_changed": self.broken,
             "changed": self.changed,
             "max_abs_error": self.max_abs,
             "mean_abs_error": self.sum_abs / n if n else 0.0,
@@ -264,12 +271,13 @@ def _print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             _fmt_db(r["sqnr_db"]),
             f"{r['max_error_over_absmax']:.2e}",
             f"{r['mean_abs_error']:.2e}",
+            _nonfinite(r),
         ]
         for r in shown
     ]
-    header = ["tensor", "format", "size", "SQNR dB", "max err/absmax", "mean abs err"]
+    header = ["tensor", "format", "size", "SQNR dB", "max err/absmax", "mean abs err", "NaN/inf"]
     if table:
-        print(_table(table, header, right={2, 3, 4, 5}))
+        print(_table(table, header, right={2, 3, 4, 5, 6}))
     changed = [r for r in rows if r["changed"]]
     total = sum(r["bytes"] for r in rows)
     line = f"\n{len(rows)} tensor(s) compared, {len(changed)} changed, {_human(total)} in OTHER"
@@ -284,6 +292,21 @@ def _print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         notes.append(f"showing the first {len(shown)} (--top)")
     if notes:
         print("; ".join(notes))
+    broken = [r for r in rows if r["nonfinite_changed"]]
+    if broken:
+        n = sum(r["nonfinite_changed"] for r in broken)
+        print(
+            f"{n} value(s) in {len(broken)} tensor(s) are NaN or inf in OTHER where REF holds "
+            f"another value (SQNR -inf): OTHER lost them ({broken[0]['name']} first)"
+        )
+
+
+def _nonfinite(row: dict[str, Any]) -> str:
+    """The NaN/inf count of a row: '-' for none, '12 (3 new)' when some are not REF's."""
+    if not row["nonfinite"]:
+        return "-"
+    new = row["nonfinite_changed"]
+    return f"{row['nonfinite']:,}" + (f" ({new:,} new)" if new else "")
 
 
 def _brief(scaling: str) -> str:

@@ -117,6 +117,8 @@ def test_e8m0_matches_ml_dtypes(eager_and_jit):
         [p, p * 1.5, p * 1.25, p * 1.75, np.nextafter(p * 1.5, 0), [0.0, -1.0, np.nan, np.inf]]
     ).astype(np.float32)
     x = x[np.isfinite(x.astype(np.float64)) | np.isnan(x) | np.isinf(x)]
+    if eager_and_jit is not jax.jit:  # eagerly, values without a code are refused
+        x = x[(x > 0) & (x < 1.5 * 2.0**127) | np.isnan(x)]
     expected = x.astype(ml_dtypes.float8_e8m0fnu)
     enc = eager_and_jit(fmt.encode)(x)
     assert enc.data.dtype == ml_dtypes.float8_e8m0fnu

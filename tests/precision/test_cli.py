@@ -8,6 +8,7 @@ numbers with `precision.testing.error_report`, plots with matplotlib's reader.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -650,7 +651,7 @@ def test_report_table_and_plot(checkpoint, tmp_path):
     result = run("report", str(checkpoint), str(out), "--plot", str(png))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    header = "tensor format size SQNR dB max err/absmax mean abs err"
+    header = "tensor format size SQNR dB max err/absmax mean abs err NaN/inf"
     assert lines[0].split() == header.split()
     table = {line.split()[0]: line.split() for line in lines[2:4]}
     assert set(table) == {"encoder.weight", "encoder.bias"}  # head.weight unchanged: not listed
@@ -663,6 +664,28 @@ def test_report_table_and_plot(checkpoint, tmp_path):
     assert image.ndim == 3
     assert image.shape[0] > 100
     assert image.shape[1] > 100
+
+
+def test_report_counts_nan_and_inf_and_a_lost_value_makes_sqnr_minus_inf(tmp_path, capsys):
+    ref = np.linspace(-1, 1, 64, dtype=np.float32)
+    ref[5] = np.nan  # NaN in both: kept, not an error
+    lost = ref.copy()
+    lost[[9, 20, 30]] = [np.nan, np.inf, -np.inf]  # finite in REF, not in OTHER
+    a, b = tmp_path / "ref.safetensors", tmp_path / "other.safetensors"
+    safetensors.numpy.save_file({"kept": ref, "lost": lost}, str(a))
+    safetensors.numpy.save_file({"kept": ref, "lost": ref}, str(b))
+    assert _cli.main(["report", str(b), str(a), "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert (rows["kept"]["nonfinite"], rows["kept"]["nonfinite_changed"]) == (1, 0)
+    assert rows["kept"]["sqnr_db"] == math.inf
+    assert (rows["lost"]["nonfinite"], rows["lost"]["nonfinite_changed"]) == (4, 3)
+    assert rows["lost"]["sqnr_db"] == -math.inf
+    assert _cli.main(["report", str(b), str(a), "--all"]) == 0
+    out = capsys.readouterr().out
+    table = {line.split()[0]: line for line in out.splitlines()[2:4]}
+    assert table["lost"].endswith("4 (3 new)")
+    assert table["kept"].rstrip().endswith(" 1")
+    assert "3 value(s) in 1 tensor(s) are NaN or inf in OTHER" in out
 
 
 def test_report_shape_mismatch_is_a_data_error(checkpoint, tmp_path, capsys):
@@ -739,6 +762,8 @@ def _data_error_cases(tmp_path, checkpoint):
                        "neither inf nor NaN"),
         "inf in fp6": (["convert", str(inf_input), "-o", out, "--to", "float6_e3m2fn"],
                        "neither inf nor NaN"),
+        "zero in e8m0": (["convert", str(checkpoint), "-o", out, "--to", "float8_e8m0fnu"],
+                         "positive powers of two"),
         "report corrupt": (["report", str(checkpoint), str(corrupt)], "truncated"),
         "not safetensors": (["report", str(existing), str(checkpoint)], "not a safetensors file"),
     }  # fmt: skip
