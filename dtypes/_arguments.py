@@ -17,7 +17,7 @@ from ._scaling import Scaling
 if TYPE_CHECKING:
     from ._format import Format
 
-__all__ = ["refuse_non_finite", "resolve_scaling"]
+__all__ = ["check_scaling_field", "refuse_non_finite", "resolve_scaling"]
 
 
 def resolve_scaling(fmt: Format, scaling: Scaling | None) -> Scaling | None:
@@ -29,6 +29,17 @@ def resolve_scaling(fmt: Format, scaling: Scaling | None) -> Scaling | None:
             f"scaling must be PerTensor(), PerAxis(axis) or PerBlock(size), got {scaling!r}"
         )
     return scaling
+
+
+def check_scaling_field(fmt: object, scaling: object) -> None:
+    """A format's own `scaling=` field: None or a `Scaling`, refused at construction
+    (a string such as "pertensor" would otherwise fail only at the first encode)."""
+    if scaling is not None and not isinstance(scaling, Scaling):
+        raise PrecisionTypeError(
+            f"{type(fmt).__name__}(scaling=...) takes a Scaling, got {type(scaling).__name__} "
+            f"{scaling!r}; pass e.g. scaling=dtypes.PerTensor(), dtypes.PerAxis(0) or "
+            "dtypes.PerBlock(32)"
+        )
 
 
 def refuse_non_finite(values: np.ndarray, fmt: Format) -> None:

@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ._arguments import check_scaling_field
 from ._errors import FormatError
-from ._format import Format, packed_nbytes
+from ._format import Format, packed_nbytes, shape_of
 from ._scaling import PerTensor, Scaling, scale_nbytes
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class AsymmetricIntFormat(Format):
     kind: ClassVar[str] = "uint"
 
     def __post_init__(self) -> None:
+        check_scaling_field(self, self.scaling)
         if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 2 <= self.bits <= 8:
             raise FormatError(
                 f"AsymmetricIntFormat({self.bits!r}) is not supported: bits must be an int from "
@@ -134,7 +136,7 @@ class AsymmetricIntFormat(Format):
 
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
         """Packed codes, scales at their format's width, and one byte per zero point."""
-        shape = tuple(int(n) for n in shape)
+        shape = shape_of(shape)
         scaling = self.default_scaling() if scaling is None else scaling
         groups = math.prod(scaling.scale_shape(shape)) if shape else 1
         return packed_nbytes(shape, self.code_bits) + scale_nbytes(scaling, shape) + groups

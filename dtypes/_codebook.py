@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ._arguments import check_scaling_field
 from ._errors import FormatError, PrecisionTypeError
-from ._format import Format, packed_nbytes
+from ._format import Format, packed_nbytes, shape_of
 from ._scaling import PerBlock, PerTensor, Scaling, scale_nbytes
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class CodebookFormat(Format):
     kind: ClassVar[str] = "codebook"
 
     def __post_init__(self) -> None:
+        check_scaling_field(self, self.scaling)
         try:
             table = np.asarray(self.values, dtype=np.float64).reshape(-1)
         except (TypeError, ValueError):
@@ -175,7 +177,7 @@ class CodebookFormat(Format):
 
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
         """Packed codes plus the scales, at the scale format's width."""
-        shape = tuple(int(n) for n in shape)
+        shape = shape_of(shape)
         scaling = self.default_scaling() if scaling is None else scaling
         return packed_nbytes(shape, self.code_bits) + scale_nbytes(scaling, shape)
 

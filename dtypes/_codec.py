@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from . import _packing, _scale_format
@@ -23,13 +24,12 @@ from ._encoded import Encoded
 from ._errors import FormatError, PrecisionTypeError, RoundingError, ScalingError
 from ._format import Format
 from ._ieee import times_scale, to_float32
-from ._inputs import as_float_array, check_finite
+from ._inputs import as_float_array, check_finite, is_tracer
 from ._rounding_modes import check_rounding
 from ._scaling import Scaling
 
 __all__ = [
     "check_decodable",
-    "check_encoded",
     "check_storage",
     "dequantize",
     "fake_quantizer",
@@ -62,8 +62,17 @@ def unpack_codes(fmt: Format, enc: Encoded, *, signed: bool) -> jax.Array:
     return data
 
 
-def check_decodable(fmt: Format, enc: Any) -> None:
-    """Refuse to decode anything but an `Encoded` of `fmt` holding `fmt.container` data."""
+def check_decodable(fmt: Format, enc: Any, dtype: Any = np.float32) -> None:
+    """Refuse to decode anything but a whole `Encoded` of `fmt` into a float dtype.
+
+    Statically: an `Encoded` of this format holding `fmt.container` data, with
+    the scales (shaped as its scaling gives them) and zero points its format
+    needs. Eagerly, also what no encoder writes (a hand-built encoding): a
+    negative, zero or infinite scale and the symmetric integer code past the
+    range (int8's -128), which `save` refuses as well. A NaN scale (E8M0's
+    0xFF) is what a traced encode writes for a group holding NaN or inf: that
+    group decodes as NaN.
+    """
     if not isinstance(enc, Encoded):
         raise PrecisionTypeError(
             f"decode expects an Encoded, got {type(enc).__name__}; build one with "
@@ -79,6 +88,71 @@ def check_decodable(fmt: Format, enc: Any) -> None:
             f"a {fmt.name} encoding holds {fmt.container} data, got {enc.data.dtype}; "
             f"build it with {fmt.name}.encode(x)"
         )
+    _check_float_dtype(fmt, dtype)
+    scaling = enc.scaling
+    if scaling is None and fmt.default_scaling() is not None:
+        raise FormatError(
+            f"a {fmt.name} encoding needs its scaling, got scaling=None; build it with "
+            f"{fmt.name}.encode(x)"
+        )
+    if scaling is not None:
+        # a 0-d value is one group of one, whatever the scaling's axis
+        want = tuple(scaling.scale_shape(enc.shape)) if enc.shape else tuple(enc.scale.shape)
+        if enc.scale is None or tuple(enc.scale.shape) != want:
+            got = None if enc.scale is None else tuple(enc.scale.shape)
+            raise FormatError(
+                f"a {fmt.name} encoding under {scaling} needs scales of shape {want}, got "
+                f"{'none' if got is None else got}; build it with {fmt.name}.encode(x)"
+            )
+    if fmt.kind == "uint" and enc.zero_point is None:
+        raise FormatError(
+            f"a {fmt.name} encoding needs its zero points; build it with {fmt.name}.encode(x)"
+        )
+    _check_values(fmt, enc)
+
+
+def _check_float_dtype(fmt: Format, dtype: Any) -> None:
+    try:
+        dt = np.dtype(dtype)
+        floating = bool(jnp.issubdtype(dt, jnp.floating))
+    except TypeError:
+        floating = False
+    if not floating:
+        raise PrecisionTypeError(
+            f"{fmt.name} decodes into a floating dtype (float32, float64, bfloat16, float16), "
+            f"got dtype={dtype!r}; the codes themselves are enc.data"
+        )
+
+
+def _check_values(fmt: Format, enc: Encoded) -> None:
+    """The eager value checks of `check_decodable` (skipped for traced arrays)."""
+    if enc.scale is not None and not is_tracer(enc.scale):
+        scale = np.asarray(enc.scale)
+        if scale.dtype == np.dtype(ml_dtypes.float8_e8m0fnu):
+            bad = np.zeros(scale.shape, bool)  # 0xFF (NaN) is a NaN group's scale
+        else:
+            wide = scale.astype(np.float32)
+            # int1's scale is a mean of |x|: 0 for an all-zero group
+            zero_ok = fmt.kind == "int" and getattr(fmt, "binary", False)
+            zero_ok = zero_ok or enc.tensor_scale is not None  # NVFP4 e4m3 block scales
+            # a NaN scale is what a traced encode writes for a group holding NaN/inf:
+            # decoding gives that group NaN, visibly; none of these is ever written
+            bad = np.isinf(wide) | (np.signbit(wide) & ~np.isnan(wide))
+            bad |= (wide == 0) & (not zero_ok)
+        if bad.any():
+            first = scale.reshape(-1)[int(np.argmax(bad.reshape(-1)))]
+            raise FormatError(
+                f"a {fmt.name} encoding holds {int(bad.sum())} scale(s) no encoder writes "
+                f"(negative, zero or inf; the first: {first!r}); build it with "
+                f"{fmt.name}.encode(x)"
+            )
+    if fmt.kind == "int" and not fmt.packed and not is_tracer(enc.data):
+        low = -(2 ** (fmt.code_bits - 1))
+        if fmt.code_bits > 1 and bool(np.any(np.asarray(enc.data) == low)):
+            raise FormatError(
+                f"a {fmt.name} encoding holds the code {low}, which symmetric encoders never "
+                f"write (codes are within ±{-low - 1}); build it with {fmt.name}.encode(x)"
+            )
 
 
 def dequantize(codes: jax.Array, enc: Encoded, offset: int, dtype: Any) -> jax.Array:
@@ -127,8 +201,17 @@ def fake_quantizer(qdq: QDQ) -> Callable[..., jax.Array]:
     return jax.jit(fake_quantize, static_argnums=(0, 1, 2))
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
 def storage_round(
+    fmt: Format, scaling: Scaling | None, rounding: str, x: Any, key: Any
+) -> jax.Array:
+    """`fmt.decode(fmt.encode(x))` with the straight-through derivative (`x` checked as
+    `encode` checks it, before it meets the derivative rule)."""
+    check_rounding(rounding, key)
+    return _storage_round(fmt, scaling, rounding, as_float_array(x), key)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
+def _storage_round(
     fmt: Format, scaling: Scaling | None, rounding: str, x: jax.Array, key: Any
 ) -> jax.Array:
     """`fmt.decode(fmt.encode(x))` with the straight-through derivative.
@@ -140,12 +223,12 @@ def storage_round(
     return fmt.decode(enc, np.float32)
 
 
-@storage_round.defjvp
+@_storage_round.defjvp
 def _storage_round_jvp(
     fmt: Format, scaling: Scaling | None, rounding: str, primals: Any, tangents: Any
 ) -> tuple[jax.Array, jax.Array]:
     x, key = primals
-    y = storage_round(fmt, scaling, rounding, x, key)
+    y = _storage_round(fmt, scaling, rounding, x, key)
     return y, tangents[0].astype(y.dtype)
 
 
@@ -194,19 +277,6 @@ def storage_scaling(fmt: Format, scaling: Scaling | None) -> Scaling:
             f"{type(scaling).__name__} without power_of_two=True"
         )
     return scaling
-
-
-def check_encoded(fmt: Format, enc: Any) -> None:
-    """Refuse to decode anything but an `Encoded` of `fmt` (the storage encodings)."""
-    if not isinstance(enc, Encoded):
-        raise PrecisionTypeError(
-            f"decode expects an Encoded, got {type(enc).__name__}; build one with "
-            f"{fmt.name}.encode(x)"
-        )
-    if enc.format != fmt:
-        raise FormatError(
-            f"cannot decode a {enc.format.name} encoding as {fmt.name}; call enc.decode()"
-        )
 
 
 def check_storage(fmt: Format, x: Any, scaling: Scaling | None) -> None:

@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from ._errors import FormatError, RoundingError, ScalingError
-from ._format import Format
+from ._format import Format, shape_of
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
@@ -93,6 +93,9 @@ class E8M0Format(Format):
         import jax.numpy as jnp
         from jax import lax
 
+        from ._codec import check_decodable
+
+        check_decodable(self, encoded, dtype)
         if jnp.dtype(dtype) != jnp.float32:
             return encoded.data.astype(jnp.dtype(dtype))
         byte = lax.bitcast_convert_type(encoded.data, jnp.uint8).astype(jnp.uint32)
@@ -116,7 +119,7 @@ class E8M0Format(Format):
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
         """One byte a value."""
         _storage_args(self, scaling, "nearest_even")
-        return math.prod(int(n) for n in shape)
+        return math.prod(shape_of(shape))
 
     def check(self, x: Any, *, scaling: Scaling | None = None) -> None:
         """Raise what `encode` would raise for `x`: a scaling, or (eagerly) a value that

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import ml_dtypes
 import numpy as np
 
+from ._arguments import check_scaling_field
 from ._errors import FormatError, PrecisionTypeError
 from ._format import Format
 from ._scaling import Scaling
@@ -85,6 +86,7 @@ class FloatFormat(Format):
     kind: ClassVar[str] = "float"
 
     def __post_init__(self) -> None:
+        check_scaling_field(self, self.scaling)
         e, m = self.exponent_bits, self.mantissa_bits
         if not all(isinstance(b, int) and not isinstance(b, bool) for b in (e, m)):
             raise PrecisionTypeError(

@@ -209,7 +209,7 @@ def _store(
 
 def decode(fmt: FloatFormat, enc: Encoded, dtype: Any = np.float32) -> jax.Array:
     """`fmt.decode(enc, dtype)`: the argument checks, then one compiled kernel."""
-    _codec.check_decodable(fmt, enc)
+    _codec.check_decodable(fmt, enc, dtype)
     values: jax.Array = _decode_jit(fmt, enc, jnp.dtype(dtype))
     return values
 

@@ -47,10 +47,13 @@ def packed_nbytes(shape: tuple[int, ...], bits: int) -> int:
 def shape_of(shape: Any) -> tuple[int, ...]:
     """`shape` as a tuple of Python ints, or a `ShapeError` saying what is wrong."""
     try:
+        if isinstance(shape, str | bytes):
+            raise TypeError
         dims = tuple(shape)
     except TypeError:
         raise ShapeError(
-            f"a shape is a tuple of non-negative ints, got {type(shape).__name__} {shape!r}"
+            f"a shape is a tuple of non-negative ints, got {type(shape).__name__} {shape!r}; "
+            "pass e.g. (1024, 1024)"
         ) from None
     for d in dims:
         if isinstance(d, bool | np.bool_) or not isinstance(d, numbers.Integral) or d < 0:
@@ -220,7 +223,7 @@ class Format:
             >>> dtypes.int4.data_shape((3, 5)), dtypes.int8.data_shape((3, 5))
             ((3, 3), (3, 5))
         """
-        shape = tuple(int(n) for n in shape)
+        shape = shape_of(shape)
         if not self.packed:
             return shape
         if not shape:

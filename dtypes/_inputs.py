@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._arguments import refuse_non_finite, resolve_scaling
-from ._errors import PrecisionTypeError
+from ._errors import NonFiniteError, PrecisionTypeError
 
 if TYPE_CHECKING:
     from ._format import Format
@@ -61,6 +61,17 @@ def check_finite(x: jax.Array, fmt: Format) -> None:
     """Eagerly refuse NaN/inf in a scaled encoding: they would poison a whole group."""
     if is_tracer(x):
         return
+    if x.dtype == np.float64:  # scales are float32: a float64 value past its range is inf
+        values = np.asarray(x)
+        past = np.isfinite(values) & (np.abs(values) > np.finfo(np.float32).max)
+        if past.any():
+            first = tuple(int(i) for i in np.unravel_index(int(np.argmax(past)), past.shape))
+            raise NonFiniteError(
+                f"cannot encode {int(past.sum())} float64 value(s) beyond float32's range "
+                f"(±3.4e38) into scaled {fmt.name}: the first is {float(values[first])!r} at index "
+                f"{first}. Scales are float32, so its group's scale would be inf and the group "
+                "NaN; rescale the values first or keep them in float64"
+            )
     if _all_finite_now(x):
         return
     refuse_non_finite(np.asarray(x), fmt)

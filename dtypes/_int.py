@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ._arguments import refuse_non_finite, resolve_scaling
+from ._arguments import check_scaling_field, refuse_non_finite, resolve_scaling
 from ._errors import FormatError, ScalingError
 from ._format import Format
 from ._scaling import PerTensor, Scaling
@@ -49,6 +49,7 @@ class IntFormat(Format):
     kind: ClassVar[str] = "int"
 
     def __post_init__(self) -> None:
+        check_scaling_field(self, self.scaling)
         if (
             not isinstance(self.bits, int)
             or isinstance(self.bits, bool)

@@ -43,3 +43,18 @@ def check_rounding(rounding: str, key: Any) -> None:
             "rounding='stochastic' needs a random key: pass key=jax.random.key(0) "
             "(split it between calls so each rounding draws fresh bits)"
         )
+    if rounding == "stochastic" and not _is_key(key):
+        raise RoundingError(
+            f"rounding='stochastic' needs a JAX random key, got {type(key).__name__} "
+            f"{key!r:.60}: pass key=jax.random.key(0) (or jax.random.PRNGKey(0)), not a seed"
+        )
+
+
+def _is_key(key: Any) -> bool:
+    """A typed JAX key, or raw key data (uint32 words, as `jax.random.PRNGKey` gives)."""
+    dtype = getattr(key, "dtype", None)
+    if dtype is None or not hasattr(key, "shape"):
+        return False
+    if str(dtype).startswith("key<"):
+        return True
+    return str(dtype) == "uint32" and len(key.shape) >= 1

@@ -330,9 +330,17 @@ def _as_scale(value: Any) -> Any:
     if isinstance(value, jax.core.Tracer):
         return value.astype(jnp.float32)
     with jax.ensure_compile_time_eval():  # concrete even inside a jit trace
+        kind = getattr(
+            np.asarray(value) if isinstance(value, str | bytes) else value, "dtype", None
+        )
+        if isinstance(value, str | bytes) or (kind is not None and np.dtype(kind).kind in "SUO"):
+            raise LossScaleTypeError(
+                f"loss_scale must be a number, got {type(value).__name__} {value!r:.80}; "
+                "pass e.g. 2.0**15"
+            )
         try:
             arr = jnp.asarray(value, jnp.float32)
-        except TypeError:
+        except (TypeError, ValueError):
             raise LossScaleTypeError(
                 f"loss_scale must be a number, got {type(value).__name__} {value!r:.80}; "
                 "pass e.g. 2.0**15"

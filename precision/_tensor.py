@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dtypes
-from dtypes import PrecisionTypeError
+from dtypes import NonFiniteError, PrecisionTypeError
 
 from . import _operators
 from ._context import get_default_format, resolve_format
@@ -83,6 +83,19 @@ def _as_array(x: Any) -> tuple[Any, np.dtype]:
             "numbers; pass a float, int or bool array (e.g. np.asarray(values, np.float32))"
         )
     return x, dt
+
+
+def _refuse_float32_overflow(values: np.ndarray) -> None:
+    """Refuse finite float64 values that a float32 Tensor would hold as ±inf."""
+    past = np.isfinite(values) & (np.abs(values) > np.finfo(np.float32).max)
+    if past.any():
+        first = tuple(int(i) for i in np.unravel_index(int(np.argmax(past)), past.shape))
+        raise NonFiniteError(
+            f"{int(past.sum())} float64 value(s) lie beyond float32's range (±3.4e38): the "
+            f"first, {float(values[first])!r} at index {first}, would become inf in a float32 "
+            "Tensor; rescale the values, or enable 64-bit JAX "
+            "(jax.config.update('jax_enable_x64', True)) for a float64 Tensor"
+        )
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -160,6 +173,8 @@ class Tensor:
             fmt = full_format(given)  # a narrow float array is exact storage as it is
             self._set(jnp.asarray(arr), None, fmt, None, logical, None)
             return
+        if given == np.float64 and logical == np.float32 and not is_tracer(arr):
+            _refuse_float32_overflow(np.asarray(arr))
         if not isinstance(arr, jax.Array) and not is_tracer(arr):
             arr = np.asarray(arr, logical)
         self._set(jnp.asarray(arr, logical), None, full_format(logical), None, logical, None)
@@ -281,6 +296,11 @@ class Tensor:
     def tree_unflatten(cls, aux: tuple[Any, ...], children: tuple[Any, ...]) -> Tensor:
         fmt, scaling, dtype, last = aux
         data, scale, tensor_scale, zero_point, st = children
+        if isinstance(st, jax.Array | np.ndarray) and not is_tracer(st):
+            # A straight-through copy carries a gradient only while it is traced; out of
+            # `grad` (an aux output, a jitted step's result) it would be a float32 copy
+            # that `nbytes` does not count, so it is dropped.
+            st = None
         extra = None
         if tensor_scale is not None or zero_point is not None:
             extra = (tensor_scale, zero_point)

@@ -46,6 +46,13 @@ def _overwrite_flag(tmp: Path) -> Any:
     return precision.save(tmp / "x.safetensors", {"a": np.ones(2)}, overwrite="no")
 
 
+def _hand_built(**change: Any) -> dtypes.Encoded:
+    """An int8 encoding of two values with one of its arrays replaced."""
+    enc = dtypes.int8.encode(np.array([1.0, -2.0], np.float32))
+    parts = {"data": enc.data, "scale": enc.scale, **change}
+    return dtypes.Encoded(parts["data"], parts["scale"], enc.format, enc.scaling)
+
+
 # (call, exception class, substrings the message must contain)
 WRONG_CALLS = [
     # -- Tensors, apply, trees, policies, updates (precision) ---------------------------
@@ -292,6 +299,106 @@ WRONG_CALLS = [
         SaveError,
         ["'int8'", "name='int8_custom'"],
         id="save-custom-format-named-int8",
+    ),
+    # -- the bad calls issue 21 measured: each a plain builtin before ------------------
+    pytest.param(
+        lambda tmp: dtypes.int8.data_shape("abc"),
+        ValueError,
+        ["'abc'", "(1024, 1024)"],
+        id="data-shape-text",
+    ),
+    pytest.param(
+        lambda tmp: dtypes.int4.data_shape((-1,)),
+        ValueError,
+        ["(-1,)", "non-negative"],
+        id="data-shape-negative",
+    ),
+    *[
+        pytest.param(
+            lambda tmp, n=name: dtypes.get(n).round("abc"),
+            TypeError,
+            ["<U3", "float"],
+            id=f"round-text-{name}",
+        )
+        for name in ("nf4", "uint4", "float8_e8m0fnu")
+    ],
+    *[
+        pytest.param(
+            lambda tmp, n=name: dtypes.get(n).nbytes(None),
+            ValueError,
+            ["None", "(1024, 1024)"],
+            id=f"nbytes-none-{name}",
+        )
+        for name in ("nf4", "uint4", "float8_e8m0fnu")
+    ],
+    pytest.param(
+        lambda tmp: dtypes.bfloat16.round(np.ones(3), rounding="stochastic", key=5),
+        ValueError,
+        ["int 5", "jax.random.key(0)"],
+        id="stochastic-seed-for-key",
+    ),
+    pytest.param(
+        lambda tmp: dtypes.check_rounding("stochastic", 5),
+        ValueError,
+        ["int 5", "not a seed"],
+        id="check-rounding-seed",
+    ),
+    pytest.param(
+        lambda tmp: DynamicLossScale("x"), TypeError, ["'x'", "2.0**15"], id="loss-scale-text"
+    ),
+    pytest.param(
+        lambda tmp: dtypes.FloatFormat(4, 3, scaling="pertensor"),
+        TypeError,
+        ["'pertensor'", "dtypes.PerTensor()"],
+        id="format-scaling-text",
+    ),
+    pytest.param(
+        lambda tmp: dtypes.get("float8_e8m0fnu").decode(None),
+        TypeError,
+        ["NoneType", "encode(x)"],
+        id="decode-none",
+    ),
+    pytest.param(
+        lambda tmp: dtypes.int8.decode(dtypes.int8.encode(np.ones(2)), dtype=np.int8),
+        TypeError,
+        ["int8", "floating dtype"],
+        id="decode-into-int8",
+    ),
+    pytest.param(
+        lambda tmp: precision.load(tmp / "x", as_arrays="no"),
+        TypeError,
+        ["'no'", "as_arrays=True"],
+        id="load-as-arrays-text",
+    ),
+    pytest.param(
+        lambda tmp: _hand_built(scale=None).decode(),
+        ValueError,
+        ["needs scales", "none"],
+        id="decode-missing-scale",
+    ),
+    pytest.param(
+        lambda tmp: _hand_built(scale=jnp.ones((2, 2))).decode(),
+        ValueError,
+        ["(2, 2)", "(1,)"],
+        id="decode-scale-shape",
+    ),
+    pytest.param(
+        lambda tmp: _hand_built(scale=jnp.array([INF])).decode(),
+        ValueError,
+        ["inf", "encode(x)"],
+        id="decode-infinite-scale",
+    ),
+    pytest.param(
+        lambda tmp: _hand_built(scale=jnp.array([-1.0])).decode(),
+        ValueError,
+        ["-1.0"],
+        id="decode-negative-scale",
+    ),
+    pytest.param(
+        lambda tmp: _hand_built(data=jnp.array([-128, 3], jnp.int8)).decode(),
+        ValueError,
+        ["-128", "±127"],
+        id="decode-code-past-range",
     ),
     # -- the pytest plugin --------------------------------------------------------------
     pytest.param(

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import dtypes
+from dtypes import PrecisionTypeError
 
 from .._errors import CheckpointError
 from ._atomic_file import _TempFile
@@ -316,6 +317,11 @@ def load(path: str | os.PathLike[str], *, as_arrays: bool = False) -> Any:
         >>> precision.load(path, as_arrays=True)["layers"][0].tolist()
         [1.5, 2.0]
     """
+    if not isinstance(as_arrays, bool | np.bool_):
+        raise PrecisionTypeError(
+            f"as_arrays must be True or False, got {type(as_arrays).__name__} {as_arrays!r} "
+            "(a non-empty string is truthy); pass as_arrays=True for logical arrays"
+        )
     with Reader(path) as reader:
         items = []
         for leaf in reader.leaves:

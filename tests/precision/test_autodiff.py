@@ -374,3 +374,26 @@ def test_grad_through_mx_conversions_is_the_clipped_straight_through(name):
     want = jax.grad(lambda v: jnp.sum(fmt.round(v) * w))(x)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert np.any(np.asarray(got) != 0)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "bfloat16", "float8_e4m3fn", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_a_tensor_out_of_grad_holds_only_its_storage(fmt, jit):
+    # converted inside `grad` (QAT) and returned as aux: its straight-through float32
+    # copy is gone once it leaves the trace, so nbytes counts what the leaves hold
+    w = jnp.asarray(np.linspace(-1, 1, 16 * 64, dtype=np.float32).reshape(16, 64))
+
+    def loss(w):
+        q = Tensor(w).to_reduced_precision(fmt)
+        return jnp.asarray(precision.apply(lambda a: jnp.sum(a * a))(q)), q
+
+    step = jax.grad(loss, has_aux=True)
+    g, q = (jax.jit(step) if jit else step)(w)
+    held = sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(q))
+    assert q.nbytes == held
+    assert held < w.nbytes
+    # the gradient still flowed (straight through; MX masks values clipped at its top)
+    g, q = np.asarray(g), np.asarray(q)
+    kept = g != 0
+    assert kept.mean() > 0.5
+    np.testing.assert_allclose(g[kept], 2 * q[kept], rtol=1e-6)
