@@ -97,9 +97,9 @@ def check_decodable(fmt: Format, enc: Any, dtype: Any = np.float32) -> None:
         )
     if scaling is not None:
         # a 0-d value is one group of one, whatever the scaling's axis
-        want = tuple(scaling.scale_shape(enc.shape)) if enc.shape else tuple(enc.scale.shape)
-        if enc.scale is None or tuple(enc.scale.shape) != want:
-            got = None if enc.scale is None else tuple(enc.scale.shape)
+        got = None if enc.scale is None else tuple(enc.scale.shape)
+        want = tuple(scaling.scale_shape(enc.shape)) if enc.shape else got
+        if got is None or got != want:
             raise FormatError(
                 f"a {fmt.name} encoding under {scaling} needs scales of shape {want}, got "
                 f"{'none' if got is None else got}; build it with {fmt.name}.encode(x)"
