@@ -25,6 +25,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 
 from .._errors import SaveTypeError
 
@@ -135,7 +136,7 @@ def _link_fd(fd: int, name: str) -> None:
         raise first
 
 
-def _rename_noreplace(src: str, dst: str) -> bool:
+def rename_noreplace(src: str, dst: str) -> bool:
     """Rename `src` to `dst` unless `dst` exists (EEXIST); False where unsupported."""
     import ctypes
 
@@ -174,6 +175,33 @@ def _can_link(directory: str, device: int) -> bool:
     return _LINKABLE[device]
 
 
+def refuse_special(path: str) -> None:
+    """Refuse to replace what is not a regular file (a FIFO, a device such as
+    /dev/null, a socket): a checkpoint written over it would replace it with a file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # nothing there (or unreadable: the write says so)
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise OSError(
+            errno.EINVAL,
+            f"cannot write {path}: it is not a regular file ({_kind(st.st_mode)}); name a file "
+            "or a directory",
+        )
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
+
+
 def _exists_error(path: str) -> FileExistsError:
     return FileExistsError(
         errno.EEXIST,
@@ -202,7 +230,7 @@ class _TempFile:
         OSError: no file can be created in the destination directory.
     """
 
-    def __init__(self, path: str, *, overwrite: bool = True):
+    def __init__(self, path: str, *, overwrite: bool = True, mode: int | None = None):
         if not isinstance(overwrite, bool):
             raise SaveTypeError(
                 f"overwrite must be True or False, got {type(overwrite).__name__} "
@@ -210,6 +238,7 @@ class _TempFile:
             )
         self.path = path
         self.overwrite = overwrite
+        self.new_mode = mode
         self.directory = os.path.dirname(os.path.abspath(path))
         self.name: str | None = None
         remove_stale(self.directory)
@@ -241,12 +270,15 @@ class _TempFile:
         return None
 
     def _mode(self) -> int:
-        """The replaced file's permission bits, or those of a new file under the umask."""
+        """The replaced file's permission bits, or those asked for a new file, or 0o666
+        under the umask."""
         if self.overwrite:
             try:
                 return os.stat(self.path).st_mode & 0o7777
             except OSError:
                 pass
+        if self.new_mode is not None:
+            return self.new_mode & 0o7777
         return 0o666 & ~_umask()
 
     def commit(self) -> None:
@@ -281,7 +313,7 @@ class _TempFile:
             raise _exists_error(self.path) from None
         except OSError:  # no hard links here: an atomic no-replace rename, if the OS has one
             try:
-                done = _rename_noreplace(self.name, self.path)
+                done = rename_noreplace(self.name, self.path)
             except FileExistsError:
                 raise _exists_error(self.path) from None
             if not done:  # pragma: no cover - neither exists: the best that can be done

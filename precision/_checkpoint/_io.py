@@ -37,7 +37,7 @@ import dtypes
 from dtypes import PrecisionTypeError
 
 from .._errors import CheckpointError
-from ._atomic_file import _TempFile
+from ._atomic_file import _TempFile, refuse_special
 from ._layout import (
     _DTYPE_NAMES,
     METADATA_KEY,
@@ -103,6 +103,7 @@ def write(
     overwrite: bool,
     metadata: dict[str, str] | None = None,
     guard: Callable[[], AbstractContextManager[Any]] | None = None,
+    mode: int | None = None,
 ) -> int:
     """Atomically write a checkpoint of `leaves`, whose arrays `produce` yields in order.
 
@@ -114,7 +115,9 @@ def write(
     buffer. `metadata` adds string entries to the header's `__metadata__`
     (the keys `precision` writes take precedence). `guard`, when given, is a
     context manager factory entered around the final rename (the command
-    line holds interrupts off there). Returns the bytes written.
+    line holds interrupts off there). `mode` gives a new file's permission bits
+    (default: 0o666 under the umask; a replaced file keeps its own). Returns the
+    bytes written.
 
     Raises:
         FileExistsError: `path` exists and `overwrite` is False.
@@ -125,6 +128,7 @@ def write(
         path = os.path.realpath(path)  # replace the file the link points to, keep the link
     if os.path.isdir(path):
         raise IsADirectoryError(errno.EISDIR, f"cannot write {path}: it is a directory")
+    refuse_special(path)
     if not overwrite and os.path.lexists(path):
         raise FileExistsError(
             f"{path} already exists; pass overwrite=True (--overwrite on the command line) to "
@@ -135,7 +139,7 @@ def write(
     crc = {name: 0 for name, _, _ in arrays}
     extra = {str(k): str(v) for k, v in (metadata or {}).items()}
     header = _header_bytes(arrays, _metadata(leaves, crc, extra))
-    temp = _TempFile(path, overwrite=overwrite)
+    temp = _TempFile(path, overwrite=overwrite, mode=mode)
     try:
         with os.fdopen(temp.fd, "wb", closefd=False) as f:
             f.write(header)

@@ -14,9 +14,11 @@ with the file's path and names the entry.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
+import stat
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -136,6 +138,28 @@ def _physical_memory() -> int | None:
         return None
 
 
+def _open_regular(path: str) -> Any:
+    """`open(path, "rb")` of a regular file; anything else is refused before a read
+    could block (a FIFO waits for a writer forever) or mean nothing (a device)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(
+                errno.EISDIR, f"{path} is a directory: name its checkpoint file", path
+            )
+        if not stat.S_ISREG(mode):
+            raise CheckpointError(
+                f"{path} is not a regular file (a FIFO, device or socket): a checkpoint is a "
+                "file; copy it to one first"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class Reader:
     """An open, fully validated checkpoint whose tensors are read one at a time.
 
@@ -146,7 +170,7 @@ class Reader:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = os.fspath(path)
-        self._file = open(self.path, "rb")
+        self._file = _open_regular(self.path)
         try:
             self._parse()
         except BaseException:

@@ -377,6 +377,14 @@ def _warn_rules(plans: list[_Plan], args: argparse.Namespace, rules: _Rules) -> 
             _warn(f"--keep {args.keep!r} matches no tensor")
 
 
+def _source_mode(src: str) -> int | None:
+    """The input's permission bits, which a new output takes (a 0600 input stays private)."""
+    try:
+        return os.stat(src).st_mode & 0o777
+    except OSError:
+        return None
+
+
 def _check_paths(src: str, dst: str, overwrite: bool) -> None:
     if os.path.lexists(dst):
         same = os.path.exists(src) and os.path.samefile(src, dst)
@@ -437,13 +445,16 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             if sharded:
                 size_out = _write_shards(source, plans, converter, dst, args, metadata)
             else:
+                # without --overwrite the commit is an exclusive create: a file that
+                # appeared at dst meanwhile (another convert) is never replaced
                 size_out = write(
                     dst,
                     [p.out for p in plans],
                     converter.arrays(plans),
-                    overwrite=True,
+                    overwrite=args.overwrite,
                     metadata=metadata,
                     guard=deferred_interrupts,
+                    mode=_source_mode(src),
                 )
         finally:
             progress.close()
@@ -463,7 +474,10 @@ def _write_shards(
     limit = args.max_shard_size or DEFAULT_SHARD_BYTES
     groups = plan_shards([p.out for p in plans], limit)
     names = shard_names(source.prefix, len(groups))
-    temp = TempDirectory(dst)
+    files = source.files()
+    file_mode = _source_mode(files[0]) if files else None
+    dir_mode = _source_mode(source.path) if os.path.isdir(source.path) else None
+    temp = TempDirectory(dst, overwrite=args.overwrite, mode=dir_mode)
     try:
         weight_map: dict[str, str] = {}
         total = 0
@@ -474,7 +488,12 @@ def _write_shards(
             count = sum(len(leaf.arrays()) for leaf in leaves)
             pieces = (next(produced) for _ in range(count))
             size += write(
-                os.path.join(temp.name, name), leaves, pieces, overwrite=False, metadata=metadata
+                os.path.join(temp.name, name),
+                leaves,
+                pieces,
+                overwrite=False,
+                metadata=metadata,
+                mode=file_mode,
             )
             for leaf in leaves:
                 for array, _, _ in leaf.arrays():

@@ -1,0 +1,102 @@
+"""What `convert` may write over: never a file that appeared meanwhile, never a FIFO or a
+device, and a new output is as private as its input."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+import precision
+from precision._cli import _convert, main
+
+X = {"w": np.linspace(-1, 1, 64 * 32, dtype=np.float32).reshape(64, 32)}
+
+
+@pytest.fixture
+def source(tmp_path):
+    path = tmp_path / "in.safetensors"
+    safetensors.numpy.save_file(X, str(path))
+    return path
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["file", "sharded"])
+def test_an_output_that_appears_during_the_conversion_is_kept(
+    source, tmp_path, monkeypatch, capsys, sharded
+):
+    # a second convert (or anyone) creates the output after the start-up check:
+    # without --overwrite the commit is exclusive, so theirs stays and this run fails
+    out = tmp_path / ("out" if sharded else "out.safetensors")
+    checked = _convert._check_paths
+
+    def check_then_someone_writes(src, dst, overwrite):
+        checked(src, dst, overwrite)
+        if sharded:
+            os.mkdir(dst)
+            (out / "theirs.txt").write_text("keep me")
+        else:
+            out.write_text("keep me")
+
+    monkeypatch.setattr(_convert, "_check_paths", check_then_someone_writes)
+    argv = ["convert", str(source), "-o", str(out), "--to", "int8", "-q"]
+    if sharded:
+        argv += ["--max-shard-size", "1KB"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "--overwrite" in err
+    assert (out / "theirs.txt" if sharded else out).read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["in.safetensors", out.name])
+
+
+def test_overwrite_never_replaces_a_fifo(source, tmp_path, capsys):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert main(["convert", str(source), "-o", str(fifo), "--to", "int8", "--overwrite", "-q"]) == 1
+    assert "not a regular file (a FIFO)" in capsys.readouterr().err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    with pytest.raises(OSError, match="not a regular file"):
+        precision.save(fifo, {"a": np.ones(2)}, overwrite=True)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_loading_a_fifo_is_refused_instead_of_blocking(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    outcome: list[BaseException] = []
+
+    def load():
+        try:
+            precision.load(fifo)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    if worker.is_alive():  # unblock the reader, then fail
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("precision.load(fifo) blocked")
+    assert isinstance(outcome[0], precision.CheckpointError)
+    assert "not a regular file" in str(outcome[0])
+    result = main(["report", str(fifo), str(fifo)])
+    assert result == 1
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["file", "sharded"])
+def test_a_new_output_takes_the_inputs_permissions(source, tmp_path, sharded):
+    os.chmod(source, 0o600)
+    out = tmp_path / ("out" if sharded else "out.safetensors")
+    argv = ["convert", str(source), "-o", str(out), "--to", "int8", "-q"]
+    if sharded:
+        argv += ["--max-shard-size", "1KB"]
+    assert main(argv) == 0
+    files = sorted(out.iterdir()) if sharded else [out]
+    shards = [f for f in files if f.name.endswith(".safetensors")]
+    assert shards
+    for f in shards:
+        assert stat.S_IMODE(os.stat(f).st_mode) == 0o600, f
