@@ -47,7 +47,7 @@ _LINKABLE: dict[int, bool] = {}
 _MARK = ".precision-tmp."
 
 
-def _host() -> str:
+def host_tag() -> str:
     # Only characters that are safe in a file name and in the pattern below.
     return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
 
@@ -56,7 +56,7 @@ def _temp_name(directory: str, path: str) -> str:
     """A fresh hidden name beside `path` that says which process owns it."""
     token = secrets.token_hex(6)
     return os.path.join(
-        directory, f".{os.path.basename(path)}{_MARK}{_host()}.{os.getpid()}.{token}"
+        directory, f".{os.path.basename(path)}{_MARK}{host_tag()}.{os.getpid()}.{token}"
     )
 
 
@@ -65,7 +65,7 @@ _STALE = re.compile(
 )
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -82,7 +82,7 @@ def remove_stale(directory: str) -> list[str]:
     written on another host (a shared filesystem), is left alone.
     """
     removed: list[str] = []
-    host = _host()
+    host = host_tag()
     try:
         entries = list(os.scandir(directory))
     except OSError:
@@ -92,7 +92,7 @@ def remove_stale(directory: str) -> list[str]:
         if match is None or match["host"] != host:
             continue
         pid = int(match["pid"])
-        if pid == os.getpid() or _alive(pid):
+        if pid == os.getpid() or pid_alive(pid):
             continue
         with contextlib.suppress(OSError):
             if entry.is_file(follow_symlinks=False):
@@ -138,6 +138,15 @@ def _link_fd(fd: int, name: str) -> None:
 
 def rename_noreplace(src: str, dst: str) -> bool:
     """Rename `src` to `dst` unless `dst` exists (EEXIST); False where unsupported."""
+    return _renameat2(src, dst, 1)  # RENAME_NOREPLACE
+
+
+def rename_exchange(src: str, dst: str) -> bool:
+    """Swap `src` and `dst` atomically (both must exist); False where unsupported."""
+    return _renameat2(src, dst, 2)  # RENAME_EXCHANGE
+
+
+def _renameat2(src: str, dst: str, flags: int) -> bool:
     import ctypes
 
     try:
@@ -145,8 +154,8 @@ def rename_noreplace(src: str, dst: str) -> bool:
         renameat2 = libc.renameat2
     except (OSError, AttributeError):  # pragma: no cover - not glibc
         return False
-    at_fdcwd, rename_noreplace = -100, 1
-    if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_noreplace) == 0:
+    at_fdcwd = -100
+    if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), flags) == 0:
         return True
     err = ctypes.get_errno()
     if err == errno.EEXIST:

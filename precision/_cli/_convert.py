@@ -31,7 +31,6 @@ from ._convert_engine import _widened as _widened
 from ._files import (
     DEFAULT_SHARD_BYTES,
     Source,
-    TempDirectory,
     leaf_nbytes,
     plan_shards,
     shard_names,
@@ -39,6 +38,7 @@ from ._files import (
 )
 from ._interrupts import deferred_interrupts, import_jax
 from ._output import PROG, _DataError, _fmt_db, _human, _progress, _table, _UsageError
+from ._temp_directory import TempDirectory, recover_leftovers
 
 #: What `--keep` keeps by default for formats of 8 bits or fewer: norms,
 #: biases and embeddings, in the spellings of the common model families
@@ -414,6 +414,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         raise _UsageError("the following arguments are required: -o/--output (or --dry-run)")
     src, dst = args.input, args.output
     if dst is not None and not args.dry_run:
+        for line in recover_leftovers(dst):  # of conversions to dst that were killed
+            _warn(line)
         _check_paths(src, dst, args.overwrite)
     with Source(src) as source:
         plans = _plan(source, fmt, scaling, rules, args.rounding)

@@ -11,18 +11,13 @@ into place, with interrupts held off during the swap).
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import shutil
 import stat
-import tempfile
 from typing import Any
 
-from .._checkpoint._atomic_file import rename_noreplace
 from .._checkpoint._layout import Leaf
 from .._checkpoint._reader import Reader
-from ._interrupts import deferred_interrupts
 from ._output import _DataError
 
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -188,84 +183,6 @@ def plan_shards(leaves: list[Leaf], limit: int) -> list[list[int]]:
 
 def shard_names(prefix: str, count: int) -> list[str]:
     return [f"{prefix}-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
-
-
-class TempDirectory:
-    """A hidden directory beside `path`, renamed over it by `commit`, removed by `discard`."""
-
-    def __init__(self, path: str, *, overwrite: bool = True, mode: int | None = None):
-        self.path = os.path.abspath(path)
-        self.overwrite = overwrite
-        parent = os.path.dirname(self.path)
-        try:
-            self.name = tempfile.mkdtemp(
-                prefix=f".{os.path.basename(self.path)}.", suffix=".tmp", dir=parent
-            )
-        except OSError as exc:
-            raise type(exc)(
-                exc.errno, f"cannot write {path}: no directory can be created in {parent}"
-            ) from None
-        os.chmod(self.name, 0o777 & ~_umask() if mode is None else mode)
-
-    def commit(self) -> None:
-        """Put the directory in place of `path`: replacing what is there under
-        `overwrite`, else only if nothing has that name now (FileExistsError)."""
-        old = None
-        with deferred_interrupts():
-            if not self.overwrite:
-                self._create_exclusive()
-                return
-            if os.path.lexists(self.path):
-                old = os.path.join(
-                    os.path.dirname(self.path),
-                    f".{os.path.basename(self.path)}.{os.getpid()}.{os.urandom(4).hex()}.old",
-                )
-                os.rename(self.path, old)
-            os.rename(self.name, self.path)
-            _fsync(os.path.dirname(self.path))
-        if old is not None:
-            if os.path.isdir(old) and not os.path.islink(old):
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.unlink(old)
-
-    def _create_exclusive(self) -> None:
-        exists = FileExistsError(
-            errno.EEXIST,
-            f"{self.path} appeared while converting and was kept; pass --overwrite to replace it",
-            self.path,
-        )
-        try:
-            done = rename_noreplace(self.name, self.path)
-        except FileExistsError:
-            raise exists from None
-        if not done:  # pragma: no cover - no renameat2: the best that can be done
-            if os.path.lexists(self.path):
-                raise exists
-            os.rename(self.name, self.path)
-        _fsync(os.path.dirname(self.path))
-
-    def discard(self) -> None:
-        shutil.rmtree(self.name, ignore_errors=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _fsync(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
 
 
 def write_index(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 import safetensors.numpy
 
 import precision
+from precision._checkpoint._atomic_file import host_tag
 from precision._cli import _convert, main
 
 X = {"w": np.linspace(-1, 1, 64 * 32, dtype=np.float32).reshape(64, 32)}
@@ -100,3 +103,61 @@ def test_a_new_output_takes_the_inputs_permissions(source, tmp_path, sharded):
     assert shards
     for f in shards:
         assert stat.S_IMODE(os.stat(f).st_mode) == 0o600, f
+
+
+def _dead_pid() -> int:
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    return int(child.stdout)
+
+
+def _leftover(out, pid: int, role: str):
+    return out.parent / f".{out.name}.precision-dir.{host_tag()}.{pid}.abc123.{role}"
+
+
+@pytest.fixture
+def sharded(source, tmp_path):
+    out = tmp_path / "model"
+    argv = ["convert", str(source), "-o", str(out), "--to", "bf16", "--max-shard-size", "1KB"]
+    assert main([*argv, "-q"]) == 0
+    return out
+
+
+def test_a_conversion_killed_between_its_renames_is_recovered_by_the_next(sharded, capsys):
+    # the state a SIGKILL between "input aside" and "output in place" leaves (where the
+    # atomic exchange is not available): the input only under .old, the output under .tmp
+    pid = _dead_pid()
+    before = {p.name: p.read_bytes() for p in sharded.iterdir()}
+    old, tmp = _leftover(sharded, pid, "old"), _leftover(sharded, pid, "tmp")
+    os.rename(sharded, old)
+    os.mkdir(tmp)
+    (tmp / "partial.safetensors").write_bytes(b"half")
+    argv = ["convert", str(sharded), "-o", str(sharded), "--to", "int8", "--overwrite", "-q"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"restored {sharded} from {old.name}" in err
+    assert f"removed {tmp.name}" in err
+    assert sorted(p.name for p in sharded.parent.iterdir() if p.name.startswith(".")) == []
+    loaded = precision.load(next(sharded.glob("*.safetensors")))  # converted from the input
+    assert any(t.format.name == "int8" for t in loaded.values())
+    assert set(before) == {p.name for p in sharded.iterdir()}
+
+
+def test_leftovers_of_live_or_other_conversions_are_left_alone(sharded, capsys):
+    alive = _leftover(sharded, os.getppid(), "tmp")
+    other = sharded.parent / f".other{_leftover(sharded, _dead_pid(), 'tmp').name[6:]}"
+    dead = _leftover(sharded, _dead_pid(), "tmp")
+    for d in (alive, other, dead):
+        os.mkdir(d)
+    argv = ["convert", str(sharded), "-o", str(sharded), "--to", "int8", "--overwrite", "-q"]
+    assert main(argv) == 0
+    assert f"removed {dead.name}" in capsys.readouterr().err
+    assert alive.exists()
+    assert other.exists()
+    assert not dead.exists()
+
+
+def test_an_in_place_sharded_conversion_leaves_nothing_beside_it(sharded):
+    argv = ["convert", str(sharded), "-o", str(sharded), "--to", "int8", "--overwrite", "-q"]
+    assert main(argv) == 0
+    assert sorted(p.name for p in sharded.parent.iterdir()) == ["in.safetensors", "model"]

@@ -765,7 +765,7 @@ def _dead_pid() -> int:
 
 
 def test_a_later_save_removes_stale_temporaries_of_dead_processes(tmp_path):
-    host = _atomic_file._host()
+    host = _atomic_file.host_tag()
     stale = tmp_path / f".model.safetensors.precision-tmp.{host}.{_dead_pid()}.0a1b2c"
     alive = tmp_path / f".model.safetensors.precision-tmp.{host}.{os.getppid()}.0a1b2d"
     other_host = tmp_path / f".model.safetensors.precision-tmp.elsewhere.{_dead_pid()}.0a1b2e"
