@@ -64,27 +64,53 @@ def _fill(elements: st.SearchStrategy[Any], shape: tuple[int, ...]) -> st.Search
 
 
 def _representable_int_array(
-    fmt: IntFormat, shape: tuple[int, ...]
+    fmt: IntFormat, shape: tuple[int, ...], bounds: _Bounds
 ) -> st.SearchStrategy[np.ndarray]:
     """Codes times one power-of-two scale, the largest code set to ±qmax.
 
     That element is the absmax, so the per-tensor scale comes out as exactly
-    the drawn power of two and every element decodes back to itself.
+    the drawn power of two and every element decodes back to itself. Under
+    bounds, only scales whose ±qmax·2**k lies inside them are drawn, and each
+    code from those whose value does.
     """
     n = math.prod(shape)
-    lo, hi = _INT_SCALE_EXPONENTS
     q = fmt.qmax
-    code = st.sampled_from((1, -1)) if fmt.binary else st.integers(-q, q)
+    choices = _int_choices(fmt, bounds)
 
-    def build(k: int, codes: list[int]) -> np.ndarray:
+    def build(k: int, sign: int, codes: list[int]) -> np.ndarray:
         c = np.asarray(codes, np.float64)
-        if n and np.any(c != 0):
-            i = int(np.argmax(np.abs(c)))
-            c[i] = math.copysign(q, c[i])
+        if n:  # one element is the absmax: the scale comes out as 2**k exactly
+            big = np.abs(c) == q
+            c[int(np.argmax(big)) if big.any() else 0] = sign * q
         return np.asarray(c * math.ldexp(1.0, k), np.float32).reshape(shape)
 
-    codes = st.lists(code, min_size=n, max_size=n)
-    return st.tuples(st.integers(lo, hi), codes).map(lambda t: build(*t))
+    def for_scale(choice: tuple[int, list[int], list[int]]) -> st.SearchStrategy[np.ndarray]:
+        k, signs, allowed = choice
+        code = st.sampled_from(allowed)
+        codes = st.lists(code, min_size=n, max_size=n)
+        return st.tuples(st.sampled_from(signs), codes).map(lambda t: build(k, *t))
+
+    return st.sampled_from(choices).flatmap(for_scale)
+
+
+def _int_choices(fmt: IntFormat, bounds: _Bounds) -> list[tuple[int, list[int], list[int]]]:
+    """(k, signs of ±qmax·2**k inside bounds, codes c with c·2**k inside) per usable k."""
+    lo, hi = _INT_SCALE_EXPONENTS
+    q = fmt.qmax
+    out = []
+    for k in range(lo, hi + 1):
+        step = math.ldexp(1.0, k)
+        signs = [s for s in (1, -1) if s * q * step in bounds]
+        codes = (-1, 1) if fmt.binary else range(-q, q + 1)
+        allowed = [c for c in codes if c * step in bounds]
+        if signs:
+            out.append((k, signs, allowed))
+    if not out:
+        raise ValueError(
+            f"no array of {fmt.name} codes round-trips inside [{bounds.lo}, {bounds.hi}]: its "
+            f"absmax ±{q}·2**k must lie inside; widen the bounds"
+        )
+    return out
 
 
 def arrays(
@@ -131,17 +157,22 @@ def arrays(
     fmt = _check_format(fmt, "arrays()")
     bounds = _Bounds(min_value, max_value)
     flags = (allow_nan, allow_infinity, allow_subnormal, bounds)
+    # refuse impossible bounds now, not at the first draw
     if isinstance(fmt, FloatFormat):
-        _float_values(fmt, *flags)  # refuse impossible bounds now, not at the first draw
+        _float_values(fmt, *flags)
+        if representable:
+            _on_grid(_float_format(fmt), allow_subnormal, bounds)
+    elif isinstance(fmt, IntFormat) and representable:
+        _int_choices(fmt, bounds)
 
     def for_shape(shp: tuple[int, ...]) -> st.SearchStrategy[np.ndarray]:
         if isinstance(fmt, IntFormat):
             if representable:
-                return _representable_int_array(fmt, shp)
+                return _representable_int_array(fmt, shp, bounds)
             lo, hi = _INT_SCALE_EXPONENTS
             return st.integers(lo, hi).flatmap(lambda k: _fill(_int_values(fmt, k, *flags), shp))
         if representable:
-            return _fill(_on_grid(_float_format(fmt), allow_subnormal), shp)
+            return _fill(_on_grid(_float_format(fmt), allow_subnormal, bounds), shp)
         return _fill(_float_values(_float_format(fmt), *flags), shp)
 
     return _shapes(shape).flatmap(for_shape)

@@ -422,10 +422,17 @@ def representable(fmt: Format | str, *, allow_subnormal: bool = True) -> st.Sear
     return _on_grid(_float_format(fmt), allow_subnormal)
 
 
-def _on_grid(fmt: FloatFormat, allow_subnormal: bool) -> st.SearchStrategy[np.float32]:
+def _on_grid(
+    fmt: FloatFormat, allow_subnormal: bool, bounds: _Bounds = _NO_BOUNDS
+) -> st.SearchStrategy[np.float32]:
+    """Values of `fmt`'s grid (decoded codes) inside `bounds`."""
     g = data_grid(fmt)
-    codes = _coded(g, 0 if allow_subnormal else 1 << g.mantissa_bits, max_code(g), _NO_BOUNDS)
-    assert codes is not None  # without bounds every code range is drawn from
+    codes = _coded(g, 0 if allow_subnormal else 1 << g.mantissa_bits, max_code(g), bounds)
+    zero = not allow_subnormal and 0.0 in bounds
+    if codes is None and not zero:
+        raise ValueError(
+            f"no value of {fmt.name}'s grid lies in [{bounds.lo}, {bounds.hi}]; widen the bounds"
+        )
     # without subnormals: zero, then the normal codes
-    grid = codes if allow_subnormal else st.one_of(st.just(0.0), codes)
-    return grid.map(_f32)
+    parts = ([st.just(0.0)] if zero else []) + ([codes] if codes is not None else [])
+    return st.one_of(parts).map(_f32)

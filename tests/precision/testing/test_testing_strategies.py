@@ -297,6 +297,23 @@ def test_custom_format_values_without_nan_inf(fmt, data):
     assert np.isfinite(x)
 
 
+@pytest.mark.parametrize(("lo", "hi"), [(1.0, 1024.0), (-6.0, -0.5), (0.0, 0.0), (-3.0, 2.0)])
+@given(data=st.data())
+def test_representable_arrays_respect_their_bounds(fmt, data, lo, hi):
+    # 300 of 300 draws fell outside [1, 1024] before: representable=True ignored them
+    refused = None
+    try:
+        strategy = arrays(fmt, (4, 8), representable=True, min_value=lo, max_value=hi)
+    except ValueError as err:  # a format with no grid value (or absmax) inside: said so
+        refused = str(err)
+    if refused is not None:
+        assert "widen the bounds" in refused
+        return
+    x = data.draw(strategy)
+    assert np.all((x >= lo) & (x <= hi)), (lo, hi, x)
+    np.testing.assert_array_equal(np.asarray(fmt.round(x)), x)
+
+
 def test_bounds_that_hold_no_value_are_refused():
     with pytest.raises(ValueError, match="bound no value"):
         values(dtypes.bfloat16, min_value=2.0, max_value=1.0)
