@@ -48,7 +48,7 @@ from ._layout import (
     check_names,
 )
 from ._leaves import _tensor_type, flatten, unflatten
-from ._reader import Reader
+from ._source import Source
 
 if TYPE_CHECKING:
     import jax
@@ -303,7 +303,9 @@ def load(path: str | os.PathLike[str], *, as_arrays: bool = False) -> Any:
     narrow again.
 
     Args:
-        path: the file.
+        path: the file; or a sharded checkpoint (as `precision convert` and model
+            hubs write it): its directory, or its `*.safetensors.index.json`,
+            whose shards load into one tree.
         as_arrays: give logical `jax.Array`s (decoded values) instead of Tensors.
 
     Returns:
@@ -326,20 +328,23 @@ def load(path: str | os.PathLike[str], *, as_arrays: bool = False) -> Any:
             f"as_arrays must be True or False, got {type(as_arrays).__name__} {as_arrays!r} "
             "(a non-empty string is truthy); pass as_arrays=True for logical arrays"
         )
-    with Reader(path) as reader:
+    with Source(os.fspath(path)) as source:
         items = []
-        for leaf in reader.leaves:
-            stored = reader.read_leaf(leaf)
-            try:
-                value = materialize(leaf, stored, as_arrays)
-            except CheckpointError as exc:  # every message starts with the file's path
-                raise reader.error(str(exc)) from None
-            if reader.foreign and not as_arrays and leaf.kind != "array":
-                # Another framework's F16/BF16 weights are its full-precision
-                # values: widen them (exactly) to full-precision float32.
-                value = value.to_full_precision()
-            items.append((leaf.path, value))
+        for reader in source.readers:
+            for leaf in reader.leaves:
+                stored = reader.read_leaf(leaf)
+                try:
+                    value = materialize(leaf, stored, as_arrays)
+                except CheckpointError as exc:  # every message starts with the file's path
+                    raise reader.error(str(exc)) from None
+                if reader.foreign and not as_arrays and leaf.kind != "array":
+                    # Another framework's F16/BF16 weights are its full-precision
+                    # values: widen them (exactly) to full-precision float32.
+                    value = value.to_full_precision()
+                items.append((leaf.path, value))
         try:
             return unflatten(items)
         except (ValueError, RecursionError) as exc:
-            raise reader.error(f"the key paths do not form a tree ({exc})") from None
+            raise CheckpointError(
+                f"{source.path}: the key paths do not form a tree ({exc})"
+            ) from None

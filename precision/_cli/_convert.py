@@ -23,6 +23,7 @@ import dtypes
 
 from .._checkpoint._io import write
 from .._checkpoint._layout import Leaf
+from .._checkpoint._source import Source
 from ._convert_engine import _HOW, _Converter, _Engine, _mode, _Plan
 
 # the tests reach these through this module
@@ -30,7 +31,6 @@ from ._convert_engine import _Blocks as _Blocks
 from ._convert_engine import _widened as _widened
 from ._files import (
     DEFAULT_SHARD_BYTES,
-    Source,
     leaf_nbytes,
     plan_shards,
     shard_names,

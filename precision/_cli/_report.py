@@ -29,7 +29,8 @@ import dtypes
 from .._checkpoint._io import encoded
 from .._checkpoint._layout import Leaf
 from .._checkpoint._reader import Reader
-from ._files import Source, leaf_nbytes
+from .._checkpoint._source import Source
+from ._files import leaf_nbytes
 from ._interrupts import check_interrupt, import_jax
 from ._output import (
     PROG,

@@ -161,3 +161,28 @@ def test_an_in_place_sharded_conversion_leaves_nothing_beside_it(sharded):
     argv = ["convert", str(sharded), "-o", str(sharded), "--to", "int8", "--overwrite", "-q"]
     assert main(argv) == 0
     assert sorted(p.name for p in sharded.parent.iterdir()) == ["in.safetensors", "model"]
+
+
+def test_load_reads_a_sharded_checkpoint_as_one_tree(source, tmp_path):
+    out = tmp_path / "sharded"
+    argv = ["convert", str(source), "-o", str(out), "--to", "int8", "--max-shard-size", "1KB"]
+    assert main([*argv, "-q"]) == 0
+    whole = tmp_path / "whole.safetensors"
+    assert main(["convert", str(source), "-o", str(whole), "--to", "int8", "-q"]) == 0
+    want = precision.load(whole)
+    index = next(out.glob("*.index.json"))
+    for given in (out, index):
+        got = precision.load(given)
+        assert set(got) == set(want)
+        for name in want:
+            assert got[name].format == want[name].format
+            np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]))
+    arrays = precision.load(out, as_arrays=True)
+    np.testing.assert_array_equal(np.asarray(arrays["w"]), np.asarray(want["w"]))
+
+
+def test_load_of_a_directory_without_an_index_names_what_it_found(tmp_path):
+    for name in ("a.safetensors", "b.safetensors"):
+        precision.save(tmp_path / name, {"x": np.ones(2, np.float32)})
+    with pytest.raises(precision.CheckpointError, match=r"without a .* file and 2 \.safetensors"):
+        precision.load(tmp_path)
