@@ -178,6 +178,11 @@ def write(
         os.fsync(temp.fd)  # the slow part of committing, before any guard
         with guard() if guard is not None else contextlib.nullcontext():
             temp.commit()
+    except OSError as exc:
+        temp.discard()
+        if exc.filename is None and exc.errno is not None:  # a full disk, a size limit
+            raise type(exc)(exc.errno, f"cannot write {path}: {exc.strerror}", path) from None
+        raise
     except BaseException:
         temp.discard()
         raise

@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import zlib
 
@@ -911,3 +912,23 @@ def test_concurrent_savers_without_overwrite_create_the_file_once(tmp_path):
     who = np.asarray(precision.load(path)["who"])
     np.testing.assert_array_equal(who, np.full(100_000, winner, np.int32))
     assert sorted(os.listdir(tmp_path)) == ["racer.py", "shared.safetensors"]
+
+
+def test_a_write_that_runs_out_of_room_names_the_file(tmp_path):
+    # a file-size limit stands in for a full disk: the write fails half way with an
+    # errno and no file name; the error names the checkpoint, and nothing is left
+    target = tmp_path / "big.safetensors"
+    code = textwrap.dedent(f"""
+        import resource, signal
+        import numpy as np, precision
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+        try:
+            precision.save({str(target)!r}, {{"w": np.ones(1 << 16, np.float32)}})
+        except OSError as exc:
+            print(type(exc).__name__, exc)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert f"cannot write {target}" in out.stdout, (out.stdout, out.stderr)
+    assert "File too large" in out.stdout
+    assert os.listdir(tmp_path) == []
