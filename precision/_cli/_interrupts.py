@@ -63,7 +63,8 @@ def interrupt_handler(program: bool) -> Iterator[None]:
     if not _is_main_thread():
         yield
         return
-    _interrupted = False
+    if not (program and signal.getsignal(signal.SIGINT) is _on_sigint):
+        _interrupted = False  # (the program keeps one `recording_from_start` recorded)
     old = signal.signal(signal.SIGINT, _on_sigint)
     try:
         yield
@@ -72,6 +73,26 @@ def interrupt_handler(program: bool) -> Iterator[None]:
         if not (program and committed):
             signal.signal(signal.SIGINT, old)
         _interrupted = False
+
+
+@contextlib.contextmanager
+def recording_from_start(*, interrupted: bool = False) -> Iterator[None]:
+    """The program's first step, before the command's own modules load: from here on a
+    SIGINT is recorded, never raised, until `interrupt_handler` takes over and acts on it
+    (a KeyboardInterrupt raised in the middle of those imports printed a traceback).
+    `interrupted`: one already came (the entry point records from its first line)."""
+    global _deferring, _interrupted
+    if not _is_main_thread():
+        yield
+        return
+    signal.signal(signal.SIGINT, _on_sigint)
+    _interrupted = _interrupted or interrupted
+    outer = _deferring
+    _deferring = True
+    try:
+        yield
+    finally:
+        _deferring = outer
 
 
 @contextlib.contextmanager

@@ -466,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     program = argv is None
     try:
         with interrupt_handler(program):
+            check_interrupt()  # one recorded while the command loaded
             code = _main(argv, program)
             check_interrupt()  # one recorded where raising was unsafe, and not yet acted on
             return code

@@ -187,3 +187,42 @@ def test_sigint_during_startup(tmp_path, to, library, delay):
     else:  # the signal came after the commit: a complete output, nothing on stderr
         assert (proc.returncode, err) == (0, "")
         np.testing.assert_array_equal(precision.load(str(dst), as_arrays=True)["w"], 1.0)
+
+
+MOMENTS_MS = (
+    range(0, 501, 25) if os.environ.get("HYPOTHESIS_PROFILE") != "hunt" else range(0, 501, 5)
+)
+
+
+@pytest.mark.parametrize("entry", ["console-script", "python-m"])
+def test_sigint_in_the_first_half_second_never_prints_our_traceback(tmp_path, entry):
+    # From its first line the entry point records Ctrl-C; what is left before it is the
+    # interpreter's own start (site, and an editable install's import hook), whose
+    # traceback names none of our files. After it: exit 130 with one line, or 0 done.
+    script = os.path.join(os.path.dirname(sys.executable), "precision")
+    if entry == "console-script" and not os.path.exists(script):
+        pytest.skip("no console script next to this interpreter")
+    command = [script] if entry == "console-script" else [sys.executable, "-m", "precision"]
+    src, dst = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    safetensors.numpy.save_file({"w": np.ones((256, 256), np.float32)}, str(src))
+    outcomes = []
+    for ms in MOMENTS_MS:
+        proc = subprocess.Popen(
+            [*command, "convert", str(src), "-o", str(dst), "--to", "int8", "--overwrite"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(ms / 1000)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        outcomes.append((ms, proc.returncode))
+        ours = ("_precision_cli", f"{os.sep}precision{os.sep}", f"bin{os.sep}precision")
+        assert not ("Traceback" in err and any(o in err for o in ours)), (ms, err)
+        if proc.returncode == 130:
+            assert err.strip() == "precision: interrupted; nothing was written", (ms, err)
+        if "Traceback" not in err and proc.returncode not in (-signal.SIGINT, 130):
+            assert proc.returncode == 0, (ms, err)
+        assert leftovers(tmp_path, {"in.safetensors", "out.safetensors"}) == []
+    # the late moments all reach the command: stopped, or finished
+    assert all(code in (0, 130) for ms, code in outcomes if ms >= 300), outcomes
