@@ -6,7 +6,7 @@ line takes tens of milliseconds, and a KeyboardInterrupt raised in the middle
 of those imports printed a traceback). Only the console script imports it.
 """
 
-import _signal  # the C module: `signal` imports `enum`, itself a few milliseconds
+import _signal  # type: ignore[import-not-found]  # the C module: `signal` imports enum
 
 _received: list[int] = []
 _signal.signal(_signal.SIGINT, lambda signum, frame: _received.append(signum))

@@ -14,6 +14,7 @@ display name, so `FloatFormat(8, 7) == bfloat16`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -203,8 +204,7 @@ class FloatFormat(Format):
     @property
     def native_dtype(self) -> np.dtype | None:
         """The numpy/ml_dtypes type with exactly this layout, if one exists."""
-        native = _NATIVE.get(self._layout())
-        return np.dtype(native[1]) if native else None
+        return _native_dtype(self._layout())
 
     @property
     def container(self) -> np.dtype:
@@ -316,6 +316,12 @@ def _holds(outer: _Grid, inner: _Grid) -> bool:
         and (inf_o or not inf_i)
         and (nan_o or not nan_i)
     )
+
+
+@functools.cache
+def _native_dtype(layout: Any) -> np.dtype | None:
+    native = _NATIVE.get(layout)
+    return np.dtype(native[1]) if native else None
 
 
 def _result_dtype(fmt: FloatFormat, dtype: np.dtype[Any], scaling: Scaling | None) -> np.dtype[Any]:

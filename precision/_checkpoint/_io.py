@@ -48,6 +48,7 @@ from ._layout import (
     check_names,
 )
 from ._leaves import _tensor_type, flatten, unflatten
+from ._reader import Reader
 from ._source import Source
 
 if TYPE_CHECKING:
@@ -199,10 +200,44 @@ def _to_jax(arr: np.ndarray) -> jax.Array | np.ndarray:
     """A jax array aliasing `arr`, or `arr` itself for 64-bit data jax would truncate."""
     import jax
 
+    if not isinstance(arr, np.ndarray):
+        return arr  # on the device already (moved in a batch by `load`)
     if arr.dtype.itemsize == 8 and not jax.config.read("jax_enable_x64"):
         return arr
     out: jax.Array = jax.device_put(arr)
     return out
+
+
+#: `load` moves the arrays of this many bytes, or of this many leaves, to the device
+#: in one call: one transfer per leaf cost ~0.4 ms, 26 s for 65,536 tiny tensors.
+_BATCH_BYTES, _BATCH_LEAVES = 1 << 26, 4096
+
+
+def _typed(leaf: Leaf, stored: Stored) -> Stored:
+    """`stored` viewed as the types its leaf decodes (codes and scales in their containers)."""
+    if leaf.kind == "array" or leaf.format is None:
+        return stored
+    scale = stored.scale
+    if scale is not None:
+        assert leaf.scale_container is not None  # a scale comes with its scaling
+        scale = scale.view(leaf.scale_container)
+    return Stored(stored.data.view(leaf.container), scale, stored.tensor_scale, stored.zero_point)
+
+
+def _on_device(batch: list[tuple[Leaf, Stored]]) -> list[Stored]:
+    """Every array of `batch`, typed, moved to the device in one call (64-bit data stays in
+    numpy unless JAX is 64-bit, which would truncate it)."""
+    import jax
+
+    x64 = bool(jax.config.read("jax_enable_x64"))
+
+    def moves(a: np.ndarray | None) -> bool:
+        return a is not None and (x64 or a.dtype.itemsize != 8)
+
+    typed = [_typed(leaf, stored) for leaf, stored in batch]
+    moved = iter(jax.device_put([a for s in typed for a in s if moves(a)]))
+    # (a Stored now holding device arrays: `encoded` and `_to_jax` take them as they are)
+    return [Stored._make(next(moved) if moves(a) else a for a in s) for s in typed]
 
 
 def encoded(leaf: Leaf, stored: Stored) -> Encoded:
@@ -211,19 +246,18 @@ def encoded(leaf: Leaf, stored: Stored) -> Encoded:
 
     assert leaf.format is not None
     last = (leaf.shape[-1] if leaf.shape else None) if leaf.format.packed else None
-    jdata = jax.device_put(stored.data.view(leaf.container))
-    jscale = None
-    if stored.scale is not None:
-        assert leaf.scale_container is not None  # a scale comes with its scaling
-        jscale = jax.device_put(stored.scale.view(leaf.scale_container))
+    parts: tuple[Any, ...] = tuple(stored)
+    if isinstance(stored.data, np.ndarray):  # as read; else typed and moved by `load`
+        parts = tuple(None if a is None else jax.device_put(a) for a in _typed(leaf, stored))
+    data, scale, tensor_scale, zero_point = parts
     return dtypes.Encoded(
-        jdata,
-        jscale,
+        data,
+        scale,
         leaf.format,
         leaf.scaling,
         last,
-        tensor_scale=None if stored.tensor_scale is None else jax.device_put(stored.tensor_scale),
-        zero_point=None if stored.zero_point is None else jax.device_put(stored.zero_point),
+        tensor_scale=tensor_scale,
+        zero_point=zero_point,
     )
 
 
@@ -296,6 +330,24 @@ def save(path: str | os.PathLike[str], tree: Any, *, overwrite: bool = False) ->
     write(path, leaves, pairs, overwrite=overwrite)
 
 
+def _materialized(
+    reader: Reader, batch: list[tuple[Leaf, Stored]], as_arrays: bool
+) -> list[tuple[Any, Any]]:
+    """(key path, value) of each leaf of `batch`, its arrays moved in one transfer."""
+    out = []
+    for (leaf, _), stored in zip(batch, _on_device(batch), strict=True):
+        try:
+            value = materialize(leaf, stored, as_arrays)
+        except CheckpointError as exc:  # every message starts with the file's path
+            raise reader.error(str(exc)) from None
+        if reader.foreign and not as_arrays and leaf.kind != "array":
+            # Another framework's F16/BF16 weights are its full-precision
+            # values: widen them (exactly) to full-precision float32.
+            value = value.to_full_precision()
+        out.append((leaf.path, value))
+    return out
+
+
 def load(path: str | os.PathLike[str], *, as_arrays: bool = False) -> Any:
     """Load a checkpoint written by `save`, or any safetensors file.
 
@@ -334,19 +386,18 @@ def load(path: str | os.PathLike[str], *, as_arrays: bool = False) -> Any:
             "(a non-empty string is truthy); pass as_arrays=True for logical arrays"
         )
     with Source(os.fspath(path)) as source:
-        items = []
+        items: list[tuple[Any, Any]] = []
         for reader in source.readers:
+            batch: list[tuple[Leaf, Stored]] = []
+            size = 0
             for leaf in reader.leaves:
                 stored = reader.read_leaf(leaf)
-                try:
-                    value = materialize(leaf, stored, as_arrays)
-                except CheckpointError as exc:  # every message starts with the file's path
-                    raise reader.error(str(exc)) from None
-                if reader.foreign and not as_arrays and leaf.kind != "array":
-                    # Another framework's F16/BF16 weights are its full-precision
-                    # values: widen them (exactly) to full-precision float32.
-                    value = value.to_full_precision()
-                items.append((leaf.path, value))
+                batch.append((leaf, stored))
+                size += sum(a.nbytes for a in stored if a is not None)
+                if size >= _BATCH_BYTES or len(batch) >= _BATCH_LEAVES:
+                    items += _materialized(reader, batch, as_arrays)
+                    batch, size = [], 0
+            items += _materialized(reader, batch, as_arrays)
         try:
             return unflatten(items)
         except (ValueError, RecursionError) as exc:
