@@ -48,7 +48,7 @@ from ._layout import (
     check_names,
 )
 from ._leaves import _tensor_type, flatten, unflatten
-from ._reader import Reader
+from ._reader import Reader, available_memory
 from ._source import Source
 
 if TYPE_CHECKING:
@@ -330,6 +330,19 @@ def save(path: str | os.PathLike[str], tree: Any, *, overwrite: bool = False) ->
     write(path, leaves, pairs, overwrite=overwrite)
 
 
+def _refuse_beyond_memory(source: Source) -> None:
+    """A loaded tree holds every tensor at once: refuse, before reading any, one whose
+    tensors together need more memory than is available (the process was killed)."""
+    need = sum(e.end - e.begin for r in source.readers for e in r.entries.values())
+    have = available_memory()
+    if have is not None and need > have:
+        raise CheckpointError(
+            f"{source.path}: its tensors need {need / 2**30:.1f} GiB in memory together and "
+            f"{have / 2**30:.1f} GiB are available; load it on a larger machine, or convert it "
+            "to a narrower format with `precision convert`, which streams one tensor at a time"
+        )
+
+
 def _materialized(
     reader: Reader, batch: list[tuple[Leaf, Stored]], as_arrays: bool
 ) -> list[tuple[Any, Any]]:
@@ -386,6 +399,7 @@ def load(path: str | os.PathLike[str], *, as_arrays: bool = False) -> Any:
             "(a non-empty string is truthy); pass as_arrays=True for logical arrays"
         )
     with Source(os.fspath(path)) as source:
+        _refuse_beyond_memory(source)
         items: list[tuple[Any, Any]] = []
         for reader in source.readers:
             batch: list[tuple[Leaf, Stored]] = []

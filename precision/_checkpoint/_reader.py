@@ -138,6 +138,19 @@ def _physical_memory() -> int | None:
         return None
 
 
+def available_memory() -> int | None:
+    """Bytes of memory the kernel says a new allocation can use (MemAvailable), else
+    the physical memory, else None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return _physical_memory()
+
+
 def _open_regular(path: str) -> Any:
     """`open(path, "rb")` of a regular file; anything else is refused before a read
     could block (a FIFO waits for a writer forever) or mean nothing (a device)."""

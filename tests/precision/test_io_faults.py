@@ -33,6 +33,7 @@ import dtypes
 import precision
 from precision import CheckpointError, Tensor
 from precision._checkpoint import _invariants, _io, _layout, _leaves
+from precision._checkpoint._reader import Reader
 from precision._cli import _main as _cli
 from precision._errors import SaveError
 
@@ -355,8 +356,10 @@ def test_a_sparse_file_declaring_more_than_memory_is_refused_before_allocation(t
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(header)) + header)
         f.truncate(8 + len(header) + nbytes)
-    with pytest.raises(CheckpointError, match=f"^{path}: tensor 'a' declares {nbytes} bytes"):
+    with pytest.raises(CheckpointError, match=f"^{path}: its tensors need 1024.0 GiB"):
         precision.load(path)
+    with Reader(path) as reader, pytest.raises(CheckpointError, match=f"declares {nbytes} bytes"):
+        reader.read("a")  # one tensor read alone (convert, report)
 
 
 def rewrite(src, dst, mutate) -> None:
@@ -932,3 +935,22 @@ def test_a_write_that_runs_out_of_room_names_the_file(tmp_path):
     assert f"cannot write {target}" in out.stdout, (out.stdout, out.stderr)
     assert "File too large" in out.stdout
     assert os.listdir(tmp_path) == []
+
+
+def test_a_sparse_file_larger_than_memory_is_refused_before_reading(tmp_path):
+    # two tensors, each smaller than the machine's memory, together larger than what is
+    # available: the process was killed; now refused from the header alone
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    each = (memory * 6 // 10) // 4 * 4
+    header = {
+        name: {"dtype": "F32", "shape": [each // 4], "data_offsets": [i * each, (i + 1) * each]}
+        for i, name in enumerate(("a", "b"))
+    }
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path = tmp_path / "sparse.safetensors"
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + 2 * each)  # a hole: no disk used
+    with pytest.raises(precision.CheckpointError, match="GiB in memory together"):
+        precision.load(path)
