@@ -11,6 +11,7 @@ Nothing here asks which kind of format it has been given.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -99,7 +100,8 @@ def check_decodable(fmt: Format, enc: Any, dtype: Any = np.float32) -> None:
         # a 0-d value is one group of one, whatever the scaling's axis
         got = None if enc.scale is None else tuple(enc.scale.shape)
         want = tuple(scaling.scale_shape(enc.shape)) if enc.shape else got
-        if got is None or got != want:
+        one = got is not None and math.prod(got) == 1 and math.prod(want or ()) == 1
+        if got is None or (got != want and not one):  # (one scale may be held as a scalar)
             raise FormatError(
                 f"a {fmt.name} encoding under {scaling} needs scales of shape {want}, got "
                 f"{'none' if got is None else got}; build it with {fmt.name}.encode(x)"

@@ -636,9 +636,10 @@ class Tensor:
 _getitem = _operators.method("getitem")
 
 
-def logical_values(t: Tensor) -> jax.Array:
-    """A Tensor's logical values as an array (the library's own explicit conversion)."""
-    return t._values()
+def logical_values(t: Any) -> jax.Array:
+    """A Tensor's logical values as an array, an array as itself (the library's own
+    explicit conversion: `__jax_array__` refuses calls from library code)."""
+    return t._values() if isinstance(t, Tensor) else jnp.asarray(t)
 
 
 def _check_static_index(key: Any, shape: tuple[int, ...]) -> None:

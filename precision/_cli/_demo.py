@@ -37,7 +37,7 @@ import dtypes
 from .._apply import apply
 from .._contract import Contract
 from .._loss_scale import DynamicLossScale, NoOpLossScale, all_finite, select_tree
-from .._tensor import Tensor
+from .._tensor import Tensor, logical_values
 from .._tree import to_full_precision, to_reduced_precision, tree_nbytes
 from .._updates import apply_updates
 
@@ -315,7 +315,7 @@ def _forward(mode: Mode) -> Callable[[Params, jax.Array], jax.Array]:
         # Float32 parameters and images; every conv and dense layer is quantized
         # at the contraction (both operands), the rest stays float32.
         quantized = apply(cnn, compute=mode.compute, contract=mode.contract)
-        return lambda params, x: jnp.asarray(quantized(quantize(params), x))
+        return lambda params, x: logical_values(quantized(quantize(params), x))
     if mode.compute is None:
         return lambda params, x: cnn(quantize(params), x)
     fmt = dtypes.get(mode.compute)
@@ -324,7 +324,7 @@ def _forward(mode: Mode) -> Callable[[Params, jax.Array], jax.Array]:
     def forward(params: Params, x: jax.Array) -> jax.Array:
         params = to_reduced_precision(quantize(params), fmt)
         logits = model(params, Tensor(x).to_reduced_precision(fmt))
-        return jnp.asarray(logits)  # logical float32 values of the fmt-rounded logits
+        return logical_values(logits)  # logical float32 values of the fmt-rounded logits
 
     return forward
 
