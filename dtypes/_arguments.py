@@ -7,7 +7,7 @@ format takes a scaling (the command line, planning a conversion) loads no JAX.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from ._scaling import Scaling
 if TYPE_CHECKING:
     from ._format import Format
 
-__all__ = ["check_scaling_field", "refuse_non_finite", "resolve_scaling"]
+__all__ = ["as_dtype", "check_scaling_field", "refuse_non_finite", "resolve_scaling"]
 
 
 def resolve_scaling(fmt: Format, scaling: Scaling | None) -> Scaling | None:
@@ -29,6 +29,30 @@ def resolve_scaling(fmt: Format, scaling: Scaling | None) -> Scaling | None:
             f"scaling must be PerTensor(), PerAxis(axis) or PerBlock(size), got {scaling!r}"
         )
     return scaling
+
+
+def as_dtype(dtype: Any, what: str) -> np.dtype[Any]:
+    """`dtype` as a numpy dtype of numbers, or a `PrecisionTypeError` naming it."""
+    dt: np.dtype[Any] | None
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError):
+        dt = None
+    numeric = dt is not None and (dt.kind in "iuf" or dt.name in _ML_FLOATS)
+    if dt is None or not numeric or isinstance(dtype, bool):
+        raise PrecisionTypeError(
+            f"{what} takes a numeric dtype such as np.float32 or ml_dtypes.bfloat16, got "
+            f"{type(dtype).__name__} {dtype!r}"
+        )
+    assert dt is not None
+    return dt
+
+
+_ML_FLOATS = frozenset(
+    ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3", "float8_e3m4", "float8_e4m3fnuz",
+     "float8_e5m2fnuz", "float8_e4m3b11fnuz", "float8_e8m0fnu", "float4_e2m1fn", "float6_e2m3fn",
+     "float6_e3m2fn")
+)  # fmt: skip
 
 
 def check_scaling_field(fmt: object, scaling: object) -> None:

@@ -116,9 +116,15 @@ def check_decodable(fmt: Format, enc: Any, dtype: Any = np.float32) -> None:
 def _check_float_dtype(fmt: Format, dtype: Any) -> None:
     try:
         dt = np.dtype(dtype)
-        floating = bool(jnp.issubdtype(dt, jnp.floating))
+        floating = dtype is not None and bool(jnp.issubdtype(dt, jnp.floating))
     except TypeError:
         floating = False
+    if floating and dt == np.float64 and not jax.config.read("jax_enable_x64"):
+        raise PrecisionTypeError(
+            f"{fmt.name} cannot decode into float64 while JAX is 32-bit (it would give "
+            "float32 with a warning); set jax.config.update('jax_enable_x64', True) first, or "
+            "decode into float32"
+        )
     if not floating:
         raise PrecisionTypeError(
             f"{fmt.name} decodes into a floating dtype (float32, float64, bfloat16, float16), "

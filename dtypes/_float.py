@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import ml_dtypes
 import numpy as np
 
-from ._arguments import check_scaling_field
+from ._arguments import as_dtype, check_scaling_field
 from ._errors import FormatError, PrecisionTypeError
 from ._format import Format
 from ._scaling import Scaling
@@ -273,7 +273,7 @@ class FloatFormat(Format):
 
     def result_dtype(self, dtype: Any, scaling: Scaling | None = None) -> np.dtype[Any]:
         """The dtype `round` returns for input of `dtype` (see `Format.result_dtype`)."""
-        return _result_dtype(self, np.dtype(dtype), scaling)
+        return _result_dtype(self, as_dtype(dtype, f"{self.name}.result_dtype"), scaling)
 
     def __repr__(self) -> str:
         args = [str(self.exponent_bits), str(self.mantissa_bits)]

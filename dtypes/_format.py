@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ._arguments import as_dtype
 from ._errors import ShapeError
 from ._scaling import Scaling, scale_nbytes
 
@@ -207,7 +208,7 @@ class Format:
             >>> dtypes.int8.result_dtype(np.float16)
             dtype('float32')
         """
-        given: np.dtype[Any] = np.dtype(dtype)
+        given = as_dtype(dtype, f"{self.name}.result_dtype")
         if given == np.float64:
             return given
         return given if given == np.float32 else np.dtype(np.float32)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -10,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dtypes
-from dtypes import NonFiniteError, PrecisionTypeError
+from dtypes import NonFiniteError, PrecisionTypeError, ShapeError
 
 from . import _operators
 from ._context import get_default_format, resolve_format
@@ -603,7 +604,16 @@ class Tensor:
         """Indexing as JAX does it, except that a static integer index out of range
         raises `IndexError` (as numpy does) instead of being clamped."""
         _check_static_index(key, self.shape)
-        return _getitem(self, key)
+        try:
+            return _getitem(self, key)
+        except IndexError as err:
+            raise TensorIndexError(f"cannot index a Tensor of shape {self.shape}: {err}") from None
+        except TypeError as err:
+            if isinstance(err, PrecisionTypeError | PrecisionMismatchError):
+                raise
+            raise PrecisionTypeError(
+                f"cannot index a Tensor of shape {self.shape} with {key!r}: {err}"
+            ) from None
 
     sum = _operators.reduction("sum")
     mean = _operators.reduction("mean")
@@ -616,6 +626,7 @@ class Tensor:
         """The Tensor with a new logical shape (storage codes move where the scaling allows)."""
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
             shape = tuple(shape[0])
+        _check_new_shape(shape, self.shape)
         out: Tensor = _operators.method("reshape")(self, tuple(shape))
         return out
 
@@ -640,6 +651,23 @@ def logical_values(t: Any) -> jax.Array:
     """A Tensor's logical values as an array, an array as itself (the library's own
     explicit conversion: `__jax_array__` refuses calls from library code)."""
     return t._values() if isinstance(t, Tensor) else jnp.asarray(t)
+
+
+def _check_new_shape(new: tuple[Any, ...], shape: tuple[int, ...]) -> None:
+    """Refuse a reshape to something that is not a shape of this many values."""
+    ints = all(isinstance(d, int | np.integer) and not isinstance(d, bool) for d in new)
+    size = math.prod(shape)
+    known = math.prod(int(d) for d in new if ints and d != -1)
+    fits = ints and (
+        sum(1 for d in new if d == -1) <= 1
+        and all(d >= -1 for d in new)
+        and (known == size if -1 not in new else known != 0 and size % known == 0)
+    )
+    if not fits:
+        raise ShapeError(
+            f"cannot reshape a Tensor of shape {shape} ({size} values) into {new!r}: a shape "
+            "is ints (one of them may be -1) whose product is the number of values"
+        )
 
 
 def _check_static_index(key: Any, shape: tuple[int, ...]) -> None:

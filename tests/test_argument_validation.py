@@ -13,6 +13,7 @@ table in tests/precision/test_cli.py.
 from __future__ import annotations
 
 import os
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,13 @@ import pytest
 import dtypes
 import precision
 from precision import CheckpointError, DynamicLossScale, StaticLossScale, select_tree
-from precision._errors import LossScaleError, LossScaleTypeError, SaveError, SaveTypeError
+from precision._errors import (
+    LossScaleError,
+    LossScaleTypeError,
+    SaveError,
+    SaveTypeError,
+    SelectionWarning,
+)
 from precision.testing._plugin import MarkerError, selected_formats
 
 NAN = float("nan")
@@ -428,3 +435,85 @@ def test_a_wrong_call_raises_a_precision_error_naming_value_and_fix(tmp_path, ca
     assert not missing, f"{type(exc).__name__}: {message!r} does not say {missing}"
     # nothing was left behind by a refused save
     assert all(not name.startswith(".") for name in os.listdir(tmp_path)), os.listdir(tmp_path)
+
+
+# -- the sweep: every format method and Tensor entry point, every kind of bad value --------
+
+BAD_VALUES = {
+    "None": None,
+    "text": "abc",
+    "mixed list": [1, "a"],
+    "object": object(),
+    "nan": NAN,
+    "negative": -1,
+    "long tuple": (1, 2, 3),
+    "dict": {"a": 1},
+    "bool": True,
+    "complex": 1j,
+}
+SWEPT = ["bfloat16", "float8_e4m3fn", "int8", "int4", "uint8", "nf4", "mxfp4", "float8_e8m0fnu"]
+SAMPLE = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
+
+
+def _format_calls(fmt: dtypes.Format, enc: dtypes.Encoded, v: Any) -> dict[str, Callable[[], Any]]:
+    return {
+        "encode": lambda: fmt.encode(v),
+        "round": lambda: fmt.round(v),
+        "check": lambda: fmt.check(v),
+        "encode scaling=": lambda: fmt.encode(SAMPLE, scaling=v),
+        "encode rounding=": lambda: fmt.encode(SAMPLE, rounding=v),
+        "stochastic key=": lambda: fmt.encode(SAMPLE, rounding="stochastic", key=v),
+        "decode": lambda: fmt.decode(v),
+        "decode dtype=": lambda: fmt.decode(enc, dtype=v),
+        "nbytes": lambda: fmt.nbytes(v),
+        "data_shape": lambda: fmt.data_shape(v),
+        "result_dtype": lambda: fmt.result_dtype(v),
+    }
+
+
+def _tensor_calls(v: Any) -> dict[str, Callable[[], Any]]:
+    t = precision.Tensor(SAMPLE)
+    return {
+        "Tensor": lambda: precision.Tensor(v),
+        "Tensor dtype=": lambda: precision.Tensor(SAMPLE, dtype=v),
+        "to_reduced_precision": lambda: t.to_reduced_precision(v),
+        "to_reduced_precision scaling=": lambda: t.to_reduced_precision("int8", scaling=v),
+        "to_reduced_precision rounding=": lambda: t.to_reduced_precision("bf16", rounding=v),
+        "reshape": lambda: t.reshape(v),
+        "index": lambda: t[v],
+        "tree where=": lambda: precision.to_reduced_precision({"w": SAMPLE}, "int8", where=v),
+        "tree format": lambda: precision.to_reduced_precision({"w": SAMPLE}, v),
+        "apply compute=": lambda: precision.apply(lambda a: a, compute=v)(t),
+        "apply contract=": lambda: precision.apply(lambda a: a, contract=v)(t),
+    }
+
+
+def _outcome(call: Callable[[], Any]) -> str | None:
+    """None when the call succeeds or raises a PrecisionError (or a call-site arity error);
+    else what leaked: a plain builtin raised from inside the library."""
+    try:
+        call()
+    except (precision.PrecisionError, SelectionWarning):  # (a warning the filters raise)
+        return None
+    except Exception as exc:  # the point: which ones leak
+        frames = traceback.extract_tb(exc.__traceback__)[1:]
+        if any(f"{os.sep}dtypes{os.sep}" in f.filename or f"{os.sep}precision{os.sep}" in f.filename
+               for f in frames):  # fmt: skip
+            return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@pytest.mark.parametrize("name", SWEPT)
+def test_the_sweep_of_bad_values_raises_no_plain_builtin(name):
+    fmt = dtypes.get(name)
+    enc = fmt.encode(np.abs(SAMPLE) + 0.5 if fmt.kind == "scale" else SAMPLE)
+    leaked = {}
+    for label, value in BAD_VALUES.items():
+        calls = _format_calls(fmt, enc, value)
+        if name == SWEPT[0]:
+            calls |= _tensor_calls(value)
+        for what, call in calls.items():
+            problem = _outcome(call)
+            if problem is not None:
+                leaked[f"{what}({label})"] = problem
+    assert not leaked, leaked
