@@ -25,7 +25,7 @@ from ._encoded import Encoded
 from ._errors import FormatError, PrecisionTypeError, RoundingError, ScalingError
 from ._format import Format
 from ._ieee import times_scale, to_float32
-from ._inputs import as_float_array, check_finite, is_tracer
+from ._inputs import any_equal_now, as_float_array, check_finite, is_tracer
 from ._rounding_modes import check_rounding
 from ._scaling import Scaling
 
@@ -156,7 +156,7 @@ def _check_values(fmt: Format, enc: Encoded) -> None:
             )
     if fmt.kind == "int" and not fmt.packed and not is_tracer(enc.data):
         low = -(2 ** (fmt.code_bits - 1))
-        if fmt.code_bits > 1 and bool(np.any(np.asarray(enc.data) == low)):
+        if fmt.code_bits > 1 and any_equal_now(enc.data, low):
             raise FormatError(
                 f"a {fmt.name} encoding holds the code {low}, which symmetric encoders never "
                 f"write (codes are within ±{-low - 1}); build it with {fmt.name}.encode(x)"

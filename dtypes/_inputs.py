@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ._format import Format
 
 __all__ = [
+    "any_equal_now",
     "any_inf_now",
     "any_nan_now",
     "as_float_array",
@@ -85,6 +86,15 @@ def _all_finite_now(x: jax.Array) -> bool:
         return bool(np.isfinite(np.asarray(x)).all())
     with jax.ensure_compile_time_eval():
         return bool(jnp.all(jnp.isfinite(x)))
+
+
+def any_equal_now(x: jax.Array, value: int) -> bool:
+    """Whether concrete `x` holds `value`: read in place where it is in host memory, else
+    reduced on its device (no copy of the whole array to the host)."""
+    if not isinstance(x, jax.Array) or all(d.platform == "cpu" for d in x.devices()):
+        return bool(np.any(np.asarray(x) == value))
+    with jax.ensure_compile_time_eval():
+        return bool(jnp.any(x == value))
 
 
 def any_nan_now(x: jax.Array) -> bool:

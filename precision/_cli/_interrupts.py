@@ -81,12 +81,20 @@ def recording_from_start(*, interrupted: bool = False) -> Iterator[None]:
     SIGINT is recorded, never raised, until `interrupt_handler` takes over and acts on it
     (a KeyboardInterrupt raised in the middle of those imports printed a traceback).
     `interrupted`: one already came (the entry point records from its first line)."""
-    global _deferring, _interrupted
+    global _interrupted
     if not _is_main_thread():
         yield
         return
     signal.signal(signal.SIGINT, _on_sigint)
     _interrupted = _interrupted or interrupted
+    with _recording_only():
+        yield
+
+
+@contextlib.contextmanager
+def _recording_only() -> Iterator[None]:
+    """While the block runs, the handler records a SIGINT and raises nothing."""
+    global _deferring
     outer = _deferring
     _deferring = True
     try:
@@ -98,13 +106,8 @@ def recording_from_start(*, interrupted: bool = False) -> Iterator[None]:
 @contextlib.contextmanager
 def deferring() -> Iterator[None]:
     """Only record SIGINTs while the block runs (module imports); stop after it if one came."""
-    global _deferring
-    outer = _deferring
-    _deferring = True
-    try:
+    with _recording_only():
         yield
-    finally:
-        _deferring = outer
     check_interrupt()
 
 

@@ -453,16 +453,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the `precision` command line with `argv` (default: sys.argv[1:]).
-
-    Returns the exit status: 0 success, 1 data error, 2 usage error, 130
-    interrupted. JAX is imported only once the arguments are parsed.
-
-    Examples:
-        >>> main(["formats"])  # doctest: +ELLIPSIS
-        format ...
-        0
-    """
+    """`precision._cli.main` once the command's modules are loaded (documented there)."""
     program = argv is None
     try:
         with interrupt_handler(program):
