@@ -6,8 +6,9 @@
 #   device.txt      the device and the versions
 #   bits_*.json     backend_bits.py digests on the accelerator and on the host CPU,
 #   bits.txt        and the cases where they differ (none is the goal)
-#   accelerator.txt benchmarks/accelerator.py sections 2-4 (dots, speed, quantized)
+#   diff.txt, diff/ benchmarks/backend_diff.py: where differences come from, encode steps
 #   pytest.txt      the issue's test selection with JAX's default backend
+#   accelerator.txt benchmarks/accelerator.py sections 3 and 4 (speed, quantized contractions)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=.
@@ -21,28 +22,35 @@ acc=$([ "$quick" = --quick ] && echo "--quick" || echo "")
 print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, 'ml_dtypes', ml_dtypes.__version__, \
 'numpy', numpy.__version__); print(jax.devices())"; } >"$OUT/device.txt" 2>&1
 
-# the CI case list (every format and encoding; see backend_bits.cases) on 1M values
+# Correctness first, all at once (the device is shared; nothing here is timed):
+# the CI case list (every format and encoding; see backend_bits.cases) on 1M values,
 accel=$(python -c "import jax; print(jax.devices()[0].platform)")
-timeout 200 python tests/dtypes/backend_bits.py "$OUT/bits_$accel.json" --size "$size" \
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+timeout 150 python tests/dtypes/backend_bits.py "$OUT/bits_$accel.json" --size "$size" \
     --device "$accel" --quick >"$OUT/bits_run.txt" 2>&1 &
-JAX_PLATFORMS=cpu timeout 200 python tests/dtypes/backend_bits.py "$OUT/bits_cpu.json" \
+JAX_PLATFORMS=cpu timeout 150 python tests/dtypes/backend_bits.py "$OUT/bits_cpu.json" \
     --size "$size" --device cpu --quick >>"$OUT/bits_run.txt" 2>&1 &
-wait
-python tests/dtypes/backend_bits.py --compare "$OUT/bits_$accel.json" "$OUT/bits_cpu.json" \
-    >"$OUT/bits.txt" 2>&1
-
-timeout 150 python benchmarks/accelerator.py --parts 24 $acc >"$OUT/accelerator.txt" 2>&1
-timeout 150 python benchmarks/accelerator.py --parts 3 $acc >>"$OUT/accelerator.txt" 2>&1
-
-# the plugin is an entry point where the project is installed, else named here
+# where the open differences come from, element by element, and the encode steps' times,
+timeout 150 python benchmarks/backend_diff.py "$OUT/diff" $acc >"$OUT/diff.txt" 2>&1 &
+# and the issue's test selection with JAX's default backend (pytest-xdist workers where
+# a .gpu_site folder brings it; -v, so a run cut short still says what passed; no
+# pytest-benchmark, which refuses to run beside xdist)
 plugin="-p _precision_pytestplugin"
 python -c "import importlib.metadata as m, sys; \
 sys.exit(any(e.name == 'precision' for e in m.entry_points(group='pytest11')))" || plugin=""
-timeout 170 python -m pytest $plugin -p no:cacheprovider -q --maxfail=40 \
-    -W ignore::DeprecationWarning \
-    tests/precision/test_contract.py tests/precision/test_int_contraction_scalings.py \
-    tests/dtypes/test_asymmetric.py tests/dtypes/test_int_quantization.py \
-    tests/dtypes/test_mx_nvfp4.py tests/dtypes/test_edge_regressions.py \
-    tests/precision/test_compute_rules.py >"$OUT/pytest.txt" 2>&1
+workers=""
+[ -d .gpu_site ] && workers="-n 6 --dist loadfile"
+PYTHONPATH=.:.gpu_site timeout 200 python -m pytest $plugin -o addopts="" \
+    -p no:cacheprovider -p no:benchmark -v -ra --maxfail=60 $workers -W ignore::DeprecationWarning \
+    tests/dtypes tests/precision/test_contract.py tests/precision/test_compute_rules.py \
+    tests/precision/test_models.py >"$OUT/pytest.txt" 2>&1 &
+wait
+python tests/dtypes/backend_bits.py --compare "$OUT/bits_$accel.json" "$OUT/bits_cpu.json" \
+    >"$OUT/bits.txt" 2>&1
+unset XLA_PYTHON_CLIENT_PREALLOCATE
+
+# then the timings, alone on the device
+timeout 80 python benchmarks/accelerator.py --parts 3 $acc >"$OUT/accelerator.txt" 2>&1
+timeout 90 python benchmarks/accelerator.py --parts 4 $acc >>"$OUT/accelerator.txt" 2>&1
 tail -3 "$OUT/pytest.txt"
-cat "$OUT/bits.txt" | tail -3
+tail -3 "$OUT/bits.txt"

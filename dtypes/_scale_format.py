@@ -48,7 +48,7 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-from ._ieee import divide, is_finite, is_nan, nan_where, select, to_float32
+from ._ieee import divide, from_float32, is_finite, is_nan, nan_where, select, to_float32
 from ._scaling import Scaling, scale_dtype
 
 __all__ = ["narrow", "widen"]
@@ -102,7 +102,8 @@ def narrow(
     dtype = scale_dtype(scaling)
     info = ml_dtypes.finfo(dtype)
     lo = np.float32(info.smallest_subnormal if fmt == "float16" else _TINY)
-    stored = jnp.clip(scale, lo, np.float32(info.max)).astype(dtype)
+    # a NaN group's scale is written as bits (a GPU's conversion writes another NaN)
+    stored = from_float32(jnp.clip(scale, lo, np.float32(info.max)), dtype)
     s32 = to_float32(stored)
     big = s32 > np.float32(2.0**100)  # keep the reciprocal a normal float32
     pre = jnp.where(big, jnp.float32(2.0**-64), jnp.float32(1))

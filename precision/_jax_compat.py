@@ -24,6 +24,8 @@ __all__ = [
     "is_differentiated",
     "is_tracer",
     "prims",
+    "scan_counts",
+    "while_counts",
 ]
 
 JAX_VERSION_TESTED = "0.10.2"
@@ -32,6 +34,23 @@ ClosedJaxpr = jex.ClosedJaxpr
 Jaxpr = jex.Jaxpr
 Literal = jex.Literal
 Primitive = jex.Primitive
+
+
+def scan_counts(params: dict[str, Any]) -> tuple[int, int]:
+    """(number of constants, number of carries) of a `scan` equation.
+
+    jax 0.10 names them `num_consts` and `num_carry`; jax 0.11 packs the inputs
+    as (consts, carry, xs) in a flat tree, `ft_in`, whose parts have lengths.
+    """
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
+
+
+def while_counts(params: dict[str, Any]) -> tuple[int, int]:
+    """(constants of the condition, constants of the body) of a `while` equation."""
+    return int(params["cond_nconsts"]), int(params["body_nconsts"])
 
 
 def is_tracer(x: Any) -> bool:

@@ -233,7 +233,7 @@ def _scan_slice(
 
 def _scan(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
     p = eqn.params
-    nc, nk = p["num_consts"], p["num_carry"]
+    nc, nk = compat.scan_counts(p)
     consts, carry, xs = ins[:nc], ins[nc : nc + nk], ins[nc + nk :]
     const_vals, const_states = [v for v, _ in consts], _plain([s for _, s in consts])
     x_states = _plain([s for _, s in xs])
@@ -304,7 +304,7 @@ def _scan(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
 
 def _while(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
     p = eqn.params
-    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    cn, bn = compat.while_counts(p)
     cconsts, bconsts, carry = ins[:cn], ins[cn : cn + bn], ins[cn + bn :]
     bvals, bstates = [v for v, _ in bconsts], _plain([s for _, s in bconsts])
     cvals, cstates = [v for v, _ in cconsts], _plain([s for _, s in cconsts])

@@ -36,7 +36,7 @@ from jax import lax
 
 import dtypes
 
-from ._int_operands import codes, kept_scale
+from ._int_operands import codes, dot_operands, kept_scale
 from ._quantized import quantized_contraction
 from ._rules import RULES, Val, finish, op_state, operands_at_use
 from ._state import Context, Stored
@@ -137,7 +137,7 @@ def _integer_dot(eqn: Any, a: jax.Array, b: jax.Array, ea: Stored, eb: Stored) -
     def exact(
         a: jax.Array, b: jax.Array, ca: jax.Array, cb: jax.Array, sa: jax.Array, sb: jax.Array
     ) -> jax.Array:
-        acc = lax.dot_general(ca, cb, dims, preferred_element_type=jnp.int32)
+        acc = lax.dot_general(*dot_operands(ca, cb, dims), dims, preferred_element_type=jnp.int32)
         return (acc.astype(jnp.float32) * sa * sb).astype(out_dtype)
 
     @exact.defjvp

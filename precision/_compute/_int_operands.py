@@ -21,6 +21,7 @@ ask this module, so the rule lives once.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -33,7 +34,29 @@ import dtypes
 from .._storage import decode_storage
 from ._state import Stored
 
-__all__ = ["codes", "kept_scale"]
+__all__ = ["codes", "dot_operands", "kept_scale"]
+
+
+def dot_operands(a: jax.Array, b: jax.Array, dims: Any) -> tuple[jax.Array, jax.Array]:
+    """Integer codes as an `s8 x s8 -> s32` `dot_general` is handed them.
+
+    Where the contracted length is not a multiple of 4, zero codes extend the
+    last contracted dim of both operands to one: they add nothing to an
+    integer sum. XLA:GPU's GEMM fusion returns twice the product of a plain
+    `s8` `dot_general` whose contracted length is not a multiple of 4 (jax
+    0.11.2 on an H100, with or without batch dims, whatever the layout;
+    `benchmarks/backend_diff.py` part 5), and is right when it is one. Done on
+    every backend, so every backend runs the same program.
+    """
+    (lc, rc), _ = dims
+    if not lc or not jnp.issubdtype(a.dtype, jnp.integer):
+        return a, b
+    if math.prod(a.shape[d] for d in lc) % 4 == 0:
+        return a, b
+    extra = -a.shape[lc[-1]] % 4
+    a = jnp.pad(a, [(0, extra if d == lc[-1] else 0) for d in range(a.ndim)])
+    b = jnp.pad(b, [(0, extra if d == rc[-1] else 0) for d in range(b.ndim)])
+    return a, b
 
 
 def codes(stored: Stored) -> jax.Array:

@@ -58,7 +58,7 @@ import numpy as np
 import dtypes
 
 from .._storage import decode_storage
-from ._int_operands import codes, kept_scale
+from ._int_operands import codes, dot_operands, kept_scale
 from ._rules import Val, decode_at_use, finish, prepare
 from ._state import Context, State, Stored
 
@@ -394,6 +394,7 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
                     _moved_dims(lb, len(rbatch)) if moved_b else (tuple(rc), tuple(rbatch)),
                 )
                 iparams["dimension_numbers"] = ((lc, rc), (lbatch, rbatch))
+                ca, cb = dot_operands(ca, cb, iparams["dimension_numbers"])
             acc: jax.Array = eqn.primitive.bind(ca, cb, **iparams)
             oa, ob = _out_scale(eqn, acc.ndim, ka, kb, la, lb)
             return ((acc.astype(jnp.float32) * oa) * ob).astype(out_dtype)
