@@ -21,14 +21,7 @@ from ._encoded import Encoded
 from ._errors import FormatError, NonFiniteError, ScalingError
 from ._group_scales import flush_subnormals, scales, times_reciprocal
 from ._ieee import from_float32, times_scale
-from ._inputs import (
-    any_inf_now,
-    any_nan_now,
-    as_float_array,
-    check_finite,
-    is_tracer,
-    resolve_scaling,
-)
+from ._inputs import as_float_array, check_finite, is_tracer, resolve_scaling, special_values_now
 from ._rounding import Grid, round_float
 from ._rounding_modes import check_rounding
 from ._scaling import Scaling
@@ -86,8 +79,15 @@ def _round_float_ste_jvp(
     return round_float(x, grid, rounding, key), tangents[0]
 
 
-def _validate(fmt: FloatFormat, x: jax.Array, scaling: Scaling | None) -> None:
-    """Every check that can be made before computing: shapes, and eager values."""
+def _validate(
+    fmt: FloatFormat, x: jax.Array, scaling: Scaling | None, *, storing: bool = True
+) -> None:
+    """Every check that can be made before computing: shapes, and eager values.
+
+    An unscaled format with neither NaN nor inf refuses NaN; storing into it
+    (`encode`, `check`) refuses ±inf too, which would become ±max silently;
+    `round`, an emulation, keeps snapping ±inf to ±max.
+    """
     if scaling is not None and fmt.emax >= 127:
         raise ScalingError(
             f"{fmt.name} already has float32's exponent range, so scaling cannot help it and "
@@ -98,11 +98,18 @@ def _validate(fmt: FloatFormat, x: jax.Array, scaling: Scaling | None) -> None:
         scaling.validate(x.shape)
     if scaling is not None:
         check_finite(x, fmt)
-    elif fmt.finite and not fmt.nan:
-        if not is_tracer(x) and any_nan_now(x):
+    elif fmt.finite and not fmt.nan and not is_tracer(x):
+        has_nan, has_inf = special_values_now(x)  # one pass for both refusals
+        if has_nan:
             raise NonFiniteError(
                 f"cannot encode NaN into {fmt.name}, which has no NaN code; use a scaled "
                 "encoding (the group's scale becomes NaN) or a format with NaN"
+            )
+        if has_inf and storing and not fmt.saturate:
+            raise NonFiniteError(
+                f"cannot encode inf into {fmt.name}, which has neither inf nor NaN (it would "
+                f"become ±{fmt.max:g} silently); build the format with saturate=True to clamp, "
+                "or use a scaled encoding"
             )
 
     if fmt.exponent_bits == 11 and not jax.config.read("jax_enable_x64"):
@@ -112,24 +119,11 @@ def _validate(fmt: FloatFormat, x: jax.Array, scaling: Scaling | None) -> None:
         )
 
 
-def _refuse_inf(fmt: FloatFormat, x: jax.Array, scaling: Scaling | None) -> None:
-    """An unscaled encode into a format with neither inf nor NaN refuses ±inf eagerly
-    (it would become ±max silently); `round`, an emulation, keeps snapping it to ±max."""
-    if scaling is None and fmt.finite and not fmt.nan and not fmt.saturate:
-        if not is_tracer(x) and any_inf_now(x):
-            raise NonFiniteError(
-                f"cannot encode inf into {fmt.name}, which has neither inf nor NaN (it would "
-                f"become ±{fmt.max:g} silently); build the format with saturate=True to clamp, "
-                "or use a scaled encoding"
-            )
-
-
 def check(fmt: FloatFormat, x: Any, scaling: Scaling | None) -> None:
     """Raise what `encode` would raise for `x` (shapes, eager values), encoding nothing."""
     x = as_float_array(x)
     resolved = resolve_scaling(fmt, scaling)
     _validate(fmt, x, resolved)
-    _refuse_inf(fmt, x, resolved)
 
 
 def encode(fmt: FloatFormat, x: Any, scaling: Scaling | None, rounding: str, key: Any) -> Encoded:
@@ -138,7 +132,6 @@ def encode(fmt: FloatFormat, x: Any, scaling: Scaling | None, rounding: str, key
     x = as_float_array(x)
     scaling = resolve_scaling(fmt, scaling)
     _validate(fmt, x, scaling)
-    _refuse_inf(fmt, x, scaling)
     encoded: Encoded = _encode_jit(fmt, scaling, rounding, x, key)
     return encoded
 
@@ -261,5 +254,5 @@ def fake_quantize(
     check_rounding(rounding, key)
     x = as_float_array(x)
     scaling = resolve_scaling(fmt, scaling)
-    _validate(fmt, x, scaling)
+    _validate(fmt, x, scaling, storing=False)
     return _fake_quantize_jit(fmt, scaling, rounding, x, key)

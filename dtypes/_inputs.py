@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from ._arguments import refuse_non_finite, resolve_scaling
 from ._errors import NonFiniteError, PrecisionTypeError
@@ -21,12 +22,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "any_equal_now",
-    "any_inf_now",
-    "any_nan_now",
     "as_float_array",
     "check_finite",
     "is_tracer",
     "resolve_scaling",
+    "special_values_now",
 ]
 
 
@@ -79,13 +79,37 @@ def check_finite(x: jax.Array, fmt: Format) -> None:
 
 
 def _all_finite_now(x: jax.Array) -> bool:
-    """Whether concrete `x` is all finite: read in place by numpy where it is in host
-    memory (an eager check compiled per shape costs more than the check), else on its
-    device. Computed now, even inside an enclosing trace (a closed-over constant)."""
+    """Whether concrete `x` is all finite (computed now, even inside an enclosing trace)."""
+    has_nan, has_inf = special_values_now(x)
+    return not (has_nan or has_inf)
+
+
+def special_values_now(x: jax.Array) -> tuple[bool, bool]:
+    """(whether concrete `x` holds NaN, whether it holds ±inf), in one pass.
+
+    Read in place by numpy where `x` is in host memory (a check compiled per
+    shape costs more than the check there), else by one compiled reduction on
+    its device: an eager `jnp.isnan` then `jnp.any` would write a boolean array
+    as large as `x` and read it back, for each question. Computed now, even
+    inside an enclosing trace (a closed-over constant).
+    """
     if all(d.platform == "cpu" for d in x.devices()):
-        return bool(np.isfinite(np.asarray(x)).all())
+        values = np.asarray(x)
+        if values.dtype.itemsize < 4:
+            values = values.astype(np.float32)
+        return bool(np.isnan(values).any()), bool(np.isinf(values).any())
     with jax.ensure_compile_time_eval():
-        return bool(jnp.all(jnp.isfinite(x)))
+        has_nan, has_inf = _special_values(x)
+    return bool(has_nan), bool(has_inf)
+
+
+@jax.jit
+def _special_values(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    if x.dtype != jnp.float32:
+        return jnp.any(jnp.isnan(x)), jnp.any(jnp.isinf(x))
+    # (from the bits, one integer compare each: a compiler assuming no NaN keeps them)
+    mag = lax.bitcast_convert_type(x, jnp.uint32) & jnp.uint32(0x7FFFFFFF)
+    return jnp.any(mag > jnp.uint32(0x7F800000)), jnp.any(mag == jnp.uint32(0x7F800000))
 
 
 def any_equal_now(x: jax.Array, value: int) -> bool:
@@ -95,15 +119,3 @@ def any_equal_now(x: jax.Array, value: int) -> bool:
         return bool(np.any(np.asarray(x) == value))
     with jax.ensure_compile_time_eval():
         return bool(jnp.any(x == value))
-
-
-def any_nan_now(x: jax.Array) -> bool:
-    """Whether concrete `x` holds a NaN (computed now, even inside an enclosing trace)."""
-    with jax.ensure_compile_time_eval():
-        return bool(jnp.any(jnp.isnan(x)))
-
-
-def any_inf_now(x: jax.Array) -> bool:
-    """Whether concrete `x` holds ±inf (computed now, even inside an enclosing trace)."""
-    with jax.ensure_compile_time_eval():
-        return bool(jnp.any(jnp.isinf(x)))

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from ._errors import LossScaleTypeError as LossScaleTypeError
     from ._errors import PolicyError as PolicyError
     from ._errors import PrecisionError as PrecisionError
+    from ._errors import PrecisionFallbackError as PrecisionFallbackError
+    from ._errors import PrecisionFallbackWarning as PrecisionFallbackWarning
     from ._errors import PrecisionMismatchError as PrecisionMismatchError
     from ._errors import SaveError as SaveError
     from ._errors import SaveTypeError as SaveTypeError
@@ -60,6 +62,8 @@ _HOME = {
     "LossScaleTypeError": "_errors",
     "PolicyError": "_errors",
     "PrecisionError": "_errors",
+    "PrecisionFallbackError": "_errors",
+    "PrecisionFallbackWarning": "_errors",
     "PrecisionMismatchError": "_errors",
     "SaveError": "_errors",
     "SaveTypeError": "_errors",
@@ -95,6 +99,8 @@ __all__ = [
     "Policy",
     "PolicyError",
     "PrecisionError",
+    "PrecisionFallbackError",
+    "PrecisionFallbackWarning",
     "PrecisionMismatchError",
     "SaveError",
     "SaveTypeError",

@@ -18,6 +18,8 @@ __all__ = [
     "FormatError",
     "PolicyError",
     "PrecisionError",
+    "PrecisionFallbackError",
+    "PrecisionFallbackWarning",
     "PrecisionMismatchError",
     "SelectionError",
     "UpdateError",
@@ -80,6 +82,16 @@ class SelectionError(PrecisionError, ValueError):
 class ToleranceError(PrecisionError, ValueError):
     """A tolerance or scale given to an assertion or metric that cannot mean anything
     (NaN, negative, zero where a step is needed): it would pass every comparison."""
+
+
+class PrecisionFallbackWarning(UserWarning):
+    """A declared quantized contraction that cannot take its narrow path and runs in
+    float32 instead (MX blocks, formats without a container XLA contracts). Warned
+    once per call site, naming the op, the file and line, and the reason."""
+
+
+class PrecisionFallbackError(PrecisionError, RuntimeError):
+    """`apply(..., strict=True)`: a declared quantized contraction would fall back."""
 
 
 class SelectionWarning(UserWarning):

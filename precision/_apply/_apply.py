@@ -228,7 +228,7 @@ def _build(
     return entry
 
 
-def _context(compute: Any, policy: Any, contract: Any = None) -> Context:
+def _context(compute: Any, policy: Any, contract: Any = None, strict: Any = False) -> Context:
     """The declaration of one `apply` call, validated once, when it is made."""
     from .._contract import as_contract
     from .._policy import Policy
@@ -262,7 +262,9 @@ def _context(compute: Any, policy: Any, contract: Any = None) -> Context:
     output = None
     if policy is not None and policy.output != policy.compute:
         output = policy.output
-    return Context(fmt, ops, output, as_contract(contract))
+    if not isinstance(strict, bool):
+        raise PrecisionTypeError(f"apply: `strict` must be True or False, got {strict!r}")
+    return Context(fmt, ops, output, as_contract(contract), strict)
 
 
 def _top_level_floats(args: tuple[Any, ...], kwargs: dict[str, Any], n: int) -> set[int]:
@@ -286,7 +288,12 @@ def _top_level_floats(args: tuple[Any, ...], kwargs: dict[str, Any], n: int) -> 
 
 
 def apply(
-    f: Callable[..., Any], *, compute: Any = None, policy: Any = None, contract: Any = None
+    f: Callable[..., Any],
+    *,
+    compute: Any = None,
+    policy: Any = None,
+    contract: Any = None,
+    strict: bool = False,
 ) -> Callable[..., Any]:
     """Make `f` (any JAX function) run on Tensors under the precision rules.
 
@@ -322,7 +329,11 @@ def apply(
             scale per tensor) or a `precision.Contract` (forward and
             backward formats, tensorwise / rowwise / MX scaling). Results
             are rescaled into the compute format; gradients are
-            straight-through.
+            straight-through. A contraction that cannot take the declared
+            narrow path (MX blocks, a format XLA has no dot for) runs in
+            float32 on the quantized values and warns once per call site
+            (`PrecisionFallbackWarning`).
+        strict: raise `PrecisionFallbackError` instead of that warning.
 
     Returns:
         The wrapped function.
@@ -331,6 +342,8 @@ def apply(
         PrecisionMismatchError: two compute formats meet in one operation, or
             storage meets a narrower compute format without a declaration
             (raised before anything is computed).
+        PrecisionFallbackError: with `strict=True`, a declared quantized
+            contraction cannot take its narrow path.
         DeviceMismatchError: Tensors on different devices.
 
     Examples:
@@ -350,7 +363,7 @@ def apply(
         >>> precision.apply(jnp.sum, compute="bfloat16")(w).format.name  # sums stay float32
         'float32'
     """
-    ctx = _context(compute, policy, contract)
+    ctx = _context(compute, policy, contract, strict)
     cache: dict[Any, _Entry] = {}
 
     @functools.wraps(f)

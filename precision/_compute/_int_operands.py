@@ -59,9 +59,9 @@ def dot_operands(a: jax.Array, b: jax.Array, dims: Any) -> tuple[jax.Array, jax.
     return a, b
 
 
-def codes(stored: Stored) -> jax.Array:
+def codes(stored: Stored | dtypes.Encoded) -> jax.Array:
     """The integer codes of an integer encoding (unpacked), as int8."""
-    enc = stored.enc
+    enc = stored.enc if isinstance(stored, Stored) else stored
     if not enc.format.packed:
         return enc.data
     assert enc.scale is not None  # integer storage is always scaled

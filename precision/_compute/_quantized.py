@@ -58,6 +58,7 @@ import numpy as np
 import dtypes
 
 from .._storage import decode_storage
+from ._fallback import fall_back
 from ._int_operands import codes, dot_operands, kept_scale
 from ._rules import Val, decode_at_use, finish, prepare
 from ._state import Context, State, Stored
@@ -319,6 +320,8 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
     # a dot-capable container are dequantized from their bits (`dtypes` decode: no
     # conversion for a simplifier to remove) and contract in float32.
     integer = scaling != "mx" and (fmt.kind == "int" or _native_fp8(fmt))
+    if not integer:
+        fall_back(eqn, ctx, _why_no_narrow_dot(fmt, scaling))
     acc_type = np.dtype(np.int32) if fmt.kind == "int" else np.dtype(np.float32)
 
     # Operands: float values brought to the compute format, or storage used as stored.
@@ -433,6 +436,18 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
     return finish(op, [out], state)
 
 
+def _why_no_narrow_dot(fmt: dtypes.Format, scaling: str) -> str:
+    if scaling == "mx":
+        return (
+            "MX blocks have a scale for every 32 summed elements, which does not factor out "
+            "of the sum, and XLA offers no block-scaled matmul for them"
+        )
+    return (
+        f"XLA has no dot for {fmt.name} operands (the narrow dots are int8 codes, "
+        "float8_e4m3fn and float8_e5m2)"
+    )
+
+
 def _native_fp8(fmt: dtypes.Format) -> bool:
     """An 8-bit float format whose container XLA contracts natively (f8e4m3fn, f8e5m2)."""
     native = fmt.native_dtype if isinstance(fmt, dtypes.FloatFormat) else None
@@ -451,11 +466,12 @@ def _int_rows(
     """(codes, scale over its kept dims) of a float operand; the codes in the operand's
     layout, or with `moved` its kept dims first and summed dims last."""
     enc = quantize(x, layout, fmt, scaling)
+    unpacked = codes(enc)  # int4 and int2 codes are packed in their encoding
     if layout.direct(scaling) is not None:
-        data = enc.data  # quantized in place
+        data = unpacked  # quantized in place
     elif moved:
-        data = enc.data.reshape(layout.kept_shape + layout.summed_shape)
+        data = unpacked.reshape(layout.kept_shape + layout.summed_shape)
     else:
-        data = layout.back(enc.data)  # a reshape when the layout is in order
+        data = layout.back(unpacked)  # a reshape when the layout is in order
     assert enc.scale is not None  # a quantized operand always has its scales
     return data, layout.row_scale(enc.scale)

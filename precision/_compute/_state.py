@@ -55,12 +55,14 @@ class State(NamedTuple):
 
 class Context(NamedTuple):
     """What a call of `apply` declared: the compute format, the float32 op list, the output,
-    and the quantization of contractions (a `precision.Contract`, or None)."""
+    the quantization of contractions (a `precision.Contract`, or None), and whether a
+    contraction that cannot take its declared narrow path raises (`strict`)."""
 
     compute: dtypes.Format | None = None
     float32_ops: frozenset[str] = frozenset()
     output: dtypes.Format | None = None
     contract: Any = None
+    strict: bool = False
 
 
 def _describe(state: State) -> str:

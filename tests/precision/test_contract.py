@@ -9,6 +9,7 @@ numpy (int64 dots of the codes, float64 sums of decoded values).
 from __future__ import annotations
 
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -243,7 +244,12 @@ def test_fp8_codes_equal_dtypes_on_wide_ranges_and_edges(fmt, scaling):
 def test_fp8_contraction_is_the_product_of_the_encodings(scaling):
     a, b = normal(2, 3, 64, scale=5.0), normal(64, 6)
     contract = Contract("float8_e4m3fn", scaling=scaling)
-    out = run_both(precision.apply(lambda a, b: a @ b, contract=contract), a, b)
+    f = precision.apply(lambda a, b: a @ b, contract=contract)
+    if scaling == "mx":  # emulated, and said so (see the fallback tests below)
+        with pytest.warns(precision.PrecisionFallbackWarning, match="MX blocks"):
+            out = run_both(f, a, b)
+    else:
+        out = run_both(f, a, b)
     qa = decoded_rows(a.reshape(6, 64), "float8_e4m3fn", scaling)
     qb = decoded_rows(b.T, "float8_e4m3fn", scaling)
     ref = (qa @ qb.T).reshape(2, 3, 6)
@@ -414,3 +420,79 @@ def test_contract_shorthand_and_defaults():
     assert Contract("int8") == Contract(dtypes.int8, scaling="rowwise")
     assert Contract("e4m3").scaling == "tensorwise"
     assert Contract("e4m3", backward="e5m2").backward == dtypes.float8_e5m2
+
+
+@pytest.mark.parametrize("name", ["int4", "int2"])
+def test_narrower_integer_contractions_are_exact_sums_of_their_codes(name):
+    # packed formats: their codes are unpacked for the dot (this crashed before)
+    x, w = normal(5, 30, scale=3.0), normal(30, 8)
+    out = run_both(precision.apply(lambda a, b: a @ b, contract=name), x, w)
+    fmt = dtypes.get(name)
+    rows = []
+    for m in (x, w.T):
+        enc = fmt.encode(m, scaling=dtypes.PerAxis(0))
+        scale = np.asarray(enc.scale, np.float32)
+        rows.append((np.rint(np.asarray(enc.decode()) / scale).astype(np.int64), scale))
+    (cx, sx), (cw, sw) = rows
+    assert np.abs(cx).max() <= fmt.qmax
+    ref = ((cx @ cw.T).astype(np.float32) * sx.reshape(5, 1)) * sw.reshape(1, 8)
+    np.testing.assert_array_equal(out, ref)
+
+
+# -- no silent fallback --------------------------------------------------------
+
+
+def _planted_fallback(x, w):
+    return jnp.tanh(x @ w)  # the contraction the warning must point at
+
+
+@pytest.mark.parametrize(
+    ("contract", "reason"),
+    [
+        (Contract("float8_e4m3fn", scaling="mx"), "MX blocks"),
+        (Contract("float4_e2m1fn"), "no dot for float4_e2m1fn"),
+        (Contract("float8_e4m3fn", scaling="mx", backward="float8_e5m2"), "MX blocks"),
+    ],
+    ids=["mx", "fp4", "mx-backward"],
+)
+def test_a_declared_contraction_without_a_narrow_path_warns_once_with_its_line(contract, reason):
+    x, w = normal(4, 64), normal(64, 8)
+    f = precision.apply(_planted_fallback, contract=contract)
+    line = _planted_fallback.__code__.co_firstlineno + 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # as a user sees warnings: once per place
+        for _ in range(3):
+            f(x, w)
+        jax.jit(f)(x, w)
+        f(x[:2], w)  # a new shape: traced again, same call site
+    fallbacks = [c for c in caught if c.category is precision.PrecisionFallbackWarning]
+    assert len(fallbacks) == 1, [str(c.message) for c in caught]
+    warning = fallbacks[0]
+    assert warning.filename == __file__
+    assert warning.lineno == line
+    message = str(warning.message)
+    assert reason in message
+    assert "dot_general" in message
+    assert contract.describe() in message
+    # strict: the same contraction raises, naming the same place, before anything runs
+    strict = precision.apply(_planted_fallback, contract=contract, strict=True)
+    with pytest.raises(precision.PrecisionFallbackError, match=f"test_contract.py:{line}"):
+        strict(x, w)
+
+
+@pytest.mark.parametrize(
+    "contract",
+    ["int8", "int4", Contract("float8_e4m3fn"), Contract("float8_e5m2", scaling="rowwise")],
+    ids=str,
+)
+def test_narrow_contractions_neither_warn_nor_raise_under_strict(contract):
+    x, w = normal(4, 64), normal(64, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        precision.apply(_planted_fallback, contract=contract)(x, w)
+        precision.apply(_planted_fallback, contract=contract, strict=True)(x, w)
+
+
+def test_strict_must_be_a_bool():
+    with pytest.raises(precision.PrecisionError, match="strict"):
+        precision.apply(jnp.sin, strict="yes")
