@@ -11,13 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._errors import NonFiniteError, PrecisionTypeError
+from ._errors import NonFiniteError, PrecisionTypeError, ScalingError
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
     from ._format import Format
+    from ._int import IntFormat
 
-__all__ = ["as_dtype", "check_scaling_field", "refuse_non_finite", "resolve_scaling"]
+__all__ = [
+    "as_dtype",
+    "check_scaling_field",
+    "refuse_non_finite",
+    "refuse_scaling",
+    "resolve_scaling",
+]
 
 
 def resolve_scaling(fmt: Format, scaling: Scaling | None) -> Scaling | None:
@@ -78,3 +85,25 @@ def refuse_non_finite(values: np.ndarray, fmt: Format) -> None:
         f"is {value} at index {first}. A scale computed over them would be NaN; replace them "
         "first (e.g. jnp.nan_to_num(x)) or encode into an unscaled float format"
     )
+
+
+def refuse_scaling(fmt: IntFormat, scaling: Scaling, shape: tuple[int, ...]) -> None:
+    """Raise `ScalingError` unless `fmt` takes `scaling` for values of `shape`."""
+    if scaling.power_of_two and fmt.binary:
+        raise ScalingError(
+            "int1 scales are mean(|x|) per group and have no power-of-two variant; "
+            f"pass {type(scaling).__name__} without power_of_two=True"
+        )
+    if scaling.scale_format not in ("float32", "bfloat16", "float16"):
+        if fmt.binary:
+            raise ScalingError(
+                f"int1 scales are mean(|x|) per group and cannot be stored as "
+                f"{scaling.scale_format}; use scale_format='float32', 'bfloat16' or 'float16'"
+            )
+        if scaling.scale_format == "float8_e4m3fn":
+            raise ScalingError(
+                f"two-level float8_e4m3fn scales (the NVFP4 recipe) are for float elements, not "
+                f"{fmt.name}; use scale_format='bfloat16' or 'float16' for integer groups"
+            )
+    if shape:
+        scaling.validate(shape)

@@ -45,9 +45,7 @@ if TYPE_CHECKING:
 
     from ._encoded import Encoded
 
-__all__ = ["CODEBOOK_ROUNDINGS", "CodebookFormat", "nf4"]
-
-CODEBOOK_ROUNDINGS = ("nearest_even", "stochastic")
+__all__ = ["CodebookFormat", "nf4"]
 
 
 @dataclasses.dataclass(frozen=True)

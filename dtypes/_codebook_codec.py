@@ -15,10 +15,10 @@ import numpy as np
 from jax import lax
 
 from . import _codec, _packing, _scale_format
-from ._codebook import CODEBOOK_ROUNDINGS
 from ._encoded import Encoded
 from ._group_scales import flush_subnormals, scales, times_reciprocal
 from ._ieee import divide, times_scale
+from ._rounding_modes import CODEBOOK_ROUNDINGS
 from ._scaling import Scaling
 
 if TYPE_CHECKING:

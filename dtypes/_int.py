@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ._arguments import check_scaling_field, refuse_non_finite, resolve_scaling
-from ._errors import FormatError, ScalingError
+from ._arguments import check_scaling_field, refuse_non_finite, refuse_scaling, resolve_scaling
+from ._errors import FormatError
 from ._format import Format
 from ._scaling import PerTensor, Scaling
 
@@ -146,25 +146,3 @@ class IntFormat(Format):
     def __repr__(self) -> str:
         scaling = f", scaling={self.scaling!r}" if self.scaling is not None else ""
         return f"IntFormat({self.bits}{scaling}, name={self.name!r})"
-
-
-def refuse_scaling(fmt: IntFormat, scaling: Scaling, shape: tuple[int, ...]) -> None:
-    """Raise `ScalingError` unless `fmt` takes `scaling` for values of `shape`."""
-    if scaling.power_of_two and fmt.binary:
-        raise ScalingError(
-            "int1 scales are mean(|x|) per group and have no power-of-two variant; "
-            f"pass {type(scaling).__name__} without power_of_two=True"
-        )
-    if scaling.scale_format not in ("float32", "bfloat16", "float16"):
-        if fmt.binary:
-            raise ScalingError(
-                f"int1 scales are mean(|x|) per group and cannot be stored as "
-                f"{scaling.scale_format}; use scale_format='float32', 'bfloat16' or 'float16'"
-            )
-        if scaling.scale_format == "float8_e4m3fn":
-            raise ScalingError(
-                f"two-level float8_e4m3fn scales (the NVFP4 recipe) are for float elements, not "
-                f"{fmt.name}; use scale_format='bfloat16' or 'float16' for integer groups"
-            )
-    if shape:
-        scaling.validate(shape)

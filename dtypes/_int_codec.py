@@ -16,11 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _codec, _scale_format
+from ._arguments import refuse_scaling
 from ._encoded import Encoded
 from ._group_scales import flush_subnormals, mean_abs, scales, times_reciprocal
 from ._ieee import times_scale, unsigned_zero
 from ._inputs import as_float_array, check_finite, resolve_scaling
-from ._int import refuse_scaling
 from ._rounding import round_integer
 from ._rounding_modes import check_rounding
 from ._scaling import Scaling

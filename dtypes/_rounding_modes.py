@@ -11,7 +11,7 @@ from typing import Any
 
 from ._errors import RoundingError
 
-__all__ = ["ROUNDING_MODES", "check_rounding"]
+__all__ = ["CODEBOOK_ROUNDINGS", "ROUNDING_MODES", "check_rounding"]
 
 ROUNDING_MODES: tuple[str, ...] = (
     "nearest_even",
@@ -22,6 +22,10 @@ ROUNDING_MODES: tuple[str, ...] = (
     "stochastic",
 )
 """The rounding modes every format accepts; `nearest_even` is the default."""
+
+CODEBOOK_ROUNDINGS: tuple[str, ...] = ("nearest_even", "stochastic")
+"""The modes of a code book (NF4): its values are not ordered like a float grid's, so
+only the nearest code, or one of the two around a value at random, has a meaning."""
 
 
 def check_rounding(rounding: str, key: Any) -> None:

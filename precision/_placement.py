@@ -15,9 +15,10 @@ import numpy as np
 
 from ._errors import DeviceMismatchError
 from ._jax_compat import is_tracer
+from ._storage import replicated, scale_sharding
 from ._tensor import Tensor
 
-__all__ = ["check_devices", "device_put", "replicated", "scale_sharding", "storage_shardings"]
+__all__ = ["check_devices", "device_put", "storage_shardings"]
 
 
 def _describe_devices(devs: frozenset[Any]) -> str:
@@ -51,29 +52,6 @@ def check_devices(leaves: Any) -> None:
                 f"{_describe_devices(b)}; nothing is moved implicitly, move one first, "
                 f"e.g. b.to_device(a.device)"
             )
-
-
-def replicated(target: Any) -> Any:
-    """The replicated counterpart of a placement (itself for a single device)."""
-    if isinstance(target, jax.sharding.NamedSharding):
-        return jax.sharding.NamedSharding(target.mesh, jax.sharding.PartitionSpec())
-    return target
-
-
-def scale_sharding(target: Any, data: Any, scale: Any) -> Any:
-    """A sharding for `scale` consistent with `target` for `data`."""
-    if not isinstance(target, jax.sharding.NamedSharding):
-        return target
-    spec = list(target.spec) + [None] * (data.ndim - len(target.spec))
-    out: list[Any] = []
-    for dim, name in enumerate(spec[: scale.ndim]):
-        if name is None or scale.shape[dim] == 1:
-            out.append(None)
-            continue
-        names = name if isinstance(name, tuple) else (name,)
-        n = int(np.prod([target.mesh.shape[a] for a in names]))
-        out.append(name if scale.shape[dim] % n == 0 else None)
-    return jax.sharding.NamedSharding(target.mesh, jax.sharding.PartitionSpec(*out))
 
 
 def _is_placement(x: Any) -> bool:

@@ -11,6 +11,10 @@ A format plays one of two *roles* (docs/design.md §4, "Storage and compute"):
 - a **storage** encoding is any integer format (always scaled) and any scaled
   float encoding (fp8 per tensor, MX blocks, ...): values at rest, decoded
   exactly into the logical dtype where they are used.
+
+It also says where storage lives on devices: the sharding of a scale given its
+data's (`scale_sharding`) and of a tensor scale (`replicated`), used by
+`Tensor.to_device` and `precision.device_put`.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ __all__ = [
     "full_format",
     "guarded_encoder",
     "is_float",
+    "replicated",
     "role",
     "round_nearest",
+    "scale_sharding",
     "straight_through",
 ]
 
@@ -247,3 +253,29 @@ def guarded_encoder(
 def decoder(dtype: Any) -> Callable[[dtypes.Encoded], jax.Array]:
     """A jitted `Encoded -> values` (one compiled kernel per storage layout)."""
     return jax.jit(lambda enc: decode_encoded(enc, dtype))
+
+
+# -- where storage lives: the shardings of a Tensor's parts ------------------
+
+
+def replicated(target: Any) -> Any:
+    """The replicated counterpart of a placement (itself for a single device)."""
+    if isinstance(target, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(target.mesh, jax.sharding.PartitionSpec())
+    return target
+
+
+def scale_sharding(target: Any, data: Any, scale: Any) -> Any:
+    """A sharding for `scale` consistent with `target` for `data`."""
+    if not isinstance(target, jax.sharding.NamedSharding):
+        return target
+    spec = list(target.spec) + [None] * (data.ndim - len(target.spec))
+    out: list[Any] = []
+    for dim, name in enumerate(spec[: scale.ndim]):
+        if name is None or scale.shape[dim] == 1:
+            out.append(None)
+            continue
+        names = name if isinstance(name, tuple) else (name,)
+        n = int(np.prod([target.mesh.shape[a] for a in names]))
+        out.append(name if scale.shape[dim] % n == 0 else None)
+    return jax.sharding.NamedSharding(target.mesh, jax.sharding.PartitionSpec(*out))

@@ -25,7 +25,9 @@ from ._storage import (
     full_format,
     guarded_encoder,
     needs_straight_through,
+    replicated,
     role,
+    scale_sharding,
     straight_through,
 )
 
@@ -536,8 +538,6 @@ class Tensor:
         split like the data dimension it belongs to when it is as long as it,
         and replicated otherwise.
         """
-        from ._placement import replicated, scale_sharding
-
         target = device_or_sharding
         data = jax.device_put(self._data, target)
         scale = self._scale
