@@ -20,7 +20,7 @@ from ._arguments import refuse_scaling
 from ._encoded import Encoded
 from ._group_scales import flush_subnormals, mean_abs, scales, times_reciprocal
 from ._ieee import times_scale, unsigned_zero
-from ._inputs import as_float_array, check_finite, resolve_scaling
+from ._inputs import as_float_array, check_finite, is_tracer, resolve_scaling, special_values_now
 from ._rounding import round_integer
 from ._rounding_modes import check_rounding
 from ._scaling import Scaling
@@ -50,12 +50,21 @@ def check(fmt: IntFormat, x: Any, scaling: Scaling | None) -> None:
 
 
 def encode(fmt: IntFormat, x: Any, scaling: Scaling | None, rounding: str, key: Any) -> Encoded:
-    """`fmt.encode(x, ...)`: validated once, then one compiled kernel."""
+    """`fmt.encode(x, ...)`: validated, one compiled kernel, then its scales read.
+
+    NaN and ±inf are refused eagerly, as `check` refuses them, but found after the
+    encode rather than by a pass of their own over `x`: a group holding one gets
+    a NaN scale, so the scales (one value per group) say whether to look, and only
+    then is `x` searched for the message. The encode reads `x` once more than it
+    must only when it is about to be refused.
+    """
     check_rounding(rounding, key)
     x = as_float_array(x)
     resolved = _resolve(fmt, scaling)
-    _validate(fmt, x, resolved)
+    refuse_scaling(fmt, resolved, x.shape)
     encoded: Encoded = _encode_jit(fmt, resolved, rounding, x, key)
+    if not is_tracer(x) and encoded.scale is not None and special_values_now(encoded.scale)[0]:
+        check_finite(x, fmt)  # raises, naming the values and where the first is
     return encoded
 
 
