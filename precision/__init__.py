@@ -7,9 +7,14 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
+# `typing` is not imported at run time: under `python -m precision` this file runs
+# before the entry point records Ctrl-C, so it imports only what the interpreter
+# has loaded already (annotations are strings: `from __future__ import annotations`).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from ._apply import apply as apply
     from ._checkpoint import load as load
     from ._checkpoint import save as save
