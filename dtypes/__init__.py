@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ._errors import ShapeError as ShapeError
     from ._float import FloatFormat as FloatFormat
     from ._format import Format as Format
+    from ._from_codes import from_codes as from_codes
     from ._int import IntFormat as IntFormat
     from ._named import ENCODING_ALIASES as ENCODING_ALIASES
     from ._named import ENCODINGS as ENCODINGS
@@ -69,6 +70,7 @@ _HOME = {
     "ShapeError": "_errors",
     "FloatFormat": "_float",
     "Format": "_format",
+    "from_codes": "_from_codes",
     "IntFormat": "_int",
     "ENCODINGS": "_named",
     "ENCODING_ALIASES": "_named",
@@ -127,6 +129,7 @@ __all__ = [
     "float16",
     "float32",
     "float64",
+    "from_codes",
     "get",
     "int1",
     "int2",

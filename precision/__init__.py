@@ -16,11 +16,13 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ._apply import apply as apply
+    from ._calibrate import calibrate as calibrate
     from ._checkpoint import load as load
     from ._checkpoint import save as save
     from ._context import default_format as default_format
     from ._context import get_default_format as get_default_format
     from ._contract import Contract as Contract
+    from ._errors import CalibrationError as CalibrationError
     from ._errors import CheckpointError as CheckpointError
     from ._errors import DeviceMismatchError as DeviceMismatchError
     from ._errors import FormatError as FormatError
@@ -55,11 +57,13 @@ if TYPE_CHECKING:
 _HOME = {
     "__version__": "_version",
     "apply": "_apply",
+    "calibrate": "_calibrate",
     "load": "_checkpoint",
     "save": "_checkpoint",
     "default_format": "_context",
     "get_default_format": "_context",
     "Contract": "_contract",
+    "CalibrationError": "_errors",
     "CheckpointError": "_errors",
     "DeviceMismatchError": "_errors",
     "FormatError": "_errors",
@@ -93,6 +97,7 @@ _HOME = {
 
 __all__ = [
     "DEFAULT_FLOAT32_OPS",
+    "CalibrationError",
     "CheckpointError",
     "Contract",
     "DeviceMismatchError",
@@ -116,6 +121,7 @@ __all__ = [
     "all_finite",
     "apply",
     "apply_updates",
+    "calibrate",
     "default_format",
     "device_put",
     "get_default_format",

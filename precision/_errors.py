@@ -13,6 +13,7 @@ from dtypes import FormatError as FormatError
 from dtypes import PrecisionError as PrecisionError
 
 __all__ = [
+    "CalibrationError",
     "CheckpointError",
     "DeviceMismatchError",
     "FormatError",
@@ -44,6 +45,12 @@ class CheckpointError(PrecisionError, ValueError):
     The message names the file and what is wrong with it. Raised before any
     wrong number could be returned.
     """
+
+
+class CalibrationError(PrecisionError, ValueError):
+    """A calibration that cannot run as asked: no batches, batches `f` cannot take,
+    a selection with no contraction to calibrate, non-finite activations. The
+    message names the parameter (layer) or batch concerned and the fix."""
 
 
 class LossScaleError(PrecisionError, ValueError):

@@ -53,6 +53,7 @@ DTYPES_ALL = [
     "float16",
     "float32",
     "float64",
+    "from_codes",
     "get",
     "int1",
     "int2",

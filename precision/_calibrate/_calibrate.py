@@ -1,0 +1,380 @@
+"""`precision.calibrate`: convert a model's weights using recorded activations.
+
+The batches are run through `f` once each (`_record`), adding up each
+contraction's input statistics per weight; then every selected weight is
+converted on the host, one at a time, by the chosen method (`_gptq`, or
+round-to-nearest for comparison) into a Tensor that `apply` and `save` take.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import dtypes
+
+from .._context import resolve_format
+from .._errors import CalibrationError, PrecisionError
+from .._tensor import Tensor
+from .._tree import Where, _path_str, _selector, is_floating, is_tensor
+from ._gptq import ScaleRule, gptq
+from ._record import SiteKey, Stats, record
+
+__all__ = ["METHODS", "calibrate"]
+
+METHODS = ("gptq", "rtn")
+"""The calibration methods `calibrate` runs: GPTQ, and round-to-nearest (what
+`to_reduced_precision` does, through the same selection, for comparison)."""
+
+
+@dataclasses.dataclass
+class _Site:
+    """One weight to convert: its leaf, contracted axis, stacking axes, statistics."""
+
+    path: str
+    axis: int
+    stacked: tuple[int, ...]
+    stats: dict[str, np.ndarray]
+
+
+def _check_method(method: Any, fmt: dtypes.Format) -> None:
+    if method not in METHODS:
+        hint = (
+            " (AWQ and SmoothQuant are not implemented yet)"
+            if method in ("awq", "smoothquant")
+            else ""
+        )
+        raise CalibrationError(
+            f"calibrate: method={method!r} is not one of {', '.join(map(repr, METHODS))}{hint}"
+        )
+    if not isinstance(fmt, dtypes.IntFormat) or fmt.binary:
+        raise CalibrationError(
+            f"calibrate: {fmt.name} is not a symmetric integer format; GPTQ chooses codes "
+            'of int8, int4 or int2 (e.g. format="int4")'
+        )
+
+
+def _aimed(scaling: dtypes.Scaling, shape: tuple[int, ...], axis: int, path: str) -> Any:
+    """`scaling` placed on a weight contracted over `axis`: blocks along the inputs,
+    one scale per output channel, or one per tensor."""
+    if isinstance(scaling, dtypes.PerBlock):
+        return dataclasses.replace(scaling, axis=axis)
+    if isinstance(scaling, dtypes.PerTensor):
+        return scaling
+    if len(shape) != 2:
+        raise CalibrationError(
+            f"calibrate: {path} has shape {shape}: one scale per output channel needs a "
+            "matrix; use scaling=dtypes.PerBlock(128) (blocks along the inputs)"
+        )
+    return dtypes.PerAxis(
+        1 - axis, power_of_two=scaling.power_of_two, scale_format=scaling.scale_format
+    )
+
+
+def _rule(fmt: dtypes.IntFormat, scaling: dtypes.Scaling, per_tensor: bool) -> ScaleRule:
+    """The format's own scale for each row of a group (or one for all rows)."""
+    two, fmt_name = scaling.power_of_two, scaling.scale_format
+    rows = dtypes.PerAxis(0, power_of_two=two, scale_format=fmt_name)
+    encoding = dtypes.PerTensor(power_of_two=two, scale_format=fmt_name) if per_tensor else rows
+
+    def rule(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        enc = fmt.encode(jnp.asarray(cols, jnp.float32), scaling=encoding)
+        assert enc.scale is not None  # an integer encoding is scaled
+        stored = jnp.broadcast_to(enc.scale.reshape(-1, 1), (cols.shape[0], 1))
+        ones = np.ones((cols.shape[0], 1), np.int8)
+        unit = dtypes.from_codes(ones, stored, fmt, rows).decode()
+        return np.asarray(stored)[:, 0], np.asarray(unit, np.float64)[:, 0]
+
+    return rule
+
+
+def _gptq_matrix(
+    w: np.ndarray,
+    axis: int,
+    h: np.ndarray,
+    fmt: dtypes.IntFormat,
+    scaling: Any,
+    opts: dict[str, Any],
+) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, stored scales) of one layer's weight `w`, in `w`'s own layout."""
+    moved = np.moveaxis(w, axis, -1)
+    k = moved.shape[-1]
+    mat = moved.reshape(-1, k)
+    per_tensor = isinstance(scaling, dtypes.PerTensor)
+    group = scaling.size if isinstance(scaling, dtypes.PerBlock) else k
+    group = max(1, min(group, k))
+    codes, stored = gptq(
+        mat,
+        h,
+        qmax=fmt.qmax,
+        group=group,
+        rule=_rule(fmt, scaling, per_tensor),
+        static=per_tensor or not isinstance(scaling, dtypes.PerBlock),
+        **opts,
+    )
+    codes = np.moveaxis(codes.reshape(moved.shape), -1, axis)
+    if per_tensor:
+        return codes, stored[:1, :1].reshape((1,) * w.ndim)
+    scales = np.moveaxis(stored.reshape((*moved.shape[:-1], stored.shape[1])), -1, axis)
+    return codes, scales
+
+
+def _convert_gptq(
+    leaf: Any, site: _Site, fmt: dtypes.IntFormat, scaling: dtypes.Scaling, opts: dict[str, Any]
+) -> Tensor:
+    w = np.asarray(leaf, np.float32)
+    if len(site.stacked) > 1:
+        raise CalibrationError(
+            f"calibrate: {site.path} is indexed by {len(site.stacked)} nested scans; "
+            "calibrate weights stacked along one axis at most"
+        )
+    aimed = _aimed(scaling, w.shape, site.axis, site.path)
+    h = site.stats["h"]
+    if not site.stacked:
+        codes, scales = _gptq_matrix(w, site.axis, h, fmt, aimed, opts)
+    else:
+        if not isinstance(aimed, dtypes.PerBlock):
+            raise CalibrationError(
+                f"calibrate: {site.path} holds one layer per scan step; its scales must vary "
+                "per layer: use scaling=dtypes.PerBlock(128)"
+            )
+        s = site.stacked[0]
+        inner_axis = site.axis - (site.axis > s)
+        inner = dataclasses.replace(aimed, axis=inner_axis)
+        parts = [
+            _gptq_matrix(np.take(w, i, axis=s), inner_axis, h[i], fmt, inner, opts)
+            for i in range(w.shape[s])
+        ]
+        codes = np.stack([c for c, _ in parts], axis=s)
+        scales = np.stack([sc for _, sc in parts], axis=s)
+    enc = dtypes.from_codes(codes, scales, fmt, aimed)
+    return Tensor.from_encoded(enc, np.asarray(leaf).dtype)
+
+
+def _convert_rtn(leaf: Any, site: _Site, fmt: dtypes.IntFormat, scaling: dtypes.Scaling) -> Tensor:
+    aimed = _aimed(scaling, tuple(np.shape(leaf)), site.axis, site.path)
+    return Tensor(leaf).to_reduced_precision(fmt, scaling=aimed)
+
+
+def _batches(batches: Any) -> list[Any]:
+    if batches is None or isinstance(batches, str | bytes) or not isinstance(batches, Iterable):
+        raise CalibrationError(
+            f"calibrate: `batches` must be an iterable of inputs for f(params, batch), got "
+            f"{type(batches).__name__}; pass e.g. [x1, x2, ...]"
+        )
+    out = list(batches)
+    if not out:
+        raise CalibrationError(
+            "calibrate: `batches` is empty: pass a few batches of real inputs (GPTQ needs "
+            "activations to measure)"
+        )
+    return out
+
+
+def _shapes(batch: Any) -> str:
+    return str(jax.tree_util.tree_map(lambda x: tuple(np.shape(x)), batch))
+
+
+def _accumulate(
+    f: Callable[..., Any],
+    leaves: list[Any],
+    rebuild: Callable[[list[Any]], Any],
+    batches: list[Any],
+    paths: list[str],
+    progress: bool,
+) -> dict[SiteKey, dict[str, np.ndarray]]:
+    run = jax.jit(record(f, rebuild))
+    totals: dict[SiteKey, dict[str, np.ndarray]] = {}
+    for b, batch in enumerate(batches):
+        try:
+            stats: dict[SiteKey, Stats] = run(leaves, batch)
+        except PrecisionError:
+            raise
+        except (TypeError, ValueError) as err:
+            first = "" if b == 0 else f" (batch 0 had shapes {_shapes(batches[0])})"
+            raise CalibrationError(
+                f"calibrate: f(params, batch) fails on batch {b} of shapes {_shapes(batch)}"
+                f"{first}: {type(err).__name__}: {str(err).splitlines()[0]}"
+            ) from err
+        for key, s in stats.items():
+            bad = int(np.sum(np.asarray(s.bad)))
+            if bad:
+                raise CalibrationError(
+                    f"calibrate: the inputs of {paths[key[0]]} hold {bad} NaN or infinite "
+                    f"value(s) in batch {b}: GPTQ cannot measure them; check that batch "
+                    "(and the layers before this one)"
+                )
+            new = {
+                n: np.asarray(getattr(s, n), np.float64) for n in ("h", "absmax", "abssum", "rows")
+            }
+            old = totals.get(key)
+            if old is None:
+                totals[key] = new
+            else:
+                old["h"] += new["h"]
+                old["abssum"] += new["abssum"]
+                old["rows"] += new["rows"]
+                old["absmax"] = np.maximum(old["absmax"], new["absmax"])
+        if progress:
+            print(f"calibrate: batch {b + 1}/{len(batches)} recorded", file=sys.stderr)
+    return totals
+
+
+def calibrate(
+    f: Callable[..., Any],
+    params: Any,
+    batches: Iterable[Any],
+    *,
+    method: str = "gptq",
+    format: str | dtypes.Format = "int4",
+    scaling: dtypes.Scaling | None = None,
+    where: Where = None,
+    exclude: str | None = None,
+    damp: float = 0.01,
+    block_size: int = 128,
+    act_order: bool = False,
+    progress: bool | None = None,
+) -> Any:
+    """Convert the weights of `params` to `format`, calibrated on real activations.
+
+    Runs `f(params, batch)` for every batch (inside `jit`), recording the
+    inputs of every contraction whose other operand is a weight of `params`
+    (Flax linen and NNX, Equinox and plain functions alike; a layer under
+    `scan` gets statistics of its own per step), then converts each weight:
+
+    - `"gptq"`: GPTQ (error-compensated rounding, column by column, against
+      the Hessian of the recorded inputs; `damp` times its mean diagonal is
+      added; `act_order` visits inputs by decreasing activation energy);
+    - `"rtn"`: round-to-nearest, what `to_reduced_precision` does, for
+      comparison through the same selection.
+
+    Args:
+        f: `f(params, batch)`, e.g. `lambda p, x: model.apply(p, x)`.
+        params: the float parameter tree (arrays; Tensors are refused).
+        batches: an iterable of batches, each passed as `f`'s second argument.
+        method: `"gptq"` or `"rtn"`.
+        format: a symmetric integer format: `"int8"`, `"int4"`, `"int2"`.
+        scaling: `dtypes.PerBlock(n)` (default `PerBlock(128)`): blocks of
+            `n` inputs, on whichever axis each weight contracts;
+            `dtypes.PerAxis()`: one scale per output channel (matrices);
+            `dtypes.PerTensor()`. Their `power_of_two` and `scale_format`
+            are kept.
+        where, exclude: select weights as `to_reduced_precision` does (a
+            predicate or a regex on the key path); by default every weight
+            that `f` contracts with an activation. Embeddings (looked up,
+            not contracted), norms and biases are left as they are.
+        damp: GPTQ's damping, a fraction of the Hessian's mean diagonal.
+        block_size: GPTQ's lazy-update block (changes speed, not codes).
+        act_order: GPTQ's activation order (every block's scale is then
+            taken from the original weights).
+        progress: print a line per batch and per weight to stderr (default:
+            when stderr is a terminal).
+
+    Returns:
+        `params` with each selected weight a `Tensor` in `format`, ready for
+        `precision.apply` and `precision.save`.
+
+    Raises:
+        CalibrationError: no batches, a batch `f` cannot take, a selection
+            with nothing to calibrate, NaN or inf among a layer's inputs.
+
+    Examples:
+        >>> import numpy as np
+        >>> import dtypes, precision
+        >>> rng = np.random.default_rng(0)
+        >>> params = {"w": rng.normal(size=(64, 16)).astype(np.float32)}
+        >>> f = lambda p, x: x @ p["w"]
+        >>> batches = [rng.normal(size=(32, 64)).astype(np.float32) for _ in range(4)]
+        >>> q = precision.calibrate(f, params, batches, format="int4",
+        ...                         scaling=dtypes.PerBlock(32))
+        >>> q["w"].format.name, str(q["w"].scaling)  # blocks of 32 inputs (axis 0 of w)
+        ('int4', 'per-block 32 on axis 0')
+    """
+    fmt = resolve_format(format)
+    _check_method(method, fmt)
+    assert isinstance(fmt, dtypes.IntFormat)  # checked just above
+    scaling = dtypes.PerBlock(128) if scaling is None else scaling
+    if not isinstance(scaling, dtypes.PerBlock | dtypes.PerAxis | dtypes.PerTensor):
+        raise CalibrationError(
+            f"calibrate: scaling must be dtypes.PerBlock(n), PerAxis() or PerTensor(), "
+            f"got {scaling!r}"
+        )
+    if not (isinstance(damp, int | float) and 0 <= damp < 1e6 and np.isfinite(damp)):
+        raise CalibrationError(f"calibrate: damp must be a finite number ≥ 0, got {damp!r}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise CalibrationError(f"calibrate: block_size must be a positive int, got {block_size!r}")
+    progress = sys.stderr.isatty() if progress is None else bool(progress)
+    select = _selector(where, exclude)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_tensor)
+    tensors = [_path_str(p) for p, leaf in flat if isinstance(leaf, Tensor)]
+    if tensors:
+        raise CalibrationError(
+            f"calibrate: {tensors[0]} is already a Tensor; calibrate the float32 parameters "
+            "(precision.to_full_precision(params) gives them back)"
+        )
+    traced = [i for i, (_, leaf) in enumerate(flat) if is_floating(leaf)]
+    paths = [_path_str(flat[i][0]) for i in traced]
+    values = [leaf for _, leaf in flat]
+
+    def rebuild(xs: list[Any]) -> Any:
+        full = list(values)
+        for i, x in zip(traced, xs, strict=True):
+            full[i] = x
+        return jax.tree_util.tree_unflatten(treedef, full)
+
+    data = _batches(batches)
+    totals = _accumulate(f, [values[i] for i in traced], rebuild, data, paths, progress)
+    sites: dict[int, _Site] = {}
+    for (leaf, axis, stacked), stats in sorted(totals.items()):
+        site = sites.get(leaf)
+        if site is not None and (site.axis, site.stacked) != (axis, stacked):
+            raise CalibrationError(
+                f"calibrate: {paths[leaf]} is contracted over two different axes "
+                f"({site.axis} and {axis}); exclude it, or calibrate one use"
+            )
+        sites[leaf] = _Site(paths[leaf], axis, stacked, stats)
+    chosen = [j for j, i in enumerate(traced) if select(flat[i][0], flat[i][1])]
+    explicit = where is not None
+    missing = [paths[j] for j in chosen if j not in sites]
+    if explicit and missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CalibrationError(
+            f"calibrate: {missing[0]}{more} is selected but f never contracts it with an "
+            "activation (an embedding, a norm, a bias, or a weight used inside cond/while): "
+            "nothing to calibrate it on; narrow `where` to the layers' weights"
+        )
+    chosen = [j for j in chosen if j in sites]
+    if not chosen:
+        raise CalibrationError(
+            "calibrate: no weight to calibrate: "
+            + (
+                "`where`/`exclude` selects none of the contracted weights "
+                f"({', '.join(sorted(s.path for s in sites.values())[:4])}...)"
+                if sites
+                else "f contracts no parameter with an activation (the batches do not reach a "
+                "dot_general with a weight of params)"
+            )
+        )
+    opts = {"damp": float(damp), "block": block_size, "act_order": bool(act_order)}
+    out = list(values)
+    for n, j in enumerate(chosen, 1):
+        start = time.perf_counter()
+        i, site = traced[j], sites[j]
+        leaf = values[i]
+        if method == "gptq":
+            out[i] = _convert_gptq(leaf, site, fmt, scaling, opts)
+        else:
+            out[i] = _convert_rtn(leaf, site, fmt, scaling)
+        if progress:
+            took = time.perf_counter() - start
+            print(
+                f"calibrate: [{n}/{len(chosen)}] {site.path} {method} {took:.2f} s", file=sys.stderr
+            )
+    return jax.tree_util.tree_unflatten(treedef, out)

@@ -1,0 +1,105 @@
+"""GPTQ: integer codes chosen column by column, each rounding error compensated.
+
+The published algorithm (Frantar et al., 2022, "GPTQ: Accurate Post-Training
+Quantization for Generative Pre-trained Transformers"), in float64 numpy on
+the host, so a calibration gives the same codes on every backend. For a weight
+matrix `w` (rows = outputs, columns = the contracted inputs) and the Hessian
+`h = sum_r x_r x_r^T` of its recorded inputs:
+
+1. Inputs never seen (`h[j, j] == 0`) get `h[j, j] = 1` and their weights 0.
+2. With `act_order`, columns are visited by decreasing `h[j, j]`; every group's
+   scale is then taken from the original weights first ("static groups"), so
+   the groups stay the contiguous blocks that storage holds.
+3. `h += damp * mean(diag(h)) * I`; `u` is the upper Cholesky factor of `h^-1`.
+4. Columns are visited in blocks of `block`. Column `j` is rounded to its
+   nearest code under its group's scale, `e = (w_j - q_j) / u[j, j]`, and the
+   columns not yet rounded absorb it: `w_k -= e * u[j, k]` (within the block
+   at once, beyond it when the block ends: the same arithmetic, batched).
+
+Without `act_order` a group's scale is computed when the group's first column
+is reached, from the group's weights as they are then (every compensation so
+far applied), as the format's own encoder would scale them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = ["ScaleRule", "gptq"]
+
+ScaleRule = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+"""`rule(cols) -> (stored, unit)`: for the weights `cols` of one group, shaped
+(rows, n), the scale each row stores (its scale format's dtype) and its value
+as float64 (what one code decodes to)."""
+
+
+def _upper_inverse_factor(h: np.ndarray) -> np.ndarray:
+    """The upper Cholesky factor `u` of `h^-1` (`h^-1 = u^T u`)."""
+    lower = np.linalg.cholesky(h)
+    eye = np.eye(h.shape[0])
+    inv_lower = np.linalg.solve(lower, eye)
+    hinv = inv_lower.T @ inv_lower
+    return np.linalg.cholesky(hinv).T
+
+
+def gptq(
+    w: np.ndarray,
+    h: np.ndarray,
+    *,
+    qmax: int,
+    group: int,
+    rule: ScaleRule,
+    static: bool = False,
+    damp: float = 0.01,
+    block: int = 128,
+    act_order: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(codes (rows, cols) int8, stored scales (rows, groups)) for `w` under `h`.
+
+    `group` is the number of consecutive columns sharing a scale (`cols` for
+    one scale per row); `static` takes every scale from the original weights
+    (as `act_order` does).
+    """
+    w = np.array(w, np.float64)
+    h = np.array(h, np.float64)
+    rows, cols = w.shape
+    dead = np.diag(h) == 0
+    h[dead, dead] = 1.0
+    w[:, dead] = 0.0
+    ngroups = -(-cols // group)
+    units = np.zeros((rows, ngroups))
+    stored: list[np.ndarray | None] = [None] * ngroups
+    static = static or act_order
+    if static:
+        for g in range(ngroups):
+            stored[g], units[:, g] = rule(w[:, g * group : (g + 1) * group])
+    perm = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(cols)
+    w, h = w[:, perm], h[np.ix_(perm, perm)]
+    h[np.diag_indices(cols)] += damp * float(np.mean(np.diag(h)))
+    u = _upper_inverse_factor(h)
+    codes = np.zeros((rows, cols), np.int8)
+    for i1 in range(0, cols, block):
+        i2 = min(i1 + block, cols)
+        w1 = w[:, i1:i2].copy()
+        err = np.zeros((rows, i2 - i1))
+        for i in range(i2 - i1):
+            col = int(perm[i1 + i])
+            g = col // group
+            if not static and col % group == 0:
+                end = min(col + group, cols)
+                # this block's columns as updated so far; the columns past it with
+                # this block's compensations (applied to `w` when the block ends)
+                beyond = w[:, i2:end] - err[:, :i] @ u[i1 : i1 + i, i2:end]
+                current = np.concatenate([w1[:, i:], beyond], axis=1)[:, : end - col]
+                stored[g], units[:, g] = rule(current)
+            x, s = w1[:, i], units[:, g]
+            q = np.clip(np.rint(x / s), -qmax, qmax)
+            codes[:, col] = q.astype(np.int8)
+            e = (x - q * s) / u[i1 + i, i1 + i]
+            w1[:, i:] -= np.outer(e, u[i1 + i, i1 + i : i2])
+            err[:, i] = e
+        w[:, i2:] -= err @ u[i1:i2, i2:]
+    scales = np.stack([s for s in stored if s is not None], axis=1)
+    return codes, scales

@@ -1,0 +1,227 @@
+"""What each contraction with a parameter sees: the statistics calibration needs.
+
+`record(f, leaves, rebuild)` returns a function of `(leaves, batch)` that runs
+`f(params, batch)` equation by equation, as JAX's own evaluator would, while
+following each parameter leaf through the layout-only operations
+(`transpose`, dtype conversions, calls). At every `dot_general` where one
+operand is a parameter contracted over one of its axes and the other is not a
+parameter, it adds up, for that site, the input statistics of the activation
+operand `x` flattened to rows of its contracted length `K`:
+
+- `h`: the `K x K` sum of `x_r x_r^T` over rows (GPTQ's Hessian, up to 2/n),
+- `absmax`, `abssum`: per input channel (AWQ, SmoothQuant),
+- `rows` and `bad`, the number of rows and of non-finite values seen.
+
+Layers under `scan` are recorded per iteration: a weight scanned as `xs`
+(stacked layers) gets statistics with the stacked length in front; a weight
+that every iteration reads (a loop constant) gets their sum.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .. import _jax_compat as compat
+
+__all__ = ["Origin", "SiteKey", "Stats", "record"]
+
+# (leaf index, contracted leaf axis, leaf axes indexed by enclosing scans)
+SiteKey = tuple[int, int, tuple[int, ...]]
+
+
+class Stats(NamedTuple):
+    """Input statistics of one site (arrays; a leading axis per stacking scan)."""
+
+    h: Any
+    absmax: Any
+    abssum: Any
+    rows: Any
+    bad: Any
+
+
+class Origin(NamedTuple):
+    """Where a value comes from: parameter `leaf`, the leaf axis of each of its axes,
+    and the scans that index the leaf (`(scan id, leaf axis)`, outermost first)."""
+
+    leaf: int
+    axes: tuple[int | None, ...]
+    stacked: tuple[tuple[int, int], ...]
+
+
+_SAME = frozenset({"convert_element_type", "copy", "copy_p", "reduce_precision"})
+_scan_ids = itertools.count()
+
+
+def _site_stats(x: jax.Array, axis: int) -> Stats:
+    k = x.shape[axis]
+    rows = jnp.moveaxis(x, axis, -1).reshape(-1, k).astype(jnp.float32)
+    finite = jnp.isfinite(rows)
+    clean = jnp.where(finite, rows, 0.0)
+    h = jnp.einsum("ri,rj->ij", clean, clean, precision=lax.Precision.HIGHEST)
+    return Stats(
+        h,
+        jnp.max(jnp.abs(clean), axis=0),
+        jnp.sum(jnp.abs(clean), axis=0),
+        jnp.float32(rows.shape[0]),
+        jnp.sum(~finite, dtype=jnp.int32),
+    )
+
+
+def _add(stats: dict[Any, Stats], key: Any, new: Stats) -> None:
+    old = stats.get(key)
+    if old is None:
+        stats[key] = new
+    else:
+        stats[key] = Stats(
+            old.h + new.h,
+            jnp.maximum(old.absmax, new.absmax),
+            old.abssum + new.abssum,
+            old.rows + new.rows,
+            old.bad + new.bad,
+        )
+
+
+def _dot(eqn: Any, origins: list[Origin | None], vals: list[Any], stats: dict[Any, Stats]) -> None:
+    """Record the activation statistics of one `dot_general`, if one side is a weight."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    for w, x, cw, cx, bw in ((0, 1, lc, rc, lb), (1, 0, rc, lc, rb)):
+        o = origins[w]
+        if o is None or origins[x] is not None or len(cw) != 1 or bw:
+            continue
+        axis = o.axes[cw[0]]
+        if axis is None:
+            continue
+        key = (o.leaf, axis, o.stacked)
+        _add(stats, key, _site_stats(vals[x], cx[0]))
+
+
+def _walk(
+    jaxpr: Any,
+    consts: list[Any],
+    invals: list[Any],
+    origins: list[Origin | None],
+    stats: dict[Any, Stats],
+) -> tuple[list[Any], list[Origin | None]]:
+    env: dict[Any, tuple[Any, Origin | None]] = {}
+
+    def read(v: Any) -> tuple[Any, Origin | None]:
+        return (v.val, None) if isinstance(v, compat.Literal) else env[v]
+
+    for var, c in zip(jaxpr.constvars, consts, strict=True):
+        env[var] = (c, None)
+    for var, v, o in zip(jaxpr.invars, invals, origins, strict=True):
+        env[var] = (v, o)
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        vals, orgs = [v for v, _ in ins], [o for _, o in ins]
+        name = eqn.primitive.name
+        out_orgs: list[Origin | None] = [None] * len(eqn.outvars)
+        if eqn.primitive in compat.CALLS or eqn.primitive is compat.REMAT:
+            inner, inner_consts = compat.closed(compat.inner_jaxpr(eqn))
+            outs, out_orgs = _walk(inner, inner_consts, vals, orgs, stats)
+        elif eqn.primitive is compat.SCAN:
+            outs = _scan(eqn, vals, orgs, stats)
+        else:
+            if name == "dot_general":
+                _dot(eqn, orgs, vals, stats)
+            elif name in _SAME and orgs[0] is not None:
+                out_orgs = [orgs[0]]
+            elif name == "transpose" and orgs[0] is not None:
+                o = orgs[0]
+                out_orgs = [o._replace(axes=tuple(o.axes[p] for p in eqn.params["permutation"]))]
+            outs = compat.bind_eqn(eqn, *vals)
+        for var, out, o in zip(eqn.outvars, outs, out_orgs, strict=True):
+            env[var] = (out, o)
+    results = [read(v) for v in jaxpr.outvars]
+    return [v for v, _ in results], [o for _, o in results]
+
+
+def _scan(
+    eqn: Any, vals: list[Any], orgs: list[Origin | None], stats: dict[Any, Stats]
+) -> list[Any]:
+    p = eqn.params
+    nc, nk = compat.scan_counts(p)
+    me = next(_scan_ids)
+    x_orgs: list[Origin | None] = []
+    for o in orgs[nc + nk :]:
+        if o is None or o.axes[0] is None:
+            x_orgs.append(None)
+        else:
+            x_orgs.append(Origin(o.leaf, o.axes[1:], (*o.stacked, (me, o.axes[0]))))
+    inner, inner_consts = compat.closed(p["jaxpr"])
+    const_vals, const_orgs = vals[:nc], orgs[:nc]
+
+    def body(carry: list[Any], xs: list[Any]) -> tuple[list[Any], tuple[list[Any], Any]]:
+        local: dict[Any, Stats] = {}
+        outs, _ = _walk(
+            inner,
+            inner_consts,
+            [*const_vals, *carry, *xs],
+            [*const_orgs, *([None] * nk), *x_orgs],
+            local,
+        )
+        return outs[:nk], (outs[nk:], local)
+
+    final, (ys, per_step) = lax.scan(
+        body,
+        vals[nc : nc + nk],
+        vals[nc + nk :],
+        length=p["length"],
+        reverse=p["reverse"],
+        unroll=p["unroll"],
+    )
+    for key, s in per_step.items():
+        stacked = key[2]
+        if stacked and stacked[-1][0] == me:
+            _add(stats, key, s)  # one layer per iteration: kept stacked
+        else:  # read by every iteration: summed
+            _add(
+                stats,
+                key,
+                Stats(
+                    jnp.sum(s.h, 0),
+                    jnp.max(s.absmax, 0),
+                    jnp.sum(s.abssum, 0),
+                    jnp.sum(s.rows, 0),
+                    jnp.sum(s.bad, 0),
+                ),
+            )
+    return [*final, *ys]
+
+
+def record(
+    f: Callable[..., Any], rebuild: Callable[[list[Any]], Any]
+) -> Callable[[list[Any], Any], dict[SiteKey, Stats]]:
+    """A function `(leaves, batch) -> {site: Stats}` recording `f(rebuild(leaves), batch)`."""
+
+    def run(leaves: list[Any], batch: Any) -> dict[SiteKey, Stats]:
+        flat_batch, batch_tree = jax.tree_util.tree_flatten(batch)
+        n = len(leaves)
+
+        def flat_f(*xs: Any) -> Any:
+            return f(rebuild(list(xs[:n])), jax.tree_util.tree_unflatten(batch_tree, xs[n:]))
+
+        closed = jax.make_jaxpr(flat_f)(*leaves, *flat_batch)
+        origins: list[Origin | None] = [
+            Origin(i, tuple(range(jnp.ndim(leaf))), ()) for i, leaf in enumerate(leaves)
+        ]
+        stats: dict[Any, Stats] = {}
+        _walk(
+            closed.jaxpr,
+            list(closed.consts),
+            [*leaves, *flat_batch],
+            [*origins, *([None] * len(flat_batch))],
+            stats,
+        )
+        return {
+            (leaf, axis, tuple(a for _, a in stacked)): s
+            for (leaf, axis, stacked), s in stats.items()
+        }
+
+    return run

@@ -1,0 +1,297 @@
+"""`precision.calibrate`: GPTQ against an independent reference, per-layer statistics
+under `scan`, the converted tree in `apply` and `save`, and the errors of bad input."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dtypes
+import precision
+from precision._calibrate._record import record
+
+QMAX = 7  # int4
+
+
+def _reference_gptq(w, h, group, damp, act_order=False):
+    """GPTQ written out plainly from the paper, one column at a time, no blocks:
+    returns the dequantized weights (rows = outputs, columns = inputs)."""
+    w = w.astype(np.float64).copy()
+    h = h.astype(np.float64).copy()
+    n = w.shape[1]
+    for j in range(n):
+        if h[j, j] == 0:
+            h[j, j] = 1.0
+            w[:, j] = 0.0
+
+    def scale(block):
+        absmax = np.max(np.abs(block.astype(np.float32)), axis=1)
+        s = (absmax / np.float32(QMAX)).astype(np.float32)
+        return np.where(absmax == 0, np.float32(1), s).astype(np.float64)
+
+    scales = {}
+    if act_order:
+        for g in range(0, n, group):
+            scales[g // group] = scale(w[:, g : g + group])
+        order = sorted(range(n), key=lambda j: (-h[j, j], j))
+    else:
+        order = list(range(n))
+    w = w[:, order]
+    h = h[np.ix_(order, order)]
+    h = h + damp * np.mean(np.diag(h)) * np.eye(n)
+    hinv = np.linalg.inv(h)
+    u = np.linalg.cholesky(hinv).T  # hinv = u.T @ u, u upper triangular
+    q = np.zeros_like(w)
+    for k in range(n):
+        j = order[k]
+        if not act_order and j % group == 0:
+            scales[j // group] = scale(w[:, k : k + group])
+        s = scales[j // group]
+        q[:, k] = np.clip(np.rint(w[:, k] / s), -QMAX, QMAX) * s
+        e = (w[:, k] - q[:, k]) / u[k, k]
+        w[:, k + 1 :] -= np.outer(e, u[k, k + 1 :])
+    out = np.zeros_like(q)
+    out[:, order] = q
+    return out
+
+
+def _batches(rng, n, rows, k):
+    # integer-valued activations: their Hessian is exact in float32 and in float64,
+    # so this test and the code under test start from the very same matrix
+    spread = rng.integers(1, 4, size=k)
+    return [(rng.integers(-3, 4, size=(rows, k)) * spread).astype(np.float32) for _ in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("group", "block", "act_order"), [(32, 128, False), (32, 48, False), (16, 64, True)]
+)
+def test_gptq_on_one_layer_equals_the_published_algorithm_code_for_code(group, block, act_order):
+    rng = np.random.default_rng(7)
+    k, m = 96, 24
+    w = rng.normal(size=(k, m)).astype(np.float32)
+    batches = _batches(rng, 3, 40, k)
+    batches[0][:, 5] = 0  # one input never seen in the first batch: still seen later
+    for b in batches:
+        b[:, 11] = 0  # and one never seen at all: its weights are set to zero
+    q = precision.calibrate(
+        lambda p, x: x @ p["w"],
+        {"w": w},
+        batches,
+        scaling=dtypes.PerBlock(group),
+        damp=0.01,
+        block_size=block,
+        act_order=act_order,
+    )["w"]
+    x = np.concatenate(batches).astype(np.float64)
+    want = _reference_gptq(w.T, x.T @ x, group, 0.01, act_order).T
+    assert q.scaling == dtypes.PerBlock(group, axis=0)
+    np.testing.assert_array_equal(q.numpy(), want.astype(np.float32))
+
+
+def test_gptq_beats_round_to_nearest_on_correlated_inputs():
+    rng = np.random.default_rng(1)
+    k, m = 128, 64
+    # activations of lower rank than the layer's width (as real ones are): correlated
+    mix = rng.normal(size=(32, k))
+    batches = [
+        (rng.normal(size=(256, 32)) @ mix + 0.1 * rng.normal(size=(256, k))).astype(np.float32)
+        for _ in range(4)
+    ]
+    w = rng.normal(size=(k, m)).astype(np.float32)
+    f = lambda p, x: x @ p["w"]
+    x = np.concatenate(batches)
+    err = {}
+    for method in ("rtn", "gptq"):
+        q = precision.calibrate(f, {"w": w}, batches, method=method, scaling=dtypes.PerBlock(32))
+        err[method] = np.mean((x @ q["w"].numpy() - x @ w) ** 2)
+    assert err["gptq"] < 0.5 * err["rtn"], err
+
+
+def _stacked_model(params, x):
+    x = x @ params["embed"]
+
+    def layer(h, w):
+        return jnp.round(h @ w), None  # integer-valued inputs: exact Hessians
+
+    x, _ = jax.lax.scan(layer, x, params["layers"])
+    return x @ params["head"]
+
+
+def test_a_layer_under_scan_and_one_outside_each_get_their_own_statistics():
+    rng = np.random.default_rng(3)
+    d, layers = 16, 3
+    params = {
+        "embed": rng.integers(-1, 2, size=(8, d)).astype(np.float32),
+        "layers": rng.normal(size=(layers, d, d)).astype(np.float32) / 4,
+        "head": rng.normal(size=(d, 5)).astype(np.float32),
+    }
+    x = rng.integers(-3, 4, size=(64, 8)).astype(np.float32)
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    stats = jax.jit(record(_stacked_model, lambda xs: jax.tree_util.tree_unflatten(treedef, xs)))(
+        leaves, x
+    )
+    names = {name: i for i, name in enumerate(sorted(params))}  # dict leaves: sorted keys
+    # independent: each layer's input computed by plain numpy
+    h = x.astype(np.float64) @ params["embed"]
+    inputs = []
+    for w in params["layers"]:
+        inputs.append(h)
+        h = np.round(h @ w)
+    assert set(stats) == {
+        (names["embed"], 0, ()),
+        (names["layers"], 1, (0,)),
+        (names["head"], 0, ()),
+    }
+    got = np.asarray(stats[(names["layers"], 1, (0,))].h)
+    assert got.shape == (layers, d, d)
+    for i, xi in enumerate(inputs):
+        np.testing.assert_allclose(got[i], xi.T @ xi, rtol=0)
+    np.testing.assert_allclose(np.asarray(stats[(names["head"], 0, ())].h), h.T @ h, rtol=0)
+    np.testing.assert_allclose(np.asarray(stats[(names["embed"], 0, ())].h), x.T @ x, rtol=0)
+
+    # and GPTQ then converts each stacked layer with its own Hessian: layer i of the
+    # calibrated stack equals calibrating layer i alone on its own inputs, and not
+    # layer i calibrated on another layer's inputs
+    q = precision.calibrate(_stacked_model, params, [x], scaling=dtypes.PerBlock(8))
+    assert q["layers"].scaling == dtypes.PerBlock(8, axis=1)
+
+    def alone(i, xi):
+        return precision.calibrate(
+            lambda p, a: a @ p["w"],
+            {"w": params["layers"][i]},
+            [xi.astype(np.float32)],
+            scaling=dtypes.PerBlock(8),
+        )["w"].numpy()
+
+    for i, xi in enumerate(inputs):
+        stacked = q["layers"].numpy()[i]
+        own = np.mean(stacked == alone(i, xi))
+        other = np.mean(stacked == alone(i, inputs[(i + 1) % layers]))
+        assert own == 1, (i, own)
+        assert other < 0.9, (i, other)
+
+
+def test_the_calibrated_tree_runs_under_apply_and_survives_save_and_load(tmp_path):
+    rng = np.random.default_rng(4)
+    params = {
+        "embed": rng.normal(size=(8, 16)).astype(np.float32),
+        "layers": rng.normal(size=(2, 16, 16)).astype(np.float32) / 4,
+        "head": rng.normal(size=(16, 5)).astype(np.float32),
+    }
+    x = rng.normal(size=(10, 8)).astype(np.float32)
+    q = precision.calibrate(_stacked_model, params, [x], scaling=dtypes.PerBlock(8))
+    decoded = precision.to_full_precision(q)
+    want = _stacked_model(decoded, x)  # plain JAX on the decoded weights
+    got = precision.apply(_stacked_model)(q, x)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    path = tmp_path / "q.safetensors"
+    precision.save(path, q)
+    back = precision.load(path)
+    for name in params:
+        np.testing.assert_array_equal(back[name].numpy(), q[name].numpy())
+        assert back[name].format.name == "int4"
+
+
+def test_flax_and_equinox_models_are_calibrated_through_their_own_apply():
+    flax = pytest.importorskip("flax.linen")
+    eqx = pytest.importorskip("equinox")
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(32, 24)).astype(np.float32)
+
+    class MLP(flax.Module):
+        @flax.compact
+        def __call__(self, x):
+            x = flax.LayerNorm()(x)
+            x = flax.relu(flax.Dense(64)(x))
+            return flax.Dense(8)(x)
+
+    model = MLP()
+    params = model.init(jax.random.key(0), x)
+    q = precision.calibrate(model.apply, params, [x, x * 2], scaling=dtypes.PerBlock(16))
+    kernels = {
+        jax.tree_util.keystr(p): leaf
+        for p, leaf in jax.tree_util.tree_flatten_with_path(
+            q, is_leaf=lambda t: isinstance(t, precision.Tensor)
+        )[0]
+    }
+    converted = sorted(k for k, v in kernels.items() if isinstance(v, precision.Tensor))
+    assert converted == ["['params']['Dense_0']['kernel']", "['params']['Dense_1']['kernel']"]
+    out = precision.apply(model.apply)(q, x)
+    assert np.all(np.isfinite(np.asarray(out)))
+
+    mlp = eqx.nn.MLP(24, 8, 32, depth=2, key=jax.random.key(1))
+    qm = precision.calibrate(lambda m, a: jax.vmap(m)(a), mlp, [x], scaling=dtypes.PerBlock(8))
+    assert all(isinstance(layer.weight, precision.Tensor) for layer in qm.layers)
+    assert qm.layers[0].weight.scaling == dtypes.PerBlock(8, axis=1)  # (out, in): inputs on 1
+    assert not isinstance(qm.layers[0].bias, precision.Tensor)
+
+
+def _linear(p, x):
+    return jnp.tanh(x @ p["w1"]) @ p["w2"]
+
+
+@pytest.fixture
+def linear_params():
+    rng = np.random.default_rng(6)
+    return {
+        "w1": rng.normal(size=(8, 16)).astype(np.float32),
+        "w2": rng.normal(size=(16, 4)).astype(np.float32),
+        "emb": rng.normal(size=(5, 8)).astype(np.float32),
+    }
+
+
+def test_bad_input_is_refused_with_the_layer_or_batch_named(linear_params):
+    x = np.ones((4, 8), np.float32)
+    with pytest.raises(precision.CalibrationError, match="`batches` is empty"):
+        precision.calibrate(_linear, linear_params, [])
+    with pytest.raises(
+        precision.CalibrationError, match=r"batch 1 of shapes \(4, 7\).*batch 0 had shapes \(4, 8\)"
+    ):
+        precision.calibrate(_linear, linear_params, [x, np.ones((4, 7), np.float32)])
+    with pytest.raises(precision.CalibrationError, match="selects none of the contracted weights"):
+        precision.calibrate(_linear, linear_params, [x], exclude="w")
+    with pytest.raises(
+        precision.CalibrationError, match=r"\['emb'\] is selected but f never contracts it"
+    ):
+        precision.calibrate(_linear, linear_params, [x], where="emb|w1")
+    bad = x.copy()
+    bad[2, 3] = np.nan
+    with pytest.raises(
+        precision.CalibrationError, match=r"inputs of \['w1'\] hold 1 NaN .* batch 1"
+    ):
+        precision.calibrate(_linear, linear_params, [x, bad])
+    with pytest.raises(precision.CalibrationError, match="not implemented yet"):
+        precision.calibrate(_linear, linear_params, [x], method="awq")
+    with pytest.raises(precision.CalibrationError, match="symmetric integer format"):
+        precision.calibrate(_linear, linear_params, [x], format="float8_e4m3fn")
+    q = precision.to_reduced_precision(linear_params, "int8")
+    with pytest.raises(precision.CalibrationError, match="already a Tensor"):
+        precision.calibrate(_linear, q, [x])
+    with pytest.raises(ValueError, match="iterable of inputs"):  # the builtin users catch
+        precision.calibrate(_linear, linear_params, None)
+
+
+def test_nan_inside_a_later_layer_names_that_layer(linear_params):
+    params = dict(linear_params)
+    params["w1"] = params["w1"].copy()
+    params["w1"][0, 0] = np.inf  # w1's inputs are finite; w2's inputs are not
+    x = np.ones((4, 8), np.float32)
+    with pytest.raises(precision.CalibrationError, match=r"inputs of \['w2'\] hold 4 NaN"):
+        precision.calibrate(lambda p, a: (a @ p["w1"]) @ p["w2"], params, [x], where="w2")
+
+
+def test_from_codes_builds_what_decode_reads():
+    codes = np.array([[7, -7, 0, 3], [1, 2, -3, 4]])
+    scale = np.array([[0.5], [0.25]], np.float32)
+    enc = dtypes.from_codes(codes, scale, "int4", dtypes.PerAxis(0))
+    np.testing.assert_array_equal(np.asarray(enc.decode()), codes * scale)
+    with pytest.raises(dtypes.FormatError, match="within ±7, got -8"):
+        dtypes.from_codes(np.array([[-8]]), np.ones((1, 1), np.float32), "int4", dtypes.PerAxis(0))
+    with pytest.raises(dtypes.PrecisionTypeError, match="integers"):
+        dtypes.from_codes(np.array([[1.0]]), np.ones((1, 1), np.float32), "int4", dtypes.PerAxis(0))
+    with pytest.raises(dtypes.FormatError, match="scales of shape"):
+        dtypes.from_codes(
+            np.array([[1, 2]]), np.ones((2, 1), np.float32), "int8", dtypes.PerAxis(0)
+        )
