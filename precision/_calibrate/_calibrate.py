@@ -1,9 +1,10 @@
 """`precision.calibrate`: convert a model's weights using recorded activations.
 
 The batches are run through `f` once each (`_record`), adding up each
-contraction's input statistics per weight; then every selected weight is
-converted on the host, one at a time, by the chosen method (`_gptq`, or
-round-to-nearest for comparison) into a Tensor that `apply` and `save` take.
+contraction's input statistics per weight. AWQ and SmoothQuant then fold their
+per-channel scales into the normalizations and weights (`_smooth`); every
+selected weight is converted on the host, one at a time, by GPTQ (`_gptq`) or
+round-to-nearest, into a Tensor that `apply` and `save` take.
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ from .._errors import CalibrationError, PrecisionError
 from .._tensor import Tensor
 from .._tree import Where, _path_str, _selector, is_floating, is_tensor
 from ._gptq import ScaleRule, gptq
-from ._record import SiteKey, Stats, record
+from ._record import Found, SiteKey, Stats, record
+from ._smooth import awq_scales, fold_rows, smoothquant_scales
 
 __all__ = ["METHODS", "calibrate"]
 
-METHODS = ("gptq", "rtn")
-"""The calibration methods `calibrate` runs: GPTQ, and round-to-nearest (what
-`to_reduced_precision` does, through the same selection, for comparison)."""
+METHODS = ("gptq", "awq", "smoothquant", "rtn")
+"""The calibration methods `calibrate` runs: GPTQ, AWQ, SmoothQuant, and
+round-to-nearest (what `to_reduced_precision` does, through the same
+selection, for comparison)."""
 
 
 @dataclasses.dataclass
@@ -46,18 +49,13 @@ class _Site:
 
 def _check_method(method: Any, fmt: dtypes.Format) -> None:
     if method not in METHODS:
-        hint = (
-            " (AWQ and SmoothQuant are not implemented yet)"
-            if method in ("awq", "smoothquant")
-            else ""
-        )
         raise CalibrationError(
-            f"calibrate: method={method!r} is not one of {', '.join(map(repr, METHODS))}{hint}"
+            f"calibrate: method={method!r} is not one of {', '.join(map(repr, METHODS))}"
         )
     if not isinstance(fmt, dtypes.IntFormat) or fmt.binary:
         raise CalibrationError(
-            f"calibrate: {fmt.name} is not a symmetric integer format; GPTQ chooses codes "
-            'of int8, int4 or int2 (e.g. format="int4")'
+            f"calibrate: {fmt.name} is not a symmetric integer format; calibration writes "
+            'codes of int8, int4 or int2 (e.g. format="int4")'
         )
 
 
@@ -163,6 +161,51 @@ def _convert_rtn(leaf: Any, site: _Site, fmt: dtypes.IntFormat, scaling: dtypes.
     return Tensor(leaf).to_reduced_precision(fmt, scaling=aimed)
 
 
+def _fold(
+    method: str,
+    found: Found,
+    sites: dict[int, _Site],
+    values: list[Any],
+    traced: list[int],
+    paths: list[str],
+    fmt: dtypes.IntFormat,
+    scaling: dtypes.Scaling,
+    alpha: float,
+    grid: int,
+) -> list[str]:
+    """Fold AWQ's or SmoothQuant's scales into `values`; one line per folding done."""
+    lines = []
+    for key in sorted(found.folds, key=lambda k: (k[0], -1 if k[1] is None else k[1])):
+        members = sorted(found.folds[key])
+        if key in found.unsafe or any(found.uses[leaf] != 1 for leaf, _, _ in members):
+            continue  # the normalization's output or a weight is read elsewhere too
+        ws = [(np.asarray(values[traced[leaf]]), axis) for leaf, axis, _ in members]
+        stats = sites[members[0][0]].stats  # every member reads the same activation
+        if method == "smoothquant":
+            s, how = smoothquant_scales(stats["absmax"], ws, alpha), f"alpha {alpha}"
+        else:
+
+            def rtn(w: np.ndarray, axis: int) -> np.ndarray:
+                aimed = _aimed(scaling, w.shape, axis, "")
+                return np.asarray(Tensor(w).to_reduced_precision(fmt, scaling=aimed).numpy())
+
+            mean = stats["abssum"] / max(float(stats["rows"]), 1.0)
+            s, chosen = awq_scales(stats["h"], mean, ws, rtn, grid)
+            how = f"alpha {chosen:.2f} searched"
+        for (leaf, axis, _), (w, _) in zip(members, ws, strict=True):
+            values[traced[leaf]] = fold_rows(w, axis, s)
+        for vector in key:
+            if vector is not None:
+                v = values[traced[vector]]
+                values[traced[vector]] = (np.asarray(v, np.float64) / s).astype(np.asarray(v).dtype)
+        lines.append(
+            f"{method}: scales folded into {paths[key[0]]}"
+            f"{'' if key[1] is None else ' and ' + paths[key[1]]} for "
+            f"{', '.join(paths[leaf] for leaf, _, _ in members)} ({how})"
+        )
+    return lines
+
+
 def _batches(batches: Any) -> list[Any]:
     if batches is None or isinstance(batches, str | bytes) or not isinstance(batches, Iterable):
         raise CalibrationError(
@@ -189,8 +232,9 @@ def _accumulate(
     batches: list[Any],
     paths: list[str],
     progress: bool,
+    found: Found,
 ) -> dict[SiteKey, dict[str, np.ndarray]]:
-    run = jax.jit(record(f, rebuild))
+    run = jax.jit(record(f, rebuild, found))
     totals: dict[SiteKey, dict[str, np.ndarray]] = {}
     for b, batch in enumerate(batches):
         try:
@@ -233,13 +277,15 @@ def calibrate(
     batches: Iterable[Any],
     *,
     method: str = "gptq",
-    format: str | dtypes.Format = "int4",
+    format: str | dtypes.Format | None = None,
     scaling: dtypes.Scaling | None = None,
     where: Where = None,
     exclude: str | None = None,
     damp: float = 0.01,
     block_size: int = 128,
     act_order: bool = False,
+    alpha: float = 0.5,
+    grid: int = 20,
     progress: bool | None = None,
 ) -> Any:
     """Convert the weights of `params` to `format`, calibrated on real activations.
@@ -252,16 +298,31 @@ def calibrate(
     - `"gptq"`: GPTQ (error-compensated rounding, column by column, against
       the Hessian of the recorded inputs; `damp` times its mean diagonal is
       added; `act_order` visits inputs by decreasing activation energy);
+    - `"awq"`: AWQ: input channels that meet large activations are scaled up
+      before round-to-nearest (`mean|x|^alpha`, alpha searched over `grid`
+      points for the least output error on the recorded inputs);
+    - `"smoothquant"`: SmoothQuant for W8A8 (`apply(..., contract="int8")`):
+      activation outliers moved into the weights (`max|x|^alpha /
+      max|W|^(1 - alpha)`), then round-to-nearest;
     - `"rtn"`: round-to-nearest, what `to_reduced_precision` does, for
       comparison through the same selection.
+
+    AWQ and SmoothQuant divide an activation by their scales where it is made:
+    in the normalization (LayerNorm's scale and bias) whose output the layers
+    read, so the returned tree computes the same function before rounding.
+    Weights whose input is not such an output (after an activation function,
+    or a normalization whose output is also read elsewhere) are rounded to
+    nearest unscaled; `progress` lists every folding made.
 
     Args:
         f: `f(params, batch)`, e.g. `lambda p, x: model.apply(p, x)`.
         params: the float parameter tree (arrays; Tensors are refused).
         batches: an iterable of batches, each passed as `f`'s second argument.
-        method: `"gptq"` or `"rtn"`.
-        format: a symmetric integer format: `"int8"`, `"int4"`, `"int2"`.
-        scaling: `dtypes.PerBlock(n)` (default `PerBlock(128)`): blocks of
+        method: `"gptq"`, `"awq"`, `"smoothquant"` or `"rtn"`.
+        format: a symmetric integer format: `"int8"`, `"int4"`, `"int2"`
+            (default int4; int8 for SmoothQuant).
+        scaling: `dtypes.PerBlock(n)` (default `PerBlock(128)`; for
+            SmoothQuant `PerAxis()`): blocks of
             `n` inputs, on whichever axis each weight contracts;
             `dtypes.PerAxis()`: one scale per output channel (matrices);
             `dtypes.PerTensor()`. Their `power_of_two` and `scale_format`
@@ -274,6 +335,8 @@ def calibrate(
         block_size: GPTQ's lazy-update block (changes speed, not codes).
         act_order: GPTQ's activation order (every block's scale is then
             taken from the original weights).
+        alpha: SmoothQuant's migration strength, in [0, 1].
+        grid: the number of AWQ exponents tried (0, 1/grid, ...).
         progress: print a line per batch and per weight to stderr (default:
             when stderr is a terminal).
 
@@ -297,10 +360,12 @@ def calibrate(
         >>> q["w"].format.name, str(q["w"].scaling)  # blocks of 32 inputs (axis 0 of w)
         ('int4', 'per-block 32 on axis 0')
     """
-    fmt = resolve_format(format)
+    smooth = method == "smoothquant"
+    fmt = resolve_format(("int8" if smooth else "int4") if format is None else format)
     _check_method(method, fmt)
     assert isinstance(fmt, dtypes.IntFormat)  # checked just above
-    scaling = dtypes.PerBlock(128) if scaling is None else scaling
+    if scaling is None:
+        scaling = dtypes.PerAxis() if smooth else dtypes.PerBlock(128)
     if not isinstance(scaling, dtypes.PerBlock | dtypes.PerAxis | dtypes.PerTensor):
         raise CalibrationError(
             f"calibrate: scaling must be dtypes.PerBlock(n), PerAxis() or PerTensor(), "
@@ -308,8 +373,11 @@ def calibrate(
         )
     if not (isinstance(damp, int | float) and 0 <= damp < 1e6 and np.isfinite(damp)):
         raise CalibrationError(f"calibrate: damp must be a finite number ≥ 0, got {damp!r}")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise CalibrationError(f"calibrate: block_size must be a positive int, got {block_size!r}")
+    for name, n in (("block_size", block_size), ("grid", grid)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise CalibrationError(f"calibrate: {name} must be a positive int, got {n!r}")
+    if not (isinstance(alpha, int | float) and 0 <= alpha <= 1):
+        raise CalibrationError(f"calibrate: alpha must be within [0, 1], got {alpha!r}")
     progress = sys.stderr.isatty() if progress is None else bool(progress)
     select = _selector(where, exclude)
     flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_tensor)
@@ -330,7 +398,8 @@ def calibrate(
         return jax.tree_util.tree_unflatten(treedef, full)
 
     data = _batches(batches)
-    totals = _accumulate(f, [values[i] for i in traced], rebuild, data, paths, progress)
+    found = Found()
+    totals = _accumulate(f, [values[i] for i in traced], rebuild, data, paths, progress, found)
     sites: dict[int, _Site] = {}
     for (leaf, axis, stacked), stats in sorted(totals.items()):
         site = sites.get(leaf)
@@ -363,6 +432,23 @@ def calibrate(
             )
         )
     opts = {"damp": float(damp), "block": block_size, "act_order": bool(act_order)}
+    if method in ("awq", "smoothquant"):
+        scanned = [sites[j].path for j in chosen if sites[j].stacked]
+        if scanned:
+            raise CalibrationError(
+                f"calibrate: {scanned[0]} holds layers stacked under scan; {method} folds its "
+                "scales into unstacked layers only: use method='gptq', or unroll the layers"
+            )
+        folded = list(values)
+        for line in _fold(
+            method, found, sites, folded, traced, paths, fmt, scaling, float(alpha), grid
+        ):
+            if progress:
+                print(f"calibrate: {line}", file=sys.stderr)
+        values = [
+            v if v is values[i] or isinstance(values[i], np.ndarray) else jnp.asarray(v)
+            for i, v in enumerate(folded)
+        ]
     out = list(values)
     for n, j in enumerate(chosen, 1):
         start = time.perf_counter()
@@ -370,6 +456,7 @@ def calibrate(
         leaf = values[i]
         if method == "gptq":
             out[i] = _convert_gptq(leaf, site, fmt, scaling, opts)
+
         else:
             out[i] = _convert_rtn(leaf, site, fmt, scaling)
         if progress:

@@ -15,11 +15,17 @@ operand `x` flattened to rows of its contracted length `K`:
 Layers under `scan` are recorded per iteration: a weight scanned as `xs`
 (stacked layers) gets statistics with the stacked length in front; a weight
 that every iteration reads (a loop constant) gets their sum.
+
+Alongside, found while tracing (`Found`): which sites read the same folded
+normalization output (`_affine`), whether folding a scale into it is safe,
+and how many contractions read each weight.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -28,11 +34,39 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _jax_compat as compat
+from ._affine import Tag, carry_axes, propagate
 
-__all__ = ["Origin", "SiteKey", "Stats", "record"]
+__all__ = ["FoldKey", "Found", "Origin", "SiteKey", "Stats", "record"]
 
 # (leaf index, contracted leaf axis, leaf axes indexed by enclosing scans)
 SiteKey = tuple[int, int, tuple[int, ...]]
+
+
+# (leaf of a normalization's per-feature scale, leaf of its shift or None)
+FoldKey = tuple[int, int | None]
+
+
+@dataclasses.dataclass
+class Found:
+    """What tracing found: the sites reading each foldable normalization output, the
+    outputs that reach something else too (unsafe to fold), the contractions per leaf."""
+
+    folds: dict[FoldKey, set[SiteKey]] = dataclasses.field(default_factory=dict)
+    unsafe: set[FoldKey] = dataclasses.field(default_factory=set)
+    uses: Counter[int] = dataclasses.field(default_factory=Counter)
+    ndims: list[int] = dataclasses.field(default_factory=list)
+
+    def reset(self, ndims: list[int]) -> None:
+        """Forget an earlier trace (a new batch shape traces again)."""
+        self.folds.clear()
+        self.unsafe.clear()
+        self.uses.clear()
+        self.ndims = ndims
+
+    def refuse(self, tags: list[Tag | None]) -> None:
+        for t in tags:
+            if t is not None:
+                self.unsafe.add((t.scale, t.bias))
 
 
 class Stats(NamedTuple):
@@ -87,9 +121,17 @@ def _add(stats: dict[Any, Stats], key: Any, new: Stats) -> None:
         )
 
 
-def _dot(eqn: Any, origins: list[Origin | None], vals: list[Any], stats: dict[Any, Stats]) -> None:
+def _dot(
+    eqn: Any,
+    origins: list[Origin | None],
+    tags: list[Tag | None],
+    vals: list[Any],
+    stats: dict[Any, Stats],
+    found: Found,
+) -> None:
     """Record the activation statistics of one `dot_general`, if one side is a weight."""
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    folded = [False, False]
     for w, x, cw, cx, bw in ((0, 1, lc, rc, lb), (1, 0, rc, lc, rb)):
         o = origins[w]
         if o is None or origins[x] is not None or len(cw) != 1 or bw:
@@ -98,7 +140,14 @@ def _dot(eqn: Any, origins: list[Origin | None], vals: list[Any], stats: dict[An
         if axis is None:
             continue
         key = (o.leaf, axis, o.stacked)
+        found.uses[o.leaf] += 1
         _add(stats, key, _site_stats(vals[x], cx[0]))
+        t = tags[x]
+        if t is not None and t.axis == cx[0] and not o.stacked:
+            site = (o.leaf, axis, ())
+            found.folds.setdefault((t.scale, t.bias), set()).add(site)
+            folded[x] = True
+    found.refuse([t for t, ok in zip(tags, folded, strict=True) if not ok])
 
 
 def _walk(
@@ -106,44 +155,57 @@ def _walk(
     consts: list[Any],
     invals: list[Any],
     origins: list[Origin | None],
+    tags: list[Tag | None],
     stats: dict[Any, Stats],
-) -> tuple[list[Any], list[Origin | None]]:
-    env: dict[Any, tuple[Any, Origin | None]] = {}
+    found: Found,
+) -> tuple[list[Any], list[Origin | None], list[Tag | None]]:
+    env: dict[Any, tuple[Any, Origin | None, Tag | None]] = {}
 
-    def read(v: Any) -> tuple[Any, Origin | None]:
-        return (v.val, None) if isinstance(v, compat.Literal) else env[v]
+    def read(v: Any) -> tuple[Any, Origin | None, Tag | None]:
+        return (v.val, None, None) if isinstance(v, compat.Literal) else env[v]
 
     for var, c in zip(jaxpr.constvars, consts, strict=True):
-        env[var] = (c, None)
-    for var, v, o in zip(jaxpr.invars, invals, origins, strict=True):
-        env[var] = (v, o)
+        env[var] = (c, None, None)
+    for var, v, o, t in zip(jaxpr.invars, invals, origins, tags, strict=True):
+        env[var] = (v, o, t)
     for eqn in jaxpr.eqns:
         ins = [read(v) for v in eqn.invars]
-        vals, orgs = [v for v, _ in ins], [o for _, o in ins]
+        vals, orgs, tgs = [v for v, _, _ in ins], [o for _, o, _ in ins], [t for _, _, t in ins]
         name = eqn.primitive.name
-        out_orgs: list[Origin | None] = [None] * len(eqn.outvars)
+        n_out = len(eqn.outvars)
+        out_orgs: list[Origin | None] = [None] * n_out
+        out_tags: list[Tag | None] = [None] * n_out
         if eqn.primitive in compat.CALLS or eqn.primitive is compat.REMAT:
             inner, inner_consts = compat.closed(compat.inner_jaxpr(eqn))
-            outs, out_orgs = _walk(inner, inner_consts, vals, orgs, stats)
+            outs, out_orgs, out_tags = _walk(inner, inner_consts, vals, orgs, tgs, stats, found)
         elif eqn.primitive is compat.SCAN:
-            outs = _scan(eqn, vals, orgs, stats)
+            found.refuse(tgs)
+            outs = _scan(eqn, vals, orgs, stats, found)
         else:
             if name == "dot_general":
-                _dot(eqn, orgs, vals, stats)
-            elif name in _SAME and orgs[0] is not None:
-                out_orgs = [orgs[0]]
-            elif name == "transpose" and orgs[0] is not None:
+                _dot(eqn, orgs, tgs, vals, stats, found)
+            else:
+                out_tags, ok = propagate(eqn, orgs, tgs, found.ndims)
+                if not ok:
+                    found.refuse(tgs)
                 o = orgs[0]
-                out_orgs = [o._replace(axes=tuple(o.axes[p] for p in eqn.params["permutation"]))]
+                if o is not None and name in _SAME:
+                    out_orgs = [o]
+                elif o is not None and name == "transpose":
+                    perm = eqn.params["permutation"]
+                    out_orgs = [o._replace(axes=tuple(o.axes[p] for p in perm))]
+                elif o is not None and name in ("broadcast_in_dim", "reshape", "squeeze"):
+                    axes = carry_axes(eqn, o.axes)
+                    out_orgs = [None if axes is None else o._replace(axes=axes)]
             outs = compat.bind_eqn(eqn, *vals)
-        for var, out, o in zip(eqn.outvars, outs, out_orgs, strict=True):
-            env[var] = (out, o)
+        for var, out, o, t in zip(eqn.outvars, outs, out_orgs, out_tags, strict=True):
+            env[var] = (out, o, t)
     results = [read(v) for v in jaxpr.outvars]
-    return [v for v, _ in results], [o for _, o in results]
+    return [v for v, _, _ in results], [o for _, o, _ in results], [t for _, _, t in results]
 
 
 def _scan(
-    eqn: Any, vals: list[Any], orgs: list[Origin | None], stats: dict[Any, Stats]
+    eqn: Any, vals: list[Any], orgs: list[Origin | None], stats: dict[Any, Stats], found: Found
 ) -> list[Any]:
     p = eqn.params
     nc, nk = compat.scan_counts(p)
@@ -156,15 +218,18 @@ def _scan(
             x_orgs.append(Origin(o.leaf, o.axes[1:], (*o.stacked, (me, o.axes[0]))))
     inner, inner_consts = compat.closed(p["jaxpr"])
     const_vals, const_orgs = vals[:nc], orgs[:nc]
+    n_in = len(vals)
 
     def body(carry: list[Any], xs: list[Any]) -> tuple[list[Any], tuple[list[Any], Any]]:
         local: dict[Any, Stats] = {}
-        outs, _ = _walk(
+        outs, _, _ = _walk(
             inner,
             inner_consts,
             [*const_vals, *carry, *xs],
             [*const_orgs, *([None] * nk), *x_orgs],
+            [None] * n_in,
             local,
+            found,
         )
         return outs[:nk], (outs[nk:], local)
 
@@ -196,9 +261,10 @@ def _scan(
 
 
 def record(
-    f: Callable[..., Any], rebuild: Callable[[list[Any]], Any]
+    f: Callable[..., Any], rebuild: Callable[[list[Any]], Any], found: Found
 ) -> Callable[[list[Any], Any], dict[SiteKey, Stats]]:
-    """A function `(leaves, batch) -> {site: Stats}` recording `f(rebuild(leaves), batch)`."""
+    """A function `(leaves, batch) -> {site: Stats}` recording `f(rebuild(leaves), batch)`;
+    tracing it fills `found`."""
 
     def run(leaves: list[Any], batch: Any) -> dict[SiteKey, Stats]:
         flat_batch, batch_tree = jax.tree_util.tree_flatten(batch)
@@ -208,17 +274,21 @@ def record(
             return f(rebuild(list(xs[:n])), jax.tree_util.tree_unflatten(batch_tree, xs[n:]))
 
         closed = jax.make_jaxpr(flat_f)(*leaves, *flat_batch)
+        found.reset([jnp.ndim(leaf) for leaf in leaves])
         origins: list[Origin | None] = [
             Origin(i, tuple(range(jnp.ndim(leaf))), ()) for i, leaf in enumerate(leaves)
         ]
         stats: dict[Any, Stats] = {}
-        _walk(
+        _, _, out_tags = _walk(
             closed.jaxpr,
             list(closed.consts),
             [*leaves, *flat_batch],
             [*origins, *([None] * len(flat_batch))],
+            [None] * (n + len(flat_batch)),
             stats,
+            found,
         )
+        found.refuse(out_tags)  # a normalization's output returned by f
         return {
             (leaf, axis, tuple(a for _, a in stacked)): s
             for (leaf, axis, stacked), s in stats.items()

@@ -10,7 +10,7 @@ import pytest
 
 import dtypes
 import precision
-from precision._calibrate._record import record
+from precision._calibrate._record import Found, record
 
 QMAX = 7  # int4
 
@@ -129,9 +129,9 @@ def test_a_layer_under_scan_and_one_outside_each_get_their_own_statistics():
     }
     x = rng.integers(-3, 4, size=(64, 8)).astype(np.float32)
     leaves, treedef = jax.tree_util.tree_flatten(params)
-    stats = jax.jit(record(_stacked_model, lambda xs: jax.tree_util.tree_unflatten(treedef, xs)))(
-        leaves, x
-    )
+    stats = jax.jit(
+        record(_stacked_model, lambda xs: jax.tree_util.tree_unflatten(treedef, xs), Found())
+    )(leaves, x)
     names = {name: i for i, name in enumerate(sorted(params))}  # dict leaves: sorted keys
     # independent: each layer's input computed by plain numpy
     h = x.astype(np.float64) @ params["embed"]
@@ -262,8 +262,10 @@ def test_bad_input_is_refused_with_the_layer_or_batch_named(linear_params):
         precision.CalibrationError, match=r"inputs of \['w1'\] hold 1 NaN .* batch 1"
     ):
         precision.calibrate(_linear, linear_params, [x, bad])
-    with pytest.raises(precision.CalibrationError, match="not implemented yet"):
-        precision.calibrate(_linear, linear_params, [x], method="awq")
+    with pytest.raises(precision.CalibrationError, match="method='gtpq' is not one of 'gptq'"):
+        precision.calibrate(_linear, linear_params, [x], method="gtpq")
+    with pytest.raises(precision.CalibrationError, match=r"alpha must be within \[0, 1\]"):
+        precision.calibrate(_linear, linear_params, [x], method="smoothquant", alpha=2)
     with pytest.raises(precision.CalibrationError, match="symmetric integer format"):
         precision.calibrate(_linear, linear_params, [x], format="float8_e4m3fn")
     q = precision.to_reduced_precision(linear_params, "int8")
@@ -295,3 +297,116 @@ def test_from_codes_builds_what_decode_reads():
         dtypes.from_codes(
             np.array([[1, 2]]), np.ones((2, 1), np.float32), "int8", dtypes.PerAxis(0)
         )
+
+
+class _Block:
+    """A pre-LayerNorm transformer block in Flax linen, with an untied head."""
+
+    @staticmethod
+    def make():
+        nn = pytest.importorskip("flax.linen")
+
+        class Block(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                h = nn.LayerNorm()(x)
+                q, k, v = nn.Dense(32)(h), nn.Dense(32)(h), nn.Dense(32)(h)
+                a = jax.nn.softmax(q @ k.swapaxes(-1, -2) / 8) @ v
+                x = x + nn.Dense(32)(a)
+                h = nn.LayerNorm()(x)
+                x = x + nn.Dense(32)(nn.gelu(nn.Dense(128)(h)))
+                h = nn.LayerNorm()(x)
+                return nn.Dense(7)(h) + h[..., :7]  # the last norm's output is read twice
+
+        return Block()
+
+
+def _batches_3d(rng, n=4):
+    return [rng.normal(size=(4, 16, 32)).astype(np.float32) for _ in range(n)]
+
+
+def _init(model, x, seed):
+    """Parameters whose norms have a few outlier channels (gains 20x the rest), as
+    trained transformers have, and nonzero shifts."""
+    params = model.init(jax.random.key(seed), x)
+    rng = np.random.default_rng(seed)
+    norms = {}
+    for name in params["params"]:
+        if name.startswith("LayerNorm"):
+            scale = 1 + 0.1 * rng.normal(size=32)
+            scale[[3, 17]] = 20.0
+            norms[name] = {
+                "scale": jnp.asarray(scale, jnp.float32),
+                "bias": jnp.asarray(0.1 * rng.normal(size=32), jnp.float32),
+            }
+    return {"params": {**params["params"], **norms}}
+
+
+@pytest.mark.parametrize("method", ["awq", "smoothquant"])
+def test_folded_scales_leave_the_float32_function_unchanged(method, monkeypatch):
+    from precision._calibrate import _calibrate
+
+    model = _Block.make()
+    rng = np.random.default_rng(8)
+    batches = _batches_3d(rng)
+    params = _init(model, batches[0], 0)
+    # stop before rounding: the folded float32 weights come back as they are
+    monkeypatch.setattr(_calibrate, "_convert_rtn", lambda leaf, *args: leaf)
+    folded = precision.calibrate(model.apply, params, batches, method=method)
+    for x in batches:
+        want, got = model.apply(params, x), model.apply(folded, x)
+        rel = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+        assert rel <= 1e-5, rel
+    p, f = params["params"], folded["params"]
+    # folded into the two norms whose outputs only the layers read ...
+    for norm in ("LayerNorm_0", "LayerNorm_1"):
+        assert not np.array_equal(np.asarray(f[norm]["scale"]), np.asarray(p[norm]["scale"]))
+        assert not np.array_equal(np.asarray(f[norm]["bias"]), np.asarray(p[norm]["bias"]))
+    # ... not into the last, whose output is also added to the result
+    np.testing.assert_array_equal(f["LayerNorm_2"]["scale"], p["LayerNorm_2"]["scale"])
+    np.testing.assert_array_equal(f["Dense_6"]["kernel"], p["Dense_6"]["kernel"])
+
+
+def test_awq_int4_loses_less_than_round_to_nearest_on_outlier_channels():
+    model = _Block.make()
+    rng = np.random.default_rng(9)
+    batches = _batches_3d(rng)
+    params = _init(model, batches[0], 1)
+    held = _batches_3d(np.random.default_rng(10), 2)
+    err = {}
+    for method in ("rtn", "awq"):
+        q = precision.calibrate(
+            model.apply, params, batches, method=method, scaling=dtypes.PerBlock(16)
+        )
+        decoded = precision.to_full_precision(q)
+        err[method] = sum(
+            float(jnp.mean((model.apply(decoded, x) - model.apply(params, x)) ** 2)) for x in held
+        )
+    assert err["awq"] < 0.8 * err["rtn"], err
+
+
+def test_smoothquant_w8a8_loses_less_than_round_to_nearest_w8a8():
+    nn = pytest.importorskip("flax.linen")
+
+    class NormDense(nn.Module):  # the layer SmoothQuant is for: its input has outliers
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(64)(nn.LayerNorm()(x))
+
+    model = NormDense()
+    rng = np.random.default_rng(11)
+    batches = _batches_3d(rng)
+    params = _init(model, batches[0], 2)
+    held = _batches_3d(np.random.default_rng(12), 2)
+    err = {}
+    for method in ("rtn", "smoothquant"):
+        # SmoothQuant's defaults: int8, one scale per output channel
+        same = {} if method == "smoothquant" else {"format": "int8", "scaling": dtypes.PerAxis()}
+        q = precision.calibrate(model.apply, params, batches, method=method, **same)
+        kernel = q["params"]["Dense_0"]["kernel"]
+        assert (kernel.format.name, str(kernel.scaling)) == ("int8", "per-axis 1")
+        run = precision.apply(model.apply, contract="int8")
+        err[method] = sum(
+            float(jnp.mean((np.asarray(run(q, x)) - model.apply(params, x)) ** 2)) for x in held
+        )
+    assert err["smoothquant"] < 0.5 * err["rtn"], err
