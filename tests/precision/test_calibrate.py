@@ -228,6 +228,35 @@ def test_flax_and_equinox_models_are_calibrated_through_their_own_apply():
     assert not isinstance(qm.layers[0].bias, precision.Tensor)
 
 
+def test_a_flax_nnx_model_is_calibrated_through_split_and_merge():
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.norm = nnx.LayerNorm(32, rngs=rngs)
+            self.fc1 = nnx.Linear(32, 64, rngs=rngs)
+            self.fc2 = nnx.Linear(64, 8, rngs=rngs)
+
+        def __call__(self, x):
+            return self.fc2(nnx.relu(self.fc1(self.norm(x))))
+
+    graphdef, state = nnx.split(Net(nnx.Rngs(0)))
+
+    def f(s, x):
+        return nnx.merge(graphdef, s)(x)
+
+    x = np.random.default_rng(0).normal(size=(16, 32)).astype(np.float32)
+    for method in ("gptq", "awq"):
+        q = precision.calibrate(f, state, [x], method=method, scaling=dtypes.PerBlock(16))
+        assert isinstance(q["fc1"]["kernel"].get_value(), precision.Tensor)
+        assert isinstance(q["fc2"]["kernel"].get_value(), precision.Tensor)
+        assert not isinstance(q["norm"]["scale"].get_value(), precision.Tensor)
+        decoded = precision.to_full_precision(q)
+        np.testing.assert_allclose(
+            np.asarray(precision.apply(f)(q, x)), np.asarray(f(decoded, x)), rtol=1e-5, atol=1e-5
+        )
+
+
 def _linear(p, x):
     return jnp.tanh(x @ p["w1"]) @ p["w2"]
 

@@ -67,7 +67,9 @@ def test_post_training_quantization():
     ]
 
 
-@pytest.mark.parametrize("page", ["docs/concepts.md", "docs/training.md", "docs/models.md"])
+@pytest.mark.parametrize(
+    "page", ["docs/concepts.md", "docs/training.md", "docs/models.md", "docs/calibration.md"]
+)
 def test_docs_page_examples_run(page):
     source = (ROOT / page).read_text()
     test = doctest.DocTestParser().get_doctest(source, {}, page, page, 0)
