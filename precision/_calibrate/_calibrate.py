@@ -39,10 +39,12 @@ selection, for comparison)."""
 
 @dataclasses.dataclass
 class _Site:
-    """One weight to convert: its leaf, contracted axis, stacking axes, statistics."""
+    """One weight to convert: its leaf, contracted axes (the recorded features' order:
+    a matrix's input axis; a kernel's spatial axes, then its input channels), stacking
+    axes, statistics."""
 
     path: str
-    axis: int
+    axes: tuple[int, ...]
     stacked: tuple[int, ...]
     stats: dict[str, np.ndarray]
 
@@ -59,20 +61,23 @@ def _check_method(method: Any, fmt: dtypes.Format) -> None:
         )
 
 
-def _aimed(scaling: dtypes.Scaling, shape: tuple[int, ...], axis: int, path: str) -> Any:
-    """`scaling` placed on a weight contracted over `axis`: blocks along the inputs,
-    one scale per output channel, or one per tensor."""
+def _aimed(
+    scaling: dtypes.Scaling, shape: tuple[int, ...], axes: tuple[int, ...], path: str
+) -> Any:
+    """`scaling` placed on a weight contracted over `axes`: blocks along its inputs
+    (the input channels of a kernel), one scale per output channel, or one per tensor."""
     if isinstance(scaling, dtypes.PerBlock):
-        return dataclasses.replace(scaling, axis=axis)
+        return dataclasses.replace(scaling, axis=axes[-1])
     if isinstance(scaling, dtypes.PerTensor):
         return scaling
-    if len(shape) != 2:
+    outputs = [i for i in range(len(shape)) if i not in axes]
+    if len(outputs) != 1:
         raise CalibrationError(
             f"calibrate: {path} has shape {shape}: one scale per output channel needs a "
-            "matrix; use scaling=dtypes.PerBlock(128) (blocks along the inputs)"
+            "single output axis; use scaling=dtypes.PerBlock(128) (blocks along the inputs)"
         )
     return dtypes.PerAxis(
-        1 - axis, power_of_two=scaling.power_of_two, scale_format=scaling.scale_format
+        outputs[0], power_of_two=scaling.power_of_two, scale_format=scaling.scale_format
     )
 
 
@@ -95,32 +100,45 @@ def _rule(fmt: dtypes.IntFormat, scaling: dtypes.Scaling, per_tensor: bool) -> S
 
 def _gptq_matrix(
     w: np.ndarray,
-    axis: int,
+    axes: tuple[int, ...],
     h: np.ndarray,
     fmt: dtypes.IntFormat,
     scaling: Any,
     opts: dict[str, Any],
 ) -> tuple[np.ndarray, np.ndarray]:
     """(codes, stored scales) of one layer's weight `w`, in `w`'s own layout."""
-    moved = np.moveaxis(w, axis, -1)
-    k = moved.shape[-1]
+    tail = tuple(range(w.ndim - len(axes), w.ndim))
+    moved = np.moveaxis(w, axes, tail)  # (outputs..., contracted axes in K order)
+    kshape = moved.shape[w.ndim - len(axes) :]
+    k = int(np.prod(kshape))
     mat = moved.reshape(-1, k)
     per_tensor = isinstance(scaling, dtypes.PerTensor)
-    group = scaling.size if isinstance(scaling, dtypes.PerBlock) else k
-    group = max(1, min(group, k))
+    if isinstance(scaling, dtypes.PerBlock):
+        # blocks along the last contracted axis (input channels), for each position
+        # of the others (a kernel's window): contiguous runs of columns
+        c = kshape[-1]
+        size = max(1, min(scaling.size, c))
+        groups = [
+            (base + b, base + min(b + size, c))
+            for base in range(0, k, c)
+            for b in range(0, c, size)
+        ]
+    else:
+        groups = [(0, k)]
     codes, stored = gptq(
         mat,
         h,
         qmax=fmt.qmax,
-        group=group,
+        groups=groups,
         rule=_rule(fmt, scaling, per_tensor),
-        static=per_tensor or not isinstance(scaling, dtypes.PerBlock),
+        static=not isinstance(scaling, dtypes.PerBlock),
         **opts,
     )
-    codes = np.moveaxis(codes.reshape(moved.shape), -1, axis)
+    codes = np.moveaxis(codes.reshape(moved.shape), tail, axes)
     if per_tensor:
         return codes, stored[:1, :1].reshape((1,) * w.ndim)
-    scales = np.moveaxis(stored.reshape((*moved.shape[:-1], stored.shape[1])), -1, axis)
+    blocks = (*kshape[:-1], -1) if isinstance(scaling, dtypes.PerBlock) else (1,) * len(axes)
+    scales = np.moveaxis(stored.reshape((*moved.shape[: w.ndim - len(axes)], *blocks)), tail, axes)
     return codes, scales
 
 
@@ -133,10 +151,10 @@ def _convert_gptq(
             f"calibrate: {site.path} is indexed by {len(site.stacked)} nested scans; "
             "calibrate weights stacked along one axis at most"
         )
-    aimed = _aimed(scaling, w.shape, site.axis, site.path)
+    aimed = _aimed(scaling, w.shape, site.axes, site.path)
     h = site.stats["h"]
     if not site.stacked:
-        codes, scales = _gptq_matrix(w, site.axis, h, fmt, aimed, opts)
+        codes, scales = _gptq_matrix(w, site.axes, h, fmt, aimed, opts)
     else:
         if not isinstance(aimed, dtypes.PerBlock):
             raise CalibrationError(
@@ -144,10 +162,10 @@ def _convert_gptq(
                 "per layer: use scaling=dtypes.PerBlock(128)"
             )
         s = site.stacked[0]
-        inner_axis = site.axis - (site.axis > s)
-        inner = dataclasses.replace(aimed, axis=inner_axis)
+        inner_axes = tuple(a - (a > s) for a in site.axes)
+        inner = dataclasses.replace(aimed, axis=inner_axes[-1])
         parts = [
-            _gptq_matrix(np.take(w, i, axis=s), inner_axis, h[i], fmt, inner, opts)
+            _gptq_matrix(np.take(w, i, axis=s), inner_axes, h[i], fmt, inner, opts)
             for i in range(w.shape[s])
         ]
         codes = np.stack([c for c, _ in parts], axis=s)
@@ -157,7 +175,7 @@ def _convert_gptq(
 
 
 def _convert_rtn(leaf: Any, site: _Site, fmt: dtypes.IntFormat, scaling: dtypes.Scaling) -> Tensor:
-    aimed = _aimed(scaling, tuple(np.shape(leaf)), site.axis, site.path)
+    aimed = _aimed(scaling, tuple(np.shape(leaf)), site.axes, site.path)
     return Tensor(leaf).to_reduced_precision(fmt, scaling=aimed)
 
 
@@ -179,20 +197,20 @@ def _fold(
         members = sorted(found.folds[key])
         if key in found.unsafe or any(found.uses[leaf] != 1 for leaf, _, _ in members):
             continue  # the normalization's output or a weight is read elsewhere too
-        ws = [(np.asarray(values[traced[leaf]]), axis) for leaf, axis, _ in members]
+        ws = [(np.asarray(values[traced[leaf]]), axes[0]) for leaf, axes, _ in members]
         stats = sites[members[0][0]].stats  # every member reads the same activation
         if method == "smoothquant":
             s, how = smoothquant_scales(stats["absmax"], ws, alpha), f"alpha {alpha}"
         else:
 
             def rtn(w: np.ndarray, axis: int) -> np.ndarray:
-                aimed = _aimed(scaling, w.shape, axis, "")
+                aimed = _aimed(scaling, w.shape, (axis,), "")
                 return np.asarray(Tensor(w).to_reduced_precision(fmt, scaling=aimed).numpy())
 
             mean = stats["abssum"] / max(float(stats["rows"]), 1.0)
             s, chosen = awq_scales(stats["h"], mean, ws, rtn, grid)
             how = f"alpha {chosen:.2f} searched"
-        for (leaf, axis, _), (w, _) in zip(members, ws, strict=True):
+        for (leaf, _, _), (w, axis) in zip(members, ws, strict=True):
             values[traced[leaf]] = fold_rows(w, axis, s)
         for vector in key:
             if vector is not None:
@@ -401,14 +419,14 @@ def calibrate(
     found = Found()
     totals = _accumulate(f, [values[i] for i in traced], rebuild, data, paths, progress, found)
     sites: dict[int, _Site] = {}
-    for (leaf, axis, stacked), stats in sorted(totals.items()):
+    for (leaf, axes, stacked), stats in sorted(totals.items()):
         site = sites.get(leaf)
-        if site is not None and (site.axis, site.stacked) != (axis, stacked):
+        if site is not None and (site.axes, site.stacked) != (axes, stacked):
             raise CalibrationError(
                 f"calibrate: {paths[leaf]} is contracted over two different axes "
-                f"({site.axis} and {axis}); exclude it, or calibrate one use"
+                f"({site.axes} and {axes}); exclude it, or calibrate one use"
             )
-        sites[leaf] = _Site(paths[leaf], axis, stacked, stats)
+        sites[leaf] = _Site(paths[leaf], axes, stacked, stats)
     chosen = [j for j, i in enumerate(traced) if select(flat[i][0], flat[i][1])]
     explicit = where is not None
     missing = [paths[j] for j in chosen if j not in sites]

@@ -49,7 +49,7 @@ def gptq(
     h: np.ndarray,
     *,
     qmax: int,
-    group: int,
+    groups: list[tuple[int, int]],
     rule: ScaleRule,
     static: bool = False,
     damp: float = 0.01,
@@ -58,9 +58,9 @@ def gptq(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(codes (rows, cols) int8, stored scales (rows, groups)) for `w` under `h`.
 
-    `group` is the number of consecutive columns sharing a scale (`cols` for
-    one scale per row); `static` takes every scale from the original weights
-    (as `act_order` does).
+    `groups` are the `(start, end)` column ranges sharing a scale, in order and
+    covering every column (`[(0, cols)]` for one scale per row); `static` takes
+    every scale from the original weights (as `act_order` does).
     """
     w = np.array(w, np.float64)
     h = np.array(h, np.float64)
@@ -68,13 +68,15 @@ def gptq(
     dead = np.diag(h) == 0
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
-    ngroups = -(-cols // group)
-    units = np.zeros((rows, ngroups))
-    stored: list[np.ndarray | None] = [None] * ngroups
+    group_of = np.zeros(cols, np.int64)
+    for g, (start, end) in enumerate(groups):
+        group_of[start:end] = g
+    units = np.zeros((rows, len(groups)))
+    stored: list[np.ndarray | None] = [None] * len(groups)
     static = static or act_order
     if static:
-        for g in range(ngroups):
-            stored[g], units[:, g] = rule(w[:, g * group : (g + 1) * group])
+        for g, (start, end) in enumerate(groups):
+            stored[g], units[:, g] = rule(w[:, start:end])
     perm = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(cols)
     w, h = w[:, perm], h[np.ix_(perm, perm)]
     h[np.diag_indices(cols)] += damp * float(np.mean(np.diag(h)))
@@ -86,9 +88,9 @@ def gptq(
         err = np.zeros((rows, i2 - i1))
         for i in range(i2 - i1):
             col = int(perm[i1 + i])
-            g = col // group
-            if not static and col % group == 0:
-                end = min(col + group, cols)
+            g = int(group_of[col])
+            if not static and col == groups[g][0]:
+                end = groups[g][1]
                 # this block's columns as updated so far; the columns past it with
                 # this block's compensations (applied to `w` when the block ends)
                 beyond = w[:, i2:end] - err[:, :i] @ u[i1 : i1 + i, i2:end]

@@ -6,7 +6,8 @@ following each parameter leaf through the layout-only operations
 (`transpose`, dtype conversions, calls). At every `dot_general` where one
 operand is a parameter contracted over one of its axes and the other is not a
 parameter, it adds up, for that site, the input statistics of the activation
-operand `x` flattened to rows of its contracted length `K`:
+operand `x` flattened to rows of its contracted length `K` (for a convolution
+whose kernel is a parameter: the input patches, `K` = window x channels):
 
 - `h`: the `K x K` sum of `x_r x_r^T` over rows (GPTQ's Hessian, up to 2/n),
 - `absmax`, `abssum`: per input channel (AWQ, SmoothQuant),
@@ -31,6 +32,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
@@ -38,8 +40,10 @@ from ._affine import Tag, carry_axes, propagate
 
 __all__ = ["FoldKey", "Found", "Origin", "SiteKey", "Stats", "record"]
 
-# (leaf index, contracted leaf axis, leaf axes indexed by enclosing scans)
-SiteKey = tuple[int, int, tuple[int, ...]]
+# (leaf index, contracted leaf axes in the order of the recorded inputs' K features,
+#  leaf axes indexed by enclosing scans): (axis,) for a matrix; for a convolution
+#  kernel its spatial axes then its input-channel axis (channels fastest)
+SiteKey = tuple[int, tuple[int, ...], tuple[int, ...]]
 
 
 # (leaf of a normalization's per-feature scale, leaf of its shift or None)
@@ -92,9 +96,33 @@ _SAME = frozenset({"convert_element_type", "copy", "copy_p", "reduce_precision"}
 _scan_ids = itertools.count()
 
 
+def _conv_rows(eqn: Any, x: jax.Array, spatial: tuple[int, ...]) -> jax.Array:
+    """The input patches a convolution multiplies by its kernel, as rows of
+    (spatial..., channels) features: the kernel's contracted axes in that order."""
+    p = eqn.params
+    dn = p["dimension_numbers"]
+    canonical = jnp.transpose(x, dn.lhs_spec)  # (batch, channels, spatial...)
+    patches = lax.conv_general_dilated_patches(
+        canonical,
+        spatial,
+        p["window_strides"],
+        p["padding"],
+        lhs_dilation=p["lhs_dilation"],
+        rhs_dilation=p["rhs_dilation"],
+        precision=lax.Precision.HIGHEST,
+    )  # (batch, channels * prod(spatial), out spatial...): channel-major features
+    c = canonical.shape[1]
+    rows = jnp.moveaxis(patches, 1, -1).reshape(-1, c, int(np.prod(spatial)))
+    return jnp.swapaxes(rows, 1, 2).reshape(rows.shape[0], -1)
+
+
 def _site_stats(x: jax.Array, axis: int) -> Stats:
     k = x.shape[axis]
-    rows = jnp.moveaxis(x, axis, -1).reshape(-1, k).astype(jnp.float32)
+    return _row_stats(jnp.moveaxis(x, axis, -1).reshape(-1, k))
+
+
+def _row_stats(rows: jax.Array) -> Stats:
+    rows = rows.astype(jnp.float32)
     finite = jnp.isfinite(rows)
     clean = jnp.where(finite, rows, 0.0)
     h = jnp.einsum("ri,rj->ij", clean, clean, precision=lax.Precision.HIGHEST)
@@ -139,15 +167,39 @@ def _dot(
         axis = o.axes[cw[0]]
         if axis is None:
             continue
-        key = (o.leaf, axis, o.stacked)
+        key = (o.leaf, (axis,), o.stacked)
         found.uses[o.leaf] += 1
         _add(stats, key, _site_stats(vals[x], cx[0]))
         t = tags[x]
         if t is not None and t.axis == cx[0] and not o.stacked:
-            site = (o.leaf, axis, ())
+            site = (o.leaf, (axis,), ())
             found.folds.setdefault((t.scale, t.bias), set()).add(site)
             folded[x] = True
     found.refuse([t for t, ok in zip(tags, folded, strict=True) if not ok])
+
+
+def _conv(
+    eqn: Any,
+    origins: list[Origin | None],
+    vals: list[Any],
+    stats: dict[Any, Stats],
+    found: Found,
+) -> None:
+    """Record the input patches of a convolution whose kernel is a weight."""
+    p = eqn.params
+    o = origins[1]
+    if o is None or origins[0] is not None:
+        return
+    if p["feature_group_count"] != 1 or p["batch_group_count"] != 1:
+        return  # grouped / depthwise kernels: not one matrix
+    rhs = p["dimension_numbers"].rhs_spec  # (out, in, spatial...) axes of the kernel
+    axes = tuple(o.axes[a] for a in (*rhs[2:], rhs[1]))
+    if any(a is None for a in axes):
+        return
+    spatial = tuple(int(eqn.invars[1].aval.shape[a]) for a in rhs[2:])
+    found.uses[o.leaf] += 1
+    key = (o.leaf, axes, o.stacked)
+    _add(stats, key, _row_stats(_conv_rows(eqn, vals[0], spatial)))
 
 
 def _walk(
@@ -184,6 +236,9 @@ def _walk(
         else:
             if name == "dot_general":
                 _dot(eqn, orgs, tgs, vals, stats, found)
+            elif name == "conv_general_dilated":
+                found.refuse(tgs)
+                _conv(eqn, orgs, vals, stats, found)
             else:
                 out_tags, ok = propagate(eqn, orgs, tgs, found.ndims)
                 if not ok:
@@ -290,8 +345,8 @@ def record(
         )
         found.refuse(out_tags)  # a normalization's output returned by f
         return {
-            (leaf, axis, tuple(a for _, a in stacked)): s
-            for (leaf, axis, stacked), s in stats.items()
+            (leaf, axes, tuple(a for _, a in stacked)): s
+            for (leaf, axes, stacked), s in stats.items()
         }
 
     return run

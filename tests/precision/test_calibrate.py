@@ -90,6 +90,47 @@ def test_gptq_on_one_layer_equals_the_published_algorithm_code_for_code(group, b
     np.testing.assert_array_equal(q.numpy(), want.astype(np.float32))
 
 
+def _patches(x, k):
+    """3x3 'SAME' input patches of NHWC `x`, as rows of (dy, dx, channel) features."""
+    n, hgt, wid, _ = x.shape
+    pad = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    rows = [
+        pad[b, i : i + k, j : j + k, :].reshape(-1)
+        for b in range(n)
+        for i in range(hgt)
+        for j in range(wid)
+    ]
+    return np.array(rows, np.float64)
+
+
+def test_gptq_on_a_convolution_equals_the_published_algorithm_on_its_patches():
+    nn = pytest.importorskip("flax.linen")
+    rng = np.random.default_rng(12)
+
+    class Conv(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Conv(4, (3, 3), padding="SAME", use_bias=False)(x)
+
+    model = Conv()
+    batches = [rng.integers(-2, 3, size=(2, 6, 6, 8)).astype(np.float32) for _ in range(2)]
+    params = model.init(jax.random.key(0), batches[0])
+    q = precision.calibrate(model.apply, params, batches, scaling=dtypes.PerBlock(4))
+    kernel = q["params"]["Conv_0"]["kernel"]
+    assert kernel.scaling == dtypes.PerBlock(4, axis=2)  # blocks of input channels (HWIO)
+    x = np.concatenate([_patches(b, 3) for b in batches])
+    w = np.asarray(params["params"]["Conv_0"]["kernel"])
+    want = _reference_gptq(w.reshape(-1, 4).T, x.T @ x, 4, 0.01).T.reshape(w.shape)
+    np.testing.assert_array_equal(kernel.numpy(), want.astype(np.float32))
+    out = precision.apply(model.apply)(q, batches[0])
+    np.testing.assert_allclose(
+        np.asarray(out),
+        np.asarray(model.apply(precision.to_full_precision(q), batches[0])),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
 def test_gptq_beats_round_to_nearest_on_correlated_inputs():
     rng = np.random.default_rng(1)
     k, m = 128, 64
@@ -140,16 +181,16 @@ def test_a_layer_under_scan_and_one_outside_each_get_their_own_statistics():
         inputs.append(h)
         h = np.round(h @ w)
     assert set(stats) == {
-        (names["embed"], 0, ()),
-        (names["layers"], 1, (0,)),
-        (names["head"], 0, ()),
+        (names["embed"], (0,), ()),
+        (names["layers"], (1,), (0,)),
+        (names["head"], (0,), ()),
     }
-    got = np.asarray(stats[(names["layers"], 1, (0,))].h)
+    got = np.asarray(stats[(names["layers"], (1,), (0,))].h)
     assert got.shape == (layers, d, d)
     for i, xi in enumerate(inputs):
         np.testing.assert_allclose(got[i], xi.T @ xi, rtol=0)
-    np.testing.assert_allclose(np.asarray(stats[(names["head"], 0, ())].h), h.T @ h, rtol=0)
-    np.testing.assert_allclose(np.asarray(stats[(names["embed"], 0, ())].h), x.T @ x, rtol=0)
+    np.testing.assert_allclose(np.asarray(stats[(names["head"], (0,), ())].h), h.T @ h, rtol=0)
+    np.testing.assert_allclose(np.asarray(stats[(names["embed"], (0,), ())].h), x.T @ x, rtol=0)
 
     # and GPTQ then converts each stacked layer with its own Hessian: layer i of the
     # calibrated stack equals calibrating layer i alone on its own inputs, and not
