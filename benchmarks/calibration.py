@@ -165,9 +165,9 @@ def train(cfg: Config, data: np.ndarray, say=print):
         starts = rng.integers(0, len(data) - cfg.context - 1, cfg.batch)
         xy = windows(data, starts, cfg.context + 1)
         params, state, value = step(params, state, xy, rate(elapsed / budget))
-        steps += 1
+        value, steps = float(value), steps + 1  # waits for the step: the clock sees its work
         if elapsed - last >= budget / 12 or steps == 1:
-            say(f"  step {steps:5d}  {elapsed:6.0f} s  loss {float(value) / math.log(2):.3f} bit/B")
+            say(f"  step {steps:5d}  {elapsed:6.0f} s  loss {value / math.log(2):.3f} bit/B")
             last = elapsed
     return params, steps
 

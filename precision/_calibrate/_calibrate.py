@@ -22,11 +22,12 @@ import numpy as np
 import dtypes
 
 from .._context import resolve_format
-from .._errors import CalibrationError, PrecisionError
+from .._errors import CalibrationError
 from .._tensor import Tensor
 from .._tree import Where, _path_str, _selector, is_floating, is_tensor
 from ._gptq import ScaleRule, gptq
-from ._record import Found, SiteKey, Stats, record
+from ._passes import accumulate, batches_of, chunks, survey
+from ._record import FoldKey, Found
 from ._smooth import awq_scales, fold_rows, smoothquant_scales
 
 __all__ = ["METHODS", "calibrate"]
@@ -47,6 +48,7 @@ class _Site:
     axes: tuple[int, ...]
     stacked: tuple[int, ...]
     stats: dict[str, np.ndarray]
+    size: int  # bytes of its statistics
 
 
 def _check_method(method: Any, fmt: dtypes.Format) -> None:
@@ -179,114 +181,69 @@ def _convert_rtn(leaf: Any, site: _Site, fmt: dtypes.IntFormat, scaling: dtypes.
     return Tensor(leaf).to_reduced_precision(fmt, scaling=aimed)
 
 
+def _foldable(found: Found, picked: set[int]) -> dict[int, tuple[FoldKey, list[int]]]:
+    """The foldings to make, keyed by the selected weight read first in each: every
+    normalization output read only by contractions whose weights are read once."""
+    first = {leaf: n for n, leaf in enumerate(found.order)}
+    out = {}
+    for key, sites in found.folds.items():
+        members = sorted({leaf for leaf, _, _ in sites}, key=first.__getitem__)
+        if key in found.unsafe or any(found.uses[leaf] != 1 for leaf in members):
+            continue  # the normalization's output or a weight is read elsewhere too
+        trigger = [leaf for leaf in members if leaf in picked]
+        if trigger:
+            out[trigger[0]] = (key, members)
+    return out
+
+
 def _fold(
     method: str,
-    found: Found,
-    sites: dict[int, _Site],
-    values: list[Any],
+    key: FoldKey,
+    members: list[int],
+    stats: dict[str, np.ndarray],
+    work: list[Any],
     traced: list[int],
     paths: list[str],
     fmt: dtypes.IntFormat,
     scaling: dtypes.Scaling,
     alpha: float,
     grid: int,
-) -> list[str]:
-    """Fold AWQ's or SmoothQuant's scales into `values`; one line per folding done."""
-    lines = []
-    for key in sorted(found.folds, key=lambda k: (k[0], -1 if k[1] is None else k[1])):
-        members = sorted(found.folds[key])
-        if key in found.unsafe or any(found.uses[leaf] != 1 for leaf, _, _ in members):
-            continue  # the normalization's output or a weight is read elsewhere too
-        ws = [(np.asarray(values[traced[leaf]]), axes[0]) for leaf, axes, _ in members]
-        stats = sites[members[0][0]].stats  # every member reads the same activation
-        if method == "smoothquant":
-            s, how = smoothquant_scales(stats["absmax"], ws, alpha), f"alpha {alpha}"
-        else:
+    axes: dict[int, int],
+) -> str:
+    """Fold AWQ's or SmoothQuant's scales for one normalization output into `work`.
 
-            def rtn(w: np.ndarray, axis: int) -> np.ndarray:
-                aimed = _aimed(scaling, w.shape, (axis,), "")
-                return np.asarray(Tensor(w).to_reduced_precision(fmt, scaling=aimed).numpy())
+    `stats` are the recorded inputs of one member (all read the same activation)."""
+    ws = [(np.asarray(work[traced[leaf]]), axes[leaf]) for leaf in members]
+    if method == "smoothquant":
+        s, how = smoothquant_scales(stats["absmax"], ws, alpha), f"alpha {alpha}"
+    else:
 
-            mean = stats["abssum"] / max(float(stats["rows"]), 1.0)
-            s, chosen = awq_scales(stats["h"], mean, ws, rtn, grid)
-            how = f"alpha {chosen:.2f} searched"
-        for (leaf, _, _), (w, axis) in zip(members, ws, strict=True):
-            values[traced[leaf]] = fold_rows(w, axis, s)
-        for vector in key:
-            if vector is not None:
-                v = values[traced[vector]]
-                values[traced[vector]] = (np.asarray(v, np.float64) / s).astype(np.asarray(v).dtype)
-        lines.append(
-            f"{method}: scales folded into {paths[key[0]]}"
-            f"{'' if key[1] is None else ' and ' + paths[key[1]]} for "
-            f"{', '.join(paths[leaf] for leaf, _, _ in members)} ({how})"
-        )
-    return lines
+        def rtn(w: np.ndarray, axis: int) -> np.ndarray:
+            aimed = _aimed(scaling, w.shape, (axis,), "")
+            return np.asarray(Tensor(w).to_reduced_precision(fmt, scaling=aimed).numpy())
+
+        mean = stats["abssum"] / max(float(stats["rows"]), 1.0)
+        s, chosen = awq_scales(stats["h"], mean, ws, rtn, grid)
+        how = f"alpha {chosen:.2f} searched"
+    for leaf, (w, axis) in zip(members, ws, strict=True):
+        work[traced[leaf]] = fold_rows(w, axis, s)
+    for vector in key:
+        if vector is not None:
+            v = work[traced[vector]]
+            work[traced[vector]] = (np.asarray(v, np.float64) / s).astype(np.asarray(v).dtype)
+    return (
+        f"{method}: scales folded into {paths[key[0]]}"
+        f"{'' if key[1] is None else ' and ' + paths[key[1]]} for "
+        f"{', '.join(paths[leaf] for leaf in members)} ({how})"
+    )
 
 
-def _batches(batches: Any) -> list[Any]:
-    if batches is None or isinstance(batches, str | bytes) or not isinstance(batches, Iterable):
+def _check_budget(stats_memory: Any) -> int:
+    if isinstance(stats_memory, bool) or not isinstance(stats_memory, int) or stats_memory < 1:
         raise CalibrationError(
-            f"calibrate: `batches` must be an iterable of inputs for f(params, batch), got "
-            f"{type(batches).__name__}; pass e.g. [x1, x2, ...]"
+            f"calibrate: stats_memory must be a positive number of bytes, got {stats_memory!r}"
         )
-    out = list(batches)
-    if not out:
-        raise CalibrationError(
-            "calibrate: `batches` is empty: pass a few batches of real inputs (GPTQ needs "
-            "activations to measure)"
-        )
-    return out
-
-
-def _shapes(batch: Any) -> str:
-    return str(jax.tree_util.tree_map(lambda x: tuple(np.shape(x)), batch))
-
-
-def _accumulate(
-    f: Callable[..., Any],
-    leaves: list[Any],
-    rebuild: Callable[[list[Any]], Any],
-    batches: list[Any],
-    paths: list[str],
-    progress: bool,
-    found: Found,
-) -> dict[SiteKey, dict[str, np.ndarray]]:
-    run = jax.jit(record(f, rebuild, found))
-    totals: dict[SiteKey, dict[str, np.ndarray]] = {}
-    for b, batch in enumerate(batches):
-        try:
-            stats: dict[SiteKey, Stats] = run(leaves, batch)
-        except PrecisionError:
-            raise
-        except (TypeError, ValueError) as err:
-            first = "" if b == 0 else f" (batch 0 had shapes {_shapes(batches[0])})"
-            raise CalibrationError(
-                f"calibrate: f(params, batch) fails on batch {b} of shapes {_shapes(batch)}"
-                f"{first}: {type(err).__name__}: {str(err).splitlines()[0]}"
-            ) from err
-        for key, s in stats.items():
-            bad = int(np.sum(np.asarray(s.bad)))
-            if bad:
-                raise CalibrationError(
-                    f"calibrate: the inputs of {paths[key[0]]} hold {bad} NaN or infinite "
-                    f"value(s) in batch {b}: GPTQ cannot measure them; check that batch "
-                    "(and the layers before this one)"
-                )
-            new = {
-                n: np.asarray(getattr(s, n), np.float64) for n in ("h", "absmax", "abssum", "rows")
-            }
-            old = totals.get(key)
-            if old is None:
-                totals[key] = new
-            else:
-                old["h"] += new["h"]
-                old["abssum"] += new["abssum"]
-                old["rows"] += new["rows"]
-                old["absmax"] = np.maximum(old["absmax"], new["absmax"])
-        if progress:
-            print(f"calibrate: batch {b + 1}/{len(batches)} recorded", file=sys.stderr)
-    return totals
+    return stats_memory
 
 
 def calibrate(
@@ -304,6 +261,7 @@ def calibrate(
     act_order: bool = False,
     alpha: float = 0.5,
     grid: int = 20,
+    stats_memory: int = 1 << 30,
     progress: bool | None = None,
 ) -> Any:
     """Convert the weights of `params` to `format`, calibrated on real activations.
@@ -355,6 +313,8 @@ def calibrate(
             taken from the original weights).
         alpha: SmoothQuant's migration strength, in [0, 1].
         grid: the number of AWQ exponents tried (0, 1/grid, ...).
+        stats_memory: bytes of input statistics held at once (default 1 GiB):
+            the batches run once per group of weights whose statistics fit.
         progress: print a line per batch and per weight to stderr (default:
             when stderr is a terminal).
 
@@ -396,6 +356,7 @@ def calibrate(
             raise CalibrationError(f"calibrate: {name} must be a positive int, got {n!r}")
     if not (isinstance(alpha, int | float) and 0 <= alpha <= 1):
         raise CalibrationError(f"calibrate: alpha must be within [0, 1], got {alpha!r}")
+    budget = _check_budget(stats_memory)
     progress = sys.stderr.isatty() if progress is None else bool(progress)
     select = _selector(where, exclude)
     flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_tensor)
@@ -415,18 +376,20 @@ def calibrate(
             full[i] = x
         return jax.tree_util.tree_unflatten(treedef, full)
 
-    data = _batches(batches)
+    opts = {"damp": float(damp), "block": block_size, "act_order": bool(act_order)}
+    data = batches_of(batches)
     found = Found()
-    totals = _accumulate(f, [values[i] for i in traced], rebuild, data, paths, progress, found)
+    leaves = [values[i] for i in traced]
+    sizes = survey(f, leaves, rebuild, data, found)
     sites: dict[int, _Site] = {}
-    for (leaf, axes, stacked), stats in sorted(totals.items()):
+    for (leaf, axes, stacked), size in sorted(sizes.items()):
         site = sites.get(leaf)
         if site is not None and (site.axes, site.stacked) != (axes, stacked):
             raise CalibrationError(
                 f"calibrate: {paths[leaf]} is contracted over two different axes "
                 f"({site.axes} and {axes}); exclude it, or calibrate one use"
             )
-        sites[leaf] = _Site(paths[leaf], axes, stacked, stats)
+        sites[leaf] = _Site(paths[leaf], axes, stacked, {}, size)
     chosen = [j for j, i in enumerate(traced) if select(flat[i][0], flat[i][1])]
     explicit = where is not None
     missing = [paths[j] for j in chosen if j not in sites]
@@ -437,8 +400,8 @@ def calibrate(
             "activation (an embedding, a norm, a bias, or a weight used inside cond/while): "
             "nothing to calibrate it on; narrow `where` to the layers' weights"
         )
-    chosen = [j for j in chosen if j in sites]
-    if not chosen:
+    picked = {j for j in chosen if j in sites}
+    if not picked:
         raise CalibrationError(
             "calibrate: no weight to calibrate: "
             + (
@@ -449,37 +412,67 @@ def calibrate(
                 "dot_general with a weight of params)"
             )
         )
-    opts = {"damp": float(damp), "block": block_size, "act_order": bool(act_order)}
+    folds: dict[int, tuple[FoldKey, list[int]]] = {}
     if method in ("awq", "smoothquant"):
-        scanned = [sites[j].path for j in chosen if sites[j].stacked]
+        scanned = [sites[j].path for j in picked if sites[j].stacked]
         if scanned:
             raise CalibrationError(
                 f"calibrate: {scanned[0]} holds layers stacked under scan; {method} folds its "
                 "scales into unstacked layers only: use method='gptq', or unroll the layers"
             )
-        folded = list(values)
-        for line in _fold(
-            method, found, sites, folded, traced, paths, fmt, scaling, float(alpha), grid
-        ):
+        folds = _foldable(found, picked)
+    order = [j for j in found.order if j in picked]
+    work = list(values)  # the parameters with every folding made so far
+    out: list[Any] = []
+    done = 0
+    for chunk in chunks(order, {j: sites[j].size for j in order}, budget):
+        found.wanted = frozenset(chunk)
+        what = (
+            f"weights {done + 1}-{done + len(chunk)} of {len(order)}: "
+            if done or len(chunk) < len(order)
+            else ""
+        )
+        totals = accumulate(f, leaves, rebuild, data, paths, progress, found, what)
+        for (leaf, _, _), stats in totals.items():
+            sites[leaf].stats = stats
+        for j in chunk:
+            if j in folds:
+                key, members = folds[j]
+                line = _fold(
+                    method,
+                    key,
+                    members,
+                    sites[j].stats,
+                    work,
+                    traced,
+                    paths,
+                    fmt,
+                    scaling,
+                    float(alpha),
+                    grid,
+                    {m: sites[m].axes[0] for m in members},
+                )
+                if progress:
+                    print(f"calibrate: {line}", file=sys.stderr)
+        for j in chunk:
+            start = time.perf_counter()
+            i, site = traced[j], sites[j]
+            if method == "gptq":
+                out.append((i, _convert_gptq(work[i], site, fmt, scaling, opts)))
+            else:
+                out.append((i, _convert_rtn(work[i], site, fmt, scaling)))
+            site.stats = {}  # one chunk's statistics held at a time
+            done += 1
             if progress:
-                print(f"calibrate: {line}", file=sys.stderr)
-        values = [
-            v if v is values[i] or isinstance(values[i], np.ndarray) else jnp.asarray(v)
-            for i, v in enumerate(folded)
-        ]
-    out = list(values)
-    for n, j in enumerate(chosen, 1):
-        start = time.perf_counter()
-        i, site = traced[j], sites[j]
-        leaf = values[i]
-        if method == "gptq":
-            out[i] = _convert_gptq(leaf, site, fmt, scaling, opts)
-
-        else:
-            out[i] = _convert_rtn(leaf, site, fmt, scaling)
-        if progress:
-            took = time.perf_counter() - start
-            print(
-                f"calibrate: [{n}/{len(chosen)}] {site.path} {method} {took:.2f} s", file=sys.stderr
-            )
-    return jax.tree_util.tree_unflatten(treedef, out)
+                took = time.perf_counter() - start
+                print(
+                    f"calibrate: [{done}/{len(order)}] {site.path} {method} {took:.2f} s",
+                    file=sys.stderr,
+                )
+    result = [
+        v if v is values[i] or isinstance(values[i], np.ndarray) else jnp.asarray(v)
+        for i, v in enumerate(work)
+    ]
+    for i, tensor in out:
+        result[i] = tensor
+    return jax.tree_util.tree_unflatten(treedef, result)

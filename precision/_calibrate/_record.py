@@ -59,13 +59,23 @@ class Found:
     unsafe: set[FoldKey] = dataclasses.field(default_factory=set)
     uses: Counter[int] = dataclasses.field(default_factory=Counter)
     ndims: list[int] = dataclasses.field(default_factory=list)
+    order: list[int] = dataclasses.field(default_factory=list)  # leaves, first use first
+    wanted: frozenset[int] | None = None  # record these leaves' statistics only
 
     def reset(self, ndims: list[int]) -> None:
-        """Forget an earlier trace (a new batch shape traces again)."""
+        """Forget an earlier trace (a new batch shape traces again); keep `wanted`."""
         self.folds.clear()
         self.unsafe.clear()
         self.uses.clear()
+        self.order.clear()
         self.ndims = ndims
+
+    def met(self, leaf: int) -> bool:
+        """Note a contraction reading `leaf`; whether to record its statistics."""
+        if leaf not in self.uses:
+            self.order.append(leaf)
+        self.uses[leaf] += 1
+        return self.wanted is None or leaf in self.wanted
 
     def refuse(self, tags: list[Tag | None]) -> None:
         for t in tags:
@@ -168,8 +178,8 @@ def _dot(
         if axis is None:
             continue
         key = (o.leaf, (axis,), o.stacked)
-        found.uses[o.leaf] += 1
-        _add(stats, key, _site_stats(vals[x], cx[0]))
+        if found.met(o.leaf):
+            _add(stats, key, _site_stats(vals[x], cx[0]))
         t = tags[x]
         if t is not None and t.axis == cx[0] and not o.stacked:
             site = (o.leaf, (axis,), ())
@@ -197,9 +207,9 @@ def _conv(
     if any(a is None for a in axes):
         return
     spatial = tuple(int(eqn.invars[1].aval.shape[a]) for a in rhs[2:])
-    found.uses[o.leaf] += 1
-    key = (o.leaf, axes, o.stacked)
-    _add(stats, key, _row_stats(_conv_rows(eqn, vals[0], spatial)))
+    if found.met(o.leaf):
+        key = (o.leaf, axes, o.stacked)
+        _add(stats, key, _row_stats(_conv_rows(eqn, vals[0], spatial)))
 
 
 def _walk(

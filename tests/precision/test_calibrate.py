@@ -480,3 +480,21 @@ def test_smoothquant_w8a8_loses_less_than_round_to_nearest_w8a8():
             float(jnp.mean((np.asarray(run(q, x)) - model.apply(params, x)) ** 2)) for x in held
         )
     assert err["smoothquant"] < 0.5 * err["rtn"], err
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_a_small_statistics_budget_runs_more_passes_with_the_same_result(method, capsys):
+    model = _Block.make()
+    batches = _batches_3d(np.random.default_rng(13), 2)
+    params = _init(model, batches[0], 3)
+    kw = {"method": method, "scaling": dtypes.PerBlock(16)}
+    whole = precision.calibrate(model.apply, params, batches, **kw)
+    # every weight's statistics alone: one pass over the batches per weight
+    apart = precision.calibrate(model.apply, params, batches, stats_memory=1, progress=True, **kw)
+    err = capsys.readouterr().err
+    assert "weights 1-1 of 7: batch 2/2 recorded" in err
+    assert "weights 7-7 of 7: batch 2/2 recorded" in err
+    for a, b in zip(
+        jax.tree_util.tree_leaves(whole), jax.tree_util.tree_leaves(apart), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
