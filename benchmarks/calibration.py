@@ -1,30 +1,29 @@
-"""Calibrated weight conversion (`precision.calibrate`) on small models trained here.
+"""Calibrated weight conversion (`precision.calibrate`): quality and time on models trained here.
 
-Run:  python benchmarks/calibration.py               # 6 layers, d 384: ~15 min training, once
-      python benchmarks/calibration.py --quick       # 2 layers, d 64: about a minute
-      python benchmarks/calibration.py --retrain     # ignore the cached weights
+Run:  python benchmarks/calibration.py            # 6 layers, d 384: 15 min of training, once
+      python benchmarks/calibration.py --quick    # 2 layers, d 64: about a minute end to end
+      python benchmarks/calibration.py --retrain  # train again instead of reusing the cache
 
-Text: a byte-level decoder-only transformer (Flax linen; pre-LayerNorm blocks with separate
-q, k, v Dense layers, causal softmax attention, a 4d gelu MLP, an untied Dense head) trained
-with AdamW on the `.py` files of the standard library of the Python running it (sorted, read
-as bytes, concatenated; site-packages left out): the first 90% trains, the last 10% is held
-out. Training runs for a wall-clock budget (warmup then cosine, as fractions of that budget),
-so the step count depends on the machine; the weights are cached under
-`$XDG_CACHE_HOME/precision/calibration-bench/` (else `~/.cache/...`) and reused, so later
-runs evaluate the same model. Each row reports bits per byte on `--eval-windows` held-out
-windows (evenly spaced), the loss against float32 with twice its standard error (paired over
-the windows), and the seconds `calibrate` took (recording included, compilation too).
-Calibration batches are random windows of the training split, never of the held-out one.
+Text: a byte-level decoder-only transformer (Flax linen, pre-LayerNorm blocks: separate q, k, v
+Dense layers, causal softmax attention, a 4d gelu MLP; an untied Dense head) trained with AdamW
+on the standard library's `.py` files of the running Python (sorted, site-packages left out,
+concatenated as bytes): the first 90% trains, the last 10% is held out. Training runs for a
+wall-clock budget (warmup then cosine over fractions of it), so its step count depends on the
+machine and its load; the weights are cached in `$XDG_CACHE_HOME/precision/calibration-bench/`
+(or `~/.cache/...`) and reused, so later runs evaluate the same model. Each row gives bits per
+byte on `--eval-windows` evenly spaced held-out windows, the loss against float32 with twice
+its standard error (paired over the windows), and the seconds `calibrate` took (recording
+and its compilation included). Calibration batches are random windows of the training split.
 
-Rows: float32; int4 per block of 128 by round-to-nearest, GPTQ and AWQ (weights decoded at
-use); int8 per output channel by round-to-nearest; W8A8 (`apply(..., contract="int8")`,
-int8 activations per row) on round-to-nearest and SmoothQuant int8 weights. A method that
-`calibrate` refuses is printed as n/a with its message. The targets follow the table.
+Rows: float32; int4 in blocks of 128 inputs by round-to-nearest, GPTQ and AWQ (decoded at
+use); int8 per output channel by round-to-nearest; W8A8 (`apply(..., contract="int8")`, int8
+activations per row) on round-to-nearest and on SmoothQuant int8 weights. A method that
+`calibrate` refuses prints as `n/a` with its message, a failure as `ERROR`. Targets follow.
 
-Digits: a small ResNet-style network on scikit-learn's 8 x 8 digits, its held-out accuracy
-and cross-entropy in float32, RTN int4 and GPTQ int4. `calibrate` records `dot_general`
-contractions only, so its 3 x 3 convolutions are written as patch extraction (slicing and
-concatenation) followed by `nn.Dense`; `--skip-digits` leaves this part out.
+Digits: a small ResNet-style net on scikit-learn's 8 x 8 digits: held-out accuracy and
+cross-entropy in float32, RTN int4 and GPTQ int4. `calibrate` records `dot_general`
+contractions only, so its 3 x 3 convolutions are patch extraction (slicing, concatenation)
+followed by `nn.Dense`. `--skip-digits` leaves it out.
 """
 
 from __future__ import annotations
@@ -64,7 +63,7 @@ class Config:
     def name(self) -> str:
         return (
             f"gpt-L{self.layers}-d{self.width}-h{self.heads}-T{self.context}-b{self.batch}"
-            f"-lr{self.lr:g}-{self.minutes:g}min-seed{self.seed}.npz"
+            f"-lr{self.lr:g}-{60 * self.minutes:g}s-seed{self.seed}.npz"
         )
 
 
@@ -184,12 +183,18 @@ def save_params(path: pathlib.Path, params, steps: int) -> None:
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
-        np.savez(f, __steps__=np.int64(steps), **flat)
-    os.replace(f.name, path)
+        try:
+            np.savez(f, __steps__=np.int64(steps), **flat)
+        except BaseException:
+            os.unlink(f.name)
+            raise
+    os.replace(f.name, path)  # whole or not at all, even with two runs at once
 
 
 def load_params(path: pathlib.Path, cfg: Config):
-    shapes = jax.eval_shape(model_of(cfg).init, jax.random.key(0), jnp.zeros((1, cfg.context), int))
+    shapes = jax.eval_shape(
+        model_of(cfg).init, jax.random.key(0), np.zeros((1, cfg.context), np.int32)
+    )
     with np.load(path) as z:
         leaves = [
             z[jax.tree_util.keystr(k)] for k, _ in jax.tree_util.tree_leaves_with_path(shapes)
@@ -204,7 +209,7 @@ def trained(cfg: Config, data: np.ndarray, retrain: bool):
         params, steps = load_params(path, cfg)
         print(f"weights: {path} ({steps} steps, cached)")
         return params
-    print(f"training {cfg.name()[:-4]} for {cfg.minutes:g} min on {len(data):,} bytes")
+    print(f"training {cfg.name()[:-4]} for {60 * cfg.minutes:g} s on {len(data):,} bytes")
     params, steps = train(cfg, data)
     save_params(path, params, steps)
     print(f"weights: {path} ({steps} steps, written)")
@@ -212,27 +217,29 @@ def trained(cfg: Config, data: np.ndarray, retrain: bool):
 
 
 def convert(f, params, batches, method, fmt, scaling):
-    """(converted params, seconds) or (None, reason)."""
+    """(converted params, seconds), or (None, why): `n/a` a refusal, `ERROR` a failure."""
+    if method is None:
+        return params, None
     start = time.perf_counter()
     try:
         q = precision.calibrate(f, params, batches, method=method, format=fmt, scaling=scaling)
     except precision.CalibrationError as err:
-        return None, str(err).splitlines()[0]
-    except Exception as err:  # a failure, not a refusal: shown as such, the other rows go on
-        return None, f"ERROR {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        return None, f"n/a ({str(err).splitlines()[0]})"
+    except Exception as err:  # not a refusal: shown as a failure, and the other rows go on
+        return None, f"ERROR ({type(err).__name__}: {(str(err) or '-').splitlines()[0]})"
     jax.block_until_ready(q)
     return q, time.perf_counter() - start
 
 
-def evaluate(f, params, inputs, targets, contract=None, chunk=32) -> np.ndarray:
-    """Mean nats per window of `f` under `precision.apply` (plain `f` for float arrays)."""
+def evaluate(f, params, xy, contract=None, chunk=32) -> np.ndarray:
+    """Bits per byte of each window, `f` run under `precision.apply`."""
     run = precision.apply(f, contract=contract)
     per_window = jax.jit(lambda p, x, y: nats(precision.to_full_precision(run(p, x)), y))
-    out = [
-        np.asarray(per_window(params, inputs[i : i + chunk], targets[i : i + chunk]))
-        for i in range(0, len(inputs), chunk)
+    parts = [
+        per_window(params, xy[i : i + chunk, :-1], xy[i : i + chunk, 1:])
+        for i in range(0, len(xy), chunk)
     ]
-    return np.concatenate(out)
+    return np.concatenate([np.asarray(p) for p in parts]) / math.log(2)
 
 
 def text_rows(cfg: Config, args) -> dict[str, tuple]:
@@ -240,8 +247,7 @@ def text_rows(cfg: Config, args) -> dict[str, tuple]:
     cut = int(0.9 * len(data))
     train_data, held = data[:cut], data[cut:]
     print(f"text: {len(data):,} bytes of stdlib .py; train {cut:,}, held out {len(held):,}")
-    params = trained(cfg, train_data, args.retrain)
-    f = model_of(cfg).apply
+    params, f = trained(cfg, train_data, args.retrain), model_of(cfg).apply
     starts = np.linspace(0, len(held) - cfg.context - 1, args.eval_windows).astype(int)
     xy = windows(held, starts, cfg.context + 1)
     rng = np.random.default_rng(cfg.seed + 1)
@@ -250,66 +256,64 @@ def text_rows(cfg: Config, args) -> dict[str, tuple]:
         for _ in range(args.calib_batches)
     ]
     print(
-        f"\n{args.eval_windows} held-out windows of {cfg.context} bytes, "
-        f"{len(batches)} calibration batches of 8"
+        f"\n{len(xy)} held-out windows of {cfg.context} bytes; {len(batches)} calibration "
+        "batches of 8 training windows; loss = bit/B over float32, paired over the windows"
     )
-    print(f"{'row':<22} {'bit/B':>9} {'loss':>9} {'2 se':>8} {'calib s':>9}")
-    results = {}
+    print(f"{'row':<22} {'bit/B':>8} {'loss':>8} {'2 se':>7} {'calib s':>8}")
+    results: dict[str, tuple] = {}
     for row, method, fmt, scaling, contract in ROWS:
-        q, took = (
-            (params, None) if method is None else convert(f, params, batches, method, fmt, scaling)
-        )
-        if q is None:
-            results[row] = (None, took)
-        else:
-            results[row] = (evaluate(f, q, xy[:, :-1], xy[:, 1:], contract) / math.log(2), took)
-        print_row(row, results[row], results["float32"][0])
+        q, took = convert(f, params, batches, method, fmt, scaling)
+        results[row] = (None if q is None else evaluate(f, q, xy, contract), took)
+        print_row(row, *results[row], results["float32"][0])
     return results
 
 
-def print_row(row, result, base) -> None:
-    bits, took = result
+def mean_2se(x: np.ndarray) -> tuple[float, float]:
+    return float(x.mean()), float(2 * x.std(ddof=1) / math.sqrt(len(x)))
+
+
+def print_row(row, bits, took, base) -> None:
     if bits is None:
-        print(f"{row:<22} n/a ({took})", flush=True)
+        print(f"{row:<22} {took}", flush=True)
         return
-    diff = bits - base
-    se = 2 * diff.std(ddof=1) / math.sqrt(len(diff)) if row != "float32" else 0.0
+    loss, se = mean_2se(bits - base)
     secs = "-" if took is None else f"{took:.1f}"
-    print(f"{row:<22} {bits.mean():>9.4f} {diff.mean():>+9.4f} {se:>8.4f} {secs:>9}", flush=True)
-
-
-def loss_of(results, row):
-    bits = results[row][0]
-    return None if bits is None else float(bits.mean() - results["float32"][0].mean())
+    print(f"{row:<22} {bits.mean():>8.4f} {loss:>+8.4f} {se:>7.4f} {secs:>8}", flush=True)
 
 
 def half_check(results, row, base_row) -> str:
-    lost, base = loss_of(results, row), loss_of(results, base_row)
-    if lost is None or base is None:
-        return f"n.a. ({row if lost is None else base_row} missing)"
-    if base <= 0:
-        return f"n.a. ({base_row} loses nothing: {base:+.4f})"
-    verdict = "PASS" if lost <= 0.5 * base else "FAIL"
-    return f"{verdict} ({lost:+.4f} vs {base:+.4f} bit/B, ratio {lost / base:.2f})"
+    """Does `row` lose at most half of what `base_row` loses? Paired over the windows."""
+    f32, bits, base = results["float32"][0], results[row][0], results[base_row][0]
+    if bits is None or base is None:
+        return f"n.a. ({row if bits is None else base_row} did not run)"
+    base_loss, base_se = mean_2se(base - f32)
+    if base_loss <= base_se:
+        return f"n.a. ({base_row} loses {base_loss:+.4f} ± {base_se:.4f} bit/B: within noise)"
+    loss = float((bits - f32).mean())
+    margin, se = mean_2se((bits - f32) - 0.5 * (base - f32))
+    verdict = "PASS" if margin <= 0 else "FAIL"
+    noise = "; within noise" if abs(margin) <= se else ""
+    return (
+        f"{verdict} ({loss:+.4f} vs {base_loss:+.4f} bit/B, ratio {loss / base_loss:.2f}; "
+        f"loss - half of it {margin:+.4f} ± {se:.4f}{noise})"
+    )
 
 
 def print_checks(results, cfg: Config) -> None:
     print("\ntargets:")
     for row in ("GPTQ int4 g128", "AWQ int4 g128"):
-        print(
-            f"  {row} loses at most half of RTN int4: {half_check(results, row, 'RTN int4 g128')}"
-        )
+        print(f"  {row} loses <= half of RTN int4: {half_check(results, row, 'RTN int4 g128')}")
     sq = half_check(results, "W8A8 SmoothQuant", "W8A8 RTN")
-    print(f"  SmoothQuant W8A8 loses at most half of W8A8 RTN: {sq}")
+    print(f"  W8A8 SmoothQuant loses <= half of W8A8 RTN: {sq}")
     for row in ("GPTQ int4 g128", "AWQ int4 g128", "W8A8 SmoothQuant"):
         took = results[row][1]
         if results[row][0] is None:
-            verdict = "n.a. (method unavailable)"
+            verdict = "n.a. (did not run)"
         elif cfg.layers != 6:
             verdict = f"n.a. ({cfg.layers}-layer model: {took:.1f} s)"
         else:
             verdict = f"{'PASS' if took <= 120 else 'FAIL'} ({took:.1f} s)"
-        print(f"  {row} calibration of the 6-layer model <= 2 minutes: {verdict}")
+        print(f"  {row}: calibration of the 6-layer model <= 2 minutes: {verdict}")
 
 
 def patches(x):
@@ -337,16 +341,10 @@ class DigitsNet(nn.Module):
         return nn.Dense(10)(nn.LayerNorm()(jnp.mean(x, axis=(1, 2))))
 
 
-def digits(args) -> None:
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32).reshape(-1, 8, 8, 1)
-    order = np.random.default_rng(0).permutation(len(x))
-    tr, te = order[: int(0.8 * len(x))], order[int(0.8 * len(x)) :]
+def train_digits(x, y, epochs: int):
     model, rng = DigitsNet(), np.random.default_rng(0)
     params = model.init(jax.random.key(0), x[:1])
-    steps = args.digits_epochs * (len(tr) // 64)
+    steps = epochs * (len(x) // 64)
     tx = optax.adamw(optax.cosine_decay_schedule(3e-3, steps), weight_decay=1e-4)
 
     @jax.jit
@@ -355,34 +353,36 @@ def digits(args) -> None:
         updates, state = tx.update(grads, state, params)
         return optax.apply_updates(params, updates), state
 
-    state, start = tx.init(params), time.perf_counter()
+    state = tx.init(params)
     for _ in range(steps):
-        idx = rng.choice(tr, 64, replace=False)
+        idx = rng.choice(len(x), 64, replace=False)
         params, state = step(params, state, x[idx], y[idx])
-    print(
-        f"\ndigits: {len(tr)} train / {len(te)} held-out images, {steps} steps, "
-        f"{time.perf_counter() - start:.1f} s"
-    )
+    return model.apply, jax.block_until_ready(params), steps
+
+
+def digits(epochs: int, block: int) -> None:
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32).reshape(-1, 8, 8, 1)
+    order = np.random.default_rng(0).permutation(len(x))
+    tr, te = order[: int(0.8 * len(x))], order[int(0.8 * len(x)) :]
+    start = time.perf_counter()
+    f, params, steps = train_digits(x[tr], y[tr], epochs)
+    took = time.perf_counter() - start
+    print(f"\ndigits: {len(tr)} train / {len(te)} held-out images, {steps} steps in {took:.0f} s")
+    print(f"{'row':<22} {'accuracy':>8} {'nats':>8} {'calib s':>8}")
     batches = [x[tr[i : i + 64]] for i in range(0, 16 * 64, 64)]
-    block = dtypes.PerBlock(args.digits_block)
-    print(f"{'row':<22} {'accuracy':>9} {'nats':>9} {'calib s':>9}")
-    for row, method in (
-        ("float32", None),
-        (f"RTN int4 g{args.digits_block}", "rtn"),
-        (f"GPTQ int4 g{args.digits_block}", "gptq"),
-    ):
-        q, took = (
-            (params, None)
-            if method is None
-            else convert(model.apply, params, batches, method, "int4", block)
-        )
+    for row, method in (("float32", None), ("RTN int4", "rtn"), ("GPTQ int4", "gptq")):
+        row += "" if method is None else f" g{block}"
+        q, took = convert(f, params, batches, method, "int4", dtypes.PerBlock(block))
         if q is None:
-            print(f"{row:<22} n/a ({took})")
+            print(f"{row:<22} {took}")
             continue
-        logits = np.asarray(precision.to_full_precision(precision.apply(model.apply)(q, x[te])))
+        logits = np.asarray(precision.to_full_precision(precision.apply(f)(q, x[te])))
         acc = float(np.mean(logits.argmax(-1) == y[te]))
         ce = float(np.mean(nats(logits[:, None], y[te][:, None])))
-        print(f"{row:<22} {acc:>9.4f} {ce:>9.4f} {'-' if took is None else f'{took:.1f}':>9}")
+        print(f"{row:<22} {acc:>8.4f} {ce:>8.4f} {'-' if took is None else f'{took:.1f}':>8}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -393,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-windows", type=int, default=None, help="default 256 (quick: 32)")
     parser.add_argument("--calib-batches", type=int, default=16, help="of 8 windows each")
     parser.add_argument("--skip-digits", action="store_true")
-    parser.add_argument("--digits-epochs", type=int, default=20)
-    parser.add_argument("--digits-block", type=int, default=32)
+    parser.add_argument("--digits-epochs", type=int, help="default 12 (quick: 4)")
+    parser.add_argument("--digits-block", type=int, default=32, help="int4 block (inputs)")
     args = parser.parse_args(argv)
     if args.train_minutes > 15:
         parser.error("--train-minutes must be at most 15")
@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     results = text_rows(cfg, args)
     print_checks(results, cfg)
     if not args.skip_digits:
-        digits(args)
+        digits(args.digits_epochs or (4 if args.quick else 12), args.digits_block)
     print(f"\nload at end: {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -12,22 +12,28 @@ from ._encoded import Encoded
 from ._errors import FormatError, PrecisionTypeError
 from ._format import Format
 from ._inputs import is_tracer
+from ._packing import pack
 from ._registry import get
 from ._scaling import Scaling, scale_dtype
 
 __all__ = ["from_codes"]
 
 
-def from_codes(codes: Any, scale: Any, format: Any, scaling: Scaling) -> Encoded:
-    """An `Encoded` of a symmetric integer `format` built from codes you computed.
+def from_codes(
+    codes: Any, scale: Any, format: Any, scaling: Scaling, *, zero_point: Any = None
+) -> Encoded:
+    """An `Encoded` of an integer `format` built from codes you computed.
 
     For algorithms that choose codes themselves (GPTQ's error-compensated
     rounding) rather than rounding each value to its nearest code: `codes` are
-    integers within `±format.qmax` in the tensor's logical shape, `scale` the
-    per-group scales shaped `scaling.scale_shape(codes.shape)` in the scale
-    format's dtype (float32 unless `scaling.scale_format` says otherwise). The
-    result decodes to `codes * scale`, is packed at the format's width and is
-    checked as `decode` checks a hand-built encoding.
+    integers in the tensor's logical shape, within `±format.qmax` for a
+    symmetric format (int8, int4, int2) and within `[0, format.qmax]` for an
+    asymmetric one (uint8, uint4), which also takes its `zero_point`s (one per
+    group, within the same range); `scale` holds the per-group scales shaped
+    `scaling.scale_shape(codes.shape)` in the scale format's dtype (float32
+    unless `scaling.scale_format` says otherwise). The result decodes to
+    `codes * scale` (or `(codes - zero_point) * scale`), is packed at the
+    format's width and is checked as `decode` checks a hand-built encoding.
 
     Examples:
         >>> import numpy as np
@@ -36,38 +42,62 @@ def from_codes(codes: Any, scale: Any, format: Any, scaling: Scaling) -> Encoded
         ...                         "int4", dtypes.PerAxis(0))
         >>> enc.decode().tolist(), enc.data.dtype.name
         ([[1.5, -3.5, 0.0]], 'uint8')
+        >>> enc = dtypes.from_codes(np.array([[0, 4, 15]]), np.array([[0.5]], np.float32),
+        ...                         "uint4", dtypes.PerAxis(0), zero_point=np.array([[4]]))
+        >>> enc.decode().tolist()
+        [[-2.0, 0.0, 5.5]]
     """
     fmt = get(format) if isinstance(format, str) else format
-    if not isinstance(fmt, Format) or fmt.kind != "int" or getattr(fmt, "binary", False):
+    asymmetric = isinstance(fmt, Format) and fmt.kind == "uint"
+    symmetric = isinstance(fmt, Format) and fmt.kind == "int" and not getattr(fmt, "binary", False)
+    if not (symmetric or asymmetric):
         raise FormatError(
-            f"from_codes builds symmetric integer encodings (int8, int4, int2), got {format!r}"
+            "from_codes builds integer encodings (int8, int4, int2; uint8, uint4 with zero "
+            f"points), got {format!r}"
         )
     if not isinstance(scaling, Scaling):
         raise PrecisionTypeError(
             f"from_codes needs a Scaling (e.g. dtypes.PerAxis(0)), got {type(scaling).__name__}"
         )
-    codes, scale = jnp.asarray(codes), jnp.asarray(scale)
-    if not jnp.issubdtype(codes.dtype, jnp.integer):
-        raise PrecisionTypeError(
-            f"{fmt.name} codes must be integers, got dtype {codes.dtype}; round them first"
+    if asymmetric == (zero_point is None):
+        raise FormatError(
+            f"{fmt.name} "
+            + ("needs its zero points: pass zero_point=" if asymmetric else "has no zero points")
         )
+    codes, scale = jnp.asarray(codes), jnp.asarray(scale)
     want = np.dtype(scale_dtype(scaling))
     if np.dtype(scale.dtype) != want:
         raise PrecisionTypeError(
             f"{fmt.name} scales under {scaling} are held as {want}, got {scale.dtype}"
         )
     qmax = int(getattr(fmt, "qmax", 0))
-    if not is_tracer(codes) and codes.size:
-        low, high = int(jnp.min(codes)), int(jnp.max(codes))
-        if low < -qmax or high > qmax:
-            raise FormatError(
-                f"{fmt.name} codes lie within ±{qmax}, got {low if low < -qmax else high}"
-            )
-    codes = codes.astype(jnp.int8)
-    enc = (
-        pack_encoded(codes, scale, fmt, scaling)
-        if fmt.packed
-        else Encoded(codes, scale, fmt, scaling)
-    )
+    low, high = (0, qmax) if asymmetric else (-qmax, qmax)
+    codes = _checked_ints(codes, low, high, f"{fmt.name} codes")
+    if not asymmetric:
+        codes = codes.astype(jnp.int8)
+        enc = (
+            pack_encoded(codes, scale, fmt, scaling)
+            if fmt.packed
+            else Encoded(codes, scale, fmt, scaling)
+        )
+    else:
+        zp = _checked_ints(jnp.asarray(zero_point), low, high, f"{fmt.name} zero points")
+        codes = codes.astype(jnp.uint8)
+        bits = fmt.code_bits
+        data = codes if bits == 8 else pack(codes.reshape(codes.shape or (1,)), bits)
+        last = None if (not codes.shape or bits == 8) else codes.shape[-1]
+        enc = Encoded(data, scale, fmt, scaling, last, zero_point=zp.astype(jnp.uint8))
     check_decodable(fmt, enc)
     return enc
+
+
+def _checked_ints(values: Any, low: int, high: int, what: str) -> Any:
+    if not jnp.issubdtype(values.dtype, jnp.integer):
+        raise PrecisionTypeError(
+            f"{what} must be integers, got dtype {values.dtype}; round them first"
+        )
+    if not is_tracer(values) and values.size:
+        lo, hi = int(jnp.min(values)), int(jnp.max(values))
+        if lo < low or hi > high:
+            raise FormatError(f"{what} lie within [{low}, {high}], got {lo if lo < low else hi}")
+    return values

@@ -56,10 +56,11 @@ def _check_method(method: Any, fmt: dtypes.Format) -> None:
         raise CalibrationError(
             f"calibrate: method={method!r} is not one of {', '.join(map(repr, METHODS))}"
         )
-    if not isinstance(fmt, dtypes.IntFormat) or fmt.binary:
+    symmetric = isinstance(fmt, dtypes.IntFormat) and not fmt.binary
+    if not (symmetric or isinstance(fmt, dtypes.AsymmetricIntFormat)):
         raise CalibrationError(
-            f"calibrate: {fmt.name} is not a symmetric integer format; calibration writes "
-            'codes of int8, int4 or int2 (e.g. format="int4")'
+            f"calibrate: {fmt.name} is not an integer format calibration writes: choose "
+            'int8, int4, int2, or uint8, uint4 with zero points (e.g. format="int4")'
         )
 
 
@@ -83,19 +84,28 @@ def _aimed(
     )
 
 
-def _rule(fmt: dtypes.IntFormat, scaling: dtypes.Scaling, per_tensor: bool) -> ScaleRule:
-    """The format's own scale for each row of a group (or one for all rows)."""
+def _rule(fmt: dtypes.Format, scaling: dtypes.Scaling, per_tensor: bool) -> ScaleRule:
+    """The format's own scale (and zero point) for each row of a group, or one for all."""
     two, fmt_name = scaling.power_of_two, scaling.scale_format
     rows = dtypes.PerAxis(0, power_of_two=two, scale_format=fmt_name)
     encoding = dtypes.PerTensor(power_of_two=two, scale_format=fmt_name) if per_tensor else rows
+    qmax = int(getattr(fmt, "qmax", 0))
 
-    def rule(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def rule(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         enc = fmt.encode(jnp.asarray(cols, jnp.float32), scaling=encoding)
         assert enc.scale is not None  # an integer encoding is scaled
-        stored = jnp.broadcast_to(enc.scale.reshape(-1, 1), (cols.shape[0], 1))
-        ones = np.ones((cols.shape[0], 1), np.int8)
-        unit = dtypes.from_codes(ones, stored, fmt, rows).decode()
-        return np.asarray(stored)[:, 0], np.asarray(unit, np.float64)[:, 0]
+        n = cols.shape[0]
+        stored = jnp.broadcast_to(enc.scale.reshape(-1, 1), (n, 1))
+        if enc.zero_point is None:
+            one = dtypes.from_codes(np.ones((n, 1), np.int8), stored, fmt, rows)
+            zero = np.zeros(n)
+        else:
+            zp = np.broadcast_to(np.asarray(enc.zero_point).reshape(-1, 1), (n, 1))
+            step = np.where(zp < qmax, zp + 1, zp - 1).astype(np.int16)  # one code off zero
+            one = dtypes.from_codes(step, stored, fmt, rows, zero_point=zp.astype(np.int16))
+            zero = zp[:, 0].astype(np.float64)
+        unit = np.abs(np.asarray(one.decode(), np.float64))[:, 0]
+        return np.asarray(stored)[:, 0], unit, zero
 
     return rule
 
@@ -104,11 +114,11 @@ def _gptq_matrix(
     w: np.ndarray,
     axes: tuple[int, ...],
     h: np.ndarray,
-    fmt: dtypes.IntFormat,
+    fmt: dtypes.Format,
     scaling: Any,
     opts: dict[str, Any],
-) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, stored scales) of one layer's weight `w`, in `w`'s own layout."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes, stored scales, zero points) of one layer's weight `w`, in its own layout."""
     tail = tuple(range(w.ndim - len(axes), w.ndim))
     moved = np.moveaxis(w, axes, tail)  # (outputs..., contracted axes in K order)
     kshape = moved.shape[w.ndim - len(axes) :]
@@ -127,10 +137,11 @@ def _gptq_matrix(
         ]
     else:
         groups = [(0, k)]
-    codes, stored = gptq(
+    qmax = int(getattr(fmt, "qmax", 0))
+    codes, stored, zeros = gptq(
         mat,
         h,
-        qmax=fmt.qmax,
+        levels=(0, qmax) if fmt.kind == "uint" else (-qmax, qmax),
         groups=groups,
         rule=_rule(fmt, scaling, per_tensor),
         static=not isinstance(scaling, dtypes.PerBlock),
@@ -138,14 +149,18 @@ def _gptq_matrix(
     )
     codes = np.moveaxis(codes.reshape(moved.shape), tail, axes)
     if per_tensor:
-        return codes, stored[:1, :1].reshape((1,) * w.ndim)
+        return codes, stored[:1, :1].reshape((1,) * w.ndim), zeros[:1, :1].reshape((1,) * w.ndim)
     blocks = (*kshape[:-1], -1) if isinstance(scaling, dtypes.PerBlock) else (1,) * len(axes)
-    scales = np.moveaxis(stored.reshape((*moved.shape[: w.ndim - len(axes)], *blocks)), tail, axes)
-    return codes, scales
+
+    def back(per_group: np.ndarray) -> np.ndarray:
+        shaped = per_group.reshape((*moved.shape[: w.ndim - len(axes)], *blocks))
+        return np.moveaxis(shaped, tail, axes)
+
+    return codes, back(stored), back(zeros)
 
 
 def _convert_gptq(
-    leaf: Any, site: _Site, fmt: dtypes.IntFormat, scaling: dtypes.Scaling, opts: dict[str, Any]
+    leaf: Any, site: _Site, fmt: dtypes.Format, scaling: dtypes.Scaling, opts: dict[str, Any]
 ) -> Tensor:
     w = np.asarray(leaf, np.float32)
     if len(site.stacked) > 1:
@@ -156,7 +171,7 @@ def _convert_gptq(
     aimed = _aimed(scaling, w.shape, site.axes, site.path)
     h = site.stats["h"]
     if not site.stacked:
-        codes, scales = _gptq_matrix(w, site.axes, h, fmt, aimed, opts)
+        codes, scales, zeros = _gptq_matrix(w, site.axes, h, fmt, aimed, opts)
     else:
         if not isinstance(aimed, dtypes.PerBlock):
             raise CalibrationError(
@@ -170,13 +185,15 @@ def _convert_gptq(
             _gptq_matrix(np.take(w, i, axis=s), inner_axes, h[i], fmt, inner, opts)
             for i in range(w.shape[s])
         ]
-        codes = np.stack([c for c, _ in parts], axis=s)
-        scales = np.stack([sc for _, sc in parts], axis=s)
-    enc = dtypes.from_codes(codes, scales, fmt, aimed)
+        codes = np.stack([c for c, _, _ in parts], axis=s)
+        scales = np.stack([sc for _, sc, _ in parts], axis=s)
+        zeros = np.stack([z for _, _, z in parts], axis=s)
+    zero_point = zeros if fmt.kind == "uint" else None
+    enc = dtypes.from_codes(codes, scales, fmt, aimed, zero_point=zero_point)
     return Tensor.from_encoded(enc, np.asarray(leaf).dtype)
 
 
-def _convert_rtn(leaf: Any, site: _Site, fmt: dtypes.IntFormat, scaling: dtypes.Scaling) -> Tensor:
+def _convert_rtn(leaf: Any, site: _Site, fmt: dtypes.Format, scaling: dtypes.Scaling) -> Tensor:
     aimed = _aimed(scaling, tuple(np.shape(leaf)), site.axes, site.path)
     return Tensor(leaf).to_reduced_precision(fmt, scaling=aimed)
 
@@ -204,7 +221,7 @@ def _fold(
     work: list[Any],
     traced: list[int],
     paths: list[str],
-    fmt: dtypes.IntFormat,
+    fmt: dtypes.Format,
     scaling: dtypes.Scaling,
     alpha: float,
     grid: int,
@@ -295,8 +312,9 @@ def calibrate(
         params: the float parameter tree (arrays; Tensors are refused).
         batches: an iterable of batches, each passed as `f`'s second argument.
         method: `"gptq"`, `"awq"`, `"smoothquant"` or `"rtn"`.
-        format: a symmetric integer format: `"int8"`, `"int4"`, `"int2"`
-            (default int4; int8 for SmoothQuant).
+        format: an integer format: `"int8"`, `"int4"`, `"int2"`, or `"uint8"`,
+            `"uint4"` with a zero point per group (default int4; int8 for
+            SmoothQuant).
         scaling: `dtypes.PerBlock(n)` (default `PerBlock(128)`; for
             SmoothQuant `PerAxis()`): blocks of
             `n` inputs, on whichever axis each weight contracts;
@@ -341,7 +359,6 @@ def calibrate(
     smooth = method == "smoothquant"
     fmt = resolve_format(("int8" if smooth else "int4") if format is None else format)
     _check_method(method, fmt)
-    assert isinstance(fmt, dtypes.IntFormat)  # checked just above
     if scaling is None:
         scaling = dtypes.PerAxis() if smooth else dtypes.PerBlock(128)
     if not isinstance(scaling, dtypes.PerBlock | dtypes.PerAxis | dtypes.PerTensor):

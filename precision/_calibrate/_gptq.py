@@ -29,10 +29,11 @@ import numpy as np
 
 __all__ = ["ScaleRule", "gptq"]
 
-ScaleRule = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
-"""`rule(cols) -> (stored, unit)`: for the weights `cols` of one group, shaped
-(rows, n), the scale each row stores (its scale format's dtype) and its value
-as float64 (what one code decodes to)."""
+ScaleRule = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+"""`rule(cols) -> (stored, unit, zero)`: for the weights `cols` of one group,
+shaped (rows, n), the scale each row stores (its scale format's dtype), its
+value as float64 (what one step of the codes decodes to) and the row's zero
+point (0 for a symmetric format)."""
 
 
 def _upper_inverse_factor(h: np.ndarray) -> np.ndarray:
@@ -48,16 +49,17 @@ def gptq(
     w: np.ndarray,
     h: np.ndarray,
     *,
-    qmax: int,
+    levels: tuple[int, int],
     groups: list[tuple[int, int]],
     rule: ScaleRule,
     static: bool = False,
     damp: float = 0.01,
     block: int = 128,
     act_order: bool = False,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(codes (rows, cols) int8, stored scales (rows, groups)) for `w` under `h`.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes (rows, cols), stored scales and zero points (rows, groups)) for `w` under `h`.
 
+    Codes lie within `levels` (`(-qmax, qmax)`, or `(0, qmax)` with zero points).
     `groups` are the `(start, end)` column ranges sharing a scale, in order and
     covering every column (`[(0, cols)]` for one scale per row); `static` takes
     every scale from the original weights (as `act_order` does).
@@ -72,16 +74,18 @@ def gptq(
     for g, (start, end) in enumerate(groups):
         group_of[start:end] = g
     units = np.zeros((rows, len(groups)))
+    zeros = np.zeros((rows, len(groups)))
     stored: list[np.ndarray | None] = [None] * len(groups)
     static = static or act_order
     if static:
         for g, (start, end) in enumerate(groups):
-            stored[g], units[:, g] = rule(w[:, start:end])
+            stored[g], units[:, g], zeros[:, g] = rule(w[:, start:end])
     perm = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(cols)
     w, h = w[:, perm], h[np.ix_(perm, perm)]
     h[np.diag_indices(cols)] += damp * float(np.mean(np.diag(h)))
     u = _upper_inverse_factor(h)
-    codes = np.zeros((rows, cols), np.int8)
+    codes = np.zeros((rows, cols), np.int16)
+    low, high = levels
     for i1 in range(0, cols, block):
         i2 = min(i1 + block, cols)
         w1 = w[:, i1:i2].copy()
@@ -95,13 +99,13 @@ def gptq(
                 # this block's compensations (applied to `w` when the block ends)
                 beyond = w[:, i2:end] - err[:, :i] @ u[i1 : i1 + i, i2:end]
                 current = np.concatenate([w1[:, i:], beyond], axis=1)[:, : end - col]
-                stored[g], units[:, g] = rule(current)
-            x, s = w1[:, i], units[:, g]
-            q = np.clip(np.rint(x / s), -qmax, qmax)
-            codes[:, col] = q.astype(np.int8)
-            e = (x - q * s) / u[i1 + i, i1 + i]
+                stored[g], units[:, g], zeros[:, g] = rule(current)
+            x, s, z = w1[:, i], units[:, g], zeros[:, g]
+            q = np.clip(np.rint(x / s) + z, low, high)
+            codes[:, col] = q.astype(np.int16)
+            e = (x - (q - z) * s) / u[i1 + i, i1 + i]
             w1[:, i:] -= np.outer(e, u[i1 + i, i1 + i : i2])
             err[:, i] = e
         w[:, i2:] -= err @ u[i1:i2, i2:]
     scales = np.stack([s for s in stored if s is not None], axis=1)
-    return codes, scales
+    return codes, scales, zeros.astype(np.int16)

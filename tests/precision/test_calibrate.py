@@ -15,9 +15,11 @@ from precision._calibrate._record import Found, record
 QMAX = 7  # int4
 
 
-def _reference_gptq(w, h, group, damp, act_order=False):
+def _reference_gptq(w, h, group, damp, act_order=False, zero_points=False):
     """GPTQ written out plainly from the paper, one column at a time, no blocks:
-    returns the dequantized weights (rows = outputs, columns = inputs)."""
+    returns the dequantized weights (rows = outputs, columns = inputs). With
+    `zero_points`, uint4 codes: each group's scale and zero point follow the
+    documented min-max rule of dtypes' asymmetric formats."""
     w = w.astype(np.float64).copy()
     h = h.astype(np.float64).copy()
     n = w.shape[1]
@@ -27,9 +29,18 @@ def _reference_gptq(w, h, group, damp, act_order=False):
             w[:, j] = 0.0
 
     def scale(block):
-        absmax = np.max(np.abs(block.astype(np.float32)), axis=1)
+        block = block.astype(np.float32)
+        if zero_points:
+            lo = np.minimum(block.min(axis=1), 0)
+            hi = np.maximum(block.max(axis=1), 0)
+            s = ((hi - lo) / np.float32(15)).astype(np.float32)
+            s = np.where(hi == lo, np.float32(1), s)
+            inv = np.float32(1) / s
+            zp = np.clip(np.rint(-lo * inv), 0, 15)
+            return s.astype(np.float64), zp.astype(np.float64)
+        absmax = np.max(np.abs(block), axis=1)
         s = (absmax / np.float32(QMAX)).astype(np.float32)
-        return np.where(absmax == 0, np.float32(1), s).astype(np.float64)
+        return np.where(absmax == 0, np.float32(1), s).astype(np.float64), 0.0
 
     scales = {}
     if act_order:
@@ -48,8 +59,9 @@ def _reference_gptq(w, h, group, damp, act_order=False):
         j = order[k]
         if not act_order and j % group == 0:
             scales[j // group] = scale(w[:, k : k + group])
-        s = scales[j // group]
-        q[:, k] = np.clip(np.rint(w[:, k] / s), -QMAX, QMAX) * s
+        s, z = scales[j // group]
+        lo, hi = (0, 15) if zero_points else (-QMAX, QMAX)
+        q[:, k] = (np.clip(np.rint(w[:, k] / s) + z, lo, hi) - z) * s
         e = (w[:, k] - q[:, k]) / u[k, k]
         w[:, k + 1 :] -= np.outer(e, u[k, k + 1 :])
     out = np.zeros_like(q)
@@ -65,9 +77,18 @@ def _batches(rng, n, rows, k):
 
 
 @pytest.mark.parametrize(
-    ("group", "block", "act_order"), [(32, 128, False), (32, 48, False), (16, 64, True)]
+    ("group", "block", "act_order", "fmt"),
+    [
+        (32, 128, False, "int4"),
+        (32, 48, False, "int4"),
+        (16, 64, True, "int4"),
+        (32, 48, False, "uint4"),
+        (16, 64, True, "uint4"),
+    ],
 )
-def test_gptq_on_one_layer_equals_the_published_algorithm_code_for_code(group, block, act_order):
+def test_gptq_on_one_layer_equals_the_published_algorithm_code_for_code(
+    group, block, act_order, fmt
+):
     rng = np.random.default_rng(7)
     k, m = 96, 24
     w = rng.normal(size=(k, m)).astype(np.float32)
@@ -79,13 +100,14 @@ def test_gptq_on_one_layer_equals_the_published_algorithm_code_for_code(group, b
         lambda p, x: x @ p["w"],
         {"w": w},
         batches,
+        format=fmt,
         scaling=dtypes.PerBlock(group),
         damp=0.01,
         block_size=block,
         act_order=act_order,
     )["w"]
     x = np.concatenate(batches).astype(np.float64)
-    want = _reference_gptq(w.T, x.T @ x, group, 0.01, act_order).T
+    want = _reference_gptq(w.T, x.T @ x, group, 0.01, act_order, fmt == "uint4").T
     assert q.scaling == dtypes.PerBlock(group, axis=0)
     np.testing.assert_array_equal(q.numpy(), want.astype(np.float32))
 
@@ -336,7 +358,9 @@ def test_bad_input_is_refused_with_the_layer_or_batch_named(linear_params):
         precision.calibrate(_linear, linear_params, [x], method="gtpq")
     with pytest.raises(precision.CalibrationError, match=r"alpha must be within \[0, 1\]"):
         precision.calibrate(_linear, linear_params, [x], method="smoothquant", alpha=2)
-    with pytest.raises(precision.CalibrationError, match="symmetric integer format"):
+    with pytest.raises(
+        precision.CalibrationError, match="is not an integer format calibration writes"
+    ):
         precision.calibrate(_linear, linear_params, [x], format="float8_e4m3fn")
     q = precision.to_reduced_precision(linear_params, "int8")
     with pytest.raises(precision.CalibrationError, match="already a Tensor"):
@@ -359,7 +383,7 @@ def test_from_codes_builds_what_decode_reads():
     scale = np.array([[0.5], [0.25]], np.float32)
     enc = dtypes.from_codes(codes, scale, "int4", dtypes.PerAxis(0))
     np.testing.assert_array_equal(np.asarray(enc.decode()), codes * scale)
-    with pytest.raises(dtypes.FormatError, match="within ±7, got -8"):
+    with pytest.raises(dtypes.FormatError, match=r"within \[-7, 7\], got -8"):
         dtypes.from_codes(np.array([[-8]]), np.ones((1, 1), np.float32), "int4", dtypes.PerAxis(0))
     with pytest.raises(dtypes.PrecisionTypeError, match="integers"):
         dtypes.from_codes(np.array([[1.0]]), np.ones((1, 1), np.float32), "int4", dtypes.PerAxis(0))
