@@ -10,6 +10,7 @@ round-to-nearest, into a Tensor that `apply` and `save` take.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -28,7 +29,7 @@ from .._tree import Where, _path_str, _selector, is_floating, is_tensor
 from ._gptq import ScaleRule, gptq
 from ._passes import accumulate, batches_of, chunks, survey
 from ._record import FoldKey, Found
-from ._smooth import awq_scales, fold_rows, smoothquant_scales
+from ._smooth import awq_clip, awq_scales, fold_rows, smoothquant_scales
 
 __all__ = ["METHODS", "calibrate"]
 
@@ -226,24 +227,23 @@ def _fold(
     alpha: float,
     grid: int,
     axes: dict[int, int],
+    scaled: dict[int, np.ndarray],
 ) -> str:
     """Fold AWQ's or SmoothQuant's scales for one normalization output into `work`.
 
-    `stats` are the recorded inputs of one member (all read the same activation)."""
+    `stats` are the recorded inputs of one member (all read the same activation);
+    each member's scales are noted in `scaled`."""
     ws = [(np.asarray(work[traced[leaf]]), axes[leaf]) for leaf in members]
     if method == "smoothquant":
         s, how = smoothquant_scales(stats["absmax"], ws, alpha), f"alpha {alpha}"
     else:
-
-        def rtn(w: np.ndarray, axis: int) -> np.ndarray:
-            aimed = _aimed(scaling, w.shape, (axis,), "")
-            return np.asarray(Tensor(w).to_reduced_precision(fmt, scaling=aimed).numpy())
-
         mean = stats["abssum"] / max(float(stats["rows"]), 1.0)
+        rtn = functools.partial(_rtn_values, fmt=fmt, scaling=scaling)
         s, chosen = awq_scales(stats["h"], mean, ws, rtn, grid)
         how = f"alpha {chosen:.2f} searched"
     for leaf, (w, axis) in zip(members, ws, strict=True):
         work[traced[leaf]] = fold_rows(w, axis, s)
+        scaled[leaf] = s
     for vector in key:
         if vector is not None:
             v = work[traced[vector]]
@@ -253,6 +253,28 @@ def _fold(
         f"{'' if key[1] is None else ' and ' + paths[key[1]]} for "
         f"{', '.join(paths[leaf] for leaf in members)} ({how})"
     )
+
+
+def _rtn_values(w: np.ndarray, axis: int, fmt: dtypes.Format, scaling: dtypes.Scaling) -> Any:
+    """`w` rounded to nearest as the conversion will round it (decoded values)."""
+    aimed = _aimed(scaling, w.shape, (axis,), "")
+    return np.asarray(Tensor(w).to_reduced_precision(fmt, scaling=aimed).numpy())
+
+
+def _clip_for_awq(
+    w: Any, site: _Site, scale: np.ndarray | None, fmt: dtypes.Format, scaling: Any, grid: int
+) -> Any:
+    """AWQ's clip search on one weight (a matrix scaled by `scale`, if folded)."""
+    if len(site.axes) != 1 or isinstance(scaling, dtypes.PerTensor):
+        return w  # one range per group and output: not for kernels or a tensor scale
+    w = np.asarray(w)
+    (axis,) = site.axes
+    h = site.stats["h"]
+    if scale is not None:  # the inputs this weight meets are x / s
+        h = h / np.outer(scale, scale)
+    group = scaling.size if isinstance(scaling, dtypes.PerBlock) else w.shape[axis]
+    rtn = functools.partial(_rtn_values, fmt=fmt, scaling=scaling)
+    return awq_clip(w, axis, h, max(1, min(group, w.shape[axis])), rtn, grid)
 
 
 def _check_budget(stats_memory: Any) -> int:
@@ -440,6 +462,7 @@ def calibrate(
         folds = _foldable(found, picked)
     order = [j for j in found.order if j in picked]
     work = list(values)  # the parameters with every folding made so far
+    scaled: dict[int, np.ndarray] = {}  # AWQ's per-input scales of each folded weight
     out: list[Any] = []
     done = 0
     for chunk in chunks(order, {j: sites[j].size for j in order}, budget):
@@ -468,6 +491,7 @@ def calibrate(
                     float(alpha),
                     grid,
                     {m: sites[m].axes[0] for m in members},
+                    scaled,
                 )
                 if progress:
                     print(f"calibrate: {line}", file=sys.stderr)
@@ -476,6 +500,9 @@ def calibrate(
             i, site = traced[j], sites[j]
             if method == "gptq":
                 out.append((i, _convert_gptq(work[i], site, fmt, scaling, opts)))
+            elif method == "awq":
+                clipped = _clip_for_awq(work[i], site, scaled.get(j), fmt, scaling, grid)
+                out.append((i, _convert_rtn(clipped, site, fmt, scaling)))
             else:
                 out.append((i, _convert_rtn(work[i], site, fmt, scaling)))
             site.stats = {}  # one chunk's statistics held at a time

@@ -13,6 +13,9 @@ the converted model computes the same function before quantization.
   computed from the recorded Hessian as `trace(D^T H D)`.
 
 Channels never active (`max|x_j| = 0`) or with all-zero weights keep `s_j = 1`.
+
+AWQ then searches, for every weight (scaled or not), a clipping range per group
+and output (`awq_clip`), against the same recorded inputs.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Weight", "awq_scales", "fold_rows", "smoothquant_scales"]
+__all__ = ["Weight", "awq_clip", "awq_scales", "fold_rows", "smoothquant_scales"]
 
 Weight = tuple[np.ndarray, int]
 """A weight and the axis it contracts (its input channels)."""
@@ -82,3 +85,45 @@ def awq_scales(
             best = (loss, s, alpha)
     assert best is not None  # grid >= 1
     return best[1], best[2]
+
+
+def awq_clip(
+    w: np.ndarray,
+    axis: int,
+    h: np.ndarray,
+    group: int,
+    quantize: Callable[[np.ndarray, int], np.ndarray],
+    ratios: int,
+) -> np.ndarray:
+    """`w` clipped per group and output where that lowers the output error (AWQ's clip search).
+
+    For each ratio `r` in 1, 1 - 0.5/ratios, ... (down to just above 0.5) the
+    weights of every group of `group` inputs and every output are clipped to
+    `r` times their absmax and rounded; each (group, output) keeps the ratio
+    with the least error `d^T H_gg d` on the recorded inputs (`h` restricted
+    to the group). A smaller range gives a finer step to the many weights
+    inside it at the cost of the few outside, as the inputs weigh them.
+    """
+    rows = _rows(w, axis)
+    k, m = rows.shape
+    starts = list(range(0, k, group))
+    amax = np.stack([np.max(np.abs(rows[g : g + group]), axis=0) for g in starts])
+    best = np.full((len(starts), m), np.inf)
+    keep = np.ones((len(starts), m))
+    h = np.asarray(h, np.float64)
+    moved_shape = np.moveaxis(w, axis, 0).shape
+    for step in range(ratios):
+        r = 1.0 - 0.5 * step / ratios
+        limit = np.repeat(amax * r, group, axis=0)[:k]
+        clipped = np.clip(rows, -limit, limit)
+        as_w = np.moveaxis(clipped.reshape(moved_shape), 0, axis).astype(w.dtype)
+        d = rows - _rows(quantize(as_w, axis), axis)
+        for i, g in enumerate(starts):
+            dg = d[g : g + group]
+            loss = np.sum((h[g : g + group, g : g + group] @ dg) * dg, axis=0)
+            better = loss < best[i]
+            best[i] = np.where(better, loss, best[i])
+            keep[i] = np.where(better, r, keep[i])
+    limit = np.repeat(amax * keep, group, axis=0)[:k]
+    clipped = np.clip(rows, -limit, limit)
+    return np.moveaxis(clipped.reshape(moved_shape), 0, axis).astype(w.dtype)

@@ -444,8 +444,9 @@ def test_folded_scales_leave_the_float32_function_unchanged(method, monkeypatch)
     rng = np.random.default_rng(8)
     batches = _batches_3d(rng)
     params = _init(model, batches[0], 0)
-    # stop before rounding: the folded float32 weights come back as they are
+    # stop before rounding (and AWQ's clipping): the folded float32 weights come back
     monkeypatch.setattr(_calibrate, "_convert_rtn", lambda leaf, *args: leaf)
+    monkeypatch.setattr(_calibrate, "_clip_for_awq", lambda leaf, *args: leaf)
     folded = precision.calibrate(model.apply, params, batches, method=method)
     for x in batches:
         want, got = model.apply(params, x), model.apply(folded, x)
@@ -522,3 +523,32 @@ def test_a_small_statistics_budget_runs_more_passes_with_the_same_result(method,
         jax.tree_util.tree_leaves(whole), jax.tree_util.tree_leaves(apart), strict=True
     ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_awq_clip_search_never_loses_to_the_full_range_and_wins_on_outlier_weights():
+    from precision._calibrate._smooth import awq_clip
+
+    rng = np.random.default_rng(14)
+    k, m, group = 64, 12, 16
+    w = rng.normal(size=(k, m)).astype(np.float32)
+    w[rng.integers(0, k, 6), rng.integers(0, m, 6)] *= 8  # a few outlier weights
+    x = rng.normal(size=(256, k))
+    h = x.T @ x
+
+    def rtn(v, axis):
+        enc = dtypes.int4.encode(v, scaling=dtypes.PerBlock(group, axis=axis))
+        return np.asarray(enc.decode(), np.float64)
+
+    def loss(v):  # per (group, output), independently of numpy's reference rounding
+        d = w.astype(np.float64) - rtn(v, 0)
+        return np.array(
+            [
+                np.sum((h[g : g + group, g : g + group] @ d[g : g + group]) * d[g : g + group], 0)
+                for g in range(0, k, group)
+            ]
+        )
+
+    clipped = awq_clip(w, 0, h, group, rtn, 20)
+    assert np.all(np.abs(clipped) <= np.abs(w))  # only ever clipped
+    assert np.all(loss(clipped) <= loss(w) + 1e-9)
+    assert loss(clipped).sum() < 0.9 * loss(w).sum()
