@@ -188,6 +188,7 @@ def save_params(path: pathlib.Path, params, steps: int) -> None:
         except BaseException:
             os.unlink(f.name)
             raise
+    os.chmod(f.name, 0o644)  # as a plain write would leave it (the temporary file is 0600)
     os.replace(f.name, path)  # whole or not at all, even with two runs at once
 
 

@@ -253,7 +253,7 @@ def _walk(
                 out_tags, ok = propagate(eqn, orgs, tgs, found.ndims)
                 if not ok:
                     found.refuse(tgs)
-                o = orgs[0]
+                o = orgs[0] if orgs else None  # (iota and constants have no inputs)
                 if o is not None and name in _SAME:
                     out_orgs = [o]
                 elif o is not None and name == "transpose":

@@ -552,3 +552,20 @@ def test_awq_clip_search_never_loses_to_the_full_range_and_wins_on_outlier_weigh
     assert np.all(np.abs(clipped) <= np.abs(w))  # only ever clipped
     assert np.all(loss(clipped) <= loss(w) + 1e-9)
     assert loss(clipped).sum() < 0.9 * loss(w).sum()
+
+
+def test_arrays_built_from_nothing_inside_f_are_no_trouble():
+    # iota, arange, tril: equations without inputs (a causal mask is made of them)
+    nn = pytest.importorskip("flax.linen")
+    x = np.random.default_rng(15).normal(size=(2, 8, 16)).astype(np.float32)
+    params = {"w": np.ones((16, 16), np.float32)}
+
+    def f(p, x):
+        mask = nn.make_causal_mask(jnp.ones(x.shape[:2]))[:, 0]
+        scores = jnp.where(mask, (x @ p["w"]) @ x.swapaxes(1, 2), -1e9)
+        built = jnp.tril(jnp.ones((8, 16))) + jax.lax.iota(jnp.float32, 16)[None]
+        return jax.nn.softmax(scores) @ x + built[None]
+
+    for method in ("rtn", "gptq", "awq"):
+        q = precision.calibrate(f, params, [x], method=method, scaling=dtypes.PerBlock(8))
+        assert isinstance(q["w"], precision.Tensor)
