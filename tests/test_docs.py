@@ -172,6 +172,7 @@ def test_nav_pages_exist():
         "Formats",
         "Training",
         "Models",
+        "Calibrated conversion",
         "Testing",
         "Command line",
         "Reliability",

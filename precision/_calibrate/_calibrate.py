@@ -343,10 +343,11 @@ def calibrate(
             `dtypes.PerAxis()`: one scale per output channel (matrices);
             `dtypes.PerTensor()`. Their `power_of_two` and `scale_format`
             are kept.
-        where, exclude: select weights as `to_reduced_precision` does (a
-            predicate or a regex on the key path); by default every weight
-            that `f` contracts with an activation. Embeddings (looked up,
-            not contracted), norms and biases are left as they are.
+        where: select weights as `to_reduced_precision` does (a predicate
+            `where(path, leaf)` or a regex on the key path); by default every
+            weight that `f` contracts with an activation. Embeddings (looked
+            up, not contracted), norms and biases are left as they are.
+        exclude: a regex; weights whose key path matches are left alone.
         damp: GPTQ's damping, a fraction of the Hessian's mean diagonal.
         block_size: GPTQ's lazy-update block (changes speed, not codes).
         act_order: GPTQ's activation order (every block's scale is then
