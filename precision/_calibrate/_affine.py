@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["Tag", "carry_axes", "propagate"]
+__all__ = ["SAME_VALUES", "Tag", "carry_axes", "propagate"]
 
 
 class Tag(NamedTuple):
@@ -31,7 +31,8 @@ class Tag(NamedTuple):
     axis: int
 
 
-_CARRY = frozenset({"convert_element_type", "copy", "copy_p", "reduce_precision"})
+# equations whose output is their input, value for value (dtype aside)
+SAME_VALUES = frozenset({"convert_element_type", "copy", "reduce_precision"})
 
 
 def carry_axes(eqn: Any, axes: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -46,7 +47,7 @@ def carry_axes(eqn: Any, axes: tuple[Any, ...]) -> tuple[Any, ...] | None:
             if in_shape[i] == out_shape[d]:
                 out[d] = axes[i]
         return tuple(out)
-    if name in ("reshape", "squeeze", "expand_dims"):
+    if name in ("reshape", "squeeze"):
         kept_in = [(n, a) for n, a in zip(in_shape, axes, strict=True) if n != 1]
         kept_out = [i for i, n in enumerate(out_shape) if n != 1]
         if [n for n, _ in kept_in] != [out_shape[i] for i in kept_out]:
@@ -74,10 +75,10 @@ def propagate(
     none: list[Tag | None] = [None] * len(eqn.outvars)
     if not any(tags) and name not in ("mul",):
         return none, True
-    if name in _CARRY:
+    if name in SAME_VALUES:
         return [tags[0]], True
     first = tags[0]
-    if name in ("broadcast_in_dim", "reshape", "squeeze", "expand_dims") and first:
+    if name in ("broadcast_in_dim", "reshape", "squeeze") and first:
         t = first
         ndim = len(eqn.invars[0].aval.shape)
         where = carry_axes(eqn, tuple(i if i == t.axis else None for i in range(ndim)))

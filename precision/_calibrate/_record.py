@@ -36,7 +36,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from ._affine import Tag, carry_axes, propagate
+from ._affine import SAME_VALUES, Tag, carry_axes, propagate
 
 __all__ = ["FoldKey", "Found", "Origin", "SiteKey", "Stats", "record"]
 
@@ -102,7 +102,6 @@ class Origin(NamedTuple):
     stacked: tuple[tuple[int, int], ...]
 
 
-_SAME = frozenset({"convert_element_type", "copy", "copy_p", "reduce_precision"})
 _scan_ids = itertools.count()
 
 
@@ -254,7 +253,7 @@ def _walk(
                 if not ok:
                     found.refuse(tgs)
                 o = orgs[0] if orgs else None  # (iota and constants have no inputs)
-                if o is not None and name in _SAME:
+                if o is not None and name in SAME_VALUES:
                     out_orgs = [o]
                 elif o is not None and name == "transpose":
                     perm = eqn.params["permutation"]
