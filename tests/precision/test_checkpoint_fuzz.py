@@ -22,9 +22,10 @@ file's path; any other exception fails the test), or it returns
   that were not re-sealed can tell; what `load` promises then is never an
   encoding that no encoder writes.)
 
-Budget: a few seconds in `dev`, 30 s in `ci` (fixed seed: reproducible),
-10 minutes with a random seed under `HYPOTHESIS_PROFILE=hunt`; a failure
-prints the seed and round to replay (`FUZZ_SEED=... FUZZ_SECONDS=...`).
+Budget: a few seconds in `dev`; in `ci` a fixed seed and a fixed number of
+rounds (the same rounds on every machine, however fast: about 30 s here);
+10 minutes with a random seed under `HYPOTHESIS_PROFILE=hunt`. A failure
+prints the seed and round to replay (`FUZZ_SEED=... FUZZ_ROUNDS=...`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from precision import CheckpointError, Tensor
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or (
     "ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev"
 )
-SECONDS = float(os.environ.get("FUZZ_SECONDS") or {"dev": 8, "ci": 30, "hunt": 600}[PROFILE])
+SECONDS = float(os.environ.get("FUZZ_SECONDS") or {"dev": 8, "ci": 1e9, "hunt": 600}[PROFILE])
+ROUNDS = int(os.environ.get("FUZZ_ROUNDS") or (6000 if PROFILE == "ci" else 10**9))
 SEED = int(
     os.environ.get("FUZZ_SEED")
     or (int.from_bytes(os.urandom(4), "little") if PROFILE == "hunt" else 20261124)
@@ -299,7 +301,9 @@ def _reference_scales(name: str, enc, stored: dict[str, bytes]) -> None:
     zero_ok = fmt.kind == "int" and fmt.bits == 1
     ok = np.isfinite(scale) & ((scale >= 2.0**-126) | (zero_ok & (scale == 0)))
     ok &= ~np.signbit(scale)
-    ok &= scale * _top(fmt) <= F32_MAX
+    # An asymmetric group may span -3.4e38 .. 3.4e38: its scale may reach twice float32's
+    # largest value over qmax, the end codes decoding clamped (the encoder writes these).
+    ok &= scale * _top(fmt) <= F32_MAX * (2 if fmt.kind == "uint" else 1)
     assert ok.all(), f"{name}: scales {scale[~ok][:4]} loaded"
     if scaling.power_of_two:
         mant, _ = np.frexp(scale)
@@ -403,7 +407,7 @@ def test_no_damaged_checkpoint_loads_as_other_numbers(tmp_path, original):
     outcomes: dict[str, int] = {}
     deadline = time.monotonic() + SECONDS
     rounds = 0
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and rounds < ROUNDS:
         rounds += 1
         mutation = MUTATIONS[int(rng.integers(0, len(MUTATIONS)))]
         state = rng.bit_generator.state
