@@ -14,7 +14,6 @@ themselves and decodes one layer per iteration.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +25,7 @@ import dtypes
 
 from .. import _jax_compat as compat
 from .._compute import Context, State, Stored, Val, join, prepare, rule_for
+from .._compute._moves import as_scaling
 from .._storage import decode_encoded, is_float
 
 __all__ = ["evaluate"]
@@ -182,16 +182,6 @@ def _fixed_point(
     raise AssertionError(f"carry formats of `{op}` did not settle")  # pragma: no cover
 
 
-def _as_scaling(cls: type, scaling: dtypes.Scaling, **changes: Any) -> dtypes.Scaling:
-    """A scaling of class `cls` keeping every option `scaling` shares with it."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    kept = {
-        f.name: getattr(scaling, f.name) for f in dataclasses.fields(scaling) if f.name in names
-    }
-    out: dtypes.Scaling = cls(**{**kept, **changes})
-    return out
-
-
 def _scan_slice(
     enc: dtypes.Encoded,
 ) -> tuple[tuple[Any, ...], Callable[..., dtypes.Encoded]] | None:
@@ -222,9 +212,9 @@ def _scan_slice(
     if axis == 0:
         if isinstance(scaling, dtypes.PerBlock):
             return None
-        inner = _as_scaling(dtypes.PerTensor, scaling)
+        inner = as_scaling(dtypes.PerTensor, scaling)
         return (enc.data, scale), lambda d, s: make(d, s, inner)
-    moved = _as_scaling(type(scaling), scaling, axis=axis - 1)
+    moved = as_scaling(type(scaling), scaling, axis=axis - 1)
     if isinstance(scaling, dtypes.PerAxis):
         const = scale.reshape(scale.shape[1:])
         return (enc.data,), lambda d: make(d, const, moved)

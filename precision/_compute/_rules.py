@@ -36,6 +36,7 @@ import dtypes
 from .._errors import PrecisionMismatchError
 from .._jax_compat import bind_eqn
 from .._storage import decode_encoded, full_format, is_float, round_nearest
+from ._moves import moved_storage
 from ._state import Context, State, Stored, mismatch
 
 __all__ = [
@@ -94,27 +95,6 @@ MOVES = frozenset(
 # (integers below 2**(mantissa+1) are on every such grid, larger grid values
 # are integers already); for unscaled float formats rounding is the identity.
 GRID_PRESERVING = frozenset({"sign", "floor", "ceil", "round", "reduce_precision"})
-
-# Moves that storage codes can make themselves (one operand, its elements
-# kept, negated or their magnitude taken: symmetric codes allow both), valid
-# for an unpacked encoding with one scale for the whole tensor ...
-CODE_MOVES = frozenset(
-    {
-        "reshape",
-        "transpose",
-        "broadcast_in_dim",
-        "squeeze",
-        "expand_dims",
-        "slice",
-        "dynamic_slice",
-        "rev",
-        "neg",
-        "abs",
-    }
-)
-# ... and the identities, valid for every encoding.
-IDENTITIES = frozenset({"copy", "copy_p", "stop_gradient", "sharding_constraint"})
-
 
 def op_state(op: str, vals: list[Val], ctx: Context) -> State | None:
     """The state an op computes in, checking the no-mixing rule (raises before computing)."""
@@ -180,38 +160,6 @@ def finish(op: str, outs: list[Any], state: State) -> list[Val]:
         else:
             result.append((round_nearest(state.format, o), state))
     return result
-
-
-def _moved_storage(eqn: Any, vals: list[Val], state: State) -> Stored | None:
-    """The storage encoding of a moved storage value, if the move keeps it valid."""
-    op = eqn.primitive.name
-    if op not in CODE_MOVES and op not in IDENTITIES:
-        return None
-    floats = [(v, s) for v, s in vals if is_float(v)]
-    if len(floats) != 1 or floats[0][1] is None or floats[0][1].stored is None:
-        return None
-    stored = floats[0][1].stored
-    enc = stored.enc
-    if op in IDENTITIES:
-        return stored
-    if enc.format.packed or not isinstance(enc.scaling, dtypes.PerTensor):
-        return None
-    if (
-        enc.tensor_scale is not None
-        or enc.zero_point is not None
-        or enc.format.kind
-        not in (
-            "int",
-            "float",
-        )
-    ):
-        return None  # (zero points and code books do not commute with negation)
-    # The codes move exactly like the values; the one scale stays.
-    others = [v for v, _ in vals[1:]]
-    data = bind_eqn(eqn, enc.data, *others)[0]
-    assert enc.scale is not None  # a per-tensor encoding always has its scale
-    moved = dtypes.Encoded(data, enc.scale.reshape(()), enc.format, enc.scaling)
-    return Stored(moved, stored.dtype)
 
 
 def at_use(fn: Callable[[Any], Any], arg: Any, *probes: Any) -> Any:
@@ -337,7 +285,7 @@ def default_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
     state = op_state(op, vals, ctx)
     if state is None:
         return [(o, None) for o in bind_eqn(eqn, *(v for v, _ in vals))]
-    moved = _moved_storage(eqn, vals, state) if ctx.compute is None else None
+    moved = moved_storage(eqn, vals) if ctx.compute is None else None
     outs = bind_eqn(eqn, *prepare(_decoded_at_use(op, vals), state))
     result = finish(op, outs, state)
     if moved is not None and len(result) == 1:

@@ -267,6 +267,72 @@ def test_int8_moves_keep_codes_and_scale():
     )
 
 
+LAYER_CUTS = ("layer", "last layer (traced index)", "every other layer", "rows of a layer")
+STACKS = [  # (format, scaling, the cuts that split its scale groups: decoded values move)
+    ("int4", None, ()),
+    ("int4", dtypes.PerAxis(-1), ()),
+    ("int4", dtypes.PerBlock(4, axis=1), ("rows of a layer", "a row of each layer")),
+    ("int2", dtypes.PerAxis(0), ()),
+    ("uint4", dtypes.PerAxis(1), ()),
+    ("nvfp4", None, ()),
+    ("mxfp4", None, ()),
+    ("nf4", None, ()),
+    ("int8", dtypes.PerBlock(2, axis=0), LAYER_CUTS),
+    ("float8_e4m3fn", dtypes.PerAxis(2), ()),
+]
+CUTS = {
+    "layer": lambda w: w[1],
+    "last layer (traced index)": lambda w: lax.dynamic_index_in_dim(w, jnp.int32(-1), 0, False),
+    "every other layer": lambda w: w[::2],
+    "a row of each layer": lambda w: w[:, 3],
+    "rows of a layer": lambda w: w[2, 1:6],
+    "columns": lambda w: w[..., 1:5],
+}
+
+
+@pytest.mark.parametrize(("name", "scaling", "splitting"), STACKS)
+def test_slices_of_stacked_storage_keep_their_codes(name, scaling, splitting):
+    """A slice that splits no scaling group (nor the packed last axis) is storage."""
+    w = rng.standard_normal((4, 8, 6)).astype(np.float32)
+    t = Tensor(w).to_reduced_precision(name, **({} if scaling is None else {"scaling": scaling}))
+    whole = np.asarray(t)  # decoded once, then cut by numpy
+    shape = t.encoded.scaling.scale_shape(t.shape)
+    for what, cut in CUTS.items():
+        for f in (jax.jit(precision.apply(cut)), precision.apply(cut)):
+            out = f(t)
+            np.testing.assert_array_equal(np.asarray(out), cut(whole), err_msg=what)
+            # a block axis cut part-way (its groups would split), or the packed last axis cut
+            if what in splitting or (t.format.packed and what == "columns"):
+                assert out.format == dtypes.float32, what  # decoded values moved
+                continue
+            assert out.format == t.format, what  # the codes moved, not decoded values
+            data = np.asarray(out.encoded.data).nbytes
+            assert data <= np.asarray(t.encoded.data).nbytes * np.prod(out.shape) / np.prod(
+                t.shape
+            ) + np.prod(out.shape[:-1]), what  # only the cut's codes are held
+            if shape != (1, 1, 1):
+                assert np.asarray(out.encoded.scale).size <= np.asarray(t.encoded.scale).size
+
+
+def test_indexing_a_stacked_int4_stack_decodes_one_layer_at_a_time():
+    layers, d = 8, 512
+    w = Tensor((rng.standard_normal((layers, d, d)) / 16).astype(np.float32))
+    t = w.to_reduced_precision("int4")
+
+    def mlp(w, x):
+        for i in range(layers):
+            x = jnp.tanh(x @ w[i])
+        return x
+
+    x = jnp.ones((4, d))
+    compiled = jax.jit(precision.apply(mlp)).lower(t, x).compile()
+    layer = d * d * 4
+    # every layer decoded up front would be 8 layers of float32 temporaries
+    assert compiled.memory_analysis().temp_size_in_bytes <= 3 * layer
+    ref = mlp(jnp.asarray(np.asarray(t)), x)
+    np.testing.assert_array_equal(np.asarray(compiled(t, x)), np.asarray(ref))
+
+
 NARROW_FLOATS = ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"]
 
 
