@@ -106,8 +106,8 @@ def _cut(eqn: Any, enc: dtypes.Encoded, indices: list[Any]) -> dtypes.Encoded | 
         dims = tuple(d % n for d in p["dimensions"])
         if packed and n - 1 in dims:
             return None
-        scaling = _squeezed(sc, dims, n)
-        if scaling is False:
+        fits, scaling = _squeezed(sc, dims, n)
+        if not fits:
             return None
         data = lax.squeeze(enc.data, dims)
         scale = None if scale is None else lax.squeeze(scale, dims)
@@ -164,20 +164,20 @@ def _cut(eqn: Any, enc: dtypes.Encoded, indices: list[Any]) -> dtypes.Encoded | 
 
 def _squeezed(
     sc: dtypes.Scaling | None, dims: tuple[int, ...], n: int
-) -> dtypes.Scaling | bool | None:
-    """The scaling after squeezing `dims` (of `n`), or False where none describes it."""
+) -> tuple[bool, dtypes.Scaling | None]:
+    """(whether a scaling describes the squeezed groups, that scaling) after squeezing `dims`."""
     if sc is None or isinstance(sc, dtypes.PerTensor):
-        return sc
+        return True, sc
     assert isinstance(sc, dtypes.PerAxis | dtypes.PerBlock)
     axis = sc.axis % n
     if axis in dims:
         if isinstance(sc, dtypes.PerBlock):
-            return False  # one block scale per element would be left
-        return as_scaling(dtypes.PerTensor, sc)
+            return False, None  # one block scale per element would be left
+        return True, as_scaling(dtypes.PerTensor, sc)
     new = axis - sum(d < axis for d in dims)
     if sc.axis < 0:
         new -= n - len(dims)
-    return as_scaling(type(sc), sc, axis=new)
+    return True, as_scaling(type(sc), sc, axis=new)
 
 
 def as_scaling(cls: type, scaling: dtypes.Scaling, **changes: Any) -> dtypes.Scaling:

@@ -96,6 +96,7 @@ MOVES = frozenset(
 # are integers already); for unscaled float formats rounding is the identity.
 GRID_PRESERVING = frozenset({"sign", "floor", "ceil", "round", "reduce_precision"})
 
+
 def op_state(op: str, vals: list[Val], ctx: Context) -> State | None:
     """The state an op computes in, checking the no-mixing rule (raises before computing)."""
     if ctx.compute is None or op in ctx.float32_ops:
