@@ -70,7 +70,16 @@ class Encoded:
         cls, aux: tuple[Format, Scaling | None, int | None], children: tuple[Any, ...]
     ) -> Encoded:
         data, scale, tensor_scale, zero_point = children
-        return cls(data, scale, *aux, tensor_scale=tensor_scale, zero_point=zero_point)
+        fmt, scaling, last = aux
+        shape, groups = getattr(data, "shape", None), getattr(scale, "shape", None)
+        if scaling is not None and isinstance(shape, tuple) and isinstance(groups, tuple):
+            # `vmap`/`scan` took or added axes: the scaling follows the arrays' shapes
+            if fmt.packed and shape:
+                shape = shape[:-1] if last is None else (*shape[:-1], last)
+            scaling = scaling.refit(shape, groups)
+        return cls(
+            data, scale, fmt, scaling, last, tensor_scale=tensor_scale, zero_point=zero_point
+        )
 
     @property
     def packed(self) -> bool:

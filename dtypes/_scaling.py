@@ -146,6 +146,28 @@ class Scaling:
     def validate(self, shape: tuple[int, ...]) -> None:
         """Raise `ScalingError` (a `ValueError`) if this scaling cannot apply to `shape`."""
 
+    def refit(self, shape: tuple[int, ...], scale_shape: tuple[int, ...]) -> Scaling:
+        """The scaling that groups a tensor of `shape` whose scales have `scale_shape`.
+
+        `self` when it already does. `jax.vmap` and `lax.scan` take axes from
+        (or add axes to) an encoding's arrays without telling its scaling:
+        one layer of a `PerAxis(0)` stack is `PerTensor`, a `PerTensor`
+        encoding made per example under `vmap` is `PerAxis(0)` of the batch.
+        Scales that equal the shape or 1 along each axis are `PerAxis` of the
+        axes that keep them (`PerTensor` if none); blocks move to the axis
+        whose scale count they match, the one before theirs first. Where no
+        scaling fits, `self` (the encoding's own check then says why).
+        """
+        shape, scale_shape = tuple(shape), tuple(scale_shape)
+        try:
+            if self.scale_shape(shape) == scale_shape:
+                return self
+        except ScalingError:
+            pass
+        if len(scale_shape) != len(shape) or not shape:
+            return self
+        return _refitted(self, shape, scale_shape) or self
+
     def __str__(self) -> str:
         return self.describe()
 
@@ -172,6 +194,30 @@ class PerTensor(Scaling):
         return "per-tensor" + (", power of two" if self.power_of_two else "") + _scale_note(self)
 
 
+def _refitted(
+    scaling: Scaling, shape: tuple[int, ...], scale_shape: tuple[int, ...]
+) -> Scaling | None:
+    """See `Scaling.refit`: a scaling of another axis (or axes) fitting the shapes."""
+    options = {f.name: getattr(scaling, f.name) for f in dataclasses.fields(Scaling)}
+    if isinstance(scaling, PerTensor | PerAxis):
+        if any(g not in (1, n) for g, n in zip(scale_shape, shape, strict=True)):
+            return None
+        kept = tuple(d for d, n in enumerate(shape) if scale_shape[d] == n != 1)
+        if not kept:
+            return PerTensor(**options)
+        return PerAxis(kept[0] if len(kept) == 1 else kept, **options)
+    if isinstance(scaling, PerBlock):
+        # an axis taken before the block axis moves it down one, an axis added up one
+        ndim, a = len(shape), scaling.axis
+        near = [a - 1, a + 1] if a >= 0 else [a % ndim - 1, a % ndim + 1]
+        for axis in dict.fromkeys([*near, *range(ndim)]):
+            if 0 <= axis < ndim:
+                candidate = PerBlock(scaling.size, axis=axis, **options)
+                if candidate.scale_shape(shape) == scale_shape:
+                    return candidate
+    return None
+
+
 def _refuse_scalar(scaling: Scaling, shape: tuple[int, ...]) -> None:
     if not shape:
         raise ScalingError(
@@ -182,39 +228,76 @@ def _refuse_scalar(scaling: Scaling, shape: tuple[int, ...]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class PerAxis(Scaling):
-    """One scale per index along `axis` (per channel / per row).
+    """One scale per index along `axis` (per channel / per row), or along several axes.
+
+    `axis` is an int, or a tuple of distinct ints for one scale per index of
+    each: `PerAxis((0, -1))` of a stack of `(layers, in, out)` kernels keeps a
+    scale per layer and output channel, and `PerAxis(0)` one per layer. A stack
+    scaled so maps under `jax.vmap` and `lax.scan` over its layers (each slice
+    keeps its own scales); `PerTensor()` or `PerAxis(-1)` share scales across
+    the stack and do not.
 
     Examples:
         >>> PerAxis(0).scale_shape((3, 4))
         (3, 1)
+        >>> PerAxis((0, -1)).scale_shape((2, 3, 4))
+        (2, 1, 4)
     """
 
-    axis: int = 0
+    axis: int | tuple[int, ...] = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "axis", _as_int(self.axis, "PerAxis axis", "PerAxis(0)"))
+        given = self.axis
+        if not isinstance(given, tuple | list):
+            object.__setattr__(self, "axis", _as_int(given, "PerAxis axis", "PerAxis(0)"))
+            return
+        axes = tuple(_as_int(a, "each PerAxis axis", "PerAxis((0, -1))") for a in given)
+        if len(axes) < 2:
+            raise ScalingError(
+                f"PerAxis(axis={given!r}) names {len(axes)} axis: pass an int for one axis "
+                "(PerAxis(0)), a tuple of two or more for several (PerAxis((0, -1))), or "
+                "PerTensor() for one scale"
+            )
+        if len(set(axes)) != len(axes):
+            raise ScalingError(
+                f"PerAxis(axis={given!r}) names an axis twice; name each axis once, "
+                "e.g. PerAxis((0, -1))"
+            )
+        object.__setattr__(self, "axis", axes)
 
-    def _axis(self, ndim: int) -> int:
-        return self.axis % ndim
+    @property
+    def axes(self) -> tuple[int, ...]:
+        """The axes that keep a scale per index, as given (one or more)."""
+        return self.axis if isinstance(self.axis, tuple) else (self.axis,)
+
+    def kept(self, ndim: int) -> tuple[int, ...]:
+        """The axes with a scale per index, in `[0, ndim)` and ascending."""
+        return tuple(sorted(a % ndim for a in self.axes))
 
     def validate(self, shape: tuple[int, ...]) -> None:
         _refuse_scalar(self, shape)
-        if not -len(shape) <= self.axis < len(shape):
+        n = len(shape)
+        if not all(-n <= a < n for a in self.axes):
             raise ScalingError(
                 f"PerAxis(axis={self.axis}) does not fit a tensor of shape {tuple(shape)}; "
-                f"choose an axis in [-{len(shape)}, {len(shape) - 1}] or use PerTensor()"
+                f"choose axes in [-{n}, {n - 1}] or use PerTensor()"
+            )
+        if len({a % n for a in self.axes}) != len(self.axes):
+            raise ScalingError(
+                f"PerAxis(axis={self.axis}) names one axis of a {n}-d tensor twice "
+                f"(shape {tuple(shape)}); name each axis once"
             )
 
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         self.validate(shape)
-        a = self._axis(len(shape))
-        return tuple(n if i == a else 1 for i, n in enumerate(shape))
+        kept = self.kept(len(shape))
+        return tuple(n if i in kept else 1 for i, n in enumerate(shape))
 
     def group_reduce(self, x: jax.Array, reduce: Reduce) -> jax.Array:
         self.validate(x.shape)
-        a = self._axis(x.ndim)
-        return reduce(x, tuple(i for i in range(x.ndim) if i != a))
+        kept = self.kept(x.ndim)
+        return reduce(x, tuple(i for i in range(x.ndim) if i not in kept))
 
     def describe(self) -> str:
         return (

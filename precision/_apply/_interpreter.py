@@ -25,7 +25,7 @@ import dtypes
 
 from .. import _jax_compat as compat
 from .._compute import Context, State, Stored, Val, join, prepare, rule_for
-from .._compute._moves import as_scaling
+from .._compute._moves import squeezed_scaling
 from .._storage import decode_encoded, is_float
 
 __all__ = ["evaluate"]
@@ -188,8 +188,8 @@ def _scan_slice(
     """(arrays to scan over, rebuild of one iteration's encoding) for stacked storage.
 
     The stacking axis is 0; the scale follows when it varies along it (per
-    axis 0, or per block on another axis) and is a loop constant otherwise; a
-    tensor scale is a loop constant. Zero points are not sliced (None: the
+    axis 0 among others, or per block on another axis) and is a loop constant
+    otherwise; a tensor scale is a loop constant. Zero points are not sliced (None: the
     stack is decoded whole).
     """
     shape, scaling = enc.shape, enc.scaling
@@ -204,21 +204,13 @@ def _scan_slice(
         return (enc.data,), lambda d: make(d, None, None)
     assert scaling is not None  # a scale comes with its scaling
     scale = enc.scale.reshape(scaling.scale_shape(shape))
-    if isinstance(scaling, dtypes.PerTensor):
-        one = scale.reshape(scale.shape[1:])
-        return (enc.data,), lambda d: make(d, one, scaling)
-    assert isinstance(scaling, dtypes.PerAxis | dtypes.PerBlock)
-    axis = scaling.axis % len(shape)
-    if axis == 0:
-        if isinstance(scaling, dtypes.PerBlock):
-            return None
-        inner = as_scaling(dtypes.PerTensor, scaling)
-        return (enc.data, scale), lambda d, s: make(d, s, inner)
-    moved = as_scaling(type(scaling), scaling, axis=axis - 1)
-    if isinstance(scaling, dtypes.PerAxis):
+    fits, inner = squeezed_scaling(scaling, (0,), len(shape))
+    if not fits:
+        return None  # blocks along the stacking axis: decoded whole
+    if scale.shape[0] == 1:  # shared by every step: a loop constant
         const = scale.reshape(scale.shape[1:])
-        return (enc.data,), lambda d: make(d, const, moved)
-    return (enc.data, scale), lambda d, s: make(d, s, moved)
+        return (enc.data,), lambda d: make(d, const, inner)
+    return (enc.data, scale), lambda d, s: make(d, s, inner)
 
 
 def _scan(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:

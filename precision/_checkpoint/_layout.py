@@ -476,7 +476,8 @@ def scaling_to_json(scaling: Scaling | None, version: int = VERSION) -> dict[str
     if isinstance(scaling, PerTensor):
         out = {"type": "per-tensor"}
     elif isinstance(scaling, PerAxis):
-        out = {"type": "per-axis", "axis": scaling.axis}
+        axis = scaling.axis  # several axes: a JSON list of two or more
+        out = {"type": "per-axis", "axis": list(axis) if isinstance(axis, tuple) else axis}
     elif isinstance(scaling, PerBlock):
         out = {"type": "per-block", "size": scaling.size, "axis": scaling.axis}
     else:
@@ -506,12 +507,20 @@ def scaling_from_json(spec: Any, version: int = VERSION) -> Scaling | None:
         raise CheckpointError(
             f"scale_format {scale_format!r:.100} is not one of {', '.join(SCALE_DTYPES)}"
         )
+    args: dict[str, Any] = {}
     for key in fields[kind]:
-        if type(spec[key]) is not int:
-            raise CheckpointError(f"scaling field {key!r} must be an integer, got {spec[key]!r}")
-        if not -MAX_RANK <= spec[key] <= (MAX_ELEMENTS if key == "size" else MAX_RANK):
-            raise CheckpointError(f"scaling field {key!r} = {spec[key]} is out of range")
-    args = {key: spec[key] for key in fields[kind]}
+        value = spec[key]
+        several = kind == "per-axis" and isinstance(value, list)
+        for v in value if several else [value]:
+            if type(v) is not int:
+                raise CheckpointError(f"scaling field {key!r} must be an integer, got {value!r}")
+            if not -MAX_RANK <= v <= (MAX_ELEMENTS if key == "size" else MAX_RANK):
+                raise CheckpointError(f"scaling field {key!r} = {value} is out of range")
+        if several and (len(value) < 2 or len(set(value)) != len(value)):
+            raise CheckpointError(
+                f"per-axis axes {value!r:.100} must be two or more distinct integers"
+            )
+        args[key] = tuple(value) if several else value
     cls = {"per-tensor": PerTensor, "per-axis": PerAxis, "per-block": PerBlock}[kind]
     scaling: Scaling = cls(power_of_two=spec["power_of_two"], scale_format=scale_format, **args)
     return scaling

@@ -202,7 +202,9 @@ def _mode(plan: _Plan, rounding: str) -> tuple[str, str]:
         return "whole", "blocks do not tile the rows"
     if two_level(scaling):
         return "whole", "two-level scales across the tensor"
-    if isinstance(scaling, dtypes.PerAxis) and scaling.axis % ndim == 0 and ndim >= 2:
+    if isinstance(scaling, dtypes.PerAxis) and len(scaling.axes) > 1:
+        return "whole", "scales along several axes"
+    if isinstance(scaling, dtypes.PerAxis) and scaling.kept(ndim) == (0,) and ndim >= 2:
         return "rows", ""
     if isinstance(scaling, dtypes.PerAxis) and ndim >= 2 and not ranged:
         return "columns", ""
@@ -772,7 +774,7 @@ class _Converter:
         scaling = out.scaling
         assert isinstance(scaling, dtypes.PerAxis)
         ndim = len(out.shape)
-        axis = scaling.axis % ndim
+        (axis,) = scaling.kept(ndim)  # one axis: several are converted whole
         others = tuple(i for i in range(ndim) if i != axis)
         top = np.zeros(out.shape[axis], np.float32)
         for block in blocks.blocks(per_block):

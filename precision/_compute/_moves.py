@@ -31,7 +31,7 @@ import dtypes
 from .._jax_compat import bind_eqn
 from ._state import State, Stored
 
-__all__ = ["CODE_MOVES", "IDENTITIES", "as_scaling", "moved_storage"]
+__all__ = ["CODE_MOVES", "IDENTITIES", "as_scaling", "moved_storage", "squeezed_scaling"]
 
 # Moves that storage codes can make themselves (one operand, its elements
 # kept, negated or their magnitude taken: symmetric codes allow both), valid
@@ -106,7 +106,7 @@ def _cut(eqn: Any, enc: dtypes.Encoded, indices: list[Any]) -> dtypes.Encoded | 
         dims = tuple(d % n for d in p["dimensions"])
         if packed and n - 1 in dims:
             return None
-        fits, scaling = _squeezed(sc, dims, n)
+        fits, scaling = squeezed_scaling(sc, dims, n)
         if not fits:
             return None
         data = lax.squeeze(enc.data, dims)
@@ -162,22 +162,29 @@ def _cut(eqn: Any, enc: dtypes.Encoded, indices: list[Any]) -> dtypes.Encoded | 
     )
 
 
-def _squeezed(
+def squeezed_scaling(
     sc: dtypes.Scaling | None, dims: tuple[int, ...], n: int
 ) -> tuple[bool, dtypes.Scaling | None]:
-    """(whether a scaling describes the squeezed groups, that scaling) after squeezing `dims`."""
+    """(whether a scaling describes the groups left, that scaling) after squeezing `dims`
+    (axes of length 1) from an `n`-d encoding."""
     if sc is None or isinstance(sc, dtypes.PerTensor):
         return True, sc
-    assert isinstance(sc, dtypes.PerAxis | dtypes.PerBlock)
+    if isinstance(sc, dtypes.PerAxis):
+        kept = [a - sum(d < a for d in dims) for a in sc.kept(n) if a not in dims]
+        if not kept:
+            return True, as_scaling(dtypes.PerTensor, sc)
+        if len(kept) > 1:
+            return True, as_scaling(dtypes.PerAxis, sc, axis=tuple(kept))
+        one = kept[0] - (n - len(dims)) * (isinstance(sc.axis, int) and sc.axis < 0)
+        return True, as_scaling(dtypes.PerAxis, sc, axis=one)
+    assert isinstance(sc, dtypes.PerBlock)
     axis = sc.axis % n
     if axis in dims:
-        if isinstance(sc, dtypes.PerBlock):
-            return False, None  # one block scale per element would be left
-        return True, as_scaling(dtypes.PerTensor, sc)
+        return False, None  # one block scale per element would be left
     new = axis - sum(d < axis for d in dims)
     if sc.axis < 0:
         new -= n - len(dims)
-    return True, as_scaling(type(sc), sc, axis=new)
+    return True, as_scaling(dtypes.PerBlock, sc, axis=new)
 
 
 def as_scaling(cls: type, scaling: dtypes.Scaling, **changes: Any) -> dtypes.Scaling:

@@ -211,7 +211,9 @@ def _placed(fn: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
         if not any(jax.tree_util.tree_leaves(a_batched)):
             # only the predicate varies along the batch: one placement for all
             return inner(a, p[0] if p_batched else p), False
-        axes = jax.tree_util.tree_map(lambda b: 0 if b else None, a_batched)
+        # `a`'s own structure: its scaling follows its batched arrays (`Scaling.refit`)
+        flags = [0 if b else None for b in jax.tree_util.tree_leaves(a_batched)]
+        axes = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(a), flags)
         return jax.vmap(fn, in_axes=(axes,))(a), True
 
     outer = jax.custom_jvp(inner)

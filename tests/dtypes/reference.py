@@ -268,11 +268,13 @@ def _groups(x: np.ndarray, kind: str, axis: int, size: int):
     if kind == "tensor":
         yield (slice(None),) * x.ndim
         return
-    axis %= x.ndim
-    if kind == "axis":
-        for i in range(x.shape[axis]):
-            yield tuple(i if d == axis else slice(None) for d in range(x.ndim))
+    if kind == "axis":  # one group per index of `axis`, or of each axis of a tuple
+        kept = sorted({a % x.ndim for a in (axis if isinstance(axis, tuple) else (axis,))})
+        for index in np.ndindex(*[x.shape[a] for a in kept]):
+            at = dict(zip(kept, index, strict=True))
+            yield tuple(at.get(d, slice(None)) for d in range(x.ndim))
         return
+    axis %= x.ndim
     other = [range(n) for d, n in enumerate(x.shape) if d != axis]
     for rest in np.ndindex(*[len(r) for r in other]):
         for start in range(0, x.shape[axis], size):
@@ -314,7 +316,7 @@ def int_quantize(
     qmax: int,
     *,
     kind: str = "tensor",
-    axis: int = 0,
+    axis: int | tuple[int, ...] = 0,
     size: int = 32,
     power_of_two: bool = False,
     binary: bool = False,
@@ -327,7 +329,8 @@ def int_quantize(
     all-zero group gets scale 1 and codes 0. Power of two (OCP MX):
     `scale = 2**(floor(log2 absmax) - floor(log2 qmax))`. Binary (int1):
     `scale = mean|x|`, codes `sign(x)` with 0 -> +1.
-    `kind` is "tensor", "axis" (one group per index of `axis`) or "block"
+    `kind` is "tensor", "axis" (one group per index of `axis`, or per index
+    combination of a tuple of axes) or "block"
     (`size` consecutive elements along `axis`, the last block may be partial).
     Subnormal inputs count as zero, and a scale below float32's smallest normal
     is raised to it (`smallest_normal_scale`).
@@ -365,7 +368,7 @@ def float_scaled(
     layout: Layout,
     *,
     kind: str = "tensor",
-    axis: int = 0,
+    axis: int | tuple[int, ...] = 0,
     size: int = 32,
     power_of_two: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:

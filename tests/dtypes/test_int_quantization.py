@@ -97,6 +97,43 @@ def test_scales_are_bit_exact_absmax_over_qmax(fmt, name, scaling, ref_kw):
     np.testing.assert_array_equal(scale, ref_scale)
 
 
+@pytest.mark.parametrize(
+    "scaling",
+    [PerAxis((0, -1)), PerAxis((2, 0), power_of_two=True), PerAxis((1, 2)), PerAxis((0, 1, 2))],
+    ids=str,
+)
+@pytest.mark.parametrize("fmt", INTS, ids=fid)
+def test_several_axes_match_numpy_reference(fmt, scaling, eager_and_jit):
+    """One scale per index combination of the named axes (a scale per layer and channel)."""
+    if fmt.binary and scaling.power_of_two:
+        pytest.skip("int1 scales are means: no power-of-two variant")
+    x = _data((4, 6, 50), seed=5)
+    enc = eager_and_jit(lambda v: fmt.encode(v, scaling=scaling))(jnp.asarray(x))
+    assert enc.scale.shape == tuple(n if d in scaling.kept(3) else 1 for d, n in enumerate(x.shape))
+    codes, scale = _codes_and_scale(enc)
+    ref_codes, ref_scale = int_quantize(
+        x,
+        fmt.qmax,
+        kind="axis",
+        axis=scaling.axes,
+        power_of_two=scaling.power_of_two,
+        binary=fmt.binary,
+    )
+    np.testing.assert_array_equal(codes, ref_codes)
+    np.testing.assert_allclose(scale, ref_scale, rtol=4e-7 * np.log2(x.size), atol=0)
+
+
+@pytest.mark.parametrize(
+    ("axis", "message"),
+    [((), "names 0 axis"), ((1,), "names 1 axis"), ((0, 0), "twice"), ((0, 1.0), "int")],
+)
+def test_several_axes_refuse_what_names_no_grouping(axis, message):
+    with pytest.raises(dtypes.ScalingError, match=message):
+        PerAxis(axis)
+    with pytest.raises(dtypes.ScalingError, match="twice"):
+        PerAxis((0, -3)).scale_shape((2, 3, 4))  # one axis of a 3-d tensor, named twice
+
+
 @pytest.mark.parametrize("mode", DETERMINISTIC)
 @pytest.mark.parametrize("fmt", MULTIBIT, ids=fid)
 def test_every_deterministic_mode_matches_numpy_reference(fmt, mode, eager_and_jit):
