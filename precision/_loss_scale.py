@@ -26,6 +26,8 @@ import numpy as np
 
 from ._errors import LossScaleError, LossScaleTypeError
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
 __all__ = [
     "DynamicLossScale",
     "NoOpLossScale",
@@ -42,24 +44,51 @@ def _is_reduced_tensor(x: Any) -> bool:
 
 
 def _multiply(tree: Any, factor: jax.Array, what: str) -> Any:
-    """Multiply every floating array leaf by `factor`, cast to that leaf's dtype.
+    """Multiply every floating (or complex) leaf by `factor`, cast to that leaf's dtype.
 
     Casting the factor (not the leaf) is what keeps a float16 loss float16: a
     float32 factor would promote it and break `lax.select`/`lax.cond` branches
-    that expect the original dtype.
+    that expect the original dtype. A Python float leaf becomes a JAX array (it
+    has no dtype of its own to keep); integer and bool leaves are returned as
+    they are.
     """
 
-    def one(x: Any) -> Any:
+    def one(path: Any, x: Any) -> Any:
         if _is_reduced_tensor(x):
             raise LossScaleTypeError(
                 f"cannot {what} a precision.Tensor leaf: loss scaling works on plain arrays "
                 "(the loss and the gradients); call jnp.asarray(t) or t.to_full_precision() first"
             )
-        if not hasattr(x, "dtype") or not jnp.issubdtype(x.dtype, jnp.floating):
+        arr = _numeric_leaf(path, x, what)
+        if not jnp.issubdtype(arr.dtype, jnp.inexact):
             return x
-        return x * factor.astype(x.dtype)
+        return arr * factor.astype(arr.dtype)
 
-    return jax.tree_util.tree_map(one, tree, is_leaf=_is_reduced_tensor)
+    return jax.tree_util.tree_map_with_path(one, tree, is_leaf=_is_reduced_tensor)
+
+
+def _numeric_leaf(path: Any, x: Any, what: str) -> Any:
+    """`x` as something with a dtype: arrays as they are, Python numbers as arrays.
+
+    A leaf that is not a number (text, an arbitrary object) has no loss-scaled
+    value and no finiteness: passing it through would hide a tree that is not
+    the loss or the gradients.
+    """
+    if isinstance(x, bool | int):
+        return np.asarray(x)  # integers are never scaled and count as finite
+    if isinstance(x, float | complex):
+        return jnp.asarray(x)
+    dtype = getattr(x, "dtype", None)
+    # Arrays of any other dtype pass (bfloat16, float8, PRNG keys): only floating
+    # and complex ones are ever scaled or checked.
+    if dtype is None or getattr(dtype, "kind", None) in ("O", "S", "U"):
+        where = jax.tree_util.keystr(path) or "<root>"
+        shown = f"dtype {dtype}" if dtype is not None else type(x).__name__
+        raise LossScaleTypeError(
+            f"cannot {what} leaf {where}: it is {shown} {x!r:.60}, not a number; loss scaling "
+            "works on the loss and the gradients (float arrays): drop non-numeric leaves first"
+        )
+    return x
 
 
 @jax.tree_util.register_pytree_node_class
@@ -87,8 +116,9 @@ class NoOpLossScale:
         return tree
 
     def adjust(self, grads_finite: jax.Array) -> NoOpLossScale:
-        """Return `self`; there is nothing to adjust."""
-        del grads_finite
+        """Return `self`; there is nothing to adjust (the flag is still checked, as
+        `DynamicLossScale.adjust` checks it, so swapping scales changes nothing else)."""
+        _as_flag(grads_finite, "NoOpLossScale.adjust", "all_finite(grads)")
         return self
 
     def tree_flatten(self) -> tuple[tuple[()], None]:
@@ -129,8 +159,9 @@ class StaticLossScale:
         return _multiply(tree, 1 / self.loss_scale, "unscale")
 
     def adjust(self, grads_finite: jax.Array) -> StaticLossScale:
-        """Return `self`: a static scale never changes."""
-        del grads_finite
+        """Return `self`: a static scale never changes (the flag is still checked, as
+        `DynamicLossScale.adjust` checks it)."""
+        _as_flag(grads_finite, "StaticLossScale.adjust", "all_finite(grads)")
         return self
 
     def tree_flatten(self) -> tuple[tuple[jax.Array], None]:
@@ -189,22 +220,25 @@ class DynamicLossScale:
         if (
             isinstance(period, bool | np.bool_)
             or not isinstance(period, numbers.Integral)
-            or period < 1
+            or not 1 <= period < 2**31
         ):
             raise LossScaleError(
-                f"period must be a positive int, got {type(period).__name__} {period!r}; "
-                "pass e.g. period=2000"
+                f"period must be a positive int below 2**31 (the int32 step counter), got "
+                f"{type(period).__name__} {period!r}; pass e.g. period=2000"
             )
         factor = _static_number(self.factor, "factor", "factor=2")
-        if not factor > 1:
+        if not 1 < factor <= _F32_MAX:
             raise LossScaleError(
-                f"factor must be a finite number greater than 1, got {factor!r}; pass e.g. factor=2"
+                f"factor must be a finite number greater than 1 (and finite in float32), got "
+                f"{factor!r}; pass e.g. factor=2"
             )
         floor = _static_number(self.min_loss_scale, "min_loss_scale", "min_loss_scale=1.0")
-        if not floor > 0:
+        if not 0 < floor <= 2.0**127 or np.float32(floor) == 0:
+            # float32 holds the scale: a floor that rounds to 0 lets the scale reach 0
+            # (never to grow again), one above 2**127 (the growth cap) to inf.
             raise LossScaleError(
-                f"min_loss_scale must be a positive finite number, got {floor!r}; "
-                "pass e.g. min_loss_scale=1.0"
+                f"min_loss_scale must be a positive finite number from float32's smallest "
+                f"(1.4e-45) up to 2**127, got {floor!r}; pass e.g. min_loss_scale=1.0"
             )
         # Static aux data: plain Python numbers, hashable and equal across traces.
         object.__setattr__(self, "period", int(period))
@@ -225,7 +259,8 @@ class DynamicLossScale:
         Finite: count one more good step, and after `period` of them multiply
         the scale by `factor` (restarting the count), up to 2**127 at most.
         Not finite: divide the scale by `factor`, never below
-        `min_loss_scale`, and restart the count. Jit-safe: `grads_finite` may
+        `min_loss_scale` (a scale that starts below it is kept, not raised),
+        and restart the count. Jit-safe: `grads_finite` may
         be a traced boolean.
 
         Args:
@@ -246,7 +281,10 @@ class DynamicLossScale:
         grown = jnp.minimum(self.loss_scale * jnp.float32(self.factor), cap)
         finite_scale = jnp.where(grow, grown, self.loss_scale)
         finite_counter = jnp.where(grow, jnp.zeros_like(self.counter), self.counter + one)
-        shrunk = jnp.maximum(self.loss_scale / self.factor, jnp.float32(self.min_loss_scale))
+        # Never below the floor, and never up to it either: a scale that started
+        # below `min_loss_scale` stays where it is rather than grow on an overflow.
+        floor = jnp.minimum(self.loss_scale, jnp.float32(self.min_loss_scale))
+        shrunk = jnp.maximum(self.loss_scale / self.factor, floor)
         return self._replace(
             loss_scale=jnp.where(grads_finite, finite_scale, shrunk).astype(jnp.float32),
             counter=jnp.where(grads_finite, finite_counter, jnp.zeros_like(self.counter)),
@@ -333,13 +371,16 @@ def _as_scale(value: Any) -> Any:
         kind = getattr(
             np.asarray(value) if isinstance(value, str | bytes) else value, "dtype", None
         )
-        if isinstance(value, str | bytes) or (kind is not None and np.dtype(kind).kind in "SUO"):
+        if isinstance(value, str | bytes | bool | np.bool_) or (
+            kind is not None and np.dtype(kind).kind in "SUOb"
+        ):
             raise LossScaleTypeError(
                 f"loss_scale must be a number, got {type(value).__name__} {value!r:.80}; "
                 "pass e.g. 2.0**15"
             )
         try:
-            arr = jnp.asarray(value, jnp.float32)
+            with np.errstate(over="ignore"):  # past float32: refused just below, by value
+                arr = jnp.asarray(value, jnp.float32)
         except (TypeError, ValueError):
             raise LossScaleTypeError(
                 f"loss_scale must be a number, got {type(value).__name__} {value!r:.80}; "
@@ -350,10 +391,21 @@ def _as_scale(value: Any) -> Any:
                 f"loss_scale must be a scalar, got shape {arr.shape}; pass one number, e.g. 2.0**15"
             )
         if not bool(jnp.isfinite(arr)) or float(arr) <= 0:
+            shown = _shown(value)
+            as_f32 = "" if shown == repr(float(arr)) else f" ({float(arr)} in float32)"
             raise LossScaleError(
-                f"loss_scale must be a positive finite number, got {float(arr)}; pass e.g. 2.0**15"
+                f"loss_scale must be a positive finite number in float32, got {shown}{as_f32}; "
+                "pass e.g. 2.0**15"
             )
     return arr
+
+
+def _shown(value: Any) -> str:
+    """A scalar setting as the user wrote it (a Python float's repr, not float32's)."""
+    try:
+        return repr(float(np.asarray(value, np.float64)))
+    except (TypeError, ValueError):
+        return f"{value!r:.80}"
 
 
 def _as_counter(value: Any) -> Any:
@@ -371,8 +423,13 @@ def _as_counter(value: Any) -> Any:
 def all_finite(tree: Any) -> jax.Array:
     """Whether every floating value in `tree` is finite (a scalar bool array).
 
-    Integer and bool leaves count as finite; a `precision.Tensor` is judged by
-    its logical values. An empty tree is finite. Jit-safe.
+    Integer and bool leaves count as finite; Python floats and complex
+    numbers are checked like arrays; a `precision.Tensor` is judged by its
+    logical values. An empty tree is finite. Jit-safe.
+
+    Raises:
+        LossScaleTypeError: a leaf is not a number (text, an arbitrary object):
+            it could hide a NaN from the check.
 
     Examples:
         >>> bool(all_finite({"a": jnp.ones(3), "b": jnp.int32(7)}))
@@ -381,12 +438,14 @@ def all_finite(tree: Any) -> jax.Array:
         False
     """
     flags = []
-    for leaf in jax.tree_util.tree_leaves(tree, is_leaf=_is_reduced_tensor):
+    leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=_is_reduced_tensor)
+    for path, leaf in leaves:
         if _is_reduced_tensor(leaf):
             from ._tensor import logical_values
 
             leaf = logical_values(leaf)
-        if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact):
+        leaf = _numeric_leaf(path, leaf, "check")
+        if jnp.issubdtype(leaf.dtype, jnp.inexact):
             flags.append(jnp.all(jnp.isfinite(leaf)))
     if not flags:
         return jnp.asarray(True)
@@ -405,10 +464,10 @@ def select_tree(pred: Any, on_true: Any, on_false: Any) -> Any:
     old)` would pick `new`, the very update a NaN should have skipped.
 
     Raises:
-        LossScaleError: (a `ValueError`) the trees differ in structure, or
-            `pred` is not a scalar.
-        LossScaleTypeError: (a `TypeError`) `pred` is a float, or a pair of
-            leaves differ in dtype.
+        LossScaleError: (a `ValueError`) the trees differ in structure or in
+            a leaf's shape, or `pred` is not a scalar.
+        LossScaleTypeError: (a `TypeError`) `pred` is a float, a pair of
+            leaves differ in dtype, or a leaf is not a number.
 
     Examples:
         >>> new = select_tree(jnp.bool_(False), {"w": jnp.ones(2)}, {"w": jnp.zeros(2)})
@@ -425,7 +484,14 @@ def select_tree(pred: Any, on_true: Any, on_false: Any) -> Any:
         )
 
     def one(path: Any, a: Any, b: Any) -> jax.Array:
-        a, b = jnp.asarray(a), jnp.asarray(b)
+        a = jnp.asarray(_numeric_leaf(path, a, "select"))
+        b = jnp.asarray(_numeric_leaf(path, b, "select"))
+        if a.shape != b.shape:
+            raise LossScaleError(
+                f"select_tree: leaf {jax.tree_util.keystr(path) or '<root>'} has shape "
+                f"{a.shape} in one tree and {b.shape} in the other; pass the new and the old "
+                "version of the same tree (broadcasting would change the leaf's shape)"
+            )
         if a.dtype != b.dtype:
             raise LossScaleTypeError(
                 f"select_tree: leaf {jax.tree_util.keystr(path) or '<root>'} is {a.dtype} in "
