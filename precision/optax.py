@@ -21,14 +21,17 @@ Requires `optax` (`pip install 'precision[models]'`).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 import dtypes
+from dtypes import PrecisionTypeError
 
 from ._context import resolve_format
+from ._errors import SelectionError
 from ._tensor import Tensor, logical_values
 from ._tree import is_tensor
 
@@ -45,6 +48,42 @@ class ReducedState(NamedTuple):
 
 def _leaf_name(path: tuple[Any, ...]) -> str:
     return jax.tree_util.keystr(path)
+
+
+def _check_arguments(inner: Any, patterns: Any, scaling: Any) -> None:
+    """Refuse arguments of the wrong kind now, not at the first init or update."""
+    if not (callable(getattr(inner, "init", None)) and callable(getattr(inner, "update", None))):
+        raise PrecisionTypeError(
+            f"reduced_state wraps an optax.GradientTransformation, got {type(inner).__name__} "
+            f"{inner!r:.80}; pass e.g. reduced_state(optax.adam(1e-3))"
+        )
+    if patterns is not None and not isinstance(patterns, Mapping):
+        raise PrecisionTypeError(
+            f"reduced_state: patterns must be a dict of {{regex: format}}, got "
+            f"{type(patterns).__name__} {patterns!r:.80}; pass e.g. "
+            "patterns={r'\\.ema\\b': 'int8'}"
+        )
+    for key in patterns or {}:
+        if not isinstance(key, str):
+            raise PrecisionTypeError(
+                f"reduced_state: each key of patterns is a regular expression (a str), got "
+                f"{type(key).__name__} {key!r:.80}; pass e.g. patterns={{r'\\.ema\\b': 'int8'}}"
+            )
+    if scaling is not None and not isinstance(scaling, dtypes.Scaling):
+        raise PrecisionTypeError(
+            f"reduced_state: scaling must be a dtypes.Scaling or None, got "
+            f"{type(scaling).__name__} {scaling!r:.80}; pass e.g. scaling=dtypes.PerBlock(64)"
+        )
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as err:
+        raise SelectionError(
+            f"reduced_state: patterns key {pattern!r} is not a valid regular expression ({err}); "
+            "escape special characters, e.g. re.escape('.ema')"
+        ) from None
 
 
 def reduced_state(
@@ -72,6 +111,13 @@ def reduced_state(
     Returns:
         An `optax.GradientTransformation` whose state is a `ReducedState`.
 
+    Raises:
+        PrecisionTypeError: `inner` is not a transformation, `patterns` not a
+            dict of strings, `scaling` not a `dtypes.Scaling`, or (at
+            `update`) a state that is not this transformation's `ReducedState`.
+        SelectionError: a `patterns` key is not a valid regular expression.
+        FormatError: an unknown format name.
+
     Examples:
         >>> import jax.numpy as jnp
         >>> import optax
@@ -86,6 +132,7 @@ def reduced_state(
     """
     import optax
 
+    _check_arguments(inner, patterns, scaling)
     rules: list[tuple[re.Pattern[str], dtypes.Format, bool]] = []
     for pattern, fmt, is_nu in (
         (r"\.nu\b", nu, True),
@@ -93,7 +140,7 @@ def reduced_state(
         *((p, f, False) for p, f in (patterns or {}).items()),
     ):
         if fmt is not None:
-            rules.append((re.compile(pattern), resolve_format(fmt), is_nu))
+            rules.append((_compile(pattern), resolve_format(fmt), is_nu))
 
     def rule_of(path: Any) -> tuple[dtypes.Format, bool] | None:
         name = _leaf_name(path)
@@ -107,10 +154,11 @@ def reduced_state(
             return None
         chosen = scaling or _DEFAULT_INT_SCALING
         if isinstance(chosen, dtypes.PerBlock) and (
-            leaf.ndim == 0 or leaf.shape[chosen.axis] < chosen.size
+            leaf.ndim == 0
+            or (-leaf.ndim <= chosen.axis < leaf.ndim and leaf.shape[chosen.axis] < chosen.size)
         ):
             return dtypes.PerTensor()
-        return chosen
+        return chosen  # an axis the leaf lacks: encoding says so, naming the leaf
 
     def encode(state: Any) -> Any:
         def one(path: Any, leaf: Any) -> Any:
@@ -143,6 +191,12 @@ def reduced_state(
     def update_fn(
         updates: Any, state: ReducedState, params: Any = None, **extra: Any
     ) -> tuple[Any, ReducedState]:
+        if not isinstance(state, ReducedState):
+            raise PrecisionTypeError(
+                f"reduced_state: update needs the state this transformation's init returned (a "
+                f"precision.optax.ReducedState), got {type(state).__name__} {state!r:.80}; pass "
+                "state = tx.init(params) of this same tx, not the wrapped optimizer's own state"
+            )
         new_updates, new_inner = inner.update(updates, decode(state.inner), params, **extra)
         return new_updates, ReducedState(encode(new_inner))
 
