@@ -9,10 +9,12 @@ accurate). A policy names those three formats and casts whole pytrees.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import dtypes
 from dtypes import PrecisionTypeError
@@ -105,17 +107,24 @@ class Policy:
 
     def __post_init__(self) -> None:
         ops = self.float32_ops
-        if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
+        names = (
+            tuple(ops)  # once: a generator checked and then stored would be stored empty
+            if isinstance(ops, Iterable) and not isinstance(ops, str | bytes | Mapping)
+            else None
+        )
+        if names is None or not all(isinstance(o, str) for o in names):
             raise PrecisionTypeError(
                 f"Policy: float32_ops must be a collection of primitive names such as "
-                f'{{"exp", "reduce_sum"}}, got {ops!r}'
+                f'{{"exp", "reduce_sum"}}, got {type(ops).__name__} {ops!r:.80}; pass e.g. '
+                'float32_ops={"exp", "log"}, or () to compute every op in the compute format'
             )
-        object.__setattr__(self, "float32_ops", frozenset(ops))
-        params = resolve_format(self.params)
+        object.__setattr__(self, "float32_ops", frozenset(names))
+        params = _policy_format(self.params, "params")
         object.__setattr__(self, "params", params)
         for name in ("compute", "output"):
             value = getattr(self, name)
-            object.__setattr__(self, name, params if value is None else resolve_format(value))
+            fmt = params if value is None else _policy_format(value, name)
+            object.__setattr__(self, name, fmt)
 
     def cast_to_param(self, tree: Any) -> Any:
         """`tree`'s floating leaves in the params format."""
@@ -133,7 +142,7 @@ class Policy:
 
     def with_output(self, output: str | dtypes.Format) -> Policy:
         """A copy with another output format."""
-        return dataclasses.replace(self, output=resolve_format(output))
+        return dataclasses.replace(self, output=_policy_format(output, "output"))
 
     def __str__(self) -> str:
         assert self.compute is not None  # set by __post_init__
@@ -219,11 +228,28 @@ class Policy:
         return cls(**fields)
 
 
+def _policy_format(fmt: Any, field: str) -> dtypes.Format:
+    """A format that can hold a policy field's values (not a scale-only format)."""
+    resolved = resolve_format(fmt)
+    if resolved.kind == "scale":
+        raise FormatError(
+            f"Policy: {field}={resolved.name!r} is a scale format (it holds only the positive "
+            f"powers of two that scale other encodings), not a format values can be kept in; "
+            f"pass e.g. {field}='bfloat16', or use it as a scaling's scale_format"
+        )
+    return resolved
+
+
 def _cast(tree: Any, fmt: dtypes.Format) -> Any:
     """Floating leaves as plain arrays of a full-precision format, or as Tensors in `fmt`."""
     if not fmt.is_full_precision:
         return to_reduced_precision(tree, fmt)
     dtype = fmt.container
+    if np.dtype(dtype) == np.float64 and not jax.config.read("jax_enable_x64"):
+        raise PrecisionTypeError(
+            "Policy: casting to float64 needs 64-bit JAX (it would give float32 arrays with a "
+            "warning); set jax.config.update('jax_enable_x64', True) first, or use float32"
+        )
     tree = to_full_precision(tree)
 
     def one(x: Any) -> Any:

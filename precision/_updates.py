@@ -10,6 +10,7 @@ expectation*, and the sum of many small updates is kept.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dtypes
+from dtypes import RoundingError
 
 from ._errors import UpdateError
 from ._tensor import Tensor, logical_values
@@ -49,6 +51,7 @@ def apply_updates(
       jax array) is rounded the same way and kept in its dtype.
     - A float32/float64 array or full-precision Tensor is added to exactly
       as in any optimizer library.
+    - A Python float parameter becomes a JAX scalar array of the sum.
     - A `None` update or a non-floating parameter leaves the leaf unchanged.
 
     `updates` has the structure of `params` (what any Optax optimizer's
@@ -66,10 +69,10 @@ def apply_updates(
         The new parameter tree.
 
     Raises:
-        ValueError: unknown rounding mode, missing key, or trees whose
-            structures do not match.
+        ValueError: unknown rounding mode, missing key or a batch of keys
+            (`RoundingError`), or trees whose structures do not match.
         UpdateError: an update whose shape differs from its parameter's, or
-            that is not real floating (a `ValueError`).
+            that is not real floating or not an array at all (a `ValueError`).
 
     Examples:
         >>> import jax
@@ -84,6 +87,11 @@ def apply_updates(
         True
     """
     dtypes.check_rounding(rounding, key)
+    if key is not None and rounding == "stochastic" and _key_count(key) != 1:
+        raise RoundingError(
+            f"apply_updates needs one random key, got a batch of shape {tuple(key.shape)}; pass "
+            "a single key such as jax.random.key(0) (it is split per leaf), e.g. key=keys[0]"
+        )
     flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_tensor)
     try:
         ups = treedef.flatten_up_to(updates)  # type: ignore[attr-defined]  # no jaxlib stub
@@ -101,13 +109,22 @@ def apply_updates(
     )
     out = []
     for i, ((path, p), u) in enumerate(zip(flat, ups, strict=True)):
+        if isinstance(p, float) and u is not None:  # a Python float: a float32 (or 64) scalar
+            p = jnp.asarray(p)
         if u is None or not _is_float_leaf(p):
             out.append(p)
             continue
+        where = jax.tree_util.keystr(path) or "<root>"
         if isinstance(u, Tensor):
             u = logical_values(u)
-        u = jnp.asarray(u)
-        where = jax.tree_util.keystr(path) or "<root>"
+        try:
+            u = jnp.asarray(u)
+        except (TypeError, ValueError):  # text, objects, a subtree where a leaf belongs
+            raise UpdateError(
+                f"{where}: an update that is {type(u).__name__} {u!r:.60}, not an array, for a "
+                "floating parameter; pass real floating updates (what the optimizer's update "
+                "returns)"
+            ) from None
         if tuple(u.shape) != tuple(p.shape):
             raise UpdateError(
                 f"{where}: an update of shape {tuple(u.shape)} for a parameter of shape "
@@ -125,6 +142,14 @@ def apply_updates(
         except (TypeError, ValueError) as err:
             raise type(err)(f"{where}: {err}") from err
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _key_count(key: Any) -> int:
+    """How many keys `key` holds: typed keys by their shape, raw uint32 data by its rows."""
+    shape = tuple(key.shape)
+    if str(key.dtype).startswith("key<"):
+        return math.prod(shape)
+    return math.prod(shape[:-1])
 
 
 def _is_float_leaf(p: Any) -> bool:
