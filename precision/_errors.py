@@ -91,6 +91,12 @@ class ToleranceError(PrecisionError, ValueError):
     (NaN, negative, zero where a step is needed): it would pass every comparison."""
 
 
+class KitError(PrecisionError, ValueError):
+    """A testing-kit (`precision.testing`) argument that describes no data or no check: strategy
+    bounds that hold no value, an unknown kind, no format in a bit range, a
+    negative count, arrays whose shapes do not broadcast."""
+
+
 class PrecisionFallbackWarning(UserWarning):
     """A declared quantized contraction that cannot take its narrow path and runs in
     float32 instead (MX blocks, formats without a container XLA contracts). Warned

@@ -13,7 +13,7 @@ import numpy as np
 import dtypes
 from dtypes import FloatFormat, Format, IntFormat, PrecisionTypeError
 
-from .._errors import ToleranceError
+from .._errors import KitError, ToleranceError
 from ._grid import max_code, ordinals
 
 __all__ = ["assert_representable", "assert_ulp_close", "ulp_distance"]
@@ -21,12 +21,28 @@ __all__ = ["assert_representable", "assert_ulp_close", "ulp_distance"]
 
 def _as_float_array(x: Any, name: str) -> np.ndarray:
     """`x` (numpy, jax, Tensor, scalar) as a float32 or float64 numpy array."""
-    arr = np.asarray(x)
+    try:
+        arr = np.asarray(x)
+    except (TypeError, ValueError):  # ragged lists and the like
+        arr = np.asarray(None)
     if arr.dtype.kind not in "fiub":
-        raise TypeError(f"`{name}` must hold real numbers, got dtype {arr.dtype}")
+        raise PrecisionTypeError(
+            f"`{name}` must hold real numbers, got {type(x).__name__} {x!r:.60} (dtype "
+            f"{arr.dtype}); pass a float or int array"
+        )
     if arr.dtype in (np.float32, np.float64):
         return arr
     return arr.astype(np.float32)  # narrower floats and ints widen exactly enough
+
+
+def _broadcast(a: np.ndarray, b: np.ndarray, a_name: str, b_name: str) -> list[np.ndarray]:
+    try:
+        return list(np.broadcast_arrays(a, b))
+    except ValueError:
+        raise KitError(
+            f"`{a_name}` and `{b_name}` must have broadcastable shapes, got {a.shape} and "
+            f"{b.shape}; compare arrays of one shape"
+        ) from None
 
 
 def _format(fmt: Any) -> Format:
@@ -60,11 +76,14 @@ def _check_scale(scale: Any) -> None:
 def _check_tolerance(max_ulps: Any) -> None:
     """`max_ulps` is a non-negative real number (NaN would pass every comparison)."""
     if isinstance(max_ulps, bool) or not isinstance(max_ulps, int | float | np.number):
-        raise ToleranceError(f"max_ulps must be a number of steps, got {max_ulps!r}")
-    if not max_ulps >= 0:  # also NaN
         raise ToleranceError(
-            f"max_ulps must be a non-negative number of steps (NaN would pass anything), "
-            f"got {max_ulps!r}"
+            f"max_ulps must be a number of steps, got {type(max_ulps).__name__} {max_ulps!r:.60}; "
+            "pass e.g. max_ulps=1"
+        )
+    if not 0 <= max_ulps < np.inf:  # also NaN
+        raise ToleranceError(
+            f"max_ulps must be a finite non-negative number of steps (NaN or inf would pass "
+            f"anything, even NaN against a number), got {max_ulps!r}; pass e.g. max_ulps=1"
         )
 
 
@@ -110,11 +129,12 @@ def ulp_distance(a: Any, b: Any, fmt: Format | str, *, scale: Any = None) -> np.
     fmt = _format(fmt)
     a_arr = _as_float_array(a, "a").astype(np.float64)
     b_arr = _as_float_array(b, "b").astype(np.float64)
-    a_arr, b_arr = np.broadcast_arrays(a_arr, b_arr)
+    a_arr, b_arr = _broadcast(a_arr, b_arr, "a", "b")
     if isinstance(fmt, IntFormat) and scale is None:
         scale = _default_scale(fmt, b_arr)
     elif scale is not None:
         _check_scale(scale)
+        _broadcast(a_arr, np.asarray(scale, np.float64), "values", "scale")
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         if scale is not None:
             s = np.asarray(scale, np.float64)
@@ -218,6 +238,11 @@ def assert_ulp_close(
           expected = 1.015625 (float64 bits 0x3FF0400000000000, bfloat16 bits 0x3F82)
     """
     fmt = _format(fmt)
+    if not isinstance(err_msg, str):
+        raise PrecisionTypeError(
+            f"assert_ulp_close: err_msg must be a str, got {type(err_msg).__name__} "
+            f"{err_msg!r:.60}; pass e.g. err_msg=f'step {{i}}'"
+        )
     act = _as_float_array(actual, "actual")
     exp = _as_float_array(expected, "expected")
     _check_tolerance(max_ulps)
@@ -277,6 +302,16 @@ def assert_representable(
           round them onto the grid first: dtypes.get('bfloat16').round(x)
     """
     fmt = _format(fmt)
+    if isinstance(limit, bool | np.bool_) or not isinstance(limit, int | np.integer):
+        raise PrecisionTypeError(
+            f"assert_representable: limit must be an int, got {type(limit).__name__} "
+            f"{limit!r:.60}; pass e.g. limit=5"
+        )
+    if limit < 0:
+        raise KitError(
+            f"assert_representable: limit is how many values to list, got {limit}; pass e.g. "
+            "limit=5 (or 0 to list none)"
+        )
     arr = _as_float_array(x, "x")
     rounded = np.asarray(fmt.round(arr, scaling=scaling), arr.dtype)
     uint = np.uint32 if arr.dtype == np.float32 else np.uint64

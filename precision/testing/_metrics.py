@@ -15,7 +15,7 @@ import numpy as np
 import dtypes
 from dtypes import Format
 
-from ._assertions import _as_float_array, ulp_distance
+from ._assertions import _as_float_array, _broadcast, ulp_distance
 
 __all__ = ["ErrorReport", "error_report", "relative_error", "sqnr_db"]
 
@@ -23,12 +23,8 @@ __all__ = ["ErrorReport", "error_report", "relative_error", "sqnr_db"]
 def _pair(ref: Any, approx: Any) -> tuple[np.ndarray, np.ndarray]:
     r = _as_float_array(ref, "ref").astype(np.float64)
     a = _as_float_array(approx, "approx").astype(np.float64)
-    try:
-        return tuple(np.broadcast_arrays(r, a))  # type: ignore[return-value]
-    except ValueError:
-        raise ValueError(
-            f"`ref` and `approx` must have broadcastable shapes, got {r.shape} and {a.shape}"
-        ) from None
+    r, a = _broadcast(r, a, "ref", "approx")
+    return r, a
 
 
 def _log10_sum_squares(x: np.ndarray) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -10,14 +11,23 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import dtypes
-from dtypes import FloatFormat, Format, IntFormat, Scaling
+from dtypes import FloatFormat, Format, IntFormat, Scaling, ShapeError
 
 if TYPE_CHECKING:
     from precision import Tensor
 
+from ..._errors import KitError
 from ._constants import _INT_SCALE_EXPONENTS, Shape
 from ._formats import formats
-from ._values import _Bounds, _check_format, _float_format, _float_values, _int_values, _on_grid
+from ._values import (
+    _Bounds,
+    _check_flags,
+    _check_format,
+    _float_format,
+    _float_values,
+    _int_values,
+    _on_grid,
+)
 
 # -- arrays and tensors -------------------------------------------------------
 
@@ -29,9 +39,16 @@ def _shapes(
         return hnp.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=8)
     if isinstance(shape, st.SearchStrategy):
         return shape
-    if isinstance(shape, int):
-        return st.just((shape,))
-    return st.just(tuple(int(n) for n in shape))
+    sides = (shape,) if isinstance(shape, numbers.Integral) else shape
+    if not isinstance(sides, tuple | list) or not all(
+        isinstance(n, numbers.Integral) and not isinstance(n, bool | np.bool_) and n >= 0
+        for n in sides
+    ):
+        raise ShapeError(
+            f"arrays(): shape must be an int, a tuple of non-negative ints or a strategy of "
+            f"tuples, got {type(shape).__name__} {shape!r:.60}; pass e.g. shape=(3, 5)"
+        )
+    return st.just(tuple(int(n) for n in sides))
 
 
 def _fill(elements: st.SearchStrategy[Any], shape: tuple[int, ...]) -> st.SearchStrategy:
@@ -106,7 +123,7 @@ def _int_choices(fmt: IntFormat, bounds: _Bounds) -> list[tuple[int, list[int], 
         if signs:
             out.append((k, signs, allowed))
     if not out:
-        raise ValueError(
+        raise KitError(
             f"no array of {fmt.name} codes round-trips inside [{bounds.lo}, {bounds.hi}]: its "
             f"absmax ±{q}·2**k must lie inside; widen the bounds"
         )
@@ -155,6 +172,13 @@ def arrays(
         >>> test_round_trip()
     """
     fmt = _check_format(fmt, "arrays()")
+    _check_flags(
+        "arrays()",
+        representable=representable,
+        allow_nan=allow_nan,
+        allow_infinity=allow_infinity,
+        allow_subnormal=allow_subnormal,
+    )
     bounds = _Bounds(min_value, max_value)
     flags = (allow_nan, allow_infinity, allow_subnormal, bounds)
     # refuse impossible bounds now, not at the first draw

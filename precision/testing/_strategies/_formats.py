@@ -8,13 +8,24 @@ from typing import TYPE_CHECKING, Any
 from hypothesis import strategies as st
 
 import dtypes
-from dtypes import FloatFormat, Format, IntFormat, PerAxis, PerBlock, PerTensor, Scaling
+from dtypes import (
+    FloatFormat,
+    Format,
+    IntFormat,
+    PerAxis,
+    PerBlock,
+    PerTensor,
+    PrecisionTypeError,
+    Scaling,
+)
 
 if TYPE_CHECKING:
     import jax
 
 
-from ._constants import _KINDS
+from ..._errors import KitError
+from ._constants import _KINDS, _check_count, _check_flag
+from ._values import _check_format
 
 # -- formats, roundings, scalings, keys ---------------------------------------
 
@@ -49,7 +60,9 @@ def formats(
         A strategy of `dtypes.Format`s.
 
     Raises:
-        ValueError: an unknown kind, or no format fits the bounds.
+        KitError: (a ValueError) an unknown kind, or no format fits the
+            bounds.
+        PrecisionTypeError: (a TypeError) kinds, bits or flags of the wrong type.
 
     Examples:
         >>> from hypothesis import given, settings
@@ -63,10 +76,22 @@ def formats(
         >>> seen <= {"int8", "int4", "int2", "int1"}
         True
     """
+    if not isinstance(kinds, str | Sequence):
+        raise PrecisionTypeError(
+            f"formats(): kinds must be 'float', 'int' or a sequence of them, got "
+            f"{type(kinds).__name__} {kinds!r:.60}; pass e.g. kinds='float'"
+        )
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
     unknown = [k for k in kinds if k not in _KINDS]
     if unknown or not kinds:
-        raise ValueError(f"formats(kinds={kinds!r}): each kind must be 'float' or 'int'")
+        raise KitError(
+            f"formats(kinds={kinds!r}): each kind must be 'float' or 'int'; pass e.g. "
+            "kinds=('float', 'int')"
+        )
+    _check_count(min_bits, "min_bits", "formats()")
+    _check_count(max_bits, "max_bits", "formats()")
+    _check_flag(include_custom, "include_custom", "formats()")
+    _check_flag(include_named, "include_named", "formats()")
     import jax
 
     x64 = jax.config.read("jax_enable_x64")
@@ -85,7 +110,7 @@ def formats(
         branches.append(_custom_float_formats(min_bits, max_bits))
     if not branches:
         known = ", ".join(f"{f.name} ({f.bits})" for f in dtypes.FORMATS.values())
-        raise ValueError(
+        raise KitError(
             f"no format has kind in {kinds} and {min_bits} <= bits <= {max_bits}; "
             f"the registry holds {known}, or pass include_custom=True"
         )
@@ -128,6 +153,7 @@ def roundings(deterministic_only: bool = False) -> st.SearchStrategy[str]:
         ...     assert float(dtypes.float16.round(np.float32(0.5), rounding=mode)) == 0.5
         >>> test_grid_values_are_kept()
     """
+    _check_flag(deterministic_only, "deterministic_only", "roundings()")
     modes = [r for r in dtypes.ROUNDING_MODES if not (deterministic_only and r == "stochastic")]
     return st.sampled_from(modes)
 
@@ -185,6 +211,24 @@ def scalings(
         ...     assert scaling is not None and len(scaling.scale_shape((3, 64))) == 2
         >>> test_fits()
     """
+    if fmt is not None:
+        fmt = _check_format(fmt, "scalings()")
+    _check_count(ndim, "ndim", "scalings()")
+    if isinstance(block_sizes, str | bytes) or not isinstance(block_sizes, Sequence):
+        raise PrecisionTypeError(
+            f"scalings(): block_sizes must be a sequence of ints, got "
+            f"{type(block_sizes).__name__} {block_sizes!r:.60}; pass e.g. block_sizes=(32, 16)"
+        )
+    if not block_sizes:
+        raise KitError("scalings(): block_sizes is empty; pass e.g. block_sizes=(32, 16)")
+    for size in block_sizes:
+        _check_count(size, "each of block_sizes", "scalings()", least=1)
+    if isinstance(scale_formats, str | bytes) or not isinstance(scale_formats, Sequence):
+        raise PrecisionTypeError(
+            f"scalings(): scale_formats must be a sequence of names, got "
+            f"{type(scale_formats).__name__} {scale_formats!r:.60}; pass e.g. "
+            "scale_formats=('float32',)"
+        )
     # int1's scale is a mean, which has no power-of-two variant.
     binary = isinstance(fmt, IntFormat) and fmt.binary
     pairs = _scale_pairs(fmt, binary, scale_formats)
@@ -210,7 +254,7 @@ def _scale_pairs(
     """(power_of_two, scale_format) pairs valid for `fmt`, simplest first."""
     unknown = [f for f in scale_formats if f not in dtypes.SCALE_FORMATS]
     if unknown or not scale_formats:
-        raise ValueError(
+        raise KitError(
             f"scalings(scale_formats={tuple(scale_formats)!r}): each must be one of "
             f"{', '.join(dtypes.SCALE_FORMATS)}"
         )
@@ -225,7 +269,7 @@ def _scale_pairs(
                 continue
             pairs.append((p, name))
     if not pairs:
-        raise ValueError(
+        raise KitError(
             f"no scale format in {tuple(scale_formats)!r} can scale {getattr(fmt, 'name', fmt)}"
         )
     return st.sampled_from(pairs)

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from hypothesis import strategies as st
 
 import dtypes
-from dtypes import FloatFormat, Format, IntFormat
+from dtypes import FloatFormat, Format, IntFormat, PrecisionTypeError
 
 from .._grid import data_grid, decode_magnitude, max_code, ordinals
 
 if TYPE_CHECKING:
     pass
 
-from ._constants import _INT_SCALE_EXPONENTS
+from ..._errors import KitError
+from ._constants import _INT_SCALE_EXPONENTS, _check_flag
 
 # -- scalar values ------------------------------------------------------------
 
@@ -36,11 +38,19 @@ class _Bounds:
     """The closed interval [lo, hi] a strategy's values must lie in."""
 
     def __init__(self, min_value: float | None, max_value: float | None):
-        self.lo = -math.inf if min_value is None else float(min_value)
-        self.hi = math.inf if max_value is None else float(max_value)
+        self.lo = -math.inf if min_value is None else _bound(min_value, "min_value")
+        self.hi = math.inf if max_value is None else _bound(max_value, "max_value")
         self.given = min_value is not None or max_value is not None
         if math.isnan(self.lo) or math.isnan(self.hi) or self.lo > self.hi:
-            raise ValueError(f"min_value={min_value!r} and max_value={max_value!r} bound no value")
+            raise KitError(
+                f"min_value={min_value!r} and max_value={max_value!r} bound no value; pass "
+                "finite bounds with min_value <= max_value, or None for no bound"
+            )
+        if self.lo == math.inf or self.hi == -math.inf:
+            raise KitError(
+                f"min_value={min_value!r} and max_value={max_value!r} bound only an infinity; "
+                "leave the bound out and keep allow_infinity=True to draw infinities"
+            )
 
     def __contains__(self, v: float) -> bool:
         return math.isnan(v) or self.lo <= v <= self.hi
@@ -58,6 +68,16 @@ class _Bounds:
         if float(b32) > b:
             b32 = np.nextafter(b32, np.float32(-np.inf))
         return (float(a32), float(b32)) if a32 <= b32 else None
+
+
+def _bound(value: Any, name: str) -> float:
+    """A bound as a float: a real number (bools, text and arrays are refused)."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        raise PrecisionTypeError(
+            f"{name} must be a real number or None, got {type(value).__name__} {value!r:.60}; "
+            f"pass e.g. {name}=0.0"
+        )
+    return float(value)
 
 
 _NO_BOUNDS = _Bounds(None, None)
@@ -184,7 +204,7 @@ def _float_values(
     m, top = g.mantissa_bits, max_code(g)
     first = 0 if allow_subnormal else 1 << m
     if not (allow_subnormal or 0.0 in bounds or max(-bounds.lo, bounds.hi) >= g.min_normal):
-        raise ValueError(
+        raise KitError(
             f"[{bounds.lo}, {bounds.hi}] holds only subnormal values of {fmt.name} (its smallest "
             f"normal is {g.min_normal}), and allow_subnormal=False leaves those out"
         )
@@ -229,7 +249,9 @@ def _float_values(
                 width=32,
                 allow_nan=allow_nan and not bounds.given,
                 allow_infinity=allow_infinity and math.inf in map(abs, _bounds_or_inf(anywhere)),
-                allow_subnormal=allow_subnormal,
+                # None: hypothesis decides from the bounds (True would be refused by
+                # bounds that leave float32's subnormals out, e.g. min_value=2.5)
+                allow_subnormal=None if allow_subnormal else False,
             ).map(flush)
         )
     branches.append(st.sampled_from(nonfinite) if nonfinite else None)  # last: shrinks away
@@ -312,10 +334,16 @@ def _check_format(fmt: Any, where: str) -> Format:
     if isinstance(fmt, str):
         return dtypes.get(fmt)
     if not isinstance(fmt, Format):
-        raise TypeError(
-            f"{where} needs a dtypes.Format or a format name such as 'bfloat16', got {fmt!r}"
+        raise PrecisionTypeError(
+            f"{where} needs a dtypes.Format or a format name such as 'bfloat16', got "
+            f"{type(fmt).__name__} {fmt!r:.60}"
         )
     return fmt
+
+
+def _check_flags(where: str, **flags: Any) -> None:
+    for name, value in flags.items():
+        _check_flag(value, name, where)
 
 
 def values(
@@ -362,7 +390,9 @@ def values(
         A strategy of `numpy.float32` scalars.
 
     Raises:
-        ValueError: the bounds hold no value.
+        KitError: (a ValueError) the bounds hold no value.
+        PrecisionTypeError: (a TypeError) a bound that is not a real number, or
+            a flag that is not True or False.
 
     Examples:
         >>> import numpy as np
@@ -376,6 +406,12 @@ def values(
         >>> test_rounding_twice_changes_nothing()
     """
     fmt = _check_format(fmt, "values()")
+    _check_flags(
+        "values()",
+        allow_nan=allow_nan,
+        allow_infinity=allow_infinity,
+        allow_subnormal=allow_subnormal,
+    )
     return _values(fmt, allow_nan, allow_infinity, allow_subnormal, _Bounds(min_value, max_value))
 
 
@@ -413,6 +449,7 @@ def representable(fmt: Format | str, *, allow_subnormal: bool = True) -> st.Sear
         >>> test_on_grid()
     """
     fmt = _check_format(fmt, "representable()")
+    _check_flags("representable()", allow_subnormal=allow_subnormal)
     if isinstance(fmt, IntFormat):
         lo, hi = _INT_SCALE_EXPONENTS
         anchor = st.tuples(st.integers(lo, hi), st.booleans()).map(
@@ -430,7 +467,7 @@ def _on_grid(
     codes = _coded(g, 0 if allow_subnormal else 1 << g.mantissa_bits, max_code(g), bounds)
     zero = not allow_subnormal and 0.0 in bounds
     if codes is None and not zero:
-        raise ValueError(
+        raise KitError(
             f"no value of {fmt.name}'s grid lies in [{bounds.lo}, {bounds.hi}]; widen the bounds"
         )
     # without subnormals: zero, then the normal codes
