@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -26,11 +27,13 @@ import dtypes
 import precision
 from precision import CheckpointError, DynamicLossScale, StaticLossScale, select_tree
 from precision._errors import (
+    KitError,
     LossScaleError,
     LossScaleTypeError,
     SaveError,
     SaveTypeError,
     SelectionWarning,
+    ToleranceError,
 )
 from precision.testing._plugin import MarkerError, selected_formats
 
@@ -58,6 +61,33 @@ def _hand_built(**change: Any) -> dtypes.Encoded:
     enc = dtypes.int8.encode(np.array([1.0, -2.0], np.float32))
     parts = {"data": enc.data, "scale": enc.scale, **change}
     return dtypes.Encoded(parts["data"], parts["scale"], enc.format, enc.scaling)
+
+
+def _adam() -> Any:
+    import optax
+
+    return optax.adam(1e-2)
+
+
+def _reduced_state(*args: Any, **kwargs: Any) -> Any:
+    from precision.optax import reduced_state
+
+    return reduced_state(*args, **kwargs)
+
+
+def _draw(strategy: Any) -> Any:
+    """One example of a hypothesis strategy (argument checks may wait for the first draw)."""
+    from hypothesis import HealthCheck, given, settings
+
+    drawn = []
+
+    @settings(max_examples=1, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def draw(x: Any) -> None:
+        drawn.append(x)
+
+    draw()
+    return drawn[0]
 
 
 # (call, exception class, substrings the message must contain)
@@ -274,6 +304,290 @@ WRONG_CALLS = [
         ["Tensor", "to_full_precision()"],
         id="scale-a-tensor-leaf",
     ),
+    # -- loss scales, Optax, policies, updates and the testing kit: plain builtins or
+    #    silent wrong results before ---------------------------------------------------
+    pytest.param(
+        lambda tmp: StaticLossScale(1e300),
+        LossScaleError,
+        ["1e+300", "inf in float32", "2.0**15"],
+        id="static-scale-past-float32",
+    ),
+    pytest.param(
+        lambda tmp: StaticLossScale(True), LossScaleTypeError, ["True", "2.0**15"], id="scale-bool"
+    ),
+    pytest.param(
+        lambda tmp: DynamicLossScale(2.0, period=2**40).adjust(True),
+        LossScaleError,
+        ["1099511627776", "period=2000"],
+        id="dynamic-period-past-int32",
+    ),
+    pytest.param(
+        lambda tmp: DynamicLossScale(2.0, min_loss_scale=1e300),
+        LossScaleError,
+        ["1e+300", "min_loss_scale=1.0"],
+        id="dynamic-min-past-float32",
+    ),
+    pytest.param(
+        lambda tmp: DynamicLossScale(2.0, min_loss_scale=1e-50),
+        LossScaleError,
+        ["1e-50", "min_loss_scale=1.0"],
+        id="dynamic-min-rounds-to-zero",
+    ),
+    pytest.param(
+        lambda tmp: DynamicLossScale(2.0, factor=1e300),
+        LossScaleError,
+        ["1e+300", "factor=2"],
+        id="dynamic-factor-past-float32",
+    ),
+    pytest.param(
+        lambda tmp: StaticLossScale(2.0).adjust(NAN),
+        LossScaleTypeError,
+        ["nan", "all_finite(grads)"],
+        id="static-adjust-float-flag",
+    ),
+    pytest.param(
+        lambda tmp: precision.NoOpLossScale().adjust(jnp.array([True, False])),
+        LossScaleError,
+        ["(2,)", "all_finite(grads)"],
+        id="noop-adjust-vector-flag",
+    ),
+    pytest.param(
+        lambda tmp: StaticLossScale(2.0).scale({"loss": "abc"}),
+        LossScaleTypeError,
+        ["['loss']", "'abc'", "drop non-numeric leaves"],
+        id="scale-text-leaf",
+    ),
+    pytest.param(
+        lambda tmp: precision.all_finite({"a": object()}),
+        LossScaleTypeError,
+        ["['a']", "object", "not a number"],
+        id="all-finite-object-leaf",
+    ),
+    pytest.param(
+        lambda tmp: select_tree(True, {"a": "x"}, {"a": "y"}),
+        LossScaleTypeError,
+        ["['a']", "'x'", "not a number"],
+        id="select-tree-text-leaves",
+    ),
+    pytest.param(
+        lambda tmp: select_tree(True, {"a": jnp.ones(1)}, {"a": jnp.ones(3)}),
+        LossScaleError,
+        ["['a']", "(1,)", "(3,)", "same tree"],
+        id="select-tree-shapes",
+    ),
+    pytest.param(
+        lambda tmp: _reduced_state("abc"),
+        dtypes.PrecisionTypeError,
+        ["str 'abc'", "reduced_state(optax.adam(1e-3))"],
+        id="reduced-state-not-a-transformation",
+    ),
+    pytest.param(
+        lambda tmp: _reduced_state(_adam(), patterns="mu"),
+        dtypes.PrecisionTypeError,
+        ["str 'mu'", "patterns={"],
+        id="reduced-state-patterns-str",
+    ),
+    pytest.param(
+        lambda tmp: _reduced_state(_adam(), patterns={3: "int8"}),
+        dtypes.PrecisionTypeError,
+        ["int 3", "patterns={"],
+        id="reduced-state-patterns-int-key",
+    ),
+    pytest.param(
+        lambda tmp: _reduced_state(_adam(), patterns={"(": "int8"}),
+        precision.SelectionError,
+        ["'('", "regular expression", "re.escape"],
+        id="reduced-state-patterns-bad-regex",
+    ),
+    pytest.param(
+        lambda tmp: _reduced_state(_adam(), scaling="per-block"),
+        dtypes.PrecisionTypeError,
+        ["'per-block'", "dtypes.PerBlock(64)"],
+        id="reduced-state-scaling-str",
+    ),
+    pytest.param(
+        lambda tmp: _reduced_state(
+            _adam(), mu=None, nu="int8", scaling=dtypes.PerBlock(64, axis=3)
+        ).init({"w": jnp.ones((4, 128))}),
+        dtypes.ScalingError,
+        ["axis=3", "(4, 128)", "PerTensor()"],
+        id="reduced-state-block-axis",
+    ),
+    pytest.param(
+        lambda tmp: _reduced_state(_adam()).update({"w": jnp.ones(2)}, None, {"w": jnp.ones(2)}),
+        dtypes.PrecisionTypeError,
+        ["NoneType None", "tx.init(params)"],
+        id="reduced-state-update-none-state",
+    ),
+    pytest.param(
+        lambda tmp: precision.Policy(float32_ops=3),
+        dtypes.PrecisionTypeError,
+        ["int 3", "float32_ops={"],
+        id="policy-float32-ops-int",
+    ),
+    pytest.param(
+        lambda tmp: precision.Policy.parse("c=float8_e8m0fnu"),
+        precision.FormatError,
+        ["compute='float8_e8m0fnu'", "scale format", "compute='bfloat16'"],
+        id="policy-scale-format",
+    ),
+    pytest.param(
+        lambda tmp: precision.Policy.parse("p=float64").cast_to_param({"w": jnp.ones(2)}),
+        dtypes.PrecisionTypeError,
+        ["float64", "jax_enable_x64"],
+        id="policy-float64-without-x64",
+    ),
+    pytest.param(
+        lambda tmp: precision.apply_updates({"w": jnp.ones(3)}, {"w": "abc"}),
+        precision.UpdateError,
+        ["['w']", "str 'abc'", "floating updates"],
+        id="update-text-leaf",
+    ),
+    pytest.param(
+        lambda tmp: precision.apply_updates(
+            {"w": jnp.ones(3, jnp.bfloat16)},
+            {"w": jnp.ones(3)},
+            rounding="stochastic",
+            key=jax.random.split(jax.random.key(0), 2),
+        ),
+        dtypes.RoundingError,
+        ["(2,)", "key=keys[0]"],
+        id="update-batch-of-keys",
+    ),
+    pytest.param(
+        lambda tmp: _draw(precision.testing.arrays(None)),
+        dtypes.PrecisionTypeError,
+        ["None", "'bfloat16'"],
+        id="arrays-format-none",
+    ),
+    pytest.param(
+        lambda tmp: _draw(precision.testing.arrays("bfloat16", shape="abc")),
+        dtypes.ShapeError,
+        ["'abc'", "shape=(3, 5)"],
+        id="arrays-shape-text",
+    ),
+    pytest.param(
+        lambda tmp: _draw(precision.testing.arrays("bfloat16", min_value="abc")),
+        dtypes.PrecisionTypeError,
+        ["'abc'", "min_value=0.0"],
+        id="arrays-bound-text",
+    ),
+    pytest.param(
+        lambda tmp: _draw(precision.testing.values("bfloat16", max_value=NAN)),
+        KitError,
+        ["max_value=nan", "min_value <= max_value"],
+        id="values-bound-nan",
+    ),
+    pytest.param(
+        lambda tmp: _draw(precision.testing.arrays("bfloat16", min_value=INF)),
+        KitError,
+        ["min_value=inf", "allow_infinity=True"],
+        id="arrays-bound-inf",
+    ),
+    pytest.param(
+        lambda tmp: _draw(precision.testing.arrays("bfloat16", allow_nan="no")),
+        dtypes.PrecisionTypeError,
+        ["'no'", "allow_nan=False"],
+        id="arrays-flag-text",
+    ),
+    pytest.param(
+        lambda tmp: _draw(precision.testing.formats(kinds=None)),
+        dtypes.PrecisionTypeError,
+        ["None", "kinds='float'"],
+        id="formats-kinds-none",
+    ),
+    pytest.param(
+        lambda tmp: _draw(precision.testing.formats(kinds="complex")),
+        KitError,
+        ["'complex'", "'float' or 'int'"],
+        id="formats-kinds-unknown",
+    ),
+    pytest.param(
+        lambda tmp: _draw(precision.testing.formats(max_bits="8")),
+        dtypes.PrecisionTypeError,
+        ["'8'", "max_bits="],
+        id="formats-bits-text",
+    ),
+    pytest.param(
+        lambda tmp: _draw(precision.testing.scalings(dtypes.int8, ndim=1.5)),
+        dtypes.PrecisionTypeError,
+        ["1.5", "ndim="],
+        id="scalings-ndim-float",
+    ),
+    pytest.param(
+        lambda tmp: _draw(precision.testing.scalings(dtypes.int8, block_sizes=(0,))),
+        KitError,
+        ["got 0", "block_sizes"],
+        id="scalings-block-zero",
+    ),
+    pytest.param(
+        lambda tmp: _draw(precision.testing.scalings(dtypes.int8, scale_formats="float32")),
+        dtypes.PrecisionTypeError,
+        ["'float32'", "scale_formats=('float32',)"],
+        id="scalings-scale-formats-str",
+    ),
+    pytest.param(
+        lambda tmp: _draw(precision.testing.scalings("abc")),
+        precision.FormatError,
+        ["'abc'"],
+        id="scalings-unknown-format",
+    ),
+    pytest.param(
+        lambda tmp: _draw(precision.testing.roundings(deterministic_only="yes")),
+        dtypes.PrecisionTypeError,
+        ["'yes'", "deterministic_only=False"],
+        id="roundings-flag-text",
+    ),
+    pytest.param(
+        lambda tmp: precision.testing.ulp_distance("abc", 1.0, "bfloat16"),
+        dtypes.PrecisionTypeError,
+        ["'abc'", "<U3", "float or int array"],
+        id="ulp-distance-text",
+    ),
+    pytest.param(
+        lambda tmp: precision.testing.ulp_distance([1.0, 2.0], [1.0, 2.0, 3.0], "bfloat16"),
+        KitError,
+        ["(2,)", "(3,)", "broadcastable"],
+        id="ulp-distance-shapes",
+    ),
+    pytest.param(
+        lambda tmp: precision.testing.ulp_distance(
+            [1.0, 2.0], [1.0, 2.0], "int8", scale=[1.0, 1.0, 1.0]
+        ),
+        KitError,
+        ["(3,)", "broadcastable"],
+        id="ulp-distance-scale-shape",
+    ),
+    pytest.param(
+        lambda tmp: precision.testing.assert_ulp_close([NAN], [1.0], "bfloat16", max_ulps=INF),
+        ToleranceError,
+        ["inf", "max_ulps=1"],
+        id="assert-ulp-close-infinite-tolerance",
+    ),
+    pytest.param(
+        lambda tmp: precision.testing.assert_ulp_close(1.0, 2.0, "bfloat16", err_msg=3),
+        dtypes.PrecisionTypeError,
+        ["int 3", "err_msg="],
+        id="assert-ulp-close-err-msg-int",
+    ),
+    pytest.param(
+        lambda tmp: precision.testing.assert_representable([1.1], "bfloat16", limit=-1),
+        KitError,
+        ["-1", "limit=5"],
+        id="assert-representable-negative-limit",
+    ),
+    pytest.param(
+        lambda tmp: precision.testing.sqnr_db({"a": 1}, 1.0),
+        dtypes.PrecisionTypeError,
+        ["{'a': 1}", "float or int array"],
+        id="sqnr-dict",
+    ),
+    pytest.param(
+        lambda tmp: precision.testing.relative_error([1.0, 2.0], [1.0, 2.0, 3.0]),
+        KitError,
+        ["(2,)", "(3,)", "broadcastable"],
+        id="relative-error-shapes",
+    ),
     # -- checkpoints --------------------------------------------------------------------
     pytest.param(
         _not_a_checkpoint, CheckpointError, ["notes.txt", "not a safetensors"], id="load-text"
@@ -435,6 +749,33 @@ def test_a_wrong_call_raises_a_precision_error_naming_value_and_fix(tmp_path, ca
     assert not missing, f"{type(exc).__name__}: {message!r} does not say {missing}"
     # nothing was left behind by a refused save
     assert all(not name.startswith(".") for name in os.listdir(tmp_path)), os.listdir(tmp_path)
+
+
+# -- values that once came back wrong without an error ------------------------------------
+
+
+def test_values_that_once_came_back_wrong_are_now_right():
+    # a NaN held in a Python float (or complex) read as finite
+    assert not bool(precision.all_finite({"loss": NAN}))
+    assert not bool(precision.all_finite([complex(NAN, 0.0)]))
+    # Python float and complex leaves were returned unscaled
+    ls = StaticLossScale(4.0)
+    assert float(ls.scale({"loss": 1.5})["loss"]) == 6.0
+    grads = ls.scale({"z": jnp.ones(2, jnp.complex64)})
+    assert jnp.allclose(grads["z"], 4.0)
+    assert jnp.allclose(ls.unscale(grads)["z"], 1.0)
+    # an overflow raised a scale that started below min_loss_scale up to the floor
+    assert float(DynamicLossScale(0.5).adjust(False).loss_scale) == 0.5
+    assert float(DynamicLossScale(8.0, min_loss_scale=3).adjust(False).loss_scale) == 4.0
+    assert float(DynamicLossScale(4.0, min_loss_scale=3).adjust(False).loss_scale) == 3.0
+    # a Python float parameter dropped its update
+    assert float(precision.apply_updates({"w": 1.0}, {"w": 0.5})["w"]) == 1.5
+    # a generator of float32_ops was stored empty (consumed by the check)
+    ops = precision.Policy(float32_ops=(o for o in ["exp"])).float32_ops
+    assert ops == frozenset({"exp"})
+    # a lower bound above float32's subnormals was refused by hypothesis at the first draw
+    assert float(np.min(_draw(precision.testing.arrays("bfloat16", min_value=2.5)))) >= 2.5
+    assert float(_draw(precision.testing.values("bfloat16", max_value=-1.0))) <= -1.0
 
 
 # -- the sweep: every format method and Tensor entry point, every kind of bad value --------
