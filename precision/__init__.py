@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from ._errors import SaveTypeError as SaveTypeError
     from ._errors import SelectionError as SelectionError
     from ._errors import UpdateError as UpdateError
+    from ._explain import Explanation as Explanation
+    from ._explain import explain as explain
     from ._loss_scale import DynamicLossScale as DynamicLossScale
     from ._loss_scale import NoOpLossScale as NoOpLossScale
     from ._loss_scale import StaticLossScale as StaticLossScale
@@ -58,6 +60,8 @@ _HOME = {
     "__version__": "_version",
     "apply": "_apply",
     "calibrate": "_calibrate",
+    "explain": "_explain",
+    "Explanation": "_explain",
     "load": "_checkpoint",
     "save": "_checkpoint",
     "default_format": "_context",
@@ -102,6 +106,7 @@ __all__ = [
     "Contract",
     "DeviceMismatchError",
     "DynamicLossScale",
+    "Explanation",
     "FormatError",
     "LossScaleError",
     "LossScaleTypeError",
@@ -124,6 +129,7 @@ __all__ = [
     "calibrate",
     "default_format",
     "device_put",
+    "explain",
     "get_default_format",
     "is_reduced_precision",
     "load",

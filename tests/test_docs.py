@@ -173,6 +173,7 @@ def test_nav_pages_exist():
         "Training",
         "Models",
         "Calibrated conversion",
+        "Explain",
         "Testing",
         "Command line",
         "Reliability",

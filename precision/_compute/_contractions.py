@@ -36,7 +36,9 @@ from jax import lax
 
 import dtypes
 
+from .._storage import is_float
 from ._int_operands import codes, dot_operands, kept_scale
+from ._notes import note, settle
 from ._quantized import quantized_contraction
 from ._rules import RULES, Val, finish, op_state, operands_at_use
 from ._state import Context, Stored
@@ -86,25 +88,54 @@ def contraction_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
     op = eqn.primitive.name
     state = op_state(op, vals, ctx)
     if state is None:
-        return [(eqn.primitive.bind(*(v for v, _ in vals), **eqn.params), None)]
+        with note(eqn, vals, "plain JAX (no Tensor operand)"):
+            return [(eqn.primitive.bind(*(v for v, _ in vals), **eqn.params), None)]
     if ctx.contract is not None and op not in ctx.float32_ops:
-        return quantized_contraction(eqn, vals, ctx, state)
-    (a, sa), (b, sb) = vals
-    stored_a = sa.stored if sa is not None else None
-    stored_b = sb.stored if sb is not None else None
-    if op == "dot_general" and stored_a is not None and stored_b is not None:
-        exact = _integer_dot(eqn, a, b, stored_a, stored_b)
-        if exact is not None:
-            return finish(op, [exact], state)
-    native = _native_path(op, state.format)
-    a, b = operands_at_use([(a, sa), (b, sb)], state, native)
-    params = dict(eqn.params)
+        with note(eqn, vals, f"quantized at the contraction: {ctx.contract.describe()}"):
+            return quantized_contraction(eqn, vals, ctx, state)
+    with note(eqn, vals, ""):
+        (a, sa), (b, sb) = vals
+        stored_a = sa.stored if sa is not None else None
+        stored_b = sb.stored if sb is not None else None
+        if op == "dot_general" and stored_a is not None and stored_b is not None:
+            exact = _integer_dot(eqn, a, b, stored_a, stored_b)
+            if exact is not None:
+                settle(
+                    f"exact integer dot: {stored_a.enc.format.name} x "
+                    f"{stored_b.enc.format.name} codes, int32 sums, one rescale"
+                )
+                return finish(op, [exact], state)
+        native = _native_path(op, state.format)
+        settle(_float_path(vals, state, native))
+        a, b = operands_at_use([(a, sa), (b, sb)], state, native)
+        params = dict(eqn.params)
+        if native is not None:
+            params["preferred_element_type"] = eqn.outvars[0].aval.dtype
+        elif state.format == dtypes.tf32:
+            params["precision"] = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
+        out = eqn.primitive.bind(a, b, **params)
+        return finish(op, [out], state)
+
+
+def _float_path(vals: list[Val], state: Any, native: np.dtype | None) -> str:
+    """How the operands of a float contraction reach its dot, in words (`explain`)."""
+    fmt = state.format
+    parts = []
+    for v, s in vals:
+        stored = s.stored if s is not None else None
+        if stored is not None:
+            parts.append(f"{stored.enc.format.name} decoded at use into {fmt.name}")
+        elif is_float(v) and not fmt.is_full_precision and (s is None or s.format != fmt):
+            parts.append(f"{'float32' if s is None else s.format.name} rounded into {fmt.name}")
+        else:
+            parts.append(f"{fmt.name if s is None else s.format.name} as is")
     if native is not None:
-        params["preferred_element_type"] = eqn.outvars[0].aval.dtype
-    elif state.format == dtypes.tf32:
-        params["precision"] = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
-    out = eqn.primitive.bind(a, b, **params)
-    return finish(op, [out], state)
+        dot = f"{np.dtype(native).name} dot, float32 sums"
+    elif fmt == dtypes.tf32:
+        dot = "float32 dot at highest precision (tf32 products)"
+    else:
+        dot = "float32 dot"
+    return f"{dot}: " + "; ".join(parts)
 
 
 def _integer_dot(eqn: Any, a: jax.Array, b: jax.Array, ea: Stored, eb: Stored) -> jax.Array | None:

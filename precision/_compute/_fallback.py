@@ -18,6 +18,7 @@ from typing import Any
 from jax.extend import source_info_util
 
 from .._errors import PrecisionFallbackError, PrecisionFallbackWarning
+from ._notes import mark_fallback
 from ._state import Context
 
 __all__ = ["fall_back"]
@@ -29,6 +30,7 @@ _SAID: dict[Any, Any] = {}
 
 def fall_back(eqn: Any, ctx: Context, reason: str) -> None:
     """Report that `eqn`, declared quantized by `ctx.contract`, runs in float32."""
+    mark_fallback(reason)
     where = source_info_util.summarize(eqn.source_info)
     message = f"`{eqn.primitive.name}` at {where}: declared {ctx.contract.describe()}, but {reason}"
     emulated = "in float32 on the quantized values (the declared rounding, not its speed)"

@@ -68,7 +68,14 @@ def test_post_training_quantization():
 
 
 @pytest.mark.parametrize(
-    "page", ["docs/concepts.md", "docs/training.md", "docs/models.md", "docs/calibration.md"]
+    "page",
+    [
+        "docs/concepts.md",
+        "docs/training.md",
+        "docs/models.md",
+        "docs/calibration.md",
+        "docs/explain.md",
+    ],
 )
 def test_docs_page_examples_run(page):
     source = (ROOT / page).read_text()

@@ -1,0 +1,142 @@
+"""What each contraction did, written down while `precision.explain` traces.
+
+The contraction rules call `note` with the path they take; outside `explain`
+nothing is recording and `note` returns at once, so programs are unchanged.
+While recording, each contraction's operations are bound inside a name scope
+(`precision_explain_<n>`) that reaches the compiled program's metadata, so
+`explain` finds the dot XLA emitted for each row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend import source_info_util
+
+from ._state import State
+
+__all__ = ["Note", "describe_operand", "mark_fallback", "note", "recording", "settle"]
+
+SCOPE = "precision_explain_"
+
+
+@dataclasses.dataclass
+class Note:
+    """One contraction as the rules saw it."""
+
+    index: int
+    op: str
+    where: str  # the user's file:line (function)
+    shapes: tuple[tuple[int, ...], ...]  # operands' logical shapes
+    out_shape: tuple[int, ...]
+    operands: tuple[str, ...]  # each operand's storage or compute format
+    stored_bytes: tuple[int, ...]  # bytes each operand holds as stored (0: computed)
+    path: str  # how the operands reach the dot
+    flops: int  # multiply-adds times two
+    fallback: str | None = None  # a declared narrow path that did not happen, and why
+
+
+_NOTES: contextvars.ContextVar[list[Note] | None] = contextvars.ContextVar(
+    "precision_explain_notes", default=None
+)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[Note]]:
+    """Collect the notes of every contraction traced inside the block."""
+    notes: list[Note] = []
+    token = _NOTES.set(notes)
+    try:
+        yield notes
+    finally:
+        _NOTES.reset(token)
+
+
+def describe_operand(value: Any, state: State | None) -> tuple[str, int]:
+    """(what an operand is, the bytes it holds as stored: 0 for a computed value)."""
+    if state is None:
+        return f"{np.dtype(value.dtype).name} array", 0
+    if state.stored is not None:
+        enc = state.stored.enc
+        scaling = "" if enc.scaling is None else f", {enc.scaling.describe()}"
+        return f"{enc.format.name} storage{scaling}", int(enc.nbytes)
+    return f"{state.format.name} value", 0
+
+
+def note(
+    eqn: Any, vals: list[tuple[Any, State | None]], path: str
+) -> contextlib.AbstractContextManager[Any]:
+    """Record `eqn`'s path when `explain` is recording; a name scope for its operations."""
+    notes = _NOTES.get()
+    if notes is None:
+        return contextlib.nullcontext()
+    described = [describe_operand(v, s) for v, s in vals]
+    notes.append(
+        Note(
+            index=len(notes),
+            op=eqn.primitive.name,
+            where=_where(eqn.source_info),
+            shapes=tuple(tuple(np.shape(v)) for v, _ in vals),
+            out_shape=tuple(eqn.outvars[0].aval.shape),
+            operands=tuple(d for d, _ in described),
+            stored_bytes=tuple(b for _, b in described),
+            path=path,
+            flops=_flops(eqn),
+        )
+    )
+    return jax.named_scope(f"{SCOPE}{len(notes) - 1}")
+
+
+# frames that are not the user's: installed packages, JAX itself, this package
+_LIBRARIES = ("site-packages", "dist-packages", f"{os.sep}jax{os.sep}_src{os.sep}")
+_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _where(info: Any) -> str:
+    """The equation's line (outside JAX), and the caller's line when that is a library's.
+
+    A Flax `Dense` contracts inside Flax: the row names Flax's line and the model's
+    line that called it.
+    """
+    where = source_info_util.summarize(info)
+    frames = getattr(getattr(info, "traceback", None), "frames", None) or []
+    for frame in frames:  # innermost first
+        name = frame.file_name
+        if any(part in name for part in _LIBRARIES) or name.startswith(_OWN):
+            continue
+        own = f"{name}:{frame.line_num} ({frame.function_name})"
+        return where if where.startswith(f"{name}:{frame.line_num}") else f"{own} via {where}"
+    return where
+
+
+def _flops(eqn: Any) -> int:
+    """Two per multiply-add of a dot_general or convolution."""
+    lhs, rhs = (v.aval.shape for v in eqn.invars[:2])
+    out = math.prod(int(d) for d in eqn.outvars[0].aval.shape)
+    if eqn.primitive.name == "dot_general":
+        (contracted, _), _ = eqn.params["dimension_numbers"]
+        return 2 * out * math.prod(int(lhs[d]) for d in contracted)
+    out_features = int(rhs[eqn.params["dimension_numbers"].rhs_spec[0]])
+    return 2 * out * (math.prod(int(d) for d in rhs) // max(out_features, 1))
+
+
+def settle(path: str) -> None:
+    """Name the path of the contraction noted last, once the rule has chosen it."""
+    notes = _NOTES.get()
+    if notes:
+        notes[-1].path = path
+
+
+def mark_fallback(reason: str) -> None:
+    """Say that the contraction noted last did not take its declared narrow path."""
+    notes = _NOTES.get()
+    if notes:
+        notes[-1].fallback = reason

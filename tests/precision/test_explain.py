@@ -1,0 +1,149 @@
+"""`precision.explain`: each contraction's path, checked against the compiled program.
+
+The compiled HLO is read here independently of `explain`'s own parser: the
+number of `s8 x s8 -> s32` dots (or float dots, convolutions) in the
+optimized text must equal the rows that claim them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+
+import equinox as eqx
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import precision
+from precision import PrecisionFallbackWarning, Tensor
+from precision._compute import _notes
+
+
+class Block(nn.Module):
+    """A small transformer block: attention einsums, dense layers, norms, dropout."""
+
+    d: int = 32
+
+    @nn.compact
+    def __call__(self, x):
+        h = nn.LayerNorm()(x)
+        q, k, v = (nn.Dense(self.d, name=n)(h) for n in "qkv")
+        att = jax.nn.softmax(jnp.einsum("btd,bsd->bts", q, k) / 8.0, axis=-1)
+        x = x + nn.Dense(self.d, name="o")(jnp.einsum("bts,bsd->btd", att, v))
+        h = nn.Dropout(0.1, deterministic=True)(nn.LayerNorm()(x))
+        return x + nn.Dense(self.d, name="down")(nn.gelu(nn.Dense(4 * self.d, name="up")(h)))
+
+
+X = jnp.asarray(np.random.default_rng(0).standard_normal((2, 8, 32)).astype(np.float32))
+PARAMS = Block().init(jax.random.key(0), X)
+
+
+def _compiled_dots(f, *args):
+    """(operand dtypes, result dtype) of every dot in the optimized HLO, read plainly."""
+    text = jax.jit(f).lower(*args).compile().as_text()
+    types = dict(re.findall(r"%?([\w.\-]+) = ([a-z0-9]+)\[", text))
+    dots = []
+    for _name, result, operands in re.findall(
+        r"%?([\w.\-]+) = ([a-z0-9]+)\[[^ ]* dot\(([^)]*)\)", text
+    ):
+        dots.append((tuple(types[o.lstrip("%")] for o in operands.split(", ")), result))
+    return dots
+
+
+def test_every_dense_layer_and_attention_product_contracts_int8_codes():
+    params = precision.to_reduced_precision(PARAMS, "int8", where="kernel")
+    report = precision.explain(Block().apply, params, X, contract="int8")
+    assert len(report.rows) == 8  # q, k, v, two attention products, o, up, down
+    for row in report.rows:
+        assert row.op == "dot_general"
+        assert row.compiled, row
+        assert all(re.fullmatch(r"s8\[.*\] x s8\[.*\] -> s32\[.*\]", c) for c in row.compiled)
+        assert row.fallback is None
+    # the compiled program, read independently, has exactly these integer dots
+    run = precision.apply(Block().apply, contract="int8")
+    dots = _compiled_dots(run, params, X)
+    assert sum(d == (("s8", "s8"), "s32") for d in dots) == 8
+    assert sum(len(r.compiled) for r in report.rows) == 8
+    # the weights are stored int8: their bytes are counted as held
+    dense = [r for r in report.rows if "storage" in r.operands[1]]
+    assert len(dense) == 6
+    assert all(r.stored_bytes[1] > 0 for r in dense)
+
+
+def test_int4_storage_under_bfloat16_compute_is_decoded_at_each_dense_layer():
+    params = precision.to_reduced_precision(PARAMS, "int4", where="kernel")
+    report = precision.explain(Block().apply, params, X, compute="bfloat16")
+    dense = [r for r in report.rows if "int4 storage" in r.operands[1]]
+    assert len(dense) == 6
+    for row in dense:
+        assert "int4 decoded at use into bfloat16" in row.path
+        assert row.fallback is None
+    text = str(report)
+    assert text.count("int4 decoded at use into bfloat16") == 6
+    assert f"{report.held_bytes:,} B held" in text
+
+
+def test_convolutions_and_equinox_layers_get_rows():
+    conv = nn.Conv(8, (3, 3))
+    images = jnp.ones((2, 8, 8, 3))
+    cparams = precision.to_reduced_precision(conv.init(jax.random.key(1), images), "int8")
+    report = precision.explain(conv.apply, cparams, images)
+    assert [r.op for r in report.rows] == ["conv_general_dilated"]
+    assert report.rows[0].flops == 2 * 2 * 8 * 8 * 8 * (3 * 3 * 3)
+    assert "int8 decoded at use into float32" in report.rows[0].path
+    assert len(report.rows[0].compiled) == 1
+    assert "f32[3,3,3,8]" in report.rows[0].compiled[0]
+
+    mlp = eqx.nn.MLP(16, 4, 32, depth=3, key=jax.random.key(2))
+    qmlp = precision.to_reduced_precision(mlp, "int8", where=lambda path, leaf: leaf.ndim == 2)
+    report = precision.explain(lambda m, x: m(x), qmlp, jnp.ones(16))
+    assert len(report.rows) == 4  # depth 3: four linear layers
+    assert all("int8 storage" in r.operands[0] for r in report.rows)
+
+
+def test_a_declared_path_that_cannot_happen_is_a_fallback_row_and_a_warning():
+    w = Tensor(np.ones((64, 8), np.float32))
+    contract = precision.Contract("float8_e4m3fn", scaling="mx")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        report = precision.explain(lambda x, w: x @ w, jnp.ones((4, 64)), w, contract=contract)
+    assert report.fallbacks == report.rows
+    assert "MX blocks" in report.rows[0].fallback
+    assert "FALLBACK" in str(report)
+    assert any(issubclass(s.category, PrecisionFallbackWarning) for s in seen)
+    # no dot was given fp8 operands: the compiled one is float32
+    assert report.rows[0].compiled == ("f32[4,64] x f32[64,8] -> f32[4,8]",)
+
+
+def test_the_report_is_json_and_nothing_records_outside_explain():
+    w = Tensor(np.ones((16, 8), np.float32)).to_reduced_precision("int8")
+    report = precision.explain(lambda x, w: x @ w, jnp.ones((4, 16)), w, contract="int8")
+    data = json.loads(report.to_json())
+    assert data["backend"] == jax.default_backend()
+    assert data["rows"][0]["compiled"] == ["s8[4,16] x s8[16,8] -> s32[4,8]"]
+    assert (
+        data["rows"][0]["where"].startswith(__file__.rsplit("/", 1)[-1])
+        or __file__ in (data["rows"][0]["where"])
+    )
+    assert _notes._NOTES.get() is None
+    plain = jax.jit(precision.apply(lambda x, w: x @ w, contract="int8"))
+    text = plain.lower(jnp.ones((4, 16)), w).compile().as_text()
+    assert _notes.SCOPE not in text  # no name scopes outside explain
+
+
+@pytest.mark.parametrize("order", ["explain first", "run first"])
+def test_explain_and_running_do_not_disturb_each_other(order):
+    w = Tensor(np.ones((16, 8), np.float32)).to_reduced_precision("int8")
+    f = precision.apply(lambda x, w: x @ w, contract="int8")
+    x = jnp.ones((4, 16))
+    if order == "run first":
+        first = f(x, w)
+    report = precision.explain(lambda x, w: x @ w, x, w, contract="int8")
+    out = f(x, w)
+    assert len(report.rows) == 1
+    if order == "run first":
+        np.testing.assert_array_equal(np.asarray(first), np.asarray(out))
