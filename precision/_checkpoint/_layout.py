@@ -76,6 +76,8 @@ _DTYPE_NAMES: dict[np.dtype, str] = {v: k for k, v in _DTYPES.items()}
 
 #: Logical dtypes a Tensor may declare.
 _LOGICAL: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
+#: `np.dtype.name` of the dtypes above (a property computed in Python at every call).
+_NUMPY_NAMES: dict[np.dtype, str] = {d: d.name for d in [*_DTYPES.values(), *_LOGICAL.values()]}
 
 # -- limits ---------------------------------------------------------------
 # Bounds on what one file may declare, checked before anything is allocated
@@ -273,6 +275,15 @@ class Leaf:
 
     def arrays(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
         """The (name, file dtype, shape) of every array this leaf stores, data first."""
+        # Computed once: saving and loading ask for every leaf's arrays several
+        # times (limits, names, header): microseconds each, seconds for 65,536 leaves.
+        known = self.__dict__.get("_arrays")
+        if known is None:
+            known = self._arrays_of_leaf()
+            object.__setattr__(self, "_arrays", known)
+        return list(known)
+
+    def _arrays_of_leaf(self) -> tuple[tuple[str, np.dtype, tuple[int, ...]], ...]:
         out = [(self.name, self.data_dtype, self.data_shape)]
         scale_shape, scale_container = self.scale_shape, self.scale_container
         if self.scale is not None:
@@ -284,7 +295,7 @@ class Leaf:
         if self.zero_point is not None:
             assert scale_shape is not None  # zero points come with scales
             out.append((self.zero_point, np.dtype(np.uint8), scale_shape))
-        return out
+        return tuple(out)
 
     def to_json(self, version: int = VERSION) -> dict[str, Any]:
         out = {
@@ -293,7 +304,7 @@ class Leaf:
             "kind": self.kind,
             "format": None if self.format is None else format_to_json(self.format, version),
             "scaling": scaling_to_json(self.scaling, version),
-            "dtype": self.dtype.name,
+            "dtype": _NUMPY_NAMES.get(self.dtype) or self.dtype.name,
             "shape": list(self.shape),
             "scale": self.scale,
         }
@@ -546,7 +557,12 @@ def _exact_keys(spec: dict[str, Any], keys: set[str]) -> None:
 
 def _tensors_crc(tensors: list[Any]) -> str:
     """CRC-32 of the leaf descriptions in their compact JSON form."""
-    return f"{binascii.crc32(json.dumps(tensors, separators=(',', ':')).encode()):08x}"
+    return _text_crc(json.dumps(tensors, separators=(",", ":")))
+
+
+def _text_crc(text: str) -> str:
+    """`_tensors_crc` of leaf descriptions whose compact JSON is `text`."""
+    return f"{binascii.crc32(text.encode()):08x}"
 
 
 # --------------------------------------------------------------------------
@@ -564,15 +580,24 @@ def _specials(text: str) -> int:
 
 def _json_tokens_bound(spec: Leaf) -> int:
     """More than the `,` `[` `{` a leaf adds to a header (entries, metadata, CRCs)."""
-    tokens = 60 + 4 * len(spec.path) + 2 * len(spec.shape) + 4 * _specials(spec.name)
-    if spec.format is not None:
-        tokens += 2 * _specials(spec.format.name)
+    # (characters are counted in concatenations, once when none is there: fewer calls)
+    arrays = spec.arrays()
+    tokens = 60 + 4 * len(spec.path) + 2 * len(spec.shape)
+    tokens += sum([8 + len(shape) for _, _, shape in arrays])
     if isinstance(spec.format, CodebookFormat):
         tokens += 2 * len(spec.format.values)
-    tokens += sum(_specials(str(key)) for _, key in spec.path)
-    for name, _, shape in spec.arrays():
-        tokens += 8 + len(shape) + 3 * _specials(name)
-    return tokens
+    keys = "".join([str(key) for _, key in spec.path])
+    names = "".join([name for name, _, _ in arrays])
+    format_name = "" if spec.format is None else spec.format.name
+    if not _specials(spec.name + format_name + keys + names):
+        return tokens
+    return (
+        tokens
+        + 4 * _specials(spec.name)
+        + 2 * _specials(format_name)
+        + _specials(keys)
+        + 3 * _specials(names)
+    )
 
 
 def check_limits(leaves: list[Leaf]) -> None:

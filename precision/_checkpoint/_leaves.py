@@ -32,17 +32,21 @@ from ._layout import (
 # trees <-> leaves
 
 
+_TENSOR: list[type[Any]] = []  # the Tensor class, once imported
+
+
 def _tensor_type() -> type[Any] | None:
+    if _TENSOR:
+        return _TENSOR[0]
     try:
         from .._tensor import Tensor
     except ImportError:  # the Tensor module is optional while it is being written
         return None
+    _TENSOR.append(Tensor)
     return Tensor
 
 
-def _path_entry(entry: Any) -> tuple[str, Any]:
-    from jax import tree_util
-
+def _path_entry(entry: Any, tree_util: Any) -> tuple[str, Any]:
     if isinstance(entry, tree_util.DictKey):
         key = entry.key
         if isinstance(key, bool) or not isinstance(key, str | int):
@@ -60,19 +64,24 @@ def _path_entry(entry: Any) -> tuple[str, Any]:
     raise SaveTypeError(f"cannot save a tree whose key path holds {entry!r}")
 
 
-def _describe(path: tuple[tuple[str, Any], ...], leaf: Any) -> tuple[Leaf, list[np.ndarray]]:
+def _describe(
+    path: tuple[tuple[str, Any], ...], leaf: Any, tensor_type: type[Any] | None
+) -> tuple[Leaf, list[np.ndarray]]:
     """A leaf's storage description and its arrays (data first)."""
     import jax
 
     name = path_name(path)
-    tensor_type = _tensor_type()
     if tensor_type is not None and isinstance(leaf, tensor_type):
         enc, dtype = leaf.encoded, np.dtype(leaf.dtype)
     elif isinstance(leaf, dtypes.Encoded):
         enc, dtype = leaf, np.dtype(np.float32)
     else:
         dt = getattr(leaf, "dtype", None)
-        if dt is not None and jax.dtypes.issubdtype(dt, jax.dtypes.prng_key):
+        if (
+            dt is not None
+            and not isinstance(leaf, np.ndarray)  # numpy holds no PRNG keys (and asks 1 us)
+            and jax.dtypes.issubdtype(dt, jax.dtypes.prng_key)
+        ):
             raise SaveTypeError(
                 f"cannot save leaf {name!r}: it is a PRNG key ({dt}), not numbers; store its "
                 "key data instead (jax.random.key_data(key), restored with "
@@ -131,7 +140,10 @@ def flatten(tree: Any) -> list[tuple[Leaf, list[np.ndarray]]]:
     encoded = dtypes.Encoded
     leaf_types = (encoded,) if tensor_type is None else (encoded, tensor_type)
     pairs = tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, leaf_types))[0]
-    out = [_describe(tuple(_path_entry(e) for e in path), leaf) for path, leaf in pairs]
+    out = [
+        _describe(tuple(_path_entry(e, tree_util) for e in path), leaf, tensor_type)
+        for path, leaf in pairs
+    ]
     check_names([spec for spec, _ in out])
     return out
 
@@ -150,7 +162,11 @@ def unflatten(items: list[tuple[tuple[tuple[str, Any], ...], Any]]) -> Any:
     groups: dict[Any, list[tuple[Any, Any]]] = {}
     for path, value in items:
         groups.setdefault(path[0][1], []).append((path[1:], value))
-    children = {key: unflatten(group) for key, group in groups.items()}
+    children = {
+        # (a lone leaf is its own subtree: no call for each of 65,536 leaves)
+        key: group[0][1] if len(group) == 1 and not group[0][0] else unflatten(group)
+        for key, group in groups.items()
+    }
     if kinds == {"index"}:
         if sorted(children) != list(range(len(children))):
             raise CheckpointError(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import math
 import os
 import re
 import stat
@@ -67,6 +68,41 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 _ALIGN = 64  # jax aliases host buffers aligned like this instead of copying them
 
 
+#: The fields of a header entry, and of a leaf of the precision metadata by layout version.
+_ENTRY_KEYS = frozenset({"dtype", "shape", "data_offsets"})
+_LEAF_KEYS = {
+    1: frozenset({"name", "path", "kind", "format", "scaling", "dtype", "shape", "scale"}),
+    2: frozenset(
+        {"name", "path", "kind", "format", "scaling", "dtype", "shape", "scale"}
+        | {"tensor_scale", "zero_point"}
+    ),
+}
+#: numpy's name of each safetensors dtype (`np.dtype.name` is slow Python).
+_STORED_DTYPE_NAMES = {key: dtype.name for key, dtype in _DTYPES.items()}
+#: A CRC-32 as the precision metadata writes it.
+_CRC_TEXT = re.compile(r"[0-9a-f]{8}")
+
+
+def _key_path(path: Any) -> tuple[tuple[str, Any], ...] | None:
+    """A leaf's JSON key path as a key path, or None when it is not one (not a list of
+    at most `MAX_PATH_DEPTH` pairs `["key" or "attr", string]` / `["key" or "index", int]`)."""
+    if not isinstance(path, list) or len(path) > MAX_PATH_DEPTH:
+        return None
+    out = []
+    for p in path:
+        if not (
+            isinstance(p, list)
+            and len(p) == 2
+            and (
+                (p[0] in ("key", "attr") and isinstance(p[1], str))
+                or (p[0] in ("key", "index") and type(p[1]) is int)
+            )
+        ):
+            return None
+        out.append((p[0], p[1]))
+    return tuple(out)
+
+
 def _looks_like_ours(meta: dict[str, str]) -> bool:
     """Whether a header's metadata was written by `save` (even if damaged since).
 
@@ -82,10 +118,14 @@ def _looks_like_ours(meta: dict[str, str]) -> bool:
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialized array whose buffer jax can alias without copying."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return _aligned_bytes(math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
+
+
+def _aligned_bytes(nbytes: int) -> np.ndarray:
+    """`nbytes` uninitialized bytes (uint8) whose buffer jax can alias without copying."""
     raw = np.empty(nbytes + _ALIGN, np.uint8)
     start = (-raw.ctypes.data) % _ALIGN
-    return raw[start : start + nbytes].view(dtype).reshape(shape)
+    return raw[start : start + nbytes]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,11 +148,13 @@ class Entry:
 
 
 def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise CheckpointError(f"duplicate key {key!r}")
-        out[key] = value
+    out = dict(pairs)  # (built in C: a header of 65,536 entries parses 131,073 objects)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise CheckpointError(f"duplicate key {key!r}")
+            seen.add(key)
     return out
 
 
@@ -222,6 +264,7 @@ class Reader:
 
     # -- header ------------------------------------------------------------
     def _parse(self) -> None:
+        self._memory = _physical_memory()  # (asked once: 65,536 tensors may be read)
         size = os.fstat(self._file.fileno()).st_size
         self.size = size
         if size < 8:
@@ -310,7 +353,7 @@ class Reader:
         problem = name_problem(name)
         if problem:
             raise self.error(f"tensor {name[:200]!r}...: {problem}")
-        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+        if not isinstance(info, dict) or info.keys() != _ENTRY_KEYS:
             raise self.error(
                 f"tensor {name!r}: expected an object with dtype, shape and data_offsets, "
                 f"got {info!r:.200}"
@@ -431,16 +474,14 @@ class Reader:
         if (
             not isinstance(crc, dict)
             or set(crc) != stored
-            or not all(isinstance(v, str) and re.fullmatch(r"[0-9a-f]{8}", v) for v in crc.values())
+            or not all(isinstance(v, str) and _CRC_TEXT.fullmatch(v) for v in crc.values())
         ):
             raise self.error("the precision metadata's crc32 map is malformed")
         return leaves, {k: int(v, 16) for k, v in crc.items()}
 
     def _leaf(self, item: Any) -> Leaf:
-        keys = {"name", "path", "kind", "format", "scaling", "dtype", "shape", "scale"}
-        if self.version >= 2:
-            keys |= {"tensor_scale", "zero_point"}
-        if not isinstance(item, dict) or set(item) != keys:
+        keys = _LEAF_KEYS[2] if self.version >= 2 else _LEAF_KEYS[1]
+        if not isinstance(item, dict) or item.keys() != keys:
             raise self.error(f"precision metadata: malformed leaf {item!r:.200}")
         name = item["name"]
         if not isinstance(name, str):
@@ -453,21 +494,10 @@ class Reader:
             return self.error(f"precision metadata of {name!r}: {what}")
 
         path = item["path"]
-        if (
-            not isinstance(path, list)
-            or len(path) > MAX_PATH_DEPTH
-            or not all(
-                isinstance(p, list)
-                and len(p) == 2
-                and (
-                    (p[0] in ("key", "attr") and isinstance(p[1], str))
-                    or (p[0] in ("key", "index") and type(p[1]) is int)
-                )
-                for p in path
-            )
-        ):
+        key_path = _key_path(path)
+        if key_path is None:
             raise bad(f"bad key path {path!r:.200}")
-        if path_name(tuple((p[0], p[1]) for p in path)) != name:
+        if path_name(key_path) != name:
             raise bad(f"key path {path!r:.200} does not give the name {name!r}")
         shape = item["shape"]
         if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
@@ -492,7 +522,7 @@ class Reader:
             if fmt is not None or scaling is not None or any(a is not None for a in arrays):
                 raise bad("a plain array has no format, scaling, scales or zero points")
             dtype = entry.dtype
-            if dtype_name != dtype.name:
+            if dtype_name != _STORED_DTYPE_NAMES[entry.dtype_name]:
                 raise bad(f"dtype {dtype_name!r} disagrees with the stored {dtype.name}")
         elif kind == "tensor":
             if fmt is None:
@@ -523,7 +553,7 @@ class Reader:
             raise bad(f"unknown kind {kind!r:.100}")
         leaf = Leaf(
             name,
-            tuple((p[0], p[1]) for p in path),
+            key_path,
             kind,
             dtype,
             tuple(shape),
@@ -536,7 +566,7 @@ class Reader:
             stored = self.entries.get(aname)
             if stored is None:
                 raise bad(f"array {aname!r} is missing from the file")
-            if stored.dtype != adtype or stored.shape != ashape:
+            if stored.shape != ashape or _DTYPES[stored.dtype_name] != adtype:
                 raise bad(
                     f"array {aname!r} is stored as {stored.dtype_name}{list(stored.shape)} but "
                     f"{'its format ' + fmt.name if fmt else 'the leaf'} with logical shape "
@@ -618,14 +648,18 @@ class Reader:
         nbytes = dtype.itemsize
         for d in shape:
             nbytes *= d
-        memory = _physical_memory()
+        return self._allocate_bytes(name, nbytes).view(dtype).reshape(shape)
+
+    def _allocate_bytes(self, name: str, nbytes: int) -> np.ndarray:
+        """`nbytes` aligned bytes for tensor `name`, refused beyond the machine's memory."""
+        memory = self._memory
         if memory is not None and nbytes > memory:
             raise self.error(
                 f"tensor {name!r} declares {nbytes} bytes, more than this machine's "
                 f"{memory} bytes of memory; it cannot be loaded whole here"
             )
         try:
-            return aligned_empty(shape, dtype)
+            return _aligned_bytes(nbytes)
         except MemoryError:
             raise self.error(
                 f"tensor {name!r}: cannot allocate the {nbytes} bytes it declares"
@@ -634,12 +668,11 @@ class Reader:
     def read(self, name: str) -> np.ndarray:
         """The array stored as `name`, in a fresh aligned buffer, CRC-checked."""
         entry = self.entries[name]
-        out = self._allocate(name, entry.shape, entry.dtype)
-        view = out.reshape(-1).view(np.uint8).data
-        self.fill(self._file, entry.begin, view, name)
+        raw = self._allocate_bytes(name, entry.end - entry.begin)  # the shape's bytes (_entry)
+        self.fill(self._file, entry.begin, raw.data, name)
         if self.crc is not None:
-            self.check_crc(name, zlib.crc32(view))
-        del view
+            self.check_crc(name, zlib.crc32(raw.data))
+        out = raw.view(_DTYPES[entry.dtype_name]).reshape(entry.shape)
         self.check_values(name, out)
         return out
 
@@ -674,6 +707,8 @@ class Reader:
 
     def read_leaf(self, leaf: Leaf) -> Stored:
         """Every array of one leaf (data, and its scales, tensor scale and zero points)."""
+        if leaf.scale is None and leaf.tensor_scale is None and leaf.zero_point is None:
+            return Stored(self.read(leaf.name))  # its data alone (arrays(): one, named as it)
         arrays = {
             role: self.read(name)
             for (name, _, _), role in zip(leaf.arrays(), leaf.roles(), strict=True)
