@@ -297,7 +297,13 @@ def _on_device(batch: list[tuple[Leaf, Stored]]) -> list[Stored]:
     typed = [_typed(leaf, stored) for leaf, stored in batch]
     moved = iter(_to_device([a for s in typed for a in s if moves(a)]))
     # (a Stored now holding device arrays: `encoded` and `_to_jax` take them as they are)
-    return [Stored._make(next(moved) if moves(a) else a for a in s) for s in typed]
+    return [
+        # (data alone, as most leaves are: no generator for each)
+        (Stored(next(moved)) if moves(s.data) else s)
+        if s.scale is None and s.tensor_scale is None and s.zero_point is None
+        else Stored._make([next(moved) if moves(a) else a for a in s])
+        for s in typed
+    ]
 
 
 def encoded(leaf: Leaf, stored: Stored) -> Encoded:
@@ -428,6 +434,9 @@ def _materialized(
     """(key path, value) of each leaf of `batch`, its arrays moved in one transfer."""
     out = []
     for (leaf, _), stored in zip(batch, _on_device(batch), strict=True):
+        if leaf.kind == "array" and not isinstance(stored.data, np.ndarray):
+            out.append((leaf.path, stored.data))  # moved: what `materialize` gives
+            continue
         try:
             value = materialize(leaf, stored, as_arrays)
         except CheckpointError as exc:  # every message starts with the file's path
