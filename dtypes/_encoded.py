@@ -71,15 +71,27 @@ class Encoded:
     ) -> Encoded:
         data, scale, tensor_scale, zero_point = children
         fmt, scaling, last = aux
-        shape, groups = getattr(data, "shape", None), getattr(scale, "shape", None)
-        if scaling is not None and isinstance(shape, tuple) and isinstance(groups, tuple):
-            # `vmap`/`scan` took or added axes: the scaling follows the arrays' shapes
-            if fmt.packed and shape:
-                shape = shape[:-1] if last is None else (*shape[:-1], last)
-            scaling = scaling.refit(shape, groups)
+        scaling = cls.fitted_scaling(fmt, scaling, last, data, scale)
         return cls(
             data, scale, fmt, scaling, last, tensor_scale=tensor_scale, zero_point=zero_point
         )
+
+    @staticmethod
+    def fitted_scaling(
+        fmt: Format, scaling: Scaling | None, last: int | None, data: Any, scale: Any
+    ) -> Scaling | None:
+        """`scaling` as it fits `data` and `scale` when a pytree is rebuilt from them.
+
+        `vmap`/`scan` take axes from (or add axes to) the arrays without telling
+        the scaling: one layer of a `PerAxis(0)` stack is `PerTensor`
+        (`Scaling.refit`). Leaves without shapes (JAX's placeholders) leave it as is.
+        """
+        shape, groups = getattr(data, "shape", None), getattr(scale, "shape", None)
+        if scaling is None or not isinstance(shape, tuple) or not isinstance(groups, tuple):
+            return scaling
+        if fmt.packed and shape:
+            shape = shape[:-1] if last is None else (*shape[:-1], last)
+        return scaling.refit(shape, groups)
 
     @property
     def packed(self) -> bool:

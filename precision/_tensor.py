@@ -299,13 +299,8 @@ class Tensor:
     def tree_unflatten(cls, aux: tuple[Any, ...], children: tuple[Any, ...]) -> Tensor:
         fmt, scaling, dtype, last = aux
         data, scale, tensor_scale, zero_point, st = children
-        shape, groups = getattr(data, "shape", None), getattr(scale, "shape", None)
-        if scaling is not None and isinstance(shape, tuple) and isinstance(groups, tuple):
-            # `vmap`/`scan` took or added axes (one layer of a stack, a batch of
-            # encodings): the scaling follows the arrays' shapes (`Scaling.refit`)
-            if fmt.packed and shape:
-                shape = shape[:-1] if last is None else (*shape[:-1], last)
-            scaling = scaling.refit(shape, groups)
+        # one layer of a stack under vmap/scan, or a batch of encodings made under vmap
+        scaling = dtypes.Encoded.fitted_scaling(fmt, scaling, last, data, scale)
         if isinstance(st, jax.Array | np.ndarray) and not is_tracer(st):
             # A straight-through copy carries a gradient only while it is traced; out of
             # `grad` (an aux output, a jitted step's result) it would be a float32 copy
