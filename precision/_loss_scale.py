@@ -264,11 +264,13 @@ class DynamicLossScale:
         be a traced boolean.
 
         Args:
-            grads_finite: one boolean (or integer 0/1), e.g. `all_finite(grads)`.
+            grads_finite: one boolean (Python, numpy or JAX, traced too), e.g.
+                `all_finite(grads)`.
 
         Raises:
-            LossScaleTypeError: `grads_finite` is a float (a NaN would read as
-                True) or not a number.
+            LossScaleTypeError: `grads_finite` is not a boolean: a float (a NaN
+                would read as True), an integer (a count of finite values
+                would read as True too) or not a number.
             LossScaleError: `grads_finite` is not a scalar (one flag per
                 leaf needs `all_finite` to combine them).
         """
@@ -344,24 +346,28 @@ def _static_number(value: Any, what: str, example: str) -> int | float:
 
 
 def _as_flag(value: Any, where: str, example: str) -> jax.Array:
-    """A scalar boolean from a bool or integer flag; floats are refused, not truth-tested.
+    """A scalar boolean, refused unless it is one: floats and integers are not truth-tested.
 
     `bool(nan)` is True in Python, so a float "flag" holding NaN would read as
-    "all finite"; the flag must say so itself.
+    "all finite"; an integer is refused for the same reason: a count such as
+    `jnp.sum(jnp.isfinite(g))` is non-zero, so True, while some values are not
+    finite. The flag must be a boolean that says so itself.
     """
     arr = value if isinstance(value, jax.Array) else np.asarray(value)
     dtype = np.dtype(arr.dtype)
-    if dtype.kind not in "biu":
+    if dtype.kind != "b":
+        shown = type(value).__name__ if isinstance(value, int | float | complex) else dtype
         raise LossScaleTypeError(
-            f"{where} needs a boolean flag, got {dtype} {value!r:.80}; pass e.g. {example} "
-            "(a comparison or isfinite result, not a float)"
+            f"{where} needs a boolean flag, got {shown} {value!r:.80}; pass e.g. {example} "
+            "(a comparison or isfinite result: a float NaN or an integer count is not "
+            "truth-tested)"
         )
     if arr.shape != ():
         raise LossScaleError(
             f"{where} needs one flag (a scalar), got shape {tuple(arr.shape)}; combine "
             f"per-leaf flags first, e.g. {example}"
         )
-    return jnp.asarray(arr) != 0 if dtype.kind != "b" else jnp.asarray(arr)
+    return jnp.asarray(arr)
 
 
 def _as_scale(value: Any) -> Any:
@@ -459,14 +465,15 @@ def select_tree(pred: Any, on_true: Any, on_false: Any) -> Any:
     promoted). Typical use: skip an update whose gradients were not finite.
     `precision.Tensor` leaves of one format select their storage directly.
 
-    `pred` is a boolean (or integer) scalar. A float predicate is refused
+    `pred` is a boolean scalar. A float or integer predicate is refused
     rather than truth-tested: `bool(nan)` is True, so `select_tree(nan, new,
-    old)` would pick `new`, the very update a NaN should have skipped.
+    old)` would pick `new`, the very update a NaN should have skipped (and
+    so would a non-zero count of finite values).
 
     Raises:
         LossScaleError: (a `ValueError`) the trees differ in structure or in
             a leaf's shape, or `pred` is not a scalar.
-        LossScaleTypeError: (a `TypeError`) `pred` is a float, a pair of
+        LossScaleTypeError: (a `TypeError`) `pred` is not a boolean, a pair of
             leaves differ in dtype, or a leaf is not a number.
 
     Examples:

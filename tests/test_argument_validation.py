@@ -437,6 +437,43 @@ WRONG_CALLS = [
         ["float64", "jax_enable_x64"],
         id="policy-float64-without-x64",
     ),
+    # -- integer loss-scale flags: read as booleans before (a count of finite values too)
+    pytest.param(
+        lambda tmp: DynamicLossScale(2.0).adjust(1),
+        LossScaleTypeError,
+        ["int 1", "boolean flag", "all_finite(grads)"],
+        id="adjust-int-flag",
+    ),
+    pytest.param(
+        lambda tmp: DynamicLossScale(2.0).adjust(np.int32(0)),
+        LossScaleTypeError,
+        ["int32", "boolean flag", "all_finite(grads)"],
+        id="adjust-numpy-int-flag",
+    ),
+    pytest.param(
+        lambda tmp: DynamicLossScale(2.0).adjust(jnp.sum(jnp.isfinite(jnp.array([1.0, NAN])))),
+        LossScaleTypeError,
+        ["int32", "boolean flag", "all_finite(grads)"],
+        id="adjust-count-flag",
+    ),
+    pytest.param(
+        lambda tmp: jax.jit(lambda f: DynamicLossScale(2.0).adjust(f))(jnp.int32(1)),
+        LossScaleTypeError,
+        ["int32", "boolean flag", "all_finite(grads)"],
+        id="adjust-traced-int-flag",
+    ),
+    pytest.param(
+        lambda tmp: StaticLossScale(2.0).adjust(1),
+        LossScaleTypeError,
+        ["int 1", "all_finite(grads)"],
+        id="static-adjust-int-flag",
+    ),
+    pytest.param(
+        lambda tmp: select_tree(np.uint8(1), {"w": jnp.ones(2)}, {"w": jnp.zeros(2)}),
+        LossScaleTypeError,
+        ["uint8", "boolean flag", "all_finite(grads)"],
+        id="select-tree-int-pred",
+    ),
     pytest.param(
         lambda tmp: precision.apply_updates({"w": jnp.ones(3)}, {"w": "abc"}),
         precision.UpdateError,

@@ -210,14 +210,35 @@ def test_adjust_needs_one_boolean_flag(flag, error, match):
         jax.jit(lambda f: ls.adjust(f))(flag) if not isinstance(flag, str) else ls.adjust(flag)
 
 
-def test_adjust_takes_integer_flags():
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize(
+    "finite",
+    [True, np.bool_(True), np.array(True), jnp.bool_(True), jnp.array(True)],
+    ids=["python", "numpy-scalar", "numpy-0d", "jax-scalar", "jax-0d"],
+)
+def test_adjust_takes_every_kind_of_boolean_flag(jit, finite):
     ls = DynamicLossScale(jnp.float32(8.0), period=1)
-    assert float(ls.adjust(1).loss_scale) == 16.0
-    assert float(ls.adjust(np.int32(0)).loss_scale) == 4.0
+    adjust = jax.jit(lambda ls, f: ls.adjust(f)) if jit else (lambda ls, f: ls.adjust(f))
+    assert float(adjust(ls, finite).loss_scale) == 16.0
+    assert float(adjust(ls, not finite if isinstance(finite, bool) else ~finite).loss_scale) == 4.0
 
 
-@pytest.mark.parametrize("pred", [float("nan"), 0.0, jnp.float32(1.0)])
-def test_select_tree_refuses_a_float_predicate(pred):
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize(
+    "flag",
+    [1, 0, np.int32(1), np.uint8(1), jnp.int32(1), jnp.sum(jnp.isfinite(jnp.array([1.0, np.nan])))],
+    ids=["python-1", "python-0", "numpy-int32", "numpy-uint8", "jax-int32", "count-of-finite"],
+)
+@pytest.mark.parametrize("scale", [DynamicLossScale(8.0), StaticLossScale(8.0), NoOpLossScale()])
+def test_adjust_refuses_integer_flags(jit, flag, scale):
+    # a count of finite values (here 1 of 2) would have read as True: "all finite"
+    adjust = jax.jit(lambda ls, f: ls.adjust(f)) if jit else (lambda ls, f: ls.adjust(f))
+    with pytest.raises(LossScaleTypeError, match="needs a boolean flag"):
+        adjust(scale, flag)
+
+
+@pytest.mark.parametrize("pred", [float("nan"), 0.0, jnp.float32(1.0), 1, jnp.int32(0)])
+def test_select_tree_refuses_a_float_or_integer_predicate(pred):
     with pytest.raises(LossScaleTypeError, match="boolean flag"):
         select_tree(pred, {"w": jnp.ones(2)}, {"w": jnp.zeros(2)})
 
