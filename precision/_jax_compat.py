@@ -8,6 +8,8 @@ the primitive names. When upgrading JAX, this is the one module to re-check.
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 import jax
@@ -23,6 +25,7 @@ __all__ = [
     "closed",
     "is_differentiated",
     "is_tracer",
+    "primitive_names",
     "prims",
     "scan_counts",
     "while_counts",
@@ -73,6 +76,25 @@ def is_differentiated(x: Any) -> bool:
         x = getattr(x, "val", None)
         seen += 1
     return False
+
+
+def primitive_names() -> frozenset[str]:
+    """The names of the primitives defined so far: every `Primitive` bound to a
+    module-level name of an imported module (JAX's own, a library's, the user's).
+
+    JAX publishes no complete list: `jax.extend.core.primitives` lacks some
+    that jaxprs hold (jax 0.10: `optimization_barrier`, `split`,
+    `ragged_dot_general`, ...), so the loaded modules are read instead (about
+    20 ms with a few thousand modules). Only plain modules are read, by type
+    and `vars`: a lazily loaded module would import itself on first attribute
+    access, and `isinstance` would ask proxy objects for their `__class__`.
+    """
+    names: set[str] = set()
+    for module in list(sys.modules.values()):
+        if type(module) is types.ModuleType:
+            values = list(vars(module).values())
+            names.update(v.name for v in values if issubclass(type(v), jex.Primitive))
+    return frozenset(names)
 
 
 def closed(jaxpr: Any) -> tuple[Any, list[Any]]:

@@ -9,6 +9,7 @@ accurate). A policy names those three formats and casts whole pytrees.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ from dtypes import PrecisionTypeError
 
 from ._context import resolve_format
 from ._errors import FormatError, PolicyError
+from ._jax_compat import primitive_names
 from ._tree import is_floating, is_tensor, to_full_precision, to_reduced_precision
 
 __all__ = ["DEFAULT_FLOAT32_OPS", "Policy"]
@@ -86,7 +88,18 @@ class Policy:
         output: format results are returned in; defaults to `params`.
         float32_ops: primitive names that `precision.apply(f, policy=...)`
             computes in float32 under a narrower compute format (default
-            `DEFAULT_FLOAT32_OPS`; pass `()` for every op in `compute`).
+            `DEFAULT_FLOAT32_OPS`; pass `()` for every op in `compute`). Names
+            are spelled as a jaxpr spells them (`jax.make_jaxpr(f)(x)` shows
+            them): `"reduce_sum"`, not `"sum"`; a composite such as softmax is
+            several primitives. A name that is no primitive of JAX (or of any
+            imported module) is refused, not ignored: a misspelled name would
+            silently leave its op in the compute format.
+
+    Raises:
+        PolicyError: (a ValueError) a `float32_ops` name that is no known
+            primitive; the message suggests the close names.
+        PrecisionTypeError: `float32_ops` is not a collection of strings.
+        FormatError: an unknown format, or a scale-only format.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -118,6 +131,7 @@ class Policy:
                 f'{{"exp", "reduce_sum"}}, got {type(ops).__name__} {ops!r:.80}; pass e.g. '
                 'float32_ops={"exp", "log"}, or () to compute every op in the compute format'
             )
+        _check_primitive_names(frozenset(names))
         object.__setattr__(self, "float32_ops", frozenset(names))
         params = _policy_format(self.params, "params")
         object.__setattr__(self, "params", params)
@@ -226,6 +240,41 @@ class Policy:
                     f"{', '.join(dtypes.FORMATS)} or an alias ({', '.join(dtypes.ALIASES)})"
                 ) from None
         return cls(**fields)
+
+
+def _check_primitive_names(names: frozenset[str]) -> None:
+    """Refuse `float32_ops` names that no primitive has, each with the close names it may mean.
+
+    Refused rather than warned about: a traced function can only hold
+    primitives that exist, and the names read from the loaded modules cover
+    every module-level primitive (JAX's, a library's, the user's), so an
+    unknown name is a mistake, or a primitive whose module is not imported
+    yet, and it would otherwise change nothing, silently.
+    """
+    if names <= DEFAULT_FLOAT32_OPS:
+        return  # the common case, without reading the loaded modules
+    known = primitive_names()
+    unknown = sorted(names - known)
+    if unknown:
+        listed = ", ".join(_with_suggestions(name, known) for name in unknown)
+        raise PolicyError(
+            f"Policy: float32_ops names {listed}, but no primitive of JAX {jax.__version__} or "
+            f"of an imported module is called so; name primitives as a jaxpr spells them "
+            f"(print(jax.make_jaxpr(f)(x)) lists them, e.g. 'exp', 'reduce_sum'): a composite "
+            f"such as softmax or layer norm is several (reduce_max, exp, reduce_sum, div, "
+            f"rsqrt), and a primitive of your own counts once its module is imported"
+        )
+
+
+def _with_suggestions(name: str, known: frozenset[str]) -> str:
+    """`'name'`, with up to four known names it may have meant: names it is a word of
+    (`sum` in `reduce_sum`), then names spelled closely (`reduce_summ`)."""
+    words = sorted((k for k in known if name in k.split("_")), key=len)
+    close = difflib.get_close_matches(name, sorted(known), n=4, cutoff=0.6)
+    suggested = list(dict.fromkeys(words + close))[:4]
+    if not suggested:
+        return repr(name)
+    return f"{name!r} (did you mean {', '.join(map(repr, suggested))}?)"
 
 
 def _policy_format(fmt: Any, field: str) -> dtypes.Format:

@@ -437,7 +437,26 @@ WRONG_CALLS = [
         ["float64", "jax_enable_x64"],
         id="policy-float64-without-x64",
     ),
-    # -- integer loss-scale flags: read as booleans before (a count of finite values too)
+    # -- float32_ops names that are no primitive, integer loss-scale flags: silent wrong
+    #    results before
+    pytest.param(
+        lambda tmp: precision.Policy(float32_ops={"exp", "softmaxx", "layer_norm"}),
+        precision.PolicyError,
+        ["'softmaxx'", "'layer_norm'", "jax.make_jaxpr"],
+        id="policy-float32-ops-not-primitives",
+    ),
+    pytest.param(
+        lambda tmp: precision.Policy(float32_ops=["reduce_summ"]),
+        precision.PolicyError,
+        ["'reduce_summ'", "did you mean", "'reduce_sum'"],
+        id="policy-float32-ops-misspelled",
+    ),
+    pytest.param(
+        lambda tmp: precision.Policy(float32_ops=["sum"]),
+        precision.PolicyError,
+        ["'sum'", "'reduce_sum'"],
+        id="policy-float32-ops-numpy-name",
+    ),
     pytest.param(
         lambda tmp: DynamicLossScale(2.0).adjust(1),
         LossScaleTypeError,

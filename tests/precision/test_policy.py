@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.extend.core import Primitive
 
 import dtypes
 import precision
 from precision import Policy
+
+# A primitive of the user's own, bound at module level like JAX's.
+_OWN_PRIMITIVE = Primitive("precision_test_own_op")
 
 
 @pytest.mark.parametrize(
@@ -69,6 +74,48 @@ def test_constructor_resolves_names_and_defaults_to_params():
         Policy(compute="nope")
     with pytest.raises(dataclasses.FrozenInstanceError):
         policy.compute = dtypes.float16
+
+
+def test_float32_ops_take_every_primitive_a_jaxpr_can_hold():
+    def model(x, w):
+        h = jax.nn.gelu(x @ w)
+        h = (h - h.mean(-1, keepdims=True)) * jax.lax.rsqrt(h.var(-1, keepdims=True) + 1e-5)
+        return jax.nn.log_softmax(jnp.cumsum(h, axis=0)).sum()
+
+    x = jnp.ones((4, 8))
+    jaxpr = jax.make_jaxpr(jax.grad(model, argnums=1))(x, jnp.ones((8, 8)))
+    traced = {e.primitive.name for e in jaxpr.eqns}
+    assert "dot_general" in traced
+    assert Policy(float32_ops=traced).float32_ops == traced
+    assert Policy(float32_ops=precision.DEFAULT_FLOAT32_OPS).float32_ops  # each a primitive
+    own = Policy(compute="bf16", float32_ops={"exp", "precision_test_own_op"})
+    assert own.with_output("bf16").float32_ops == {"exp", "precision_test_own_op"}
+
+
+def test_every_default_float32_op_is_a_primitive_of_this_jax():
+    # the check skips the default names: a JAX rename would make one dead
+    from precision._jax_compat import primitive_names
+
+    assert precision.DEFAULT_FLOAT32_OPS <= primitive_names()
+
+
+@pytest.mark.parametrize(
+    ("ops", "named", "suggested"),
+    [
+        ({"exp", "softmaxx"}, "names 'softmaxx', but", []),  # the known 'exp' is not listed
+        ({"layer_norm"}, "'layer_norm'", []),
+        ({"reduce_summ"}, "'reduce_summ'", ["'reduce_sum'"]),
+        ({"sum", "Exp"}, "'sum'", ["'reduce_sum'", "'exp'"]),
+        ({"dot"}, "'dot'", ["'dot_general'"]),
+        ({"erfinv"}, "'erfinv'", ["'erf_inv'"]),
+    ],
+)
+def test_float32_ops_names_no_primitive_has_are_refused_with_close_names(ops, named, suggested):
+    with pytest.raises(precision.PolicyError) as info:
+        Policy(compute="bf16", float32_ops=ops)
+    message = str(info.value)
+    assert named in message
+    assert all(s in message for s in suggested), message
 
 
 def _tree():
