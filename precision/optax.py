@@ -26,24 +26,78 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import dtypes
 from dtypes import PrecisionTypeError
 
 from ._context import resolve_format
-from ._errors import SelectionError
+from ._errors import SelectionError, UpdateError
 from ._tensor import Tensor, logical_values
 from ._tree import is_tensor
 
-__all__ = ["ReducedState", "reduced_state"]
+__all__ = ["ParamsLayout", "ReducedState", "reduced_state"]
 
 _DEFAULT_INT_SCALING = dtypes.PerBlock(64)
 
 
 class ReducedState(NamedTuple):
-    """The wrapped optimizer's state, with the selected leaves stored as Tensors."""
+    """The wrapped optimizer's state, with the selected leaves stored as Tensors.
+
+    `params_layout` is the structure and shapes of the parameters `init` was given
+    (static data, no array), so `update` refuses updates that do not fit
+    before the wrapped optimizer fails on them or broadcasts them silently;
+    None (a state built by hand) leaves that check to the `params` argument.
+    """
 
     inner: Any
+    params_layout: ParamsLayout | None = None
+
+
+class ParamsLayout:
+    """The structure and leaf shapes of a parameter tree: a pytree node with no leaves,
+    so it travels through `jit`, `scan` and `tree_map` as static structure."""
+
+    def __init__(self, treedef: Any, shapes: tuple[tuple[int, ...], ...]) -> None:
+        self.treedef = treedef
+        self.shapes = shapes
+
+    @classmethod
+    def of(cls, tree: Any) -> ParamsLayout:
+        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_tensor)
+        return cls(treedef, tuple(tuple(int(d) for d in np.shape(x)) for x in leaves))
+
+    def check(self, tree: Any, what: str) -> None:
+        """Refuse `tree` (`what`: "updates" or "params") unless it has this structure and shapes."""
+        flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_tensor)
+        if treedef != self.treedef:
+            raise UpdateError(
+                f"reduced_state: {what} have the structure {treedef}, but the state was built "
+                f"by tx.init(params) for params of structure {self.treedef}; {what} must have "
+                "the structure of those params (build a state for other params with "
+                "tx.init(params))"
+            )
+        wrong = [
+            f"{what}{_leaf_name(path)} has shape {tuple(np.shape(x))} where params"
+            f"{_leaf_name(path)} had {shape}"
+            for (path, x), shape in zip(flat, self.shapes, strict=True)
+            if tuple(np.shape(x)) != shape
+        ]
+        if wrong:
+            raise UpdateError(
+                f"reduced_state: {'; '.join(wrong)} at tx.init(params); {what} must match those "
+                "params exactly (the optimizer would broadcast them into its moments)"
+            )
+
+    def __repr__(self) -> str:
+        return f"ParamsLayout({jax.tree_util.tree_unflatten(self.treedef, self.shapes)})"
+
+
+jax.tree_util.register_pytree_node(
+    ParamsLayout,
+    lambda layout: ((), (layout.treedef, layout.shapes)),
+    lambda aux, _: ParamsLayout(*aux),
+)
 
 
 def _leaf_name(path: tuple[Any, ...]) -> str:
@@ -74,6 +128,50 @@ def _check_arguments(inner: Any, patterns: Any, scaling: Any) -> None:
             f"reduced_state: scaling must be a dtypes.Scaling or None, got "
             f"{type(scaling).__name__} {scaling!r:.80}; pass e.g. scaling=dtypes.PerBlock(64)"
         )
+
+
+def _check_arrays(tree: Any, what: str, call: str) -> None:
+    """Refuse a tree that is not plain arrays (or numbers), naming every leaf that is not.
+
+    Optax would fail deep inside with a builtin (text, objects, None), or
+    compute on a Tensor's codes and scales as if they were values."""
+    meaning = "the gradients" if what == "updates" else "the model's parameters"
+    if tree is None:
+        raise PrecisionTypeError(
+            f"reduced_state: {call} takes {what} ({meaning}, a pytree of arrays), got None; "
+            "pass e.g. {'w': jnp.zeros((3, 4))}"
+        )
+    flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_tensor)[0]
+    tensors = [f"{_leaf_name(p) or '<root>'} in {x.format.name}" for p, x in flat if is_tensor(x)]
+    if tensors:
+        raise PrecisionTypeError(
+            f"reduced_state: {what} hold precision.Tensor leaves ({', '.join(tensors)}); the "
+            f"wrapped optimizer computes on plain arrays: pass "
+            f"precision.to_full_precision({what}) (keep reduced parameters across steps with "
+            "precision.apply_updates)"
+        )
+    others = [
+        f"{what}{_leaf_name(p) or ' <root>'} is {type(x).__name__} {x!r:.60}"
+        for p, x in flat
+        if not _is_array(x)
+    ]
+    if others:
+        raise PrecisionTypeError(
+            f"reduced_state: {'; '.join(others)}, not an array; {call} takes {what} "
+            f"({meaning}) as a pytree of arrays"
+        )
+
+
+def _is_array(x: Any) -> bool:
+    if isinstance(x, int | float | complex):
+        return True
+    dtype = getattr(x, "dtype", None)
+    # Other dtypes pass (bfloat16, float8, PRNG keys): the optimizer decides about those.
+    return (
+        hasattr(x, "shape")
+        and dtype is not None
+        and getattr(dtype, "kind", None) not in ("O", "S", "U", "V")
+    )
 
 
 def _compile(pattern: str) -> re.Pattern[str]:
@@ -113,8 +211,14 @@ def reduced_state(
 
     Raises:
         PrecisionTypeError: `inner` is not a transformation, `patterns` not a
-            dict of strings, `scaling` not a `dtypes.Scaling`, or (at
-            `update`) a state that is not this transformation's `ReducedState`.
+            dict of strings, `scaling` not a `dtypes.Scaling`; at `init` and
+            `update`, params or updates that are None or hold leaves other
+            than arrays (text, objects, Tensors: pass
+            `precision.to_full_precision(tree)`), or a state that is not this
+            transformation's `ReducedState`.
+        UpdateError: at `update`, updates (or params) whose structure or leaf
+            shapes differ from the params given to `init`, checked before the
+            wrapped optimizer fails on them or broadcasts them.
         SelectionError: a `patterns` key is not a valid regular expression.
         FormatError: an unknown format name.
 
@@ -186,18 +290,35 @@ def reduced_state(
         return jax.tree_util.tree_map_with_path(one, state, is_leaf=is_tensor)
 
     def init_fn(params: Any) -> ReducedState:
-        return ReducedState(encode(inner.init(params)))
+        _check_arrays(params, "params", "tx.init(params)")
+        return ReducedState(encode(inner.init(params)), ParamsLayout.of(params))
 
     def update_fn(
         updates: Any, state: ReducedState, params: Any = None, **extra: Any
     ) -> tuple[Any, ReducedState]:
-        if not isinstance(state, ReducedState):
-            raise PrecisionTypeError(
-                f"reduced_state: update needs the state this transformation's init returned (a "
-                f"precision.optax.ReducedState), got {type(state).__name__} {state!r:.80}; pass "
-                "state = tx.init(params) of this same tx, not the wrapped optimizer's own state"
-            )
+        _check_update(updates, state, params)
         new_updates, new_inner = inner.update(updates, decode(state.inner), params, **extra)
-        return new_updates, ReducedState(encode(new_inner))
+        return new_updates, ReducedState(encode(new_inner), state.params_layout)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _check_update(updates: Any, state: Any, params: Any) -> None:
+    """What `update` is given, checked before the wrapped optimizer sees it."""
+    if not isinstance(state, ReducedState):
+        raise PrecisionTypeError(
+            f"reduced_state: update needs the state this transformation's init returned (a "
+            f"precision.optax.ReducedState), got {type(state).__name__} {state!r:.80}; pass "
+            "state = tx.init(params) of this same tx, not the wrapped optimizer's own state"
+        )
+    call = "tx.update(updates, state, params)"
+    _check_arrays(updates, "updates", call)
+    if params is not None:
+        _check_arrays(params, "params", call)
+    layout = state.params_layout
+    if layout is None and params is not None:
+        layout = ParamsLayout.of(params)
+    if layout is not None:
+        layout.check(updates, "updates")
+        if params is not None:
+            layout.check(params, "params")

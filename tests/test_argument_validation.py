@@ -39,6 +39,7 @@ from precision.testing._plugin import MarkerError, selected_formats
 
 NAN = float("nan")
 INF = float("inf")
+W = {"w": jnp.ones((4, 128))}
 
 
 def _not_a_checkpoint(tmp: Path) -> Any:
@@ -73,6 +74,22 @@ def _reduced_state(*args: Any, **kwargs: Any) -> Any:
     from precision.optax import reduced_state
 
     return reduced_state(*args, **kwargs)
+
+
+def _reduced_adam() -> Any:
+    """`reduced_state(optax.adam)` and a state it built for params {"w": (4, 128)}."""
+    tx = _reduced_state(_adam(), mu="bfloat16", nu="int8")
+    with jax.numpy_dtype_promotion("standard"):  # optax's own bias correction mixes dtypes
+        return tx, tx.init(W)
+
+
+def _bf16(shape: tuple[int, ...]) -> precision.Tensor:
+    return precision.Tensor(jnp.ones(shape)).to_reduced_precision("bfloat16")
+
+
+def _update(updates: Any, params: Any = None) -> Any:
+    tx, state = _reduced_adam()
+    return tx.update(updates, state, params)
 
 
 def _draw(strategy: Any) -> Any:
@@ -437,8 +454,80 @@ WRONG_CALLS = [
         ["float64", "jax_enable_x64"],
         id="policy-float64-without-x64",
     ),
-    # -- float32_ops names that are no primitive, integer loss-scale flags: silent wrong
-    #    results before
+    # -- bad input reaching optax through reduced_state, float32_ops names that are no
+    #    primitive, integer loss-scale flags: plain builtins or silent wrong results before
+    pytest.param(
+        lambda tmp: _reduced_adam()[0].init("abc"),
+        dtypes.PrecisionTypeError,
+        ["<root>", "str 'abc'", "tx.init(params)"],
+        id="reduced-state-init-text",
+    ),
+    pytest.param(
+        lambda tmp: _reduced_adam()[0].init(None),
+        dtypes.PrecisionTypeError,
+        ["None", "tx.init(params)"],
+        id="reduced-state-init-none",
+    ),
+    pytest.param(
+        lambda tmp: _reduced_adam()[0].init({"w": jnp.ones(2), "b": object()}),
+        dtypes.PrecisionTypeError,
+        ["['b']", "object", "tx.init(params)"],
+        id="reduced-state-init-object",
+    ),
+    pytest.param(
+        lambda tmp: _reduced_adam()[0].init({"w": _bf16((4, 128))}),
+        dtypes.PrecisionTypeError,
+        ["['w']", "bfloat16", "precision.to_full_precision(params)"],
+        id="reduced-state-init-tensor",
+    ),
+    pytest.param(
+        lambda tmp: _update({"v": jnp.ones((4, 128))}, W),
+        precision.UpdateError,
+        ["'v'", "'w'", "tx.init(params)"],
+        id="reduced-state-update-structure",
+    ),
+    pytest.param(
+        lambda tmp: _update({"v": jnp.ones((4, 128))}),
+        precision.UpdateError,
+        ["'v'", "'w'", "tx.init(params)"],
+        id="reduced-state-update-structure-without-params",
+    ),
+    pytest.param(
+        lambda tmp: _update(None),
+        dtypes.PrecisionTypeError,
+        ["None", "the gradients"],
+        id="reduced-state-update-none",
+    ),
+    pytest.param(
+        lambda tmp: _update({"w": jnp.ones((4, 1))}),
+        precision.UpdateError,
+        ["['w']", "(4, 1)", "(4, 128)"],
+        id="reduced-state-update-shape",
+    ),
+    pytest.param(
+        lambda tmp: _update({"w": jnp.ones((4, 128))}, {"w": jnp.ones((4, 1))}),
+        precision.UpdateError,
+        ["params", "['w']", "(4, 1)", "(4, 128)"],
+        id="reduced-state-update-params-shape",
+    ),
+    pytest.param(
+        lambda tmp: _update("abc"),
+        dtypes.PrecisionTypeError,
+        ["<root>", "str 'abc'", "gradients"],
+        id="reduced-state-update-text",
+    ),
+    pytest.param(
+        lambda tmp: _update({"w": _bf16((4, 128))}),
+        dtypes.PrecisionTypeError,
+        ["['w']", "bfloat16", "precision.to_full_precision(updates)"],
+        id="reduced-state-update-tensor",
+    ),
+    pytest.param(
+        lambda tmp: _update({"w": jnp.ones((4, 128))}, {"w": _bf16((4, 128))}),
+        dtypes.PrecisionTypeError,
+        ["['w']", "bfloat16", "precision.to_full_precision(params)"],
+        id="reduced-state-update-tensor-params",
+    ),
     pytest.param(
         lambda tmp: precision.Policy(float32_ops={"exp", "softmaxx", "layer_norm"}),
         precision.PolicyError,

@@ -95,3 +95,35 @@ def test_tree_nbytes_of_the_state_counts_the_narrow_moments():
     full = optax.adam(1e-3).init(params)
     small = reduced_state(optax.adam(1e-3), mu="bfloat16", nu="int8").init(params)
     assert precision.tree_nbytes(small) < 0.5 * precision.tree_nbytes(full)
+
+
+def test_update_is_checked_against_the_params_given_to_init_also_inside_jit():
+    tx = reduced_state(optax.adam(1e-2), mu="bfloat16", nu="int8")
+    params = {"w": jnp.ones((4, 128)), "b": jnp.zeros(128)}
+    state = tx.init(params)
+    assert repr(state.params_layout) == "ParamsLayout({'b': (128,), 'w': (4, 128)})"
+    step = jax.jit(lambda g, s: tx.update(g, s))  # no params: the state knows their layout
+    _, state = step(params, state)
+    assert state.params_layout.shapes == ((128,), (4, 128))
+    with pytest.raises(precision.UpdateError, match=r"updates\['b'\] has shape \(1,\)"):
+        step({"w": jnp.ones((4, 128)), "b": jnp.zeros(1)}, state)  # would broadcast silently
+    with pytest.raises(precision.UpdateError, match="structure"):
+        step({"w": jnp.ones((4, 128))}, state)
+
+
+def test_states_pass_through_scan_masked_wrappers_and_hand_built_states():
+    params = {"w": jnp.ones((4, 128)), "b": jnp.zeros(3)}
+    inside = reduced_state(optax.masked(optax.adam(1e-2), {"w": True, "b": False}))
+    outside = optax.masked(reduced_state(optax.adam(1e-2)), {"w": True, "b": False})
+    for tx in (inside, outside):
+        state = tx.init(params)
+
+        def body(s, _, tx=tx):
+            return tx.update(params, s, params)[1], None
+
+        state, _ = jax.lax.scan(body, state, None, length=2)
+    tx = reduced_state(optax.adam(1e-2))
+    by_hand = precision.optax.ReducedState(tx.init(params).inner)  # no layout: params decide
+    tx.update(params, by_hand, params)
+    with pytest.raises(precision.UpdateError, match=r"params\['b'\] had \(3,\)"):
+        tx.update({"w": jnp.ones((4, 128)), "b": jnp.ones(2)}, by_hand, params)
