@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ._errors import CalibrationError as CalibrationError
     from ._errors import CheckpointError as CheckpointError
     from ._errors import DeviceMismatchError as DeviceMismatchError
+    from ._errors import ExplainError as ExplainError
     from ._errors import FormatError as FormatError
     from ._errors import LossScaleError as LossScaleError
     from ._errors import LossScaleTypeError as LossScaleTypeError
@@ -70,6 +71,7 @@ _HOME = {
     "CalibrationError": "_errors",
     "CheckpointError": "_errors",
     "DeviceMismatchError": "_errors",
+    "ExplainError": "_errors",
     "FormatError": "_errors",
     "LossScaleError": "_errors",
     "LossScaleTypeError": "_errors",
@@ -106,6 +108,7 @@ __all__ = [
     "Contract",
     "DeviceMismatchError",
     "DynamicLossScale",
+    "ExplainError",
     "Explanation",
     "FormatError",
     "LossScaleError",

@@ -16,6 +16,7 @@ __all__ = [
     "CalibrationError",
     "CheckpointError",
     "DeviceMismatchError",
+    "ExplainError",
     "FormatError",
     "PolicyError",
     "PrecisionError",
@@ -113,3 +114,8 @@ class SelectionWarning(UserWarning):
 
 class TensorIndexError(PrecisionError, IndexError):
     """A static integer index outside its dimension (JAX would clamp it silently)."""
+
+
+class ExplainError(PrecisionError, ValueError):
+    """`precision.explain` was asked for something it cannot give (a reference that does
+    not match the program, a flag of the wrong type)."""

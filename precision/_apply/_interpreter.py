@@ -26,6 +26,7 @@ import dtypes
 from .. import _jax_compat as compat
 from .._compute import Context, State, Stored, Val, join, prepare, rule_for
 from .._compute._moves import squeezed_scaling
+from .._compute._notes import paused
 from .._storage import decode_encoded, is_float
 
 __all__ = ["evaluate"]
@@ -79,7 +80,8 @@ def _abstract_states(
 ) -> list[State | None]:
     """The output states of `jaxpr`, found by abstract evaluation (no compute)."""
     box: list[State | None] = []
-    jax.eval_shape(_run(jaxpr, _plain(states), ctx, box), *args)
+    with paused():  # `explain` notes the contractions of the traced program only
+        jax.eval_shape(_run(jaxpr, _plain(states), ctx, box), *args)
     return box
 
 

@@ -38,7 +38,7 @@ import dtypes
 
 from .._storage import is_float
 from ._int_operands import codes, dot_operands, kept_scale
-from ._notes import note, settle
+from ._notes import note, observe, settle
 from ._quantized import quantized_contraction
 from ._rules import RULES, Val, finish, op_state, operands_at_use
 from ._state import Context, Stored
@@ -85,6 +85,12 @@ def _native_path(op: str, fmt: dtypes.Format) -> np.dtype | None:
 
 
 def contraction_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
+    out = _contraction(eqn, vals, ctx)
+    observe(out[0][0])  # for `explain(..., measure_error=True)`; else nothing
+    return out
+
+
+def _contraction(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
     op = eqn.primitive.name
     state = op_state(op, vals, ctx)
     if state is None:

@@ -23,7 +23,16 @@ from jax.extend import source_info_util
 
 from ._state import State
 
-__all__ = ["Note", "describe_operand", "mark_fallback", "note", "recording", "settle"]
+__all__ = [
+    "Note",
+    "describe_operand",
+    "mark_fallback",
+    "note",
+    "observe",
+    "paused",
+    "recording",
+    "settle",
+]
 
 SCOPE = "precision_explain_"
 
@@ -42,22 +51,56 @@ class Note:
     path: str  # how the operands reach the dot
     flops: int  # multiply-adds times two
     fallback: str | None = None  # a declared narrow path that did not happen, and why
+    outputs: list[np.ndarray] = dataclasses.field(default_factory=list)  # when capturing
 
 
 _NOTES: contextvars.ContextVar[list[Note] | None] = contextvars.ContextVar(
     "precision_explain_notes", default=None
 )
+_CAPTURE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "precision_explain_capture", default=False
+)
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[list[Note]]:
-    """Collect the notes of every contraction traced inside the block."""
+def recording(capture: bool = False) -> Iterator[list[Note]]:
+    """Collect the notes of every contraction traced inside the block.
+
+    With `capture`, the traced program also hands each contraction's output
+    to the host when it runs (`Note.outputs`, one array per execution: a
+    contraction inside `scan` runs once per step).
+    """
     notes: list[Note] = []
-    token = _NOTES.set(notes)
+    token, capturing = _NOTES.set(notes), _CAPTURE.set(capture)
     try:
         yield notes
     finally:
         _NOTES.reset(token)
+        _CAPTURE.reset(capturing)
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Record nothing inside the block: an abstract evaluation (a loop's carry
+    formats found before the loop is traced) is not a contraction of the program."""
+    token = _NOTES.set(None)
+    try:
+        yield
+    finally:
+        _NOTES.reset(token)
+
+
+def observe(value: Any) -> None:
+    """Hand the output of the contraction noted last to the host, when capturing."""
+    notes = _NOTES.get()
+    if not notes or not _CAPTURE.get():
+        return
+    kept = notes[-1].outputs
+
+    def keep(out: Any) -> None:
+        kept.append(np.asarray(out, np.float32))
+
+    jax.debug.callback(keep, value)
 
 
 def describe_operand(value: Any, state: State | None) -> tuple[str, int]:

@@ -147,3 +147,78 @@ def test_explain_and_running_do_not_disturb_each_other(order):
     assert len(report.rows) == 1
     if order == "run first":
         np.testing.assert_array_equal(np.asarray(first), np.asarray(out))
+
+
+def _sqnr(ref, approx):
+    """SQNR in dB computed here, in float64, from the definition."""
+    ref, approx = np.asarray(ref, np.float64), np.asarray(approx, np.float64)
+    return 10 * np.log10(np.sum(ref**2) / np.sum((ref - approx) ** 2))
+
+
+def test_measured_error_is_each_contractions_sqnr_against_the_float32_model():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    w1 = (rng.standard_normal((64, 48)) / 8).astype(np.float32)
+    w2 = (rng.standard_normal((48, 16)) / 7).astype(np.float32)
+    q1, q2 = (Tensor(w).to_reduced_precision("int4") for w in (w1, w2))
+
+    def mlp(x, a, b):
+        return jax.nn.relu(x @ a) @ b
+
+    report = precision.explain(mlp, x, q1, q2, contract="int8", measure_error=(x, w1, w2))
+    run = precision.apply(mlp, contract="int8")
+    hidden = precision.apply(lambda x, a: x @ a, contract="int8")(x, q1)
+    out = run(x, q1, q2)
+    # references: numpy on the original float weights
+    ref_hidden = x.astype(np.float64) @ w1
+    ref_out = np.maximum(ref_hidden, 0) @ w2
+    assert report.rows[0].sqnr_db == pytest.approx(_sqnr(ref_hidden, hidden), abs=0.05)
+    assert report.rows[1].sqnr_db == pytest.approx(_sqnr(ref_out, out), abs=0.05)
+    assert report.output_sqnr_db == pytest.approx(_sqnr(ref_out, out), abs=0.05)
+    assert report.rows[1].relative_error == pytest.approx(
+        np.linalg.norm(np.asarray(out) - ref_out) / np.linalg.norm(ref_out), rel=0.01
+    )
+    assert 10 < report.output_sqnr_db < 40  # int4 weights, int8 activations: visible error
+    assert "error     SQNR" in str(report)
+    assert "outputs: SQNR" in str(report)
+
+
+def test_measured_error_against_the_decoded_weights_is_the_compute_paths_alone():
+    w = Tensor(np.random.default_rng(4).standard_normal((64, 32)).astype(np.float32))
+    x = jnp.asarray(np.random.default_rng(5).standard_normal((8, 64)).astype(np.float32))
+    q = w.to_reduced_precision("int4")
+    exact = precision.explain(lambda x, w: x @ w, x, q, measure_error=True)
+    assert exact.rows[0].sqnr_db == np.inf
+    assert exact.rows[0].relative_error == 0.0
+    rounded = precision.explain(lambda x, w: x @ w, x, q, compute="bfloat16", measure_error=True)
+    assert 30 < rounded.rows[0].sqnr_db < 80  # bfloat16 rounding of the activations
+
+
+def test_a_contraction_in_scan_is_measured_over_every_step():
+    w = Tensor(np.eye(8, dtype=np.float32) * 0.5).to_reduced_precision("int8")
+
+    def loop(x, w):
+        return jax.lax.scan(lambda h, _: (h @ w, None), x, None, length=5)[0]
+
+    with _notes.recording(capture=True) as notes:
+        jax.block_until_ready(jax.jit(precision.apply(loop))(jnp.ones((2, 8)), w))
+    jax.effects_barrier()
+    assert len(notes) == 1
+    assert len(notes[0].outputs) == 5
+    np.testing.assert_array_equal(notes[0].outputs[-1], np.full((2, 8), 0.5**5, np.float32))
+    report = precision.explain(loop, jnp.ones((2, 8)), w, measure_error=True)
+    assert report.rows[0].sqnr_db == np.inf
+
+
+def test_a_reference_of_another_structure_and_bad_flags_are_refused():
+    w = Tensor(np.ones((16, 8), np.float32)).to_reduced_precision("int8")
+    x = jnp.ones((4, 16))
+    with pytest.raises(precision.ExplainError, match="1 float32 argument"):
+        precision.explain(lambda x, w: x @ w, x, w, measure_error=(jnp.ones((4, 16)),))
+    other = (jnp.ones((4, 16)), jnp.ones((16, 3)))  # another output shape
+    with pytest.raises(precision.ExplainError, match="contraction"):
+        precision.explain(lambda x, w: x @ w, x, w, measure_error=other)
+    with pytest.raises(precision.ExplainError, match="measure_error"):
+        precision.explain(lambda x, w: x @ w, x, w, measure_error="yes")
+    with pytest.raises(precision.ExplainError, match="measure="):
+        precision.explain(lambda x, w: x @ w, x, w, measure=1)

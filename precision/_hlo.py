@@ -1,0 +1,166 @@
+"""The contractions of a compiled program, read from its optimized HLO text.
+
+The optimized HLO is the truth about which dot XLA chose: its operand and
+result types, how much it computes and how many bytes it touches. `explain`
+reads it to name each row's compiled dot and to predict time
+(`_roofline.py`). Only text is parsed; nothing here runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+__all__ = ["Dot", "dots"]
+
+#: Bytes per element of HLO element types (s4/u4: half a byte).
+_BYTES = {
+    "pred": 1.0,
+    "s2": 0.25,
+    "u2": 0.25,
+    "s4": 0.5,
+    "u4": 0.5,
+    "s8": 1.0,
+    "u8": 1.0,
+    "s16": 2.0,
+    "u16": 2.0,
+    "s32": 4.0,
+    "u32": 4.0,
+    "s64": 8.0,
+    "u64": 8.0,
+    "bf16": 2.0,
+    "f16": 2.0,
+    "f32": 4.0,
+    "f64": 8.0,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Dot:
+    """One dot or convolution XLA emitted.
+
+    Attributes:
+        scope: the `explain` row it belongs to (its name scope), or None.
+        text: `operand x operand -> result` types, layouts dropped.
+        operand_types: the operands' element types (`s8`, `bf16`, `f8e4m3fn`, ...).
+        flops: two per multiply-add.
+        bytes: bytes of the operands read and the result written.
+        m, n, k: rows, columns and summed length of one product of the batch (a
+            convolution as the product it computes: batch x output positions,
+            output features, input features x window).
+        batch: how many such products (a dot's batch dimensions).
+        convolution: whether XLA runs it as a convolution.
+    """
+
+    scope: int | None
+    text: str
+    operand_types: tuple[str, ...]
+    flops: int
+    bytes: int
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    convolution: bool = False
+
+
+_HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ([\w\-]+)\((.*)$")
+_TYPE = re.compile(r"^([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]")
+_GEMM = re.compile(r"matmul|conv|gemm", re.IGNORECASE)
+
+
+def dots(hlo: str, scope_prefix: str | None = None) -> list[Dot]:
+    """Every dot and convolution (or library GEMM call) of optimized HLO text.
+
+    `scope_prefix` (`precision_explain_`): the number after it in an
+    instruction's metadata is its `Dot.scope`.
+    """
+    out: list[Dot] = []
+    types: dict[str, str] = {}
+    for line in hlo.splitlines():
+        if _HEADER.match(line) and not line.startswith(" "):
+            types = {}  # a new computation: its own instruction names
+            continue
+        m = _INSTRUCTION.match(line)
+        if m is None:
+            continue
+        name, kind, opcode, rest = m.groups()
+        kind = re.sub(r"\{[^}]*\}", "", kind)
+        types[name] = kind
+        target = re.search(r'custom_call_target="([^"]+)"', rest)
+        library = opcode == "custom-call" and target is not None and _GEMM.search(target[1])
+        if opcode not in ("dot", "convolution") and not library:
+            continue
+        args = rest.split(")", 1)[0]
+        operands = [types.get(a, "?") for a in re.findall(r"%([\w.\-]+)", args)][:2]
+        scope = None
+        if scope_prefix is not None:
+            found = re.search(rf"{scope_prefix}(\d+)", rest)
+            scope = int(found[1]) if found else None
+        out.append(_dot(scope, operands, kind, opcode, rest))
+    return out
+
+
+def _shape(kind: str) -> tuple[str, tuple[int, ...]] | None:
+    """(element type, dims) of an HLO array type; None for tuples and unknowns."""
+    m = _TYPE.match(kind)
+    if m is None:
+        return None
+    return m[1], tuple(int(d) for d in m[2].split(",") if d)
+
+
+def _nbytes(kind: str) -> int:
+    parsed = _shape(kind)
+    if parsed is None:  # a library call's result tuple: its first array
+        inner = re.search(r"\(([^,)]+)", kind)
+        parsed = _shape(inner[1]) if inner else None
+    if parsed is None:
+        return 0
+    element, dims = parsed
+    size = _BYTES.get(element, 1.0 if element.startswith("f8") else 4.0)
+    return math.ceil(size * math.prod(dims))
+
+
+def _dims(rest: str, key: str) -> tuple[int, ...]:
+    m = re.search(rf"{key}=\{{([\d,]*)\}}", rest)
+    return tuple(int(d) for d in m[1].split(",") if d) if m else ()
+
+
+def _dot(scope: int | None, operands: list[str], result: str, opcode: str, rest: str) -> Dot:
+    text = f"{' x '.join(operands)} -> {result}"
+    element_types = tuple((_shape(t) or ("?", ()))[0] for t in operands)
+    moved = sum(_nbytes(t) for t in operands) + _nbytes(result)
+    shapes = [_shape(t) for t in operands]
+    if len(shapes) < 2 or shapes[0] is None or shapes[1] is None:
+        return Dot(scope, text, element_types, 0, moved, 0, 0, 0)
+    lhs, rhs = shapes[0][1], shapes[1][1]
+    if opcode == "convolution":
+        m, n, k = _conv_mnk(rhs, result, rest)
+        return Dot(scope, text, element_types, 2 * m * n * k, moved, m, n, k, 1, True)
+    m, n, k = _dot_mnk(lhs, rhs, rest)
+    batch = math.prod(lhs[d] for d in _dims(rest, "lhs_batch_dims"))
+    return Dot(scope, text, element_types, 2 * batch * m * n * k, moved, m, n, k, batch)
+
+
+def _dot_mnk(lhs: tuple[int, ...], rhs: tuple[int, ...], rest: str) -> tuple[int, int, int]:
+    lc, lb = _dims(rest, "lhs_contracting_dims"), _dims(rest, "lhs_batch_dims")
+    rc, rb = _dims(rest, "rhs_contracting_dims"), _dims(rest, "rhs_batch_dims")
+    k = math.prod(lhs[d] for d in lc)
+    m = math.prod(s for d, s in enumerate(lhs) if d not in lc and d not in lb)
+    n = math.prod(s for d, s in enumerate(rhs) if d not in rc and d not in rb)
+    return m, n, k
+
+
+def _conv_mnk(rhs: tuple[int, ...], result: str, rest: str) -> tuple[int, int, int]:
+    """A convolution as a product: (batch x output positions, output features,
+    input features per group x window); the kernel's shape already holds the
+    input features of one group."""
+    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest)
+    out = _shape(result)
+    if labels is None or out is None:
+        return 0, 0, 0
+    kernel, out_labels = labels[2], labels[3]
+    n = out[1][out_labels.index("f")]
+    return math.prod(out[1]) // max(n, 1), n, math.prod(rhs) // max(rhs[kernel.index("o")], 1)
