@@ -644,6 +644,26 @@ def test_report_json_matches_error_report(checkpoint, tmp_path, capsys):
         assert row["bytes"] == codes + 4 * int(np.prod(sizes[name + ":scale"]))
 
 
+def test_report_totals_bytes_by_format_as_explain_words_them(checkpoint, tmp_path, capsys):
+    out = tmp_path / "int8.safetensors"
+    argv = ["convert", str(checkpoint), "-o", str(out), "--to", "int8", "-q", "--keep", "none"]
+    assert _cli.main(argv) == 0
+    capsys.readouterr()
+    assert _cli.main(["report", str(checkpoint), str(out)]) == 0
+    stdout = capsys.readouterr().out
+    # the bytes read from the file itself: codes plus float32 scales of every float tensor
+    with safe_open(str(out), framework="numpy") as f:
+        arrays = {n: f.get_tensor(n) for n in f.keys()}
+    held = sum(arrays[n].nbytes + arrays[n + ":scale"].nbytes for n in FLOATS)
+    values = sum(INPUT[n].size for n in FLOATS)
+    assert (
+        f"parameters: {held:,} B held (as float32 {4 * values:,} B, as bfloat16 "
+        f"{2 * values:,} B): int8 {held:,} B (3 tensors)"
+    ) in stdout
+    assert f"reads {held / (2 * values):.2f}x the bytes of bfloat16" in stdout
+    assert f"predicted {2 * values / held:.2f}x faster" in stdout
+
+
 def test_report_table_and_plot(checkpoint, tmp_path):
     out = tmp_path / "bf16.safetensors"
     png = tmp_path / "errors.png"
