@@ -12,7 +12,7 @@ import dataclasses
 import math
 import re
 
-__all__ = ["Dot", "dots"]
+__all__ = ["Dot", "dots", "kernels"]
 
 #: Bytes per element of HLO element types (s4/u4: half a byte).
 _BYTES = {
@@ -101,6 +101,27 @@ def dots(hlo: str, scope_prefix: str | None = None) -> list[Dot]:
             scope = int(found[1]) if found else None
         out.append(_dot(scope, operands, kind, opcode, rest))
     return out
+
+
+#: Instructions of the entry computation that launch no work of their own.
+_FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all"}
+
+
+def kernels(hlo: str) -> int:
+    """How many operations the entry computation launches (fusions, dots, library
+    calls, copies...): each costs a fixed time however small. A loop counts once."""
+    count, inside = 0, False
+    for line in hlo.splitlines():
+        if line.startswith("ENTRY"):
+            inside = True
+            continue
+        if inside:
+            if line.startswith("}"):
+                break
+            m = _INSTRUCTION.match(line)
+            if m is not None and m[3] not in _FREE:
+                count += 1
+    return count
 
 
 def _shape(kind: str) -> tuple[str, tuple[int, ...]] | None:

@@ -1,10 +1,11 @@
 """Predicted time of a compiled program: a roofline over its contractions.
 
-A dot or convolution takes `max(flops / rate, bytes / bandwidth)` plus a fixed
-cost per dot; the rest of the program (XLA's cost analysis, less the dots'
-own) takes its bytes at the memory bandwidth or its operations at the
-elementwise rate, whichever is slower — decoding int4 or quantizing
-activations is work, not only bytes; a call costs a fixed dispatch. The
+A dot or convolution takes `max(flops / rate, bytes / bandwidth)`; the rest
+of the program (XLA's cost analysis, less the dots' own) takes its bytes at
+the memory bandwidth or its operations at the elementwise rate, whichever
+is slower — decoding int4 or quantizing activations is work, not only
+bytes; every operation the program launches (a fusion, a dot) costs a fixed
+time however small, and a call a fixed dispatch. The
 rate depends on the operands' types (an `s8 x s8` dot runs at the device's
 int8 rate, `bf16 x bf16` at its bf16 rate).
 
@@ -72,9 +73,12 @@ class Rates:
         peak: FLOP/s per operand type key (`type_key`); a key missing here runs
             at the next wider key's rate.
         bandwidth: memory bytes per second.
-        elementwise: operations per second outside the dots (XLA's count:
-            one per element per operation).
-        per_dot: seconds each dot costs however small.
+        elementwise: operations per second outside the dots (XLA's count: one
+            per element per operation), by the bytes the work touches: a
+            measured CPU works faster on data its caches hold than on data it
+            streams. Pairs of (bytes, rate), read in log-log.
+        per_kernel: seconds each launched operation (a fusion, a dot) costs however
+            small.
         per_call: seconds each call of a compiled program costs.
         probe: times the grid of one operand type, for dots or convolutions
             (measured rates only); its answers are kept in `grids`.
@@ -84,8 +88,8 @@ class Rates:
     source: str
     peak: Mapping[str, float]
     bandwidth: float
-    elementwise: float
-    per_dot: float
+    elementwise: tuple[tuple[int, float], ...]
+    per_kernel: float
     per_call: float
     probe: Callable[[str, bool], Grid] | None = None
     grids: dict[tuple[str, bool], Grid] = dataclasses.field(default_factory=dict)
@@ -108,19 +112,24 @@ class Rates:
     def dot_seconds(self, dot: Dot) -> float:
         """A dot's time: its compute or its bytes, whichever is slower, and its fixed cost."""
         if dot.flops == 0:
-            return self.per_dot + dot.bytes / self.bandwidth
-        return self.per_dot + max(dot.flops / self.rate(dot), dot.bytes / self.bandwidth)
+            return self.per_kernel + dot.bytes / self.bandwidth
+        return self.per_kernel + max(dot.flops / self.rate(dot), dot.bytes / self.bandwidth)
 
-    def program_seconds(self, dots: Iterable[Dot], cost: Mapping[str, float]) -> float:
+    def program_seconds(
+        self, dots: Iterable[Dot], cost: Mapping[str, float], kernels: int = 0
+    ) -> float:
         """A call of a whole program: dispatch, its dots, the rest of its work.
 
-        `cost` is XLA's cost analysis of the program (`flops`, `bytes accessed`).
+        `cost` is XLA's cost analysis of the program (`flops`, `bytes accessed`);
+        `kernels` the operations it launches, its dots among them.
         """
         dots = list(dots)
         rest_bytes = max(0.0, cost.get("bytes accessed", 0.0) - sum(d.bytes for d in dots))
         rest_ops = max(0.0, cost.get("flops", 0.0) - sum(d.flops for d in dots))
-        rest = max(rest_bytes / self.bandwidth, rest_ops / self.elementwise)
-        return self.per_call + sum(self.dot_seconds(d) for d in dots) + rest
+        ops_rate = _interpolate({(int(b), 1): r for b, r in self.elementwise}, int(rest_bytes), 1)
+        rest = max(rest_bytes / self.bandwidth, rest_ops / ops_rate)
+        launches = max(0, kernels - len(dots)) * self.per_kernel
+        return self.per_call + sum(self.dot_seconds(d) for d in dots) + rest + launches
 
     def describe(self) -> str:
         return f"{self.device} ({self.source})"
@@ -150,13 +159,13 @@ def _interpolate(grid: Grid, thin: int, large: int) -> float:
 
 # Datasheet peaks, dense (no structured sparsity), per operand type; float32
 # products run as JAX runs them by default: TF32 on NVIDIA tensor cores, one
-# bfloat16 pass on TPUs. per_dot and per_call are typical launch and dispatch
+# bfloat16 pass on TPUs. per_kernel and per_call are typical launch and dispatch
 # costs, not datasheet figures.
 _T = 1e12
 # elementwise: the float32 vector rate (NVIDIA: CUDA cores; TPUs: assumed a
 # sixteenth of the bfloat16 matrix rate).
-_GPU_COSTS = {"per_dot": 3e-6, "per_call": 2e-5}
-_TPU_COSTS = {"per_dot": 1e-6, "per_call": 3e-5}
+_GPU_COSTS = {"per_kernel": 3e-6, "per_call": 2e-5}
+_TPU_COSTS = {"per_kernel": 1e-6, "per_call": 3e-5}
 _Entry = tuple[tuple[str, ...], str, dict[str, float], float, float, dict[str, float]]
 _KNOWN: tuple[_Entry, ...] = (
     # NVIDIA H100 Tensor Core GPU datasheet: SXM5 / PCIe / NVL columns
@@ -205,8 +214,8 @@ def rates(device: Any, measure: bool) -> Rates | None:
                 f"datasheet: {source}",
                 peak,
                 bandwidth,
-                elementwise,
-                costs["per_dot"],
+                ((1, elementwise),),
+                costs["per_kernel"],
                 costs["per_call"],
             )
     if not measure and kind not in _MEASURED:
@@ -243,14 +252,17 @@ def _measure(device: Any, kind: str) -> Rates:
     big = put(jnp.ones((1 << 24,), jnp.float32))  # 64 MiB, read once
     bandwidth = big.nbytes / max(_best_seconds(jax.jit(jnp.sum), big) - per_call, 1e-9)
     small = put(jnp.ones((8, 8), jnp.float32))
-    per_dot = max(_best_seconds(jax.jit(jnp.dot), small, small) - per_call, 0.0)
-    cached = put(jnp.ones((1 << 20,), jnp.float32))  # 4 MiB: the work, not the memory
-    work = jax.jit(_elementwise_work).lower(cached).compile()
-    ops = cost(work).get("flops", 0.0)
-    elementwise = ops / max(_best_seconds(work, cached) - per_call, 1e-9)
+    per_kernel = max(_best_seconds(jax.jit(jnp.dot), small, small) - per_call, 0.0)
+    elementwise = []
+    for size in (1 << 18, 1 << 24):  # 1 MiB, which caches hold, and 64 MiB, streamed
+        data = put(jnp.ones((size,), jnp.float32))
+        work = jax.jit(_elementwise_work).lower(data).compile()
+        found = cost(work)
+        took = max(_best_seconds(work, data) - per_call, 1e-9)
+        elementwise.append((int(found.get("bytes accessed", 0.0)), found.get("flops", 0.0) / took))
 
     def timed_rate(fn: Callable[..., Any], flops: int, *args: Any) -> float:
-        return flops / max(_best_seconds(fn, *args) - per_call - per_dot, 1e-9)
+        return flops / max(_best_seconds(fn, *args) - per_call - per_kernel, 1e-9)
 
     def probe(key: str, convolution: bool) -> Grid:
         dtype, out = _probe_types().get(key, (jnp.float32, jnp.float32))
@@ -285,7 +297,14 @@ def _measure(device: Any, kind: str) -> Rates:
         return grid
 
     return Rates(
-        kind, "measured on this machine", {}, bandwidth, elementwise, per_dot, per_call, probe
+        kind,
+        "measured on this machine",
+        {},
+        bandwidth,
+        tuple(elementwise),
+        per_kernel,
+        per_call,
+        probe,
     )
 
 

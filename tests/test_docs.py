@@ -174,6 +174,7 @@ def test_nav_pages_exist():
         "Models",
         "Calibrated conversion",
         "Explain",
+        "Will it be faster?",
         "Testing",
         "Command line",
         "Reliability",

@@ -75,6 +75,7 @@ def test_post_training_quantization():
         "docs/models.md",
         "docs/calibration.md",
         "docs/explain.md",
+        "docs/faster.md",
     ],
 )
 def test_docs_page_examples_run(page):

@@ -68,8 +68,8 @@ def test_datasheet_roofline_by_hand():
     assert h100.dot_seconds(int8) == pytest.approx(3e-6 + 2 * 4096**3 / 1979e12)
     # a whole program: dispatch, dots, and the rest's bytes at the bandwidth
     cost = {"flops": square.flops + 10.0, "bytes accessed": square.bytes + 3.35e9}
-    assert h100.program_seconds([square], cost) == pytest.approx(
-        2e-5 + h100.dot_seconds(square) + 1e-3
+    assert h100.program_seconds([square], cost, kernels=5) == pytest.approx(
+        2e-5 + h100.dot_seconds(square) + 1e-3 + 4 * 3e-6
     )
 
 
@@ -115,3 +115,16 @@ def test_a_cpu_is_predicted_only_when_measured():
     assert report.flops_by_type == {"s8": 2 * 16 * 64 * 32}
     assert "a call on" in str(report)
     assert "the bfloat16 model" in str(report)
+
+
+def test_kernels_count_what_the_entry_computation_launches():
+    x = jnp.ones((8, 8))
+    assert _hlo.kernels(_compiled(lambda a: a * 2 + 1, x).as_text()) == 1  # one fusion
+    text = _compiled(lambda a: jnp.sort(jnp.tanh(a @ a), axis=0).sum(), x).as_text()
+    entry = text[text.index("ENTRY") :]
+    launched = [
+        line
+        for line in entry.splitlines()[1:]
+        if " = " in line and not any(f" {op}(" in line for op in ("parameter", "constant"))
+    ]
+    assert _hlo.kernels(text) == len(launched) >= 2
