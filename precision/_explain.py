@@ -29,7 +29,7 @@ import numpy as np
 from ._apply import apply
 from ._compute._notes import SCOPE, Note, recording
 from ._errors import ExplainError
-from ._hlo import Dot, dots, kernels
+from ._hlo import Dot, dots, kernels, output_bytes
 from ._roofline import Rates, cost, rates, type_key
 from ._tensor import Tensor
 
@@ -344,7 +344,8 @@ def _predicted(
             "this machine once (a few seconds, kept for the process)"
         )
         return dataclasses.replace(report, no_prediction=why)
-    ours = rate.program_seconds(found, cost(compiled), kernels(compiled.as_text() or ""))
+    text = compiled.as_text() or ""
+    ours = rate.program_seconds(found, cost(compiled), kernels(text), output_bytes(text))
     report = dataclasses.replace(report, rates=rate.describe(), predicted_s=ours)
     try:  # the user's function on bfloat16 arrays, as they would run it without us
         baseline = jax.jit(call.program(f)).lower(*call.replaced(_as_bfloat16).dynamic())
@@ -353,7 +354,7 @@ def _predicted(
         why = f"the bfloat16 baseline did not compile ({type(e).__name__}: {e})"
         return dataclasses.replace(report, no_prediction=why.split("\n")[0])
     text = plain.as_text() or ""
-    theirs = rate.program_seconds(dots(text), cost(plain), kernels(text))
+    theirs = rate.program_seconds(dots(text), cost(plain), kernels(text), output_bytes(text))
     return dataclasses.replace(report, bfloat16_s=theirs)
 
 

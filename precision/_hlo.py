@@ -12,7 +12,7 @@ import dataclasses
 import math
 import re
 
-__all__ = ["Dot", "dots", "kernels"]
+__all__ = ["Dot", "dots", "kernels", "output_bytes"]
 
 #: Bytes per element of HLO element types (s4/u4: half a byte).
 _BYTES = {
@@ -51,6 +51,7 @@ class Dot:
             output features, input features x window).
         batch: how many such products (a dot's batch dimensions).
         convolution: whether XLA runs it as a convolution.
+
     """
 
     scope: int | None
@@ -124,6 +125,15 @@ def kernels(hlo: str) -> int:
     return count
 
 
+def output_bytes(hlo: str) -> int:
+    """Bytes of the program's results: fresh memory every call."""
+    for line in hlo.splitlines():
+        if line.startswith("ENTRY"):
+            results = line.split("->", 1)[1] if "->" in line else ""
+            return sum(_nbytes(f"{t}[{d}]") for t, d in re.findall(r"(\w+)\[([\d,]*)\]", results))
+    return 0
+
+
 def _shape(kind: str) -> tuple[str, tuple[int, ...]] | None:
     """(element type, dims) of an HLO array type; None for tuples and unknowns."""
     m = _TYPE.match(kind)
@@ -159,10 +169,12 @@ def _dot(scope: int | None, operands: list[str], result: str, opcode: str, rest:
     lhs, rhs = shapes[0][1], shapes[1][1]
     if opcode == "convolution":
         m, n, k = _conv_mnk(rhs, result, rest)
-        return Dot(scope, text, element_types, 2 * m * n * k, moved, m, n, k, 1, True)
+        flops = 2 * m * n * k
+        return Dot(scope, text, element_types, flops, moved, m, n, k, 1, True)
     m, n, k = _dot_mnk(lhs, rhs, rest)
     batch = math.prod(lhs[d] for d in _dims(rest, "lhs_batch_dims"))
-    return Dot(scope, text, element_types, 2 * batch * m * n * k, moved, m, n, k, batch)
+    flops = 2 * batch * m * n * k
+    return Dot(scope, text, element_types, flops, moved, m, n, k, batch)
 
 
 def _dot_mnk(lhs: tuple[int, ...], rhs: tuple[int, ...], rest: str) -> tuple[int, int, int]:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ._hlo import Dot
+from ._hlo import Dot, kernels
 
 __all__ = ["Rates", "cost", "rates", "type_key"]
 
@@ -72,13 +72,16 @@ class Rates:
         source: where the figures come from (a datasheet, or this machine).
         peak: FLOP/s per operand type key (`type_key`); a key missing here runs
             at the next wider key's rate.
-        bandwidth: memory bytes per second.
+        bandwidth: memory bytes read per second.
+        write_bandwidth: bytes written per second to fresh memory (a program's
+            results, allocated anew each call); None: the same as `bandwidth`.
         elementwise: operations per second outside the dots (XLA's count: one
             per element per operation), by the bytes the work touches: a
             measured CPU works faster on data its caches hold than on data it
             streams. Pairs of (bytes, rate), read in log-log.
-        per_kernel: seconds each launched operation (a fusion, a dot) costs however
-            small.
+        per_dot: seconds each dot or convolution costs however small.
+        per_kernel: seconds every other launched operation (a fusion, a sort)
+            costs however small.
         per_call: seconds each call of a compiled program costs.
         probe: times the grid of one operand type, for dots or convolutions
             (measured rates only); its answers are kept in `grids`.
@@ -89,9 +92,11 @@ class Rates:
     peak: Mapping[str, float]
     bandwidth: float
     elementwise: tuple[tuple[int, float], ...]
+    per_dot: float
     per_kernel: float
     per_call: float
     probe: Callable[[str, bool], Grid] | None = None
+    write_bandwidth: float | None = None
     grids: dict[tuple[str, bool], Grid] = dataclasses.field(default_factory=dict)
 
     def rate(self, dot: Dot) -> float:
@@ -111,17 +116,19 @@ class Rates:
 
     def dot_seconds(self, dot: Dot) -> float:
         """A dot's time: its compute or its bytes, whichever is slower, and its fixed cost."""
+        memory = dot.bytes / self.bandwidth
         if dot.flops == 0:
-            return self.per_kernel + dot.bytes / self.bandwidth
-        return self.per_kernel + max(dot.flops / self.rate(dot), dot.bytes / self.bandwidth)
+            return self.per_dot + memory
+        return self.per_dot + max(dot.flops / self.rate(dot), memory)
 
     def program_seconds(
-        self, dots: Iterable[Dot], cost: Mapping[str, float], kernels: int = 0
+        self, dots: Iterable[Dot], cost: Mapping[str, float], kernels: int = 0, outputs: int = 0
     ) -> float:
         """A call of a whole program: dispatch, its dots, the rest of its work.
 
         `cost` is XLA's cost analysis of the program (`flops`, `bytes accessed`);
-        `kernels` the operations it launches, its dots among them.
+        `kernels` the operations it launches, its dots among them; `outputs` the
+        bytes of its results, written to fresh memory.
         """
         dots = list(dots)
         rest_bytes = max(0.0, cost.get("bytes accessed", 0.0) - sum(d.bytes for d in dots))
@@ -129,7 +136,8 @@ class Rates:
         ops_rate = _interpolate({(int(b), 1): r for b, r in self.elementwise}, int(rest_bytes), 1)
         rest = max(rest_bytes / self.bandwidth, rest_ops / ops_rate)
         launches = max(0, kernels - len(dots)) * self.per_kernel
-        return self.per_call + sum(self.dot_seconds(d) for d in dots) + rest + launches
+        fresh = outputs / (self.write_bandwidth or self.bandwidth) - outputs / self.bandwidth
+        return self.per_call + sum(self.dot_seconds(d) for d in dots) + rest + launches + fresh
 
     def describe(self) -> str:
         return f"{self.device} ({self.source})"
@@ -164,8 +172,8 @@ def _interpolate(grid: Grid, thin: int, large: int) -> float:
 _T = 1e12
 # elementwise: the float32 vector rate (NVIDIA: CUDA cores; TPUs: assumed a
 # sixteenth of the bfloat16 matrix rate).
-_GPU_COSTS = {"per_kernel": 3e-6, "per_call": 2e-5}
-_TPU_COSTS = {"per_kernel": 1e-6, "per_call": 3e-5}
+_GPU_COSTS = {"per_dot": 3e-6, "per_kernel": 3e-6, "per_call": 2e-5}
+_TPU_COSTS = {"per_dot": 1e-6, "per_kernel": 1e-6, "per_call": 3e-5}
 _Entry = tuple[tuple[str, ...], str, dict[str, float], float, float, dict[str, float]]
 _KNOWN: tuple[_Entry, ...] = (
     # NVIDIA H100 Tensor Core GPU datasheet: SXM5 / PCIe / NVL columns
@@ -215,6 +223,7 @@ def rates(device: Any, measure: bool) -> Rates | None:
                 peak,
                 bandwidth,
                 ((1, elementwise),),
+                costs["per_dot"],
                 costs["per_kernel"],
                 costs["per_call"],
             )
@@ -251,8 +260,13 @@ def _measure(device: Any, kind: str) -> Rates:
     per_call = _best_seconds(jax.jit(lambda a: a + 1), tiny)
     big = put(jnp.ones((1 << 24,), jnp.float32))  # 64 MiB, read once
     bandwidth = big.nbytes / max(_best_seconds(jax.jit(jnp.sum), big) - per_call, 1e-9)
+    copied = _best_seconds(jax.jit(lambda a: a * 2.0), big) - per_call  # reads, then writes
+    write_bandwidth = big.nbytes / max(copied - big.nbytes / bandwidth, 1e-9)
     small = put(jnp.ones((8, 8), jnp.float32))
-    per_kernel = max(_best_seconds(jax.jit(jnp.dot), small, small) - per_call, 0.0)
+    per_dot = max(_best_seconds(jax.jit(jnp.dot), small, small) - per_call, 0.0)
+    chain = jax.jit(_launches).lower(tiny).compile()
+    launched = max(kernels(chain.as_text() or ""), 1)
+    per_kernel = max(_best_seconds(chain, tiny) - per_call, 0.0) / launched
     elementwise = []
     for size in (1 << 18, 1 << 24):  # 1 MiB, which caches hold, and 64 MiB, streamed
         data = put(jnp.ones((size,), jnp.float32))
@@ -262,7 +276,7 @@ def _measure(device: Any, kind: str) -> Rates:
         elementwise.append((int(found.get("bytes accessed", 0.0)), found.get("flops", 0.0) / took))
 
     def timed_rate(fn: Callable[..., Any], flops: int, *args: Any) -> float:
-        return flops / max(_best_seconds(fn, *args) - per_call - per_kernel, 1e-9)
+        return flops / max(_best_seconds(fn, *args) - per_call - per_dot, 1e-9)
 
     def probe(key: str, convolution: bool) -> Grid:
         dtype, out = _probe_types().get(key, (jnp.float32, jnp.float32))
@@ -302,10 +316,21 @@ def _measure(device: Any, kind: str) -> Rates:
         {},
         bandwidth,
         tuple(elementwise),
+        per_dot,
         per_kernel,
         per_call,
         probe,
+        write_bandwidth,
     )
+
+
+def _launches(x: Any) -> Any:
+    """Small operations XLA cannot fuse into one another: one launch each."""
+    import jax.numpy as jnp
+
+    for _ in range(16):
+        x = jnp.sort(x * 1.5)[::-1]
+    return x
 
 
 def _elementwise_work(x: Any) -> Any:
@@ -335,7 +360,7 @@ def _probe_types() -> dict[str, tuple[Any, Any]]:
         "s4": (jnp.int8, jnp.int32),  # XLA widens int4 operands to int8
         "s8": (jnp.int8, jnp.int32),
         "f8": (jnp.float8_e4m3fn, jnp.float32),
-        "f16": (jnp.float16, jnp.float32),
-        "bf16": (jnp.bfloat16, jnp.float32),
+        "f16": (jnp.float16, jnp.float16),  # as plain JAX runs a half-precision model
+        "bf16": (jnp.bfloat16, jnp.bfloat16),
         "f32": (jnp.float32, jnp.float32),
     }

@@ -7,6 +7,7 @@ here; a measured CPU gives finite positive times.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -71,6 +72,10 @@ def test_datasheet_roofline_by_hand():
     assert h100.program_seconds([square], cost, kernels=5) == pytest.approx(
         2e-5 + h100.dot_seconds(square) + 1e-3 + 4 * 3e-6
     )
+    # a measured machine writes fresh result memory at its own rate
+    slow = dataclasses.replace(h100, write_bandwidth=1e9)
+    extra = slow.program_seconds([square], cost, 5, outputs=10**6)
+    assert extra - h100.program_seconds([square], cost, 5) == pytest.approx(1e-3 - 1e6 / 3.35e12)
 
 
 @pytest.mark.parametrize(
@@ -128,3 +133,6 @@ def test_kernels_count_what_the_entry_computation_launches():
         if " = " in line and not any(f" {op}(" in line for op in ("parameter", "constant"))
     ]
     assert _hlo.kernels(text) == len(launched) >= 2
+    assert _hlo.output_bytes(text) == 4  # one float32 scalar
+    two = _compiled(lambda a: (a.astype(jnp.bfloat16), a[:2]), x).as_text()
+    assert _hlo.output_bytes(two) == 8 * 8 * 2 + 2 * 8 * 4
