@@ -227,7 +227,9 @@ def explain(
     found = dots(compiled.as_text() or "", SCOPE)
     device = jax.devices()[0]
     rate = rates(device, measure)
-    rows = [_row(n, [d for d in found if d.scope == n.index], rate) for n in notes]
+    rows = [
+        _row(n, dots_of, rate) for n, dots_of in zip(notes, _claimed(notes, found), strict=True)
+    ]
     by_type: dict[str, int] = {}
     for d in found:
         by_type[type_key(d.operand_types)] = by_type.get(type_key(d.operand_types), 0) + d.flops
@@ -311,6 +313,21 @@ class _Call:
         return held, f32, bf16
 
 
+def _claimed(notes: list[Note], found: list[Dot]) -> list[list[Dot]]:
+    """Each note's compiled dots: those under its name scope, else (XLA rewrote the
+    dot and dropped its metadata, as it does for some batched integer dots) the first
+    unscoped dot of the same FLOPs."""
+    claimed = [[d for d in found if d.scope == n.index] for n in notes]
+    unscoped = [d for d in found if d.scope is None]
+    for n, mine in zip(notes, claimed, strict=True):
+        if not mine:
+            match = next((d for d in unscoped if d.flops == n.flops), None)
+            if match is not None:
+                unscoped.remove(match)
+                mine.append(match)
+    return claimed
+
+
 def _row(n: Note, compiled: list[Dot], rate: Rates | None) -> Row:
     return Row(
         n.where,
@@ -324,7 +341,7 @@ def _row(n: Note, compiled: list[Dot], rate: Rates | None) -> Row:
         n.fallback,
         n.flops,
         sum(d.bytes for d in compiled),
-        None if rate is None else sum(rate.dot_seconds(d) for d in compiled),
+        None if rate is None or not compiled else sum(rate.dot_seconds(d) for d in compiled),
     )
 
 

@@ -76,9 +76,8 @@ class Rates:
         write_bandwidth: bytes written per second to fresh memory (a program's
             results, allocated anew each call); None: the same as `bandwidth`.
         elementwise: operations per second outside the dots (XLA's count: one
-            per element per operation), by the bytes the work touches: a
-            measured CPU works faster on data its caches hold than on data it
-            streams. Pairs of (bytes, rate), read in log-log.
+            per element per operation), on data the caches hold; streaming is
+            the bandwidth's part.
         per_dot: seconds each dot or convolution costs however small.
         per_kernel: seconds every other launched operation (a fusion, a sort)
             costs however small.
@@ -91,7 +90,7 @@ class Rates:
     source: str
     peak: Mapping[str, float]
     bandwidth: float
-    elementwise: tuple[tuple[int, float], ...]
+    elementwise: float
     per_dot: float
     per_kernel: float
     per_call: float
@@ -133,8 +132,7 @@ class Rates:
         dots = list(dots)
         rest_bytes = max(0.0, cost.get("bytes accessed", 0.0) - sum(d.bytes for d in dots))
         rest_ops = max(0.0, cost.get("flops", 0.0) - sum(d.flops for d in dots))
-        ops_rate = _interpolate({(int(b), 1): r for b, r in self.elementwise}, int(rest_bytes), 1)
-        rest = max(rest_bytes / self.bandwidth, rest_ops / ops_rate)
+        rest = max(rest_bytes / self.bandwidth, rest_ops / self.elementwise)
         launches = max(0, kernels - len(dots)) * self.per_kernel
         fresh = outputs / (self.write_bandwidth or self.bandwidth) - outputs / self.bandwidth
         return self.per_call + sum(self.dot_seconds(d) for d in dots) + rest + launches + fresh
@@ -222,7 +220,7 @@ def rates(device: Any, measure: bool) -> Rates | None:
                 f"datasheet: {source}",
                 peak,
                 bandwidth,
-                ((1, elementwise),),
+                elementwise,
                 costs["per_dot"],
                 costs["per_kernel"],
                 costs["per_call"],
@@ -267,13 +265,10 @@ def _measure(device: Any, kind: str) -> Rates:
     chain = jax.jit(_launches).lower(tiny).compile()
     launched = max(kernels(chain.as_text() or ""), 1)
     per_kernel = max(_best_seconds(chain, tiny) - per_call, 0.0) / launched
-    elementwise = []
-    for size in (1 << 18, 1 << 24):  # 1 MiB, which caches hold, and 64 MiB, streamed
-        data = put(jnp.ones((size,), jnp.float32))
-        work = jax.jit(_elementwise_work).lower(data).compile()
-        found = cost(work)
-        took = max(_best_seconds(work, data) - per_call, 1e-9)
-        elementwise.append((int(found.get("bytes accessed", 0.0)), found.get("flops", 0.0) / took))
+    cached = put(jnp.ones((1 << 18,), jnp.float32))  # 1 MiB: the work, not the memory
+    work = jax.jit(_elementwise_work).lower(cached).compile()
+    took = max(_best_seconds(work, cached) - per_call, 1e-9)
+    elementwise = cost(work).get("flops", 0.0) / took
 
     def timed_rate(fn: Callable[..., Any], flops: int, *args: Any) -> float:
         return flops / max(_best_seconds(fn, *args) - per_call - per_dot, 1e-9)
@@ -315,7 +310,7 @@ def _measure(device: Any, kind: str) -> Rates:
         "measured on this machine",
         {},
         bandwidth,
-        tuple(elementwise),
+        elementwise,
         per_dot,
         per_kernel,
         per_call,

@@ -222,3 +222,18 @@ def test_a_reference_of_another_structure_and_bad_flags_are_refused():
         precision.explain(lambda x, w: x @ w, x, w, measure_error="yes")
     with pytest.raises(precision.ExplainError, match="measure="):
         precision.explain(lambda x, w: x @ w, x, w, measure=1)
+
+
+def test_a_batched_integer_dot_whose_metadata_xla_dropped_is_still_found():
+    # XLA:CPU rewrites this batched s8 dot and drops its op_name: matched by its FLOPs
+    q = jnp.ones((1, 64, 4, 16))
+    f = lambda q, k: jnp.einsum("bqhd,bkhd->bhqk", q, k)
+    report = precision.explain(f, q, q, contract="int8")
+    assert report.rows[0].compiled == ("s8[4,64,16] x s8[4,64,16] -> s32[4,64,64]",)
+    assert (
+        sum(
+            d == (("s8", "s8"), "s32")
+            for d in _compiled_dots(precision.apply(f, contract="int8"), q, q)
+        )
+        == 1
+    )
