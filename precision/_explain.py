@@ -316,12 +316,15 @@ class _Call:
 def _claimed(notes: list[Note], found: list[Dot]) -> list[list[Dot]]:
     """Each note's compiled dots: those under its name scope, else (XLA rewrote the
     dot and dropped its metadata, as it does for some batched integer dots) the first
-    unscoped dot of the same FLOPs."""
+    unscoped dot of the same FLOPs and result size."""
     claimed = [[d for d in found if d.scope == n.index] for n in notes]
     unscoped = [d for d in found if d.scope is None]
     for n, mine in zip(notes, claimed, strict=True):
         if not mine:
-            match = next((d for d in unscoped if d.flops == n.flops), None)
+            size = math.prod(n.out_shape)
+            match = next(
+                (d for d in unscoped if d.flops == n.flops and d.out_elements == size), None
+            )
             if match is not None:
                 unscoped.remove(match)
                 mine.append(match)

@@ -51,6 +51,7 @@ class Dot:
             output features, input features x window).
         batch: how many such products (a dot's batch dimensions).
         convolution: whether XLA runs it as a convolution.
+        out_elements: how many values the result holds.
 
     """
 
@@ -64,6 +65,7 @@ class Dot:
     k: int
     batch: int = 1
     convolution: bool = False
+    out_elements: int = 0
 
 
 _HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
@@ -154,6 +156,11 @@ def _nbytes(kind: str) -> int:
     return math.ceil(size * math.prod(dims))
 
 
+def _size(kind: str) -> int:
+    parsed = _shape(kind)
+    return 0 if parsed is None else math.prod(parsed[1])
+
+
 def _dims(rest: str, key: str) -> tuple[int, ...]:
     m = re.search(rf"{key}=\{{([\d,]*)\}}", rest)
     return tuple(int(d) for d in m[1].split(",") if d) if m else ()
@@ -170,11 +177,11 @@ def _dot(scope: int | None, operands: list[str], result: str, opcode: str, rest:
     if opcode == "convolution":
         m, n, k = _conv_mnk(rhs, result, rest)
         flops = 2 * m * n * k
-        return Dot(scope, text, element_types, flops, moved, m, n, k, 1, True)
+        return Dot(scope, text, element_types, flops, moved, m, n, k, 1, True, _size(result))
     m, n, k = _dot_mnk(lhs, rhs, rest)
     batch = math.prod(lhs[d] for d in _dims(rest, "lhs_batch_dims"))
     flops = 2 * batch * m * n * k
-    return Dot(scope, text, element_types, flops, moved, m, n, k, batch)
+    return Dot(scope, text, element_types, flops, moved, m, n, k, batch, False, _size(result))
 
 
 def _dot_mnk(lhs: tuple[int, ...], rhs: tuple[int, ...], rest: str) -> tuple[int, int, int]:
