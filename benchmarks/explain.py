@@ -30,7 +30,6 @@ import math
 import os
 import platform
 import sys
-import time
 from typing import Any
 
 SHAPES = [
@@ -67,17 +66,11 @@ PATHS = {
 }
 
 
-def _best(fn: Any, *args: Any, budget: float = 0.5) -> float:
-    import jax
+def _best(fn: Any, *args: Any) -> float:
+    """The fastest of repeated calls: the timer the measured rates use, so the two agree."""
+    from precision._roofline import _best_seconds
 
-    jax.block_until_ready(fn(*args))
-    best, spent, runs = math.inf, 0.0, 0
-    while runs < 3 or (spent < budget and runs < 100):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        took = time.perf_counter() - start
-        best, spent, runs = min(best, took), spent + took, runs + 1
-    return best
+    return _best_seconds(fn, *args, budget=0.5)
 
 
 def _converted(tree: Any, fmt: str | None, scaling: str | None) -> Any:
