@@ -61,8 +61,8 @@ class LossScaleError(PrecisionError, ValueError):
 
 class LossScaleTypeError(PrecisionError, TypeError):
     """A loss-scaling helper given the wrong kind of value: a Tensor leaf where
-    plain arrays are needed, a float where a boolean flag is needed, two trees
-    whose leaves differ in dtype."""
+    plain arrays are needed, a float or an integer (a count of finite values)
+    where a boolean flag is needed, two trees whose leaves differ in dtype."""
 
 
 class SaveError(PrecisionError, ValueError):
