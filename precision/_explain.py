@@ -224,7 +224,8 @@ def explain(
     run = apply(f, compute=compute, policy=policy, contract=contract)  # a fresh cache
     with recording() as notes:
         compiled = jax.jit(call.program(run)).lower(*call.dynamic()).compile()
-    found = dots(compiled.as_text() or "", SCOPE)
+    text = compiled.as_text() or ""  # read once: large for a real model
+    found = dots(text, SCOPE)
     device = jax.devices()[0]
     rate = rates(device, measure)
     rows = [
@@ -232,10 +233,11 @@ def explain(
     ]
     by_type: dict[str, int] = {}
     for d in found:
-        by_type[type_key(d.operand_types)] = by_type.get(type_key(d.operand_types), 0) + d.flops
+        key = type_key(d.operand_types)
+        by_type[key] = by_type.get(key, 0) + d.flops
     held, f32, bf16 = call.parameter_bytes()
     report = Explanation(jax.default_backend(), tuple(rows), held, f32, bf16, by_type)
-    report = _predicted(report, rate, found, compiled, f, call, device)
+    report = _predicted(report, rate, (compiled, text, found), f, call, device)
     if measure_error is not False:
         options = {"compute": compute, "policy": policy, "contract": contract}
         report = _with_errors(report, f, options, call, measure_error, kwargs)
@@ -348,24 +350,28 @@ def _row(n: Note, compiled: list[Dot], rate: Rates | None) -> Row:
     )
 
 
+def _seconds(rate: Rates, compiled: Any, text: str, found: list[Dot]) -> float:
+    """The roofline's time of one call of a compiled program whose text and dots are read."""
+    return rate.program_seconds(found, cost(compiled), kernels(text), output_bytes(text))
+
+
 def _predicted(
     report: Explanation,
     rate: Rates | None,
-    found: list[Dot],
-    compiled: Any,
+    program: tuple[Any, str, list[Dot]],
     f: Callable[..., Any],
     call: _Call,
     device: Any,
 ) -> Explanation:
-    """The report with predicted times of this program and of `f` in bfloat16."""
+    """The report with predicted times of this program (compiled, its text, its dots)
+    and of `f` in bfloat16."""
     if rate is None:
         why = (
             f"no datasheet rates for {device.device_kind!r}; pass measure=True to time "
             "this machine once (a few seconds, kept for the process)"
         )
         return dataclasses.replace(report, no_prediction=why)
-    text = compiled.as_text() or ""
-    ours = rate.program_seconds(found, cost(compiled), kernels(text), output_bytes(text))
+    ours = _seconds(rate, *program)
     report = dataclasses.replace(report, rates=rate.describe(), predicted_s=ours)
     try:  # the user's function on bfloat16 arrays, as they would run it without us
         baseline = jax.jit(call.program(f)).lower(*call.replaced(_as_bfloat16).dynamic())
@@ -374,8 +380,7 @@ def _predicted(
         why = f"the bfloat16 baseline did not compile ({type(e).__name__}: {e})"
         return dataclasses.replace(report, no_prediction=why.split("\n")[0])
     text = plain.as_text() or ""
-    theirs = rate.program_seconds(dots(text), cost(plain), kernels(text), output_bytes(text))
-    return dataclasses.replace(report, bfloat16_s=theirs)
+    return dataclasses.replace(report, bfloat16_s=_seconds(rate, plain, text, dots(text)))
 
 
 def _as_bfloat16(leaf: Any) -> Any:

@@ -172,6 +172,8 @@ _T = 1e12
 # sixteenth of the bfloat16 matrix rate).
 _GPU_COSTS = {"per_dot": 3e-6, "per_kernel": 3e-6, "per_call": 2e-5}
 _TPU_COSTS = {"per_dot": 1e-6, "per_kernel": 1e-6, "per_call": 3e-5}
+_HOPPER = {"s8": 1979 * _T, "f8": 1979 * _T, "bf16": 989 * _T, "f16": 989 * _T, "f32": 494 * _T}
+_AMPERE = {"s8": 624 * _T, "bf16": 312 * _T, "f16": 312 * _T, "f32": 156 * _T}
 _Entry = tuple[tuple[str, ...], str, dict[str, float], float, float, dict[str, float]]
 _KNOWN: tuple[_Entry, ...] = (
     # NVIDIA H100 Tensor Core GPU datasheet: SXM5 / PCIe / NVL columns
@@ -181,20 +183,13 @@ _KNOWN: tuple[_Entry, ...] = (
     (("H100 NVL",), "NVIDIA H100 NVL datasheet",
      {"s8": 1671 * _T, "f8": 1671 * _T, "bf16": 835 * _T, "f16": 835 * _T, "f32": 418 * _T},
      3.9e12, 60 * _T, _GPU_COSTS),
-    (("H100",), "NVIDIA H100 SXM5 datasheet",
-     {"s8": 1979 * _T, "f8": 1979 * _T, "bf16": 989 * _T, "f16": 989 * _T, "f32": 494 * _T},
-     3.35e12, 67 * _T, _GPU_COSTS),
+    (("H100",), "NVIDIA H100 SXM5 datasheet", _HOPPER, 3.35e12, 67 * _T, _GPU_COSTS),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): H100 SXM5 rates, 4.8 TB/s HBM3e
-    (("H200",), "NVIDIA H200 SXM datasheet",
-     {"s8": 1979 * _T, "f8": 1979 * _T, "bf16": 989 * _T, "f16": 989 * _T, "f32": 494 * _T},
-     4.8e12, 67 * _T, _GPU_COSTS),
+    (("H200",), "NVIDIA H200 SXM datasheet", _HOPPER, 4.8e12, 67 * _T, _GPU_COSTS),
     # NVIDIA A100 Tensor Core GPU datasheet (no fp8: XLA widens fp8 operands)
-    (("A100-SXM4-40GB", "A100-PCIE-40GB"), "NVIDIA A100 40GB datasheet",
-     {"s8": 624 * _T, "bf16": 312 * _T, "f16": 312 * _T, "f32": 156 * _T},
+    (("A100-SXM4-40GB", "A100-PCIE-40GB"), "NVIDIA A100 40GB datasheet", _AMPERE,
      1.555e12, 19.5 * _T, _GPU_COSTS),
-    (("A100",), "NVIDIA A100 80GB datasheet",
-     {"s8": 624 * _T, "bf16": 312 * _T, "f16": 312 * _T, "f32": 156 * _T},
-     2.039e12, 19.5 * _T, _GPU_COSTS),
+    (("A100",), "NVIDIA A100 80GB datasheet", _AMPERE, 2.039e12, 19.5 * _T, _GPU_COSTS),
     # Google Cloud TPU system architecture pages (peak per chip, HBM bandwidth)
     (("TPU v6",), "Cloud TPU v6e (Trillium) specifications",
      {"s8": 1836 * _T, "bf16": 918 * _T, "f32": 918 * _T}, 1.64e12, 918 / 16 * _T, _TPU_COSTS),
