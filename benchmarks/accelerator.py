@@ -5,7 +5,7 @@ Usage (on a machine with a GPU or TPU; on CPU it runs but compares CPU with itse
     python benchmarks/accelerator.py --quick    # fewer values, smaller matrices
     python benchmarks/accelerator.py --matrix 2048 --values 16777216   # sized for a CPU
 
-Three parts, printed as tables with the machine they ran on:
+Five parts, printed as tables with the machine they ran on:
 
 1. Bit-identity. Every format in every rounding mode encodes the same values on
    the accelerator and on the host CPU (the same program, two backends), byte
@@ -24,6 +24,9 @@ Three parts, printed as tables with the machine they ran on:
    row and MX: the dot XLA compiled (on a GPU the fp8 rows should name a
    cuBLASLt fp8 GEMM, `__cublas$lt$matmul$f8`), the error against the float32
    product, and the jitted time against a plain float32 matmul.
+5. The floor under part 4: bare bf16, fp8 and int8 GEMMs of operands quantized
+   beforehand, both layouts of the right operand and two result types, and one
+   operand's per-tensor encode alone, against the bf16 GEMM.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import argparse
 import re
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -172,11 +175,10 @@ def _median_time(fn: Callable[[], Any], number: int, rounds: int) -> float:
     return statistics.median(times)
 
 
-def speed(m: int, n: int, rounds: int) -> list[tuple[str, float, float, str]]:
+def speed(m: int, n: int, rounds: int) -> Iterator[tuple[str, float, float, str]]:
     rng = np.random.default_rng(2)
     a = jnp.asarray(rng.standard_normal((m, m), np.float32))
     b = jnp.asarray(rng.standard_normal((m, m), np.float32))
-    rows = []
     matmul = jax.jit(lambda p, q: p @ q)
     for name, native in (
         ("bfloat16", jnp.bfloat16),
@@ -189,14 +191,14 @@ def speed(m: int, n: int, rounds: int) -> list[tuple[str, float, float, str]]:
         raw = jax.jit(lambda p, q: jax.lax.dot(p, q, preferred_element_type=jnp.float32))
         t_ours = _median_time(lambda: matmul(ta, tb), 10, rounds)  # noqa: B023
         t_raw = _median_time(lambda: raw(na, nb), 10, rounds)  # noqa: B023
-        rows.append((f"{m}^3 matmul, {name} Tensor vs raw dot", t_ours, t_raw, "raw JAX"))
+        yield f"{m}^3 matmul, {name} Tensor vs raw dot", t_ours, t_raw, "raw JAX"
     ta = Tensor(a).to_reduced_precision("int8")
     tb = Tensor(b).to_reduced_precision("int8")
     ca, cb = ta.encoded.data, tb.encoded.data
     raw_int = jax.jit(lambda p, q: jax.lax.dot(p, q, preferred_element_type=jnp.int32))
     t_ours = _median_time(lambda: matmul(ta, tb), 10, rounds)
     t_raw = _median_time(lambda: raw_int(ca, cb), 10, rounds)
-    rows.append((f"{m}^3 matmul, int8 Tensor vs raw int8 dot", t_ours, t_raw, "raw JAX"))
+    yield f"{m}^3 matmul, int8 Tensor vs raw int8 dot", t_ours, t_raw, "raw JAX"
 
     x = jnp.asarray(rng.standard_normal(n, np.float32))
     bare = jax.jit(lambda v: v.astype(jnp.bfloat16))
@@ -204,18 +206,60 @@ def speed(m: int, n: int, rounds: int) -> list[tuple[str, float, float, str]]:
     for fmt in (dtypes.bfloat16, dtypes.float16, dtypes.float8_e4m3fn, FP6, FP4):
         name = fmt.name
         t = _median_time(lambda: fmt.encode(x), 10, rounds)  # noqa: B023
-        rows.append((f"encode {n:,} values, {name}", t, t_bare, "astype(bf16)"))
+        yield f"encode {n:,} values, {name}", t, t_bare, "astype(bf16)"
     key = jax.random.key(0)
     fmt = dtypes.bfloat16
     t = _median_time(lambda: fmt.encode(x, rounding="stochastic", key=key), 10, rounds)
-    rows.append((f"encode {n:,} values, bfloat16 stochastic", t, t_bare, "astype(bf16)"))
+    yield f"encode {n:,} values, bfloat16 stochastic", t, t_bare, "astype(bf16)"
     fmt = dtypes.int8
     t = _median_time(lambda: fmt.encode(x), 10, rounds)
-    rows.append((f"encode {n:,} values, int8 per-tensor", t, t_bare, "astype(bf16)"))
-    return rows
+    yield f"encode {n:,} values, int8 per-tensor", t, t_bare, "astype(bf16)"
 
 
-def quantized(m: int, rounds: int) -> list[tuple[str, str, float, float, float, float]]:
+def floors(m: int, rounds: int) -> Iterator[tuple[str, str, float, float]]:
+    """(row, dots, time, bfloat16 GEMM time): the bare narrow GEMMs under part 4, their
+    operands quantized beforehand, in both layouts of the right operand ((k, n) as a
+    matmul has it, (n, k) with k minor, the layout cuBLASLt's fp8 GEMM takes), and
+    result types; what a quantized contraction costs before any quantization."""
+    rng = np.random.default_rng(4)
+    a = jnp.asarray(rng.standard_normal((m, m), np.float32))
+    b = jnp.asarray(rng.standard_normal((m, m), np.float32))
+    a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+    f32, bf16 = jnp.float32, jnp.bfloat16
+
+    def dot(out: Any, rhs_nk: bool) -> Any:
+        dims = (((1,), (1 if rhs_nk else 0,)), ((), ()))
+        return jax.jit(lambda p, q: jax.lax.dot_general(p, q, dims, preferred_element_type=out))
+
+    base = dot(f32, False)
+    t_bf16 = _median_time(lambda: base(a16, b16), 10, rounds)
+    for name, typ, out in (
+        ("bf16 -> f32", bf16, f32),
+        ("bf16 -> bf16", bf16, bf16),
+        ("f8e4m3fn -> f32", jnp.float8_e4m3fn, f32),
+        ("f8e4m3fn -> bf16", jnp.float8_e4m3fn, bf16),
+        ("s8 -> s32", jnp.int8, jnp.int32),
+    ):
+        if typ == jnp.int8:
+            p, q = (jnp.clip(jnp.round(v * 40), -127, 127).astype(typ) for v in (a, b))
+        else:
+            p, q = a.astype(typ), b.astype(typ)
+        for rhs_nk in (False, True):
+            fn = dot(out, rhs_nk)
+            # square operands: the same array serves as (k, n) and as (n, k)
+            hlo = fn.lower(p, q).compile().as_text()
+            t = _median_time(lambda: fn(p, q), 10, rounds)  # noqa: B023
+            layout = "rhs (n, k)" if rhs_nk else "rhs (k, n)"
+            yield f"{name}, {layout}", _dot_types(hlo), t, t_bf16
+    for label, fmt in (("int8", dtypes.int8), ("float8_e4m3fn", dtypes.float8_e4m3fn)):
+        enc = jax.jit(lambda v: fmt.encode(v, scaling=dtypes.PerTensor()))  # noqa: B023
+        t = _median_time(lambda: enc(a), 10, rounds)  # noqa: B023
+        yield f"encode one ({m}, {m}) float32 operand, {label} per tensor", "", t, t_bf16
+
+
+def quantized(
+    m: int, rounds: int, hlo_dir: str | None = None
+) -> Iterator[tuple[str, str, float, float, float, float]]:
     """(row, dots, relative error vs float32, time, float32 matmul time, bfloat16 matmul
     time) of jitted `apply(matmul, contract=...)` on (m, m) operands, quantization of
     every float32 operand included (the bfloat16 baseline's operands are cast already:
@@ -240,15 +284,17 @@ def quantized(m: int, rounds: int) -> list[tuple[str, str, float, float, float, 
         ("fp8 e4m3 per row", precision.Contract("float8_e4m3fn", scaling="rowwise"), b),
         ("MXFP8 e4m3 blocks of 32", precision.Contract("float8_e4m3fn", scaling="mx"), b),
     )
-    rows = []
     for label, contract, rhs in cases:
         fn = jax.jit(precision.apply(lambda p, q: p @ q, contract=contract))
         hlo = fn.lower(a, rhs).compile().as_text()
+        if hlo_dir:
+            name = re.sub(r"\W+", "_", label).strip("_")
+            with open(f"{hlo_dir}/{name}.hlo.txt", "w") as f:
+                f.write(hlo)
         got = np.asarray(jnp.asarray(fn(a, rhs)), np.float64)
         rel = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
         t = _median_time(lambda: fn(a, rhs), 10, rounds)  # noqa: B023
-        rows.append((label, _dot_types(hlo), rel, t, t_f32, t_bf16))
-    return rows
+        yield label, _dot_types(hlo), rel, t, t_f32, t_bf16
 
 
 def _fmt(seconds: float) -> str:
@@ -262,7 +308,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer values, smaller matrices")
     parser.add_argument("--matrix", type=int, help="matrix size of the speed rows (8192)")
     parser.add_argument("--values", type=int, help="values of the encode rows (2**28)")
-    parser.add_argument("--parts", default="1234", help="which sections to run (e.g. 34)")
+    parser.add_argument("--parts", default="12345", help="which sections to run (e.g. 34)")
+    parser.add_argument("--hlo", help="write part 4's optimized programs to this folder")
     args = parser.parse_args()
     n_bits, m, n, rounds = (20_000, 512, 2**20, 3) if args.quick else (1_000_000, 8192, 2**28, 7)
     m, n = args.matrix or m, args.values or n
@@ -295,7 +342,9 @@ def main() -> None:
             "| measurement | precision | baseline | baseline is | ratio |\n|---|---:|---:|---|---:|"
         )
         for name, ours, base, what in speed(m, n, rounds):
-            print(f"| {name} | {_fmt(ours)} | {_fmt(base)} | {what} | {ours / base:.2f} |")
+            print(
+                f"| {name} | {_fmt(ours)} | {_fmt(base)} | {what} | {ours / base:.2f} |", flush=True
+            )
 
     if "4" in args.parts:
         print("\n## 4. Quantized contractions (apply(f, contract=...)), jitted\n")
@@ -303,11 +352,18 @@ def main() -> None:
             "| contract | dot in optimized HLO | max rel. error vs f32 | time | f32 | bf16 GEMM |"
         )
         print("|---|---|---:|---:|---:|---:|")
-        for label, kinds, rel, t, t32, t16 in quantized(m, rounds):
+        for label, kinds, rel, t, t32, t16 in quantized(m, rounds, args.hlo):
             print(
                 f"| {label} ({m}^3) | {kinds} | {rel:.2e} | {_fmt(t)} | {t / t32:.2f}x | "
-                f"{t / t16:.2f}x |"
+                f"{t / t16:.2f}x |",
+                flush=True,
             )
+
+    if "5" in args.parts:
+        print("\n## 5. The floor: bare narrow GEMMs, operands quantized beforehand\n")
+        print("| GEMM | dot in optimized HLO | time | vs bf16 -> f32 GEMM |\n|---|---|---:|---:|")
+        for label, kinds, t, t16 in floors(m, rounds):
+            print(f"| {label} ({m}^3) | {kinds} | {_fmt(t)} | {t / t16:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--model", choices=["gpt2", "resnet", "all"], default="all")
     parser.add_argument("--modes", default="forward,qat")
+    parser.add_argument("--rows", help="only these rows, comma-separated (apply-bf16,int8/bf16)")
     parser.add_argument("--one", nargs=3, metavar=("MODEL", "ROW", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
@@ -274,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows = [r for r in ROWS if r[1] is not None or r[0] == "fp32"]
             else:
                 rows = ROWS
+            if args.rows:
+                rows = [r for r in rows if r[0] in args.rows.split(",")]
             for row, _fmt, _compute in rows:
                 cmd = [sys.executable, __file__, "--one", model, row, mode]
                 if args.quick:
