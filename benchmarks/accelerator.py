@@ -5,7 +5,7 @@ Usage (on a machine with a GPU or TPU; on CPU it runs but compares CPU with itse
     python benchmarks/accelerator.py --quick    # fewer values, smaller matrices
     python benchmarks/accelerator.py --matrix 2048 --values 16777216   # sized for a CPU
 
-Five parts, printed as tables with the machine they ran on:
+Six parts, printed as tables with the machine they ran on:
 
 1. Bit-identity. Every format in every rounding mode encodes the same values on
    the accelerator and on the host CPU (the same program, two backends), byte
@@ -27,6 +27,8 @@ Five parts, printed as tables with the machine they ran on:
 5. The floor under part 4: bare bf16, fp8 and int8 GEMMs of operands quantized
    beforehand, both layouts of the right operand and two result types, and one
    operand's per-tensor encode alone, against the bf16 GEMM.
+6. The encodes of part 3 still above their target, eager and jitted, with the
+   number of kernels XLA compiled each into.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import numpy as np
 
 import dtypes
 import precision
-from precision import Tensor
+from precision import Tensor, _hlo
 
 FP6 = dtypes.FloatFormat(3, 2, finite=True, name="float6_e3m2fn")  # OCP float6 layout
 FP4 = dtypes.FloatFormat(2, 1, finite=True, name="float4_e2m1fn")  # MXFP4's elements
@@ -288,13 +290,41 @@ def quantized(
         fn = jax.jit(precision.apply(lambda p, q: p @ q, contract=contract))
         hlo = fn.lower(a, rhs).compile().as_text()
         if hlo_dir:
-            name = re.sub(r"\W+", "_", label).strip("_")
-            with open(f"{hlo_dir}/{name}.hlo.txt", "w") as f:
-                f.write(hlo)
+            _save_hlo(hlo_dir, "part4.hlo.txt", label, hlo)
         got = np.asarray(jnp.asarray(fn(a, rhs)), np.float64)
         rel = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
         t = _median_time(lambda: fn(a, rhs), 10, rounds)  # noqa: B023
         yield label, _dot_types(hlo), rel, t, t_f32, t_bf16
+
+
+def _save_hlo(folder: str, file: str, label: str, hlo: str) -> None:
+    """Append one optimized program to a file of them (few files travel back easily)."""
+    with open(f"{folder}/{file}", "a") as f:
+        f.write(f"\n\n######## {label}\n{hlo}")
+
+
+def encodes(n: int, rounds: int, hlo_dir: str | None = None) -> Iterator[tuple[str, float, float]]:
+    """(row, time, astype(bfloat16) time): the encodes of part 3 whose target is not met,
+    eager (as part 3 times them: value checks included) and inside `jit` (the kernel
+    alone), with the number of kernels XLA launches for each."""
+    x = jnp.asarray(np.random.default_rng(5).standard_normal(n, np.float32))
+    bare = jax.jit(lambda v: v.astype(jnp.bfloat16))
+    t_bare = _median_time(lambda: bare(x), 10, rounds)
+    for label, fmt in (
+        ("float4_e2m1fn", FP4),
+        ("float6_e3m2fn", FP6),
+        ("int8 per tensor", dtypes.int8),
+        ("float8_e4m3fn", dtypes.float8_e4m3fn),
+    ):
+        jitted = jax.jit(fmt.encode)
+        hlo = jitted.lower(x).compile().as_text()
+        if hlo_dir:
+            _save_hlo(hlo_dir, "encodes.hlo.txt", label, hlo)
+        kernels = _hlo.kernels(hlo)
+        t_eager = _median_time(lambda: fmt.encode(x), 10, rounds)  # noqa: B023
+        yield f"encode {n:,} values, {label}, eager", t_eager, t_bare
+        t_jit = _median_time(lambda: jitted(x), 10, rounds)  # noqa: B023
+        yield f"encode {n:,} values, {label}, jitted ({kernels} kernels)", t_jit, t_bare
 
 
 def _fmt(seconds: float) -> str:
@@ -308,8 +338,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer values, smaller matrices")
     parser.add_argument("--matrix", type=int, help="matrix size of the speed rows (8192)")
     parser.add_argument("--values", type=int, help="values of the encode rows (2**28)")
-    parser.add_argument("--parts", default="12345", help="which sections to run (e.g. 34)")
-    parser.add_argument("--hlo", help="write part 4's optimized programs to this folder")
+    parser.add_argument("--parts", default="123456", help="which sections to run (e.g. 34)")
+    parser.add_argument("--hlo", help="write parts 4 and 6's optimized programs to this folder")
     args = parser.parse_args()
     n_bits, m, n, rounds = (20_000, 512, 2**20, 3) if args.quick else (1_000_000, 8192, 2**28, 7)
     m, n = args.matrix or m, args.values or n
@@ -364,6 +394,12 @@ def main() -> None:
         print("| GEMM | dot in optimized HLO | time | vs bf16 -> f32 GEMM |\n|---|---|---:|---:|")
         for label, kinds, t, t16 in floors(m, rounds):
             print(f"| {label} ({m}^3) | {kinds} | {_fmt(t)} | {t / t16:.2f}x |", flush=True)
+
+    if "6" in args.parts:
+        print("\n## 6. Encodes eager and jitted\n")
+        print("| measurement | time | vs astype(bf16) |\n|---|---:|---:|")
+        for label, t, t_bare in encodes(n, rounds, args.hlo):
+            print(f"| {label} | {_fmt(t)} | {t / t_bare:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

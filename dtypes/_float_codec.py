@@ -80,13 +80,19 @@ def _round_float_ste_jvp(
 
 
 def _validate(
-    fmt: FloatFormat, x: jax.Array, scaling: Scaling | None, *, storing: bool = True
+    fmt: FloatFormat,
+    x: jax.Array,
+    scaling: Scaling | None,
+    *,
+    storing: bool = True,
+    values: bool = True,
 ) -> None:
     """Every check that can be made before computing: shapes, and eager values.
 
     An unscaled format with neither NaN nor inf refuses NaN; storing into it
     (`encode`, `check`) refuses ±inf too, which would become ±max silently;
-    `round`, an emulation, keeps snapping ±inf to ±max.
+    `round`, an emulation, keeps snapping ±inf to ±max. `values=False` leaves
+    the values to the caller (`encode` finds them in its own kernel).
     """
     if scaling is not None and fmt.emax >= 127:
         raise ScalingError(
@@ -96,26 +102,34 @@ def _validate(
         )
     if scaling is not None and x.ndim:
         scaling.validate(x.shape)
-    if scaling is not None:
+    if scaling is not None and values:
         check_finite(x, fmt)
-    elif fmt.finite and not fmt.nan and not is_tracer(x):
-        has_nan, has_inf = special_values_now(x)  # one pass for both refusals
-        if has_nan:
-            raise NonFiniteError(
-                f"cannot encode NaN into {fmt.name}, which has no NaN code; use a scaled "
-                "encoding (the group's scale becomes NaN) or a format with NaN"
-            )
-        if has_inf and storing and not fmt.saturate:
-            raise NonFiniteError(
-                f"cannot encode inf into {fmt.name}, which has neither inf nor NaN (it would "
-                f"become ±{fmt.max:g} silently); build the format with saturate=True to clamp, "
-                "or use a scaled encoding"
-            )
+    elif _refuses_special(fmt, scaling) and values and not is_tracer(x):
+        _refuse_special(fmt, *special_values_now(x), storing=storing)  # one pass for both
 
     if fmt.exponent_bits == 11 and not jax.config.read("jax_enable_x64"):
         raise FormatError(
             "encoding into float64 needs 64-bit JAX: set jax.config.update('jax_enable_x64', "
             "True) first, or keep the values in float32"
+        )
+
+
+def _refuses_special(fmt: FloatFormat, scaling: Scaling | None) -> bool:
+    """Whether unscaled input must be searched for NaN and inf: a format without NaN."""
+    return scaling is None and fmt.finite and not fmt.nan
+
+
+def _refuse_special(fmt: FloatFormat, has_nan: bool, has_inf: bool, *, storing: bool) -> None:
+    if has_nan:
+        raise NonFiniteError(
+            f"cannot encode NaN into {fmt.name}, which has no NaN code; use a scaled "
+            "encoding (the group's scale becomes NaN) or a format with NaN"
+        )
+    if has_inf and storing and not fmt.saturate:
+        raise NonFiniteError(
+            f"cannot encode inf into {fmt.name}, which has neither inf nor NaN (it would "
+            f"become ±{fmt.max:g} silently); build the format with saturate=True to clamp, "
+            "or use a scaled encoding"
         )
 
 
@@ -127,13 +141,58 @@ def check(fmt: FloatFormat, x: Any, scaling: Scaling | None) -> None:
 
 
 def encode(fmt: FloatFormat, x: Any, scaling: Scaling | None, rounding: str, key: Any) -> Encoded:
-    """`fmt.encode(x, ...)`: validated once, then one compiled kernel."""
+    """`fmt.encode(x, ...)`: validated, then one compiled kernel.
+
+    An eager call searches its input for NaN and inf in the kernel that encodes
+    it, not in a pass of its own: a scaled encoding's scales say it (a group
+    holding NaN or inf has a NaN scale), and on an accelerator a format without
+    NaN gets the answer as an extra output (on a CPU numpy reads the input in
+    place faster); only then is `x` searched again, for the message.
+    """
     check_rounding(rounding, key)
     x = as_float_array(x)
     scaling = resolve_scaling(fmt, scaling)
-    _validate(fmt, x, scaling)
-    encoded: Encoded = _encode_jit(fmt, scaling, rounding, x, key)
+    # (float64 input is checked on the host first: a finite value past float32's
+    # range is refused there, before its scale could become inf)
+    in_kernel = not is_tracer(x) and x.dtype != np.float64
+    _validate(fmt, x, scaling, values=not in_kernel)
+    encoded: Encoded
+    if in_kernel and _refuses_special(fmt, scaling):
+        if not _flags_in_kernel(x):
+            _refuse_special(fmt, *special_values_now(x), storing=True)
+            encoded = _encode_jit(fmt, scaling, rounding, x, key)
+            return encoded
+        encoded, top_bits = _encode_flagged_jit(fmt, scaling, rounding, x, key)
+        top = int(top_bits)
+        _refuse_special(fmt, top > 0x7F800000, top == 0x7F800000, storing=True)
+        return encoded
+    encoded = _encode_jit(fmt, scaling, rounding, x, key)
+    if in_kernel and scaling is not None and _has_nan_scale(encoded):
+        check_finite(x, fmt)  # raises, naming the values and where the first is
     return encoded
+
+
+def _has_nan_scale(encoded: Encoded) -> bool:
+    return any(
+        s is not None and special_values_now(s)[0] for s in (encoded.scale, encoded.tensor_scale)
+    )
+
+
+def _flags_in_kernel(x: jax.Array) -> bool:
+    """Whether an eager encode searches `x` for NaN and inf in its own kernel: off a
+    CPU (XLA:CPU does not vectorise the integer max; numpy reads host memory faster)."""
+    return not all(d.platform == "cpu" for d in x.devices())
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _encode_flagged_jit(
+    fmt: FloatFormat, scaling: Scaling | None, rounding: str, x: jax.Array, key: Any
+) -> tuple[Encoded, jax.Array]:
+    """`_encode_jit`, and the largest magnitude bits of `x`, from one read of `x`:
+    above 0x7F800000 it holds NaN, equal to it ±inf and no NaN."""
+    mag = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32) & jnp.uint32(0x7FFFFFFF)
+    top = jnp.max(mag, initial=jnp.uint32(0))
+    return _encode_jit(fmt, scaling, rounding, x, key), top
 
 
 # One compiled kernel per (format, scaling, mode, shape): an eager call is a
