@@ -166,11 +166,13 @@ def _interpolate(grid: Grid, thin: int, large: int) -> float:
 # Datasheet peaks, dense (no structured sparsity), per operand type; float32
 # products run as JAX runs them by default: TF32 on NVIDIA tensor cores, one
 # bfloat16 pass on TPUs. per_kernel and per_call are typical launch and dispatch
-# costs, not datasheet figures.
+# costs, not datasheet figures: a GPU's per_call is what a jitted call of a tiny
+# program took on an H100 with jax 0.11.2, dispatch and synchronisation (65-75 us;
+# benchmarks/explain.py there, 2026-11-27); `measure=True` times it on the device.
 _T = 1e12
 # elementwise: the float32 vector rate (NVIDIA: CUDA cores; TPUs: assumed a
 # sixteenth of the bfloat16 matrix rate).
-_GPU_COSTS = {"per_dot": 3e-6, "per_kernel": 3e-6, "per_call": 2e-5}
+_GPU_COSTS = {"per_dot": 3e-6, "per_kernel": 3e-6, "per_call": 6.5e-5}
 _TPU_COSTS = {"per_dot": 1e-6, "per_kernel": 1e-6, "per_call": 3e-5}
 _HOPPER = {"s8": 1979 * _T, "f8": 1979 * _T, "bf16": 989 * _T, "f16": 989 * _T, "f32": 494 * _T}
 _AMPERE = {"s8": 624 * _T, "bf16": 312 * _T, "f16": 312 * _T, "f32": 156 * _T}
@@ -202,6 +204,7 @@ _KNOWN: tuple[_Entry, ...] = (
 )  # fmt: skip
 
 _MEASURED: dict[str, Rates] = {}
+_PER_CALL: dict[str, float] = {}  # a known device's dispatch, timed once per process
 
 
 def rates(device: Any, measure: bool) -> Rates | None:
@@ -210,6 +213,12 @@ def rates(device: Any, measure: bool) -> Rates | None:
     kind = str(getattr(device, "device_kind", device))
     for names, source, peak, bandwidth, elementwise, costs in _KNOWN:
         if any(name in kind for name in names):
+            per_call = costs["per_call"]
+            if measure or kind in _PER_CALL:
+                if kind not in _PER_CALL:
+                    _PER_CALL[kind] = _per_call(device)
+                per_call = _PER_CALL[kind]
+                source += "; dispatch measured on this machine"
             return Rates(
                 kind,
                 f"datasheet: {source}",
@@ -218,7 +227,7 @@ def rates(device: Any, measure: bool) -> Rates | None:
                 elementwise,
                 costs["per_dot"],
                 costs["per_kernel"],
-                costs["per_call"],
+                per_call,
             )
     if not measure and kind not in _MEASURED:
         return None
@@ -241,6 +250,17 @@ def _best_seconds(fn: Callable[..., Any], *args: Any, budget: float = 0.15) -> f
     return best
 
 
+def _per_call(device: Any) -> float:
+    """Seconds a jitted call of a tiny program takes on `device`, waited for."""
+    import jax
+    import jax.numpy as jnp
+
+    tiny = jnp.ones((4,), jnp.float32)
+    if hasattr(device, "platform"):
+        tiny = jax.device_put(tiny, device)
+    return _best_seconds(jax.jit(lambda a: a + 1), tiny)
+
+
 def _measure(device: Any, kind: str) -> Rates:
     """Dispatch, bandwidth and per-dot cost of `device`, timed now; rates on demand."""
     import jax
@@ -250,7 +270,7 @@ def _measure(device: Any, kind: str) -> Rates:
         return jax.device_put(x, device) if hasattr(device, "platform") else x
 
     tiny = put(jnp.ones((4,), jnp.float32))
-    per_call = _best_seconds(jax.jit(lambda a: a + 1), tiny)
+    per_call = _per_call(device)
     big = put(jnp.ones((1 << 24,), jnp.float32))  # 64 MiB, read once
     bandwidth = big.nbytes / max(_best_seconds(jax.jit(jnp.sum), big) - per_call, 1e-9)
     copied = _best_seconds(jax.jit(lambda a: a * 2.0), big) - per_call  # reads, then writes

@@ -70,12 +70,33 @@ def test_datasheet_roofline_by_hand():
     # a whole program: dispatch, dots, and the rest's bytes at the bandwidth
     cost = {"flops": square.flops + 10.0, "bytes accessed": square.bytes + 3.35e9}
     assert h100.program_seconds([square], cost, kernels=5) == pytest.approx(
-        2e-5 + h100.dot_seconds(square) + 1e-3 + 4 * 3e-6
+        6.5e-5 + h100.dot_seconds(square) + 1e-3 + 4 * 3e-6
     )
     # a measured machine writes fresh result memory at its own rate
     slow = dataclasses.replace(h100, write_bandwidth=1e9)
     extra = slow.program_seconds([square], cost, 5, outputs=10**6)
     assert extra - h100.program_seconds([square], cost, 5) == pytest.approx(1e-3 - 1e6 / 3.35e12)
+
+
+def test_a_known_device_measures_its_dispatch_when_asked(monkeypatch):
+    # the datasheet gives the rates; the call's fixed cost (dispatch and the wait
+    # for the result, 3x the typical figure on an H100) is timed when measuring
+    monkeypatch.setattr(_roofline, "_PER_CALL", {})
+    monkeypatch.setattr(_roofline, "_per_call", lambda device: 1.25e-4)
+    typical = _roofline.rates("NVIDIA H100 80GB HBM3", measure=False)
+    measured = _roofline.rates("NVIDIA H100 80GB HBM3", measure=True)
+    assert typical is not None
+    assert measured is not None
+    assert typical.per_call == 6.5e-5
+    assert measured.per_call == 1.25e-4
+    assert "dispatch measured" in measured.source
+    assert "dispatch" not in typical.source
+    assert measured.peak == typical.peak
+    assert measured.bandwidth == typical.bandwidth
+    # kept for the process: a later call without measuring uses it too
+    later = _roofline.rates("NVIDIA H100 80GB HBM3", measure=False)
+    assert later is not None
+    assert later.per_call == 1.25e-4
 
 
 @pytest.mark.parametrize(
