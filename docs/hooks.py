@@ -5,7 +5,8 @@ Registered in mkdocs.yml under `hooks:`. Two jobs:
 * `on_page_markdown` replaces the marker `<!-- format-table -->` with a table
   built from `dtypes.FORMATS`, so the docs cannot drift from the code.
 * `on_post_page` checks that the rendered API reference has an entry for every
-  name in `dtypes.__all__`, `precision.__all__` and `precision.testing.__all__`;
+  name in `dtypes.__all__`, `precision.__all__`, `precision.testing.__all__` and
+  `precision.optax.__all__`;
   a missing one is a warning, which `mkdocs build --strict` turns into a failure.
 """
 
@@ -25,7 +26,7 @@ import dtypes
 MARKER = "<!-- format-table -->"
 MX_MARKER = "<!-- mx-table -->"
 API_PAGE = "api.md"
-PUBLIC_MODULES = ("dtypes", "precision", "precision.testing")
+PUBLIC_MODULES = ("dtypes", "precision", "precision.testing", "precision.optax")
 
 log = logging.getLogger("mkdocs.plugins.precision")
 
