@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from ._errors import UpdateError as UpdateError
     from ._explain import Explanation as Explanation
     from ._explain import explain as explain
+    from ._keep import KEEP as KEEP
     from ._loss_scale import DynamicLossScale as DynamicLossScale
     from ._loss_scale import NoOpLossScale as NoOpLossScale
     from ._loss_scale import StaticLossScale as StaticLossScale
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from ._policy import Policy as Policy
     from ._tensor import Tensor as Tensor
     from ._tree import is_reduced_precision as is_reduced_precision
+    from ._tree import quantize as quantize
     from ._tree import to_full_precision as to_full_precision
     from ._tree import to_reduced_precision as to_reduced_precision
     from ._tree import tree_nbytes as tree_nbytes
@@ -94,7 +96,9 @@ _HOME = {
     "Tensor": "_tensor",
     "device_put": "_placement",
     "storage_shardings": "_placement",
+    "KEEP": "_keep",
     "is_reduced_precision": "_tree",
+    "quantize": "_tree",
     "to_full_precision": "_tree",
     "to_reduced_precision": "_tree",
     "tree_nbytes": "_tree",
@@ -103,6 +107,7 @@ _HOME = {
 
 __all__ = [
     "DEFAULT_FLOAT32_OPS",
+    "KEEP",
     "CalibrationError",
     "CheckpointError",
     "Contract",
@@ -136,6 +141,7 @@ __all__ = [
     "get_default_format",
     "is_reduced_precision",
     "load",
+    "quantize",
     "save",
     "select_tree",
     "storage_shardings",

@@ -30,11 +30,13 @@ from dtypes import PrecisionTypeError
 
 from ._context import get_default_format, resolve_format
 from ._errors import SelectionError, SelectionWarning
+from ._keep import KEEP
 from ._tensor import Tensor, logical_values
 
 __all__ = [
     "is_reduced_precision",
     "is_tensor",
+    "quantize",
     "to_full_precision",
     "to_reduced_precision",
     "tree_nbytes",
@@ -295,3 +297,89 @@ def _array_nbytes(leaf: Any) -> int:
         data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
         return size * int(np.prod(data.shape, dtype=np.int64)) * int(np.dtype(data.dtype).itemsize)
     return size * int(np.dtype(dtype).itemsize)
+
+
+def quantize(
+    tree: Any,
+    format: str | dtypes.Format = "int8",
+    *,
+    block: int = 32,
+    out_axis: int = -1,
+    keep: str | None = KEEP,
+) -> Any:
+    """Quantize a model's weights in one call: the matrices, with scales chosen by shape.
+
+    The common case of `to_reduced_precision`, with its choices made: every
+    floating leaf of two or more dimensions whose key path does not match
+    `keep` (norms, biases, embeddings) becomes a Tensor of `format`; the rest
+    stays as it is. The result is what `precision.apply(model)` runs.
+
+    Scales, for a weight whose output channels lie along `out_axis` (-1: Flax,
+    Haiku and `x @ w` kernels, `(..., in, out)`; 0: Equinox and PyTorch,
+    `(out, in, ...)`):
+
+    - 8-bit formats (int8, uint8, `float8_*`): one scale per output channel;
+    - narrower ones (int4, int2, int1, uint4, fp6, fp4): one scale per block of
+      `block` inputs of each output channel (blocks along the input axis, the
+      last one shorter where the axis is not a multiple), the layout
+      GPTQ-style checkpoints use;
+    - named encodings with a scaling of their own (mxfp4, nvfp4, nf4...): that;
+    - bfloat16, float16, tf32: none.
+
+    Args:
+        tree: any pytree of parameters (Flax `variables`, an Equinox module...).
+        format: the target format (name or `dtypes.Format`), int8 by default.
+        block: the block length of the narrow integer formats.
+        out_axis: the output-channel axis of the weights: -1 or 0.
+        keep: a regex of key paths left unconverted (default `precision.KEEP`:
+            norms, biases, embeddings); None converts every matrix.
+
+    Returns:
+        A tree of the same structure.
+
+    Raises:
+        FormatError: an unknown format name.
+        ScalingError: `block` is not a positive int, or `out_axis` is neither -1 nor 0.
+        PrecisionTypeError: `keep` is not a regex string or None.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import precision
+        >>> params = {"Dense_0": {"kernel": jnp.ones((64, 8)), "bias": jnp.zeros(8)},
+        ...           "LayerNorm_0": {"scale": jnp.ones((4, 8))}}
+        >>> q = precision.quantize(params, "int4")
+        >>> q["Dense_0"]["kernel"].format.name, str(q["Dense_0"]["kernel"].scaling)
+        ('int4', 'per-block 32 on axis -2')
+        >>> type(q["Dense_0"]["bias"]).__name__, type(q["LayerNorm_0"]["scale"]).__name__
+        ('ArrayImpl', 'ArrayImpl')
+    """
+    fmt = resolve_format(format)
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise dtypes.ScalingError(
+            f"quantize: block must be a positive int (the inputs sharing one scale), got "
+            f"{type(block).__name__} {block!r}; pass e.g. block=32 or block=128"
+        )
+    if isinstance(out_axis, bool) or out_axis not in (-1, 0):
+        raise dtypes.ScalingError(
+            f"quantize: out_axis must be -1 (Flax, Haiku: kernels (..., in, out)) or 0 "
+            f"(Equinox, PyTorch: weights (out, in, ...)), got {out_axis!r}"
+        )
+    if keep is not None and not isinstance(keep, str):
+        raise PrecisionTypeError(
+            f"quantize: keep must be a regex string or None, got {type(keep).__name__} "
+            f"{keep!r:.80}; pass e.g. keep='norm|bias|embed'"
+        )
+    kept = None if keep is None else re.compile(keep, re.IGNORECASE)
+    in_axis = -2 if out_axis == -1 else 1
+
+    def where(path: tuple[Any, ...], leaf: Any) -> bool:
+        return bool(leaf.ndim >= 2 and (kept is None or not kept.search(_path_str(path))))
+
+    def scaling(path: tuple[Any, ...], leaf: Any) -> dtypes.Scaling | None:
+        if getattr(fmt, "scaling", None) is not None or (fmt.kind == "float" and fmt.bits > 8):
+            return None  # a named encoding's own scaling, or an unscaled wide float
+        if fmt.bits < 8:
+            return dtypes.PerBlock(block, axis=in_axis)
+        return dtypes.PerAxis(out_axis)
+
+    return to_reduced_precision(tree, fmt, scaling=scaling, where=where)

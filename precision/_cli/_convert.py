@@ -24,6 +24,7 @@ import dtypes
 from .._checkpoint._io import write
 from .._checkpoint._layout import Leaf
 from .._checkpoint._source import Source
+from .._keep import KEEP
 from ._convert_engine import _HOW, _Converter, _Engine, _mode, _Plan
 
 # the tests reach these through this module
@@ -41,14 +42,8 @@ from ._output import PROG, _DataError, _fmt_db, _human, _progress, _table, _Usag
 from ._temp_directory import TempDirectory, recover_leftovers
 
 #: What `--keep` keeps by default for formats of 8 bits or fewer: norms,
-#: biases and embeddings, in the spellings of the common model families
-#: (GPT-2 ln_1/ln_f/wte/wpe, BERT LayerNorm/word_embeddings, Llama
-#: input_layernorm/embed_tokens/norm, T5 layer_norm/shared). Matched with
-#: re.search, case-insensitively.
-DEFAULT_KEEP = (
-    r"norm|(^|[._/])ln(_?[a-z0-9]+)?([._/]|$)|bias"
-    r"|embed|(^|[._/])(wte|wpe|shared|tok_embeddings)([._/]|$)"
-)
+#: biases and embeddings (`precision.quantize`'s default, defined there).
+DEFAULT_KEEP = KEEP
 
 #: SQNR below which a converted tensor is reported with a warning (see
 #: docs/cli.md, "Reading SQNR": below ~15 dB a tensor keeps less than
