@@ -62,6 +62,7 @@ from ._fallback import fall_back
 from ._int_operands import codes, dot_operands, kept_scale
 from ._rules import Val, decode_at_use, finish, prepare
 from ._state import Context, State, Stored
+from ._views import through_views
 
 __all__ = ["Layout", "dequantize", "layouts", "quantize", "quantized_contraction", "scaling_for"]
 
@@ -163,10 +164,13 @@ class Layout:
         return jnp.transpose(moved, [perm.index(d) for d in range(len(self.shape))]).reshape(shape)
 
 
-def layouts(eqn: Any, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[Layout, Layout]:
-    """The two operands' layouts for one contraction equation."""
+def layouts(
+    eqn: Any, a_shape: tuple[int, ...], b_shape: tuple[int, ...], dims: Any = None
+) -> tuple[Layout, Layout]:
+    """The two operands' layouts for one contraction equation (a `dot_general`'s with
+    `dims` for dimension numbers, when given)."""
     if eqn.primitive.name == "dot_general":
-        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"] if dims is None else dims
         lc, rc, lb, rb = tuple(lc), tuple(rc), tuple(lb), tuple(rb)
         l_free = tuple(d for d in range(len(a_shape)) if d not in lc and d not in lb)
         r_free = tuple(d for d in range(len(b_shape)) if d not in rc and d not in rb)
@@ -307,11 +311,20 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
     """The declared quantized contraction of one equation (see the module docstring)."""
     spec = ctx.contract
     op = eqn.primitive.name
+    fmt, scaling = spec.forward, spec.scaling
+    params = dict(eqn.params)
+    if op == "dot_general" and fmt.kind == "int":
+        # A transposed operand is taken where it lies, its dims moved (see `_views`):
+        # the same codes, quantized in the weight's own layout. (Integer sums are
+        # exact in any order; fp8 ones are float32 sums, which a new operand layout
+        # could reorder, so they keep the operands as given.)
+        vals, params["dimension_numbers"] = through_views(vals, params["dimension_numbers"])
     (a, sa), (b, sb) = vals
     stored_a = sa.stored if sa is not None else None
     stored_b = sb.stored if sb is not None else None
-    la, lb = layouts(eqn, a.shape, b.shape)
-    fmt, scaling = spec.forward, spec.scaling
+    la, lb = layouts(
+        eqn, a.shape, b.shape, params["dimension_numbers"] if op == "dot_general" else None
+    )
     # Tensorwise and rowwise scales factor out of the sum: the narrow codes go to the
     # dot themselves (s8 x s8 -> s32, f8 x f8 -> f32) and the scales multiply its
     # result. Nothing then feeds a float dot through a quantize -> dequantize round
@@ -351,11 +364,10 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
 
     out_aval = eqn.outvars[0].aval
     out_dtype = out_aval.dtype
-    params = dict(eqn.params)
-    params["preferred_element_type"] = np.dtype(np.float32)
+    f32_params = {**params, "preferred_element_type": np.dtype(np.float32)}
 
     def bind_f32(x: jax.Array, y: jax.Array) -> jax.Array:
-        out: jax.Array = eqn.primitive.bind(x, y, **params)
+        out: jax.Array = eqn.primitive.bind(x, y, **f32_params)
         return out
 
     def operands(a: jax.Array, b: jax.Array, ext: _Ext) -> tuple[Any, Any]:
@@ -388,10 +400,9 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
     def forward(qa: Any, qb: Any) -> jax.Array:
         if integer:
             (ca, ka), (cb, kb) = qa, qb
-            iparams = dict(eqn.params)
-            iparams["preferred_element_type"] = acc_type
+            iparams = {**params, "preferred_element_type": acc_type}
             if op == "dot_general":
-                (lc, rc), (lbatch, rbatch) = eqn.params["dimension_numbers"]
+                (lc, rc), (lbatch, rbatch) = params["dimension_numbers"]
                 (lc, lbatch), (rc, rbatch) = (
                     _moved_dims(la, len(lbatch)) if moved_a else (tuple(lc), tuple(lbatch)),
                     _moved_dims(lb, len(rbatch)) if moved_b else (tuple(rc), tuple(rbatch)),

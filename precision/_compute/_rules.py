@@ -38,6 +38,7 @@ from .._jax_compat import bind_eqn
 from .._storage import decode_encoded, full_format, is_float, round_nearest
 from ._moves import moved_storage
 from ._state import Context, State, Stored, mismatch
+from ._views import transposed
 
 __all__ = [
     "RULES",
@@ -289,13 +290,15 @@ def default_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
     if state is None:
         return [(o, None) for o in bind_eqn(eqn, *(v for v, _ in vals))]
     moved = moved_storage(eqn, vals) if ctx.compute is None else None
-    outs = bind_eqn(eqn, *prepare(_decoded_at_use(op, vals), state))
-    result = finish(op, outs, state)
-    if moved is not None and len(result) == 1:
+    given = prepare(_decoded_at_use(op, vals), state)
+    result = finish(op, bind_eqn(eqn, *given), state)
+    if len(result) != 1:
+        return result
+    if moved is not None:
         ((o, s),) = result
         assert s is not None  # the moved floating value keeps the op's state
-        return [(o, State(s.format, s.tensor, moved, s.source))]
-    return result
+        result = [(o, State(s.format, s.tensor, moved, s.source))]
+    return [transposed(eqn, vals[0], given[0], result[0])]
 
 
 RULES: dict[str, Rule] = {}

@@ -198,6 +198,80 @@ def test_w8a8_mlp_compiles_to_s8_dots_with_s32_accumulation(weights):
     assert not re.search(r"= f32\[[^\]]*\]\S* dot\(", text)
 
 
+@pytest.mark.parametrize("weights", ["float32", "int8 storage"])
+def test_w8a8_quantizes_a_transposed_weight_where_it_lies(weights):
+    """`x @ w.T` (a tied embedding's logits, an (out, in) weight) quantizes `w` by its
+    own rows: XLA fused the transpose into the quantization, whose reductions and
+    writes then ran strided (1.2 s of a 1.5 s GPT-2 logits projection on a CPU, the
+    s8 dot 63 ms). No array of the transposed shape is handed to XLA, and an int8
+    weight stored per output channel reaches the dot as its codes."""
+    n, k = 80, 48
+    x, w = normal(8, k), normal(n, k)
+    if weights == "float32":
+        cw, sw = int8_rows(w)
+    else:
+        w = Tensor(w).to_reduced_precision("int8", scaling=dtypes.PerAxis(0))
+        cw, sw = np.asarray(w.encoded.data, np.int64), np.asarray(w.encoded.scale, np.float32)
+    f = precision.apply(lambda x, w: x @ w.T, contract="int8")
+    lowered = jax.jit(f).lower(x, w)
+    assert f"{k}x{n}x" not in lowered.as_text(), "a transposed copy of the weight"
+    if jax.default_backend() == "cpu":  # (a GPU may lay out its GEMM's operands itself)
+        compiled = lowered.compile().as_text()
+        entry = compiled[compiled.index("\nENTRY ") :]
+        assert f"[{k},{n}]" not in compiled, entry
+        if weights != "float32":  # not decoded, not re-quantized: the codes as stored
+            assert not re.search(rf"= (?!s8)\w+\[{n},{k}\]", entry), entry
+    cx, sx = int8_rows(x)
+    ref = ((cx @ cw.T).astype(np.float32) * sx.reshape(8, 1)) * sw.reshape(1, n)
+    np.testing.assert_array_equal(run_both(f, x, w), ref)
+
+
+@pytest.mark.parametrize(
+    ("perm", "dims"),
+    [
+        ((1, 0), (((1,), (0,)), ((), ()))),
+        ((2, 0, 1), (((1,), (0,)), ((), ()))),  # free dims keep their order in `w`
+        ((2, 1, 0), (((1,), (0,)), ((), ()))),  # ... or not: then `w` moves as given
+        ((0, 2, 1), (((2,), (1,)), ((0,), (0,)))),  # batched
+        ((1, 2, 0), (((2,), (1,)), ((0,), (0,)))),  # batch dim moved
+    ],
+    ids=str,
+)
+def test_w8a8_of_transposed_operands_matches_int64_reference(perm, dims):
+    """A transposed operand, taken where it lies with its dims moved, is quantized by
+    the same rows (a gradient too: the straight-through one of the transposed value)."""
+    (_, rc), (_, rb) = dims
+    b_shape = {(1, 0): (16, 6), (2, 0, 1): (16, 3, 2), (2, 1, 0): (16, 3, 2)}.get(perm, (2, 16, 3))
+    w = normal(*(b_shape[perm.index(d)] for d in range(len(perm))))
+    a = normal(2, 5, 16) if rb else normal(5, 16)
+
+    def product(a, w):
+        return lax.dot_general(a, jnp.transpose(w, perm), dims)
+
+    f = precision.apply(product, contract="int8")
+    out = run_both(f, a, w)
+    b = np.transpose(w, perm)  # reference rows of the operand as the dot sees it
+    kept = [d for d in range(b.ndim) if d not in rc]
+    rows_b = np.transpose(b, (*kept, *rc)).reshape(-1, 16)
+    cb, sb = int8_rows(rows_b)
+    ca, sa = int8_rows(a.reshape(-1, 16))
+    if rb:  # (batch, token) x (batch, column)
+        acc = np.einsum("bik,bjk->bij", ca.reshape(2, 5, 16), cb.reshape(2, 3, 16))
+        ref = (acc.astype(np.float32) * sa.reshape(2, 5, 1)) * sb.reshape(2, 1, 3)
+    else:
+        acc = ca @ cb.T
+        ref = ((acc.astype(np.float32) * sa.reshape(5, 1)) * sb.reshape(1, -1)).reshape(out.shape)
+    np.testing.assert_array_equal(out, ref)
+    g = normal(*out.shape)
+    dw = jax.jit(jax.grad(lambda w: jnp.sum(f(a, w) * g)))(w)
+    # the same product of the transposed array, as given: its gradient moved back
+    given = precision.apply(lambda a, b: lax.dot_general(a, b, dims), contract="int8")
+    db = jax.jit(jax.grad(lambda b: jnp.sum(given(a, b) * g)))(jnp.asarray(b))
+    np.testing.assert_allclose(
+        np.asarray(dw), np.transpose(np.asarray(db), np.argsort(perm)), rtol=1e-6, atol=1e-7
+    )
+
+
 # -- fp8: operands are dtypes encodings, float32 accumulation -----------------
 
 
