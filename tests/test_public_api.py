@@ -7,6 +7,7 @@ exactly when the API reference can show it.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import re
@@ -82,12 +83,21 @@ def test_every_public_name_resolves(module_name):
     assert not missing, f"{module_name}.__all__ lists names it does not define: {missing}"
 
 
+@functools.cache
+def _griffe_modules() -> griffe.ModulesCollection:
+    """Both packages, read statically once for this module: a load reads every file and
+    resolves every alias (seconds each), and the tests below only read the result."""
+    loader = griffe.GriffeLoader(search_paths=[str(ROOT)])
+    for top in ("dtypes", "precision"):
+        loader.load(top)
+    # external: precision re-exports dtypes' error classes.
+    loader.resolve_aliases(external=True)
+    return loader.modules_collection
+
+
 def _griffe_package(module_name: str) -> griffe.Object:
     top = module_name.split(".")[0]
-    # resolve_external: precision re-exports dtypes' error classes.
-    package = griffe.load(
-        top, search_paths=[str(ROOT)], resolve_aliases=True, resolve_external=True
-    )
+    package = _griffe_modules()[top]
     return package if module_name == top else package[module_name.split(".", 1)[1]]
 
 

@@ -1,7 +1,7 @@
 """The bits every encoding produces on adversarial input, as digests: run it on two
 backends (or under two sets of XLA flags) and compare.
 
-    python tests/dtypes/backend_bits.py OUT.json [--size N] [--device cpu|gpu|tpu] [--quick]
+    python tests/dtypes/backend_bits.py OUT.json [--size N] [--device cpu|gpu|tpu] [--quick|--ci]
     python tests/dtypes/backend_bits.py --compare A.json B.json
 
 For every format and named encoding (float64 aside), in every rounding mode,
@@ -36,6 +36,11 @@ FAST_MATH_FLAGS = (
     "--xla_cpu_fast_math_honor_nans=false --xla_cpu_fast_math_honor_infs=false "
     "--xla_cpu_fast_math_honor_functions=false"
 )
+
+# int1's mean-absolute scales under these scalings take a pairwise sum, which XLA:CPU's
+# fast-math flags reassociate (one ulp in a few groups); XLA:GPU does not reassociate,
+# so these are compared on accelerators only.
+REASSOCIATED = ("int1 [per-axis 0]", "int1 [per-block 32 on axis -1]")
 
 ALL_MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic")
 SCALING_MODES = ("nearest_even", "toward_zero", "down", "stochastic")
@@ -82,14 +87,18 @@ def adversarial(size: int, seed: int = 0) -> np.ndarray:
     return np.ascontiguousarray(x)
 
 
-def cases(quick: bool = False) -> list[tuple[str, Any, tuple[str, ...]]]:
+def cases(quick: bool = False, ci: bool = False) -> list[tuple[str, Any, tuple[str, ...]]]:
     """(format name, scaling or None for its default, rounding modes).
 
-    `quick` (the CI test) keeps every format and encoding in three modes and the
-    scalings of int8, int4, int1 and uint4 in two: the division, the boundary and
-    the NaN cases all show there; the full list runs on accelerators and in the
-    hunt profile.
+    `quick` (the accelerator check) keeps every format and encoding in three modes
+    and the scalings of int8, int4, int1 and uint4 in two: the division, the
+    boundary and the NaN cases all show there; the full list runs in the hunt
+    profile. `ci` (the CPU fast-math test, implies `quick`) leaves out what that
+    comparison cannot use or does not need: int1's REASSOCIATED scalings, and
+    int8's scalings but `PerBlock(32)` (issue 20's example; int8 takes int4's code
+    path under every scaling, with another top value and no packing).
     """
+    quick = quick or ci
     import dtypes
 
     out: list[tuple[str, Any, tuple[str, ...]]] = []
@@ -111,6 +120,11 @@ def cases(quick: bool = False) -> list[tuple[str, Any, tuple[str, ...]]]:
     modes = ("toward_zero", "down") if quick else SCALING_MODES
     for name in ints:
         for scaling in scalings:
+            if ci and (
+                f"{name} [{scaling}]" in REASSOCIATED
+                or (name == "int8" and scaling != dtypes.PerBlock(32))
+            ):
+                continue
             out.append((name, scaling, modes))
     floats = ("float8_e4m3fn", "float4_e2m1fn")
     floats += () if quick else ("float8_e5m2", "float6_e2m3fn")
@@ -127,7 +141,9 @@ def _digest(a: Any) -> str | None:
     return hashlib.sha256(arr.view(np.uint8).tobytes()).hexdigest()[:16]
 
 
-def run(size: int, device: str | None = None, quick: bool = False) -> dict[str, Any]:
+def run(
+    size: int, device: str | None = None, quick: bool = False, ci: bool = False
+) -> dict[str, Any]:
     import jax
 
     import dtypes
@@ -136,7 +152,7 @@ def run(size: int, device: str | None = None, quick: bool = False) -> dict[str, 
     x = jax.device_put(adversarial(size), dev)
     key = jax.device_put(jax.random.key(7), dev)
     results: dict[str, Any] = {}
-    for name, scaling, modes in cases(quick):
+    for name, scaling, modes in cases(quick, ci):
         fmt = dtypes.get(name)
         label = f"{name} [{scaling if scaling is not None else 'default'}]"
         refused: dict[str, str] = {}
@@ -197,9 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out")
     parser.add_argument("--size", type=int, default=1 << 20)
     parser.add_argument("--device", default=None)
-    parser.add_argument("--quick", action="store_true", help="the CI subset (see `cases`)")
+    parser.add_argument("--quick", action="store_true", help="the accelerator subset (`cases`)")
+    parser.add_argument("--ci", action="store_true", help="the CPU fast-math subset (`cases`)")
     args = parser.parse_args(argv)
-    results = run(args.size, args.device, args.quick)
+    results = run(args.size, args.device, args.quick, args.ci)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=0, sort_keys=True)
     return 0

@@ -9,7 +9,7 @@ built without any floating-point operation whose rounding a backend chooses.
 
 `backend_bits.py` (beside this file) encodes, decodes and rounds an
 adversarial array in every format, encoding, scaling, scale format and
-rounding mode of its CI subset; this test runs it in two fresh processes,
+rounding mode of its CI subset (`cases(ci=True)`); this test runs it in two fresh processes,
 with and without the flags, and compares every digest. The full case list
 runs under `HYPOTHESIS_PROFILE=hunt` (see `tests/conftest.py`) and on accelerators
 (`benchmarks/accelerator.py`).
@@ -32,24 +32,22 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-from backend_bits import FAST_MATH_FLAGS  # noqa: E402
-
-_REASSOCIATED = ("int1 [per-axis 0]", "int1 [per-block 32 on axis -1]")
+from backend_bits import FAST_MATH_FLAGS, REASSOCIATED  # noqa: E402
 
 
-def _start(tmp: Path, name: str, flags: str, quick: bool) -> tuple[subprocess.Popen, Path]:
+def _start(tmp: Path, name: str, flags: str, ci: bool) -> tuple[subprocess.Popen, Path]:
     """Run backend_bits.py in a fresh process under `flags` (both runs go at once)."""
     out = tmp / f"{name}.json"
     env = dict(os.environ, XLA_FLAGS=flags, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     args = [sys.executable, str(HERE / "backend_bits.py"), str(out)]
-    args += ["--quick"] if quick else []
+    args += ["--ci"] if ci else []
     return subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True), out
 
 
 def test_encodings_are_bit_identical_under_fast_math(tmp_path):
-    quick = os.environ.get("HYPOTHESIS_PROFILE") != "hunt"  # the full list when hunting
-    plain, plain_out = _start(tmp_path, "plain", "", quick)
-    fast, fast_out = _start(tmp_path, "fast", FAST_MATH_FLAGS, quick)
+    ci = os.environ.get("HYPOTHESIS_PROFILE") != "hunt"  # the full list when hunting
+    plain, plain_out = _start(tmp_path, "plain", "", ci)
+    fast, fast_out = _start(tmp_path, "fast", FAST_MATH_FLAGS, ci)
     for proc in (plain, fast):
         _, err = proc.communicate(timeout=1500)
         assert proc.returncode == 0, err[-4000:]
@@ -59,7 +57,7 @@ def test_encodings_are_bit_identical_under_fast_math(tmp_path):
     parts = ("codes", "scales", "tensor scale", "zero points", "decoded", "rounded")
     diffs = []
     for case in a:
-        if case.startswith(_REASSOCIATED) or a[case] == b[case]:
+        if case.startswith(REASSOCIATED) or a[case] == b[case]:
             continue
         if isinstance(a[case], str) or isinstance(b[case], str):
             diffs.append(f"{case}: {a[case]} / {b[case]}")

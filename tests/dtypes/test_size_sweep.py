@@ -5,7 +5,9 @@ vectorised max drops NaN under `jit`: a scale computed with it turned a
 4096-vector holding one NaN into finite codes. Every encode/decode/round path
 is run here on sizes that straddle the vectorisation and tiling widths (1, 7,
 4095, 4096, 4097, 65537 and a 2-D shape with an odd last axis), with NaN, +inf
-or -inf at the first, middle and last position, eagerly and under `jit`.
+or -inf at the first, middle and last position, eagerly and under `jit` (and,
+at the sizes that straddle the vectorisation width, under `jit` of `vmap` over a
+batch of such arrays: a batched reduction is vectorised its own way).
 
 Expected values do not come from `dtypes`: a scaled group holding NaN/inf must
 get a NaN scale under tracing and be refused eagerly (docs/design.md §2); the other
@@ -28,6 +30,8 @@ import dtypes
 from dtypes import FloatFormat, PerAxis, PerBlock, PerTensor
 
 SHAPES = [(1,), (7,), (4095,), (4096,), (4097,), (65537,), (5, 1031)]
+# where a `vmap`-batched call is compared too (one more compile per case and size)
+BATCHED = [(4095,), (4096,), (4097,)]
 SPECIALS = [np.nan, np.inf, -np.inf]
 
 SCALED = {
@@ -112,22 +116,20 @@ def test_scaled_encodings_propagate_nan_at_every_size(case, shape):
     batched, single = _scaled_kernel(fmt, scaling)
     x, xs, where, _ = _batch(shape)
     _, clean_dec, clean_round = (np.asarray(a) for a in single(x))
-    scales, decs, rounds = (np.asarray(a) for a in batched(xs))
-    for i, pos in enumerate(where):
-        bad = np.ones(shape, bool) if pos is None else _group_of(scaling, shape, pos)
-        dec, rnd = decs[i], rounds[i]
-        assert np.isnan(dec[bad]).all(), f"{case} {shape}: a finite value in a poisoned group"
-        assert np.isnan(rnd[bad]).all(), f"{case} {shape}: round kept a finite value"
-        np.testing.assert_array_equal(dec[~bad], clean_dec[~bad])
-        np.testing.assert_array_equal(rnd[~bad], clean_round[~bad])
-        # every group with a NaN/inf gets a NaN scale, and only those groups
-        n_nan_scales = int(np.isnan(scales[i]).sum())
-        assert n_nan_scales == (scales[i].size if pos is None else 1)
-    # the same under a plain (unbatched) jit, for the middle NaN
-    mid = 3 if len(where) > 4 else 0
-    scale, dec, _ = single(xs[mid])
-    assert np.isnan(np.asarray(scale)).any()
-    assert np.isnan(np.asarray(dec)[_group_of(scaling, shape, where[mid])]).all()
+    runs = [[np.stack(a) for a in zip(*(single(y) for y in xs), strict=True)]]  # plain jit
+    if shape in BATCHED:
+        runs.append([np.asarray(a) for a in batched(xs)])
+    for scales, decs, rounds in runs:
+        for i, pos in enumerate(where):
+            bad = np.ones(shape, bool) if pos is None else _group_of(scaling, shape, pos)
+            dec, rnd = decs[i], rounds[i]
+            assert np.isnan(dec[bad]).all(), f"{case} {shape}: a finite value in a poisoned group"
+            assert np.isnan(rnd[bad]).all(), f"{case} {shape}: round kept a finite value"
+            np.testing.assert_array_equal(dec[~bad], clean_dec[~bad])
+            np.testing.assert_array_equal(rnd[~bad], clean_round[~bad])
+            # every group with a NaN/inf gets a NaN scale, and only those groups
+            n_nan_scales = int(np.isnan(scales[i]).sum())
+            assert n_nan_scales == (scales[i].size if pos is None else 1)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -163,17 +165,21 @@ def test_unscaled_formats_keep_specials_in_their_elements(case, shape):
     batched, single = _unscaled_kernel(fmt)
     x, xs, where, what = _batch(shape)
     clean_dec, clean_round = (np.asarray(a, np.float32) for a in single(x))
-    decs, rounds = (np.asarray(a, np.float32) for a in batched(xs))
-    for i, (pos, v) in enumerate(zip(where, what, strict=True)):
-        special = np.ones(shape, bool) if pos is None else np.arange(x.size).reshape(shape) == pos
-        want = _special_expected(fmt, v)
-        for got, clean in ((decs[i], clean_dec), (rounds[i], clean_round)):
-            if math.isnan(want):
-                assert np.isnan(got[special]).all()
-            else:
-                assert (got[special] == want).all(), (v, got[special][:3], want)
-            np.testing.assert_array_equal(got[~special], clean[~special])
-        # eagerly, outside any jit, the same
-        if i == 3:
-            eager = np.asarray(fmt.round(xs[i]), np.float32)
-            np.testing.assert_array_equal(eager, rounds[i])
+    runs = [[np.stack(a).astype(np.float32) for a in zip(*map(single, xs), strict=True)]]
+    if shape in BATCHED:
+        runs.append([np.asarray(a, np.float32) for a in batched(xs)])
+    for decs, rounds in runs:
+        for i, (pos, v) in enumerate(zip(where, what, strict=True)):
+            special = (
+                np.ones(shape, bool) if pos is None else np.arange(x.size).reshape(shape) == pos
+            )
+            want = _special_expected(fmt, v)
+            for got, clean in ((decs[i], clean_dec), (rounds[i], clean_round)):
+                if math.isnan(want):
+                    assert np.isnan(got[special]).all()
+                else:
+                    assert (got[special] == want).all(), (v, got[special][:3], want)
+                np.testing.assert_array_equal(got[~special], clean[~special])
+    # eagerly, outside any jit, the same
+    eager = np.asarray(fmt.round(xs[3]), np.float32)
+    np.testing.assert_array_equal(eager, runs[0][1][3])

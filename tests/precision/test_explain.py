@@ -7,6 +7,7 @@ optimized text must equal the rows that claim them.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import warnings
@@ -39,7 +40,13 @@ class Block(nn.Module):
 
 
 X = jnp.asarray(np.random.default_rng(0).standard_normal((2, 8, 32)).astype(np.float32))
-PARAMS = Block().init(jax.random.key(0), X)
+
+
+@functools.cache
+def _params():
+    """Block's parameters, made on first use: not at import, which every xdist worker
+    pays while collecting (an eager flax init, seconds)."""
+    return Block().init(jax.random.key(0), X)
 
 
 def _compiled_dots(f, *args):
@@ -55,7 +62,7 @@ def _compiled_dots(f, *args):
 
 
 def test_every_dense_layer_and_attention_product_contracts_int8_codes():
-    params = precision.to_reduced_precision(PARAMS, "int8", where="kernel")
+    params = precision.to_reduced_precision(_params(), "int8", where="kernel")
     report = precision.explain(Block().apply, params, X, contract="int8")
     assert len(report.rows) == 8  # q, k, v, two attention products, o, up, down
     for row in report.rows:
@@ -75,7 +82,7 @@ def test_every_dense_layer_and_attention_product_contracts_int8_codes():
 
 
 def test_int4_storage_under_bfloat16_compute_is_decoded_at_each_dense_layer():
-    params = precision.to_reduced_precision(PARAMS, "int4", where="kernel")
+    params = precision.to_reduced_precision(_params(), "int4", where="kernel")
     report = precision.explain(Block().apply, params, X, compute="bfloat16")
     dense = [r for r in report.rows if "int4 storage" in r.operands[1]]
     assert len(dense) == 6

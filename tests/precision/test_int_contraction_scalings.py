@@ -61,7 +61,20 @@ def _check(out, a: np.ndarray, b: np.ndarray, ref_fn) -> None:
     assert np.all(err <= 2 * k * EPS32 * bound + 1e-30), float(np.max(err / (bound + 1e-30)))
 
 
-_PAIRS_2D = list(itertools.product(_scalings(2, 16), repeat=2))
+# Every right-hand scaling against the left-hand scalings that differ in kind: one
+# along the summed axis (whole or in blocks), one along the kept axis (whole or in
+# blocks), one for the tensor, and narrow and power-of-two scales (all pairs under
+# the hunt profile, tests/conftest.py).
+_HUNT = os.environ.get("HYPOTHESIS_PROFILE") == "hunt"
+_LEFT_2D = _scalings(2, 16) if _HUNT else [
+    dtypes.PerTensor(),
+    dtypes.PerTensor(power_of_two=True),
+    dtypes.PerAxis(0, scale_format="float16"),
+    dtypes.PerAxis(1),
+    dtypes.PerBlock(16, axis=0),
+    dtypes.PerBlock(16, axis=-1, power_of_two=True, scale_format="float8_e8m0fnu"),
+]  # fmt: skip
+_PAIRS_2D = list(itertools.product(_LEFT_2D, _scalings(2, 16)))
 
 
 @pytest.mark.parametrize(("sa", "sb"), _PAIRS_2D, ids=[f"{a}|{b}" for a, b in _PAIRS_2D])
@@ -76,9 +89,8 @@ def test_matmul_every_scaling_pair(sa, sb):
     _check(out.numpy(), a, b, np.matmul)
 
 
-# Every pair of the matrix case above; for the batched einsum every right-hand scaling
-# against the left-hand scalings that differ in kind (all pairs under the hunt profile).
-_HUNT = os.environ.get("HYPOTHESIS_PROFILE") == "hunt"
+# The batched einsum likewise: every right-hand scaling against the left-hand ones
+# that differ in kind (all pairs under the hunt profile).
 _LEFT_3D = _scalings(3, 8) if _HUNT else [
     dtypes.PerTensor(), dtypes.PerAxis(1), dtypes.PerBlock(8, axis=2), dtypes.PerBlock(8, axis=0)
 ]  # fmt: skip

@@ -297,7 +297,9 @@ def test_custom_format_values_without_nan_inf(fmt, data):
     assert np.isfinite(x)
 
 
+# Four bounds for every format: a quarter of the profile's examples each (ci 25, hunt 250).
 @pytest.mark.parametrize(("lo", "hi"), [(1.0, 1024.0), (-6.0, -0.5), (0.0, 0.0), (-3.0, 2.0)])
+@settings(max_examples=max(10, settings.default.max_examples // 4))
 @given(data=st.data())
 def test_representable_arrays_respect_their_bounds(fmt, data, lo, hi):
     # 300 of 300 draws fell outside [1, 1024] before: representable=True ignored them
