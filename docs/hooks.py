@@ -2,8 +2,9 @@
 
 Registered in mkdocs.yml under `hooks:`. Two jobs:
 
-* `on_page_markdown` replaces the marker `<!-- format-table -->` with a table
-  built from `dtypes.FORMATS`, so the docs cannot drift from the code.
+* `on_page_markdown` replaces the marker `<!-- format-table -->` with tables
+  built from `dtypes.FORMATS` (one per family, sized for a 1280-px page), so the docs
+  cannot drift from the code.
 * `on_post_page` checks that the rendered API reference has an entry for every
   name in `dtypes.__all__`, `precision.__all__`, `precision.testing.__all__` and
   `precision.optax.__all__`;
@@ -30,18 +31,16 @@ PUBLIC_MODULES = ("dtypes", "precision", "precision.testing", "precision.optax")
 
 log = logging.getLogger("mkdocs.plugins.precision")
 
-COLUMNS = (
-    "name",
-    "aliases",
-    "kind",
-    "bits",
-    "container",
-    "max",
-    "min_normal",
-    "smallest_subnormal",
-    "eps / qmax",
-    "notes",
-)
+#: The generated tables, one per family, each narrow enough for a 1280-px page (the
+#: content column is about 690 px there: docs/screenshots.py checks it). Floats take two
+#: tables: what they are, and their numbers.
+FLOAT_COLUMNS = ("name", "aliases", "bits", "container", "notes")
+NUMBER_COLUMNS = ("name", "max", "min_normal", "smallest_subnormal", "eps")
+INT_COLUMNS = ("name", "aliases", "bits", "container", "qmax", "notes")
+
+#: The class of the block around each generated table: docs/stylesheets/extra.css keeps the
+#: names and numbers in it whole (a cell wraps between words, never inside a name).
+TABLE_CLASS = "format-table"
 
 
 def number(value: float) -> str:
@@ -90,45 +89,85 @@ def notes(fmt: dtypes.Format) -> str:
     return "; ".join(parts)
 
 
-def rows() -> list[tuple[str, ...]]:
-    """One row of cells per registered format, in registry order."""
-    aliases: dict[str, list[str]] = {}
+def _aliases() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
     for alias, name in dtypes.ALIASES.items():
-        aliases.setdefault(name, []).append(alias)
-    out = []
-    for name, fmt in dtypes.FORMATS.items():
-        container = fmt.container.name + (" (packed)" if fmt.packed else "")
-        if fmt.kind == "float":
-            numbers = (
-                number(fmt.max),
-                number(fmt.min_normal),
-                number(fmt.smallest_subnormal),
-                number(fmt.eps),
-            )
-        else:
-            numbers = (f"{fmt.qmax} × scale", "–", "–", f"qmax = {fmt.qmax}")
-        out.append(
-            (
-                f"`{name}`",
-                ", ".join(f"`{a}`" for a in aliases.get(name, [])),
-                fmt.kind,
-                str(fmt.bits),
-                f"`{container}`",
-                *numbers,
-                notes(fmt),
-            )
-        )
+        out.setdefault(name, []).append(alias)
     return out
 
 
-def format_table() -> str:
-    """The Markdown table of every registered format."""
-    lines = [
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "|".join("---" for _ in COLUMNS) + "|",
+def _code(*names: str) -> str:
+    return ", ".join(f"`{n}`" for n in names)
+
+
+def float_rows() -> list[tuple[str, ...]]:
+    """What each float format is, in registry order: `FLOAT_COLUMNS`."""
+    aliases = _aliases()
+    return [
+        (
+            _code(name),
+            _code(*aliases.get(name, [])),
+            str(fmt.bits),
+            _code(fmt.container.name),
+            notes(fmt),
+        )
+        for name, fmt in dtypes.FORMATS.items()
+        if fmt.kind == "float"
     ]
-    lines += ["| " + " | ".join(row) + " |" for row in rows()]
-    return "\n".join(lines)
+
+
+def number_rows() -> list[tuple[str, ...]]:
+    """The range and precision of each float format: `NUMBER_COLUMNS`."""
+    return [
+        (
+            _code(name),
+            number(fmt.max),
+            number(fmt.min_normal),
+            number(fmt.smallest_subnormal),
+            number(fmt.eps),
+        )
+        for name, fmt in dtypes.FORMATS.items()
+        if fmt.kind == "float"
+    ]
+
+
+def int_rows() -> list[tuple[str, ...]]:
+    """Each integer format, in registry order: `INT_COLUMNS`."""
+    aliases = _aliases()
+    return [
+        (
+            _code(name),
+            _code(*aliases.get(name, [])),
+            str(fmt.bits),
+            _code(fmt.container.name) + (" (packed)" if fmt.packed else ""),
+            str(fmt.qmax),
+            notes(fmt),
+        )
+        for name, fmt in dtypes.FORMATS.items()
+        if fmt.kind == "int"
+    ]
+
+
+def table(columns: tuple[str, ...], rows: list[tuple[str, ...]], code: bool = False) -> str:
+    """A Markdown table; with `code`, the headers after the first are attribute names."""
+    head = [c if i == 0 or not code else f"`{c}`" for i, c in enumerate(columns)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def format_table() -> str:
+    """The tables of every registered format, one family each, under their own headings."""
+    kinds = {fmt.kind for fmt in dtypes.FORMATS.values()}
+    assert kinds == {"float", "int"}, f"docs/hooks.py has no table for kinds {kinds}"
+    parts = [
+        ("Floating-point formats", table(FLOAT_COLUMNS, float_rows())),
+        ("Their range and precision", table(NUMBER_COLUMNS, number_rows(), code=True)),
+        ("Integer formats", table(INT_COLUMNS, int_rows())),
+    ]
+    return "\n\n".join(
+        f'### {title}\n\n<div class="{TABLE_CLASS}" markdown>\n\n{body}\n\n</div>'
+        for title, body in parts
+    )
 
 
 #: The OCP microscaling compositions: an element format and power-of-two scales per 32.

@@ -1,7 +1,7 @@
 """The documentation cannot drift from the code.
 
-- The format table on docs/formats.md is built from the registry by docs/hooks.py;
-  its numbers are checked here against ml_dtypes and exact powers of two.
+- The format tables on docs/formats.md are built from the registry by docs/hooks.py;
+  their numbers are checked here against ml_dtypes and exact powers of two.
 - The MX footprint table is checked against byte counts worked out by hand.
 - Every `>>>` example in the README and in the pages this suite owns runs.
 - The README's first screen holds the two one-line commands.
@@ -43,13 +43,26 @@ hooks = _load_hooks()
 
 
 def _table(markdown: str) -> list[dict[str, str]]:
+    """The rows of the one Markdown table in `markdown`, keyed by header (backticks dropped)."""
     lines = [line for line in markdown.splitlines() if line.startswith("|")]
-    head = [c.strip() for c in lines[0].strip("|").split(" | ")]
+    head = [c.strip().strip("`") for c in lines[0].strip("|").split(" | ")]
     assert set(lines[1].replace("|", "")) == {"-"}
     return [
         dict(zip(head, (c.strip() for c in line.strip("|").split(" | ")), strict=True))
         for line in lines[2:]
     ]
+
+
+def _float_rows() -> list[dict[str, str]]:
+    return _table(hooks.table(hooks.FLOAT_COLUMNS, hooks.float_rows()))
+
+
+def _number_rows() -> list[dict[str, str]]:
+    return _table(hooks.table(hooks.NUMBER_COLUMNS, hooks.number_rows(), code=True))
+
+
+def _int_rows() -> list[dict[str, str]]:
+    return _table(hooks.table(hooks.INT_COLUMNS, hooks.int_rows()))
 
 
 def _value(cell: str) -> float:
@@ -73,46 +86,62 @@ def test_formats_page_has_the_marker_and_the_hook_fills_it():
     assert hooks.mx_table() in rendered
 
 
-def test_format_table_lists_the_registry_in_order():
-    rows = _table(hooks.format_table())
-    assert [row["name"].strip("`") for row in rows] == list(dtypes.FORMATS)
-    for row in rows:
+def test_format_tables_list_the_registry_in_order():
+    rendered = hooks.format_table()
+    assert rendered.count(f'<div class="{hooks.TABLE_CLASS}" markdown>') == 3
+    floats, numbers, ints = _float_rows(), _number_rows(), _int_rows()
+    assert hooks.table(hooks.FLOAT_COLUMNS, hooks.float_rows()) in rendered
+    assert hooks.table(hooks.NUMBER_COLUMNS, hooks.number_rows(), code=True) in rendered
+    assert hooks.table(hooks.INT_COLUMNS, hooks.int_rows()) in rendered
+    names = [row["name"].strip("`") for row in floats + ints]
+    assert names == list(dtypes.FORMATS)
+    assert [row["name"] for row in numbers] == [row["name"] for row in floats]
+    for row in floats + ints:
         fmt = dtypes.FORMATS[row["name"].strip("`")]
         aliases = {a for a, name in dtypes.ALIASES.items() if name == fmt.name}
         assert set(re.findall(r"`([^`]+)`", row["aliases"])) == aliases
-        assert row["kind"] == fmt.kind
         assert int(row["bits"]) == fmt.bits
-        assert row["container"].strip("`").split(" ")[0] == fmt.container.name
+        assert row["container"].split(" ")[0].strip("`") == fmt.container.name
         assert ("packed" in row["container"]) == fmt.packed
+    assert all(dtypes.FORMATS[r["name"].strip("`")].kind == "float" for r in floats)
+    assert all(dtypes.FORMATS[r["name"].strip("`")].kind == "int" for r in ints)
+
+
+def test_format_tables_fit_a_page():
+    # A 1280-px page leaves about 690 px for a table (docs/screenshots.py checks it in a
+    # browser): at most six columns, and no cell but the notes longer than a number.
+    for columns in (hooks.FLOAT_COLUMNS, hooks.NUMBER_COLUMNS, hooks.INT_COLUMNS):
+        assert len(columns) <= 6
+    for row in hooks.float_rows() + hooks.number_rows() + hooks.int_rows():
+        assert all(len(cell) <= 40 for cell in row[:-1] if "per group" not in cell), row
 
 
 @pytest.mark.parametrize(
     "name", [n for n, f in dtypes.FORMATS.items() if f.kind == "float" and f.native_dtype]
 )
 def test_format_table_numbers_match_ml_dtypes(name):
-    row = next(r for r in _table(hooks.format_table()) if r["name"] == f"`{name}`")
+    row = next(r for r in _number_rows() if r["name"] == f"`{name}`")
     info = ml_dtypes.finfo(dtypes.FORMATS[name].native_dtype)
     assert _value(row["max"]) == float(info.max)
     assert _value(row["min_normal"]) == float(info.smallest_normal)
     assert _value(row["smallest_subnormal"]) == float(info.smallest_subnormal)
-    assert _value(row["eps / qmax"]) == float(info.eps)
+    assert _value(row["eps"]) == float(info.eps)
 
 
 def test_format_table_numbers_of_tf32():
     # tf32: float32's exponent range with 10 mantissa bits.
-    row = next(r for r in _table(hooks.format_table()) if r["name"] == "`tf32`")
+    row = next(r for r in _number_rows() if r["name"] == "`tf32`")
     assert _value(row["max"]) == (2 - 2**-10) * 2.0**127
     assert _value(row["min_normal"]) == 2.0**-126
     assert _value(row["smallest_subnormal"]) == 2.0**-136
-    assert _value(row["eps / qmax"]) == 2.0**-10
+    assert _value(row["eps"]) == 2.0**-10
 
 
 def test_format_table_integer_rows():
-    for row in _table(hooks.format_table()):
+    for row in _int_rows():
         fmt = dtypes.FORMATS[row["name"].strip("`")]
-        if fmt.kind == "int":
-            qmax = 1 if fmt.bits == 1 else 2 ** (fmt.bits - 1) - 1
-            assert row["eps / qmax"] == f"qmax = {qmax}"
+        qmax = 1 if fmt.bits == 1 else 2 ** (fmt.bits - 1) - 1
+        assert row["qmax"] == str(qmax)
 
 
 def test_mx_table_bytes():
