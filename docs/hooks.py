@@ -5,10 +5,13 @@ Registered in mkdocs.yml under `hooks:`. Two jobs:
 * `on_page_markdown` replaces the marker `<!-- format-table -->` with tables
   built from `dtypes.FORMATS` (one per family, sized for a 1280-px page), so the docs
   cannot drift from the code.
-* `on_post_page` checks that the rendered API reference has an entry for every
-  name in `dtypes.__all__`, `precision.__all__`, `precision.testing.__all__` and
-  `precision.optax.__all__`;
-  a missing one is a warning, which `mkdocs build --strict` turns into a failure.
+* `on_page_markdown` also replaces `<!-- api-index -->` on api/index.md with a table per
+  API page: each public name documented there, linked, with its docstring's first line.
+* `on_post_page` collects the entries (`id="module.name"`) of the rendered API pages
+  (api/*.md) and `on_post_build` checks that every name in `dtypes.__all__`,
+  `precision.__all__`, `precision.testing.__all__` and `precision.optax.__all__` has one,
+  on exactly one page; a missing or repeated one is a warning, which
+  `mkdocs build --strict` turns into a failure.
 """
 
 from __future__ import annotations
@@ -19,14 +22,18 @@ import importlib
 import logging
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 
 import dtypes
 
+ROOT = Path(__file__).resolve().parents[1]
 MARKER = "<!-- format-table -->"
 MX_MARKER = "<!-- mx-table -->"
-API_PAGE = "api.md"
+API_DIR = "api/"
+API_INDEX = "api/index.md"
+API_MARKER = "<!-- api-index -->"
 PUBLIC_MODULES = ("dtypes", "precision", "precision.testing", "precision.optax")
 
 log = logging.getLogger("mkdocs.plugins.precision")
@@ -228,6 +235,8 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         markdown = markdown.replace(MARKER, format_table())
     if MX_MARKER in markdown:
         markdown = markdown.replace(MX_MARKER, mx_table())
+    if API_MARKER in markdown:
+        markdown = markdown.replace(API_MARKER, api_index(api_pages(config), config["docs_dir"]))
     return markdown
 
 
@@ -244,20 +253,107 @@ def public_names() -> dict[str, list[str]]:
     return names
 
 
-def missing_from_api(rendered_html: str) -> list[str]:
-    """Public names with no anchor (`id="module.name"`) in the rendered API page."""
-    ids = set(re.findall(r'id="([^"]+)"', rendered_html))
-    ids = {html.unescape(i) for i in ids}
-    return [
-        f"{module}.{name}"
-        for module, names in public_names().items()
-        for name in names
-        if f"{module}.{name}" not in ids
-    ]
+DIRECTIVE = re.compile(r"^::: ([\w.]+)\s*$", flags=re.MULTILINE)
+
+
+def api_pages(config) -> list[tuple[str, str]]:
+    """(path under docs/, title) of each API page but the index, in the order of the nav."""
+
+    def walk(items):
+        for item in items:
+            value = next(iter(item.values())) if isinstance(item, dict) else item
+            title = next(iter(item)) if isinstance(item, dict) else None
+            if isinstance(value, list):
+                yield from walk(value)
+            elif value.startswith(API_DIR) and value != API_INDEX:
+                yield value, title
+
+    return list(walk(config["nav"]))
+
+
+def documented(source: str) -> list[str]:
+    """The qualified names a page's `::: name` directives document (a module: its `__all__`)."""
+    names = []
+    for target in DIRECTIVE.findall(source):
+        if target in PUBLIC_MODULES:
+            names += [f"{target}.{n}" for n in importlib.import_module(target).__all__]
+        else:
+            names.append(target)
+    return names
+
+
+def summary(qualified: str) -> str:
+    """The first line of a public name's docstring, as the API pages show it."""
+    obj = _griffe(qualified.split(".")[0])[qualified.split(".", 1)[1]]
+    text = obj.docstring.value if obj.docstring else ""
+    return text.strip().split("\n")[0].replace("|", "\\|")
+
+
+def _griffe(top: str):
+    import griffe
+
+    if top not in _LOADED:
+        loader = griffe.GriffeLoader(search_paths=[str(ROOT)])
+        for package in ("dtypes", "precision"):
+            loader.load(package)
+        loader.resolve_aliases(external=True)
+        _LOADED.update({p: loader.modules_collection[p] for p in ("dtypes", "precision")})
+    return _LOADED[top]
+
+
+_LOADED: dict = {}
+
+
+def api_index(pages: list[tuple[str, str]], docs_dir: str) -> str:
+    """A table per API page: its names, linked to their entries, and what each is."""
+    parts = []
+    for path, title in pages:
+        with open(f"{docs_dir}/{path}") as f:
+            names = documented(f.read())
+        link = path.removeprefix(API_DIR)
+        rows = [f"| [`{n}`]({link}#{n}) | {summary(n)} |" for n in names]
+        parts.append(
+            f'## [{title}]({link})\n\n<div class="api-index" markdown>\n\n'
+            "| name | what it is |\n|---|---|\n" + "\n".join(rows) + "\n\n</div>"
+        )
+    return "\n\n".join(parts)
+
+
+def entries(rendered_html: str) -> set[str]:
+    """The ids of a rendered page: an API entry's is its qualified name."""
+    return {html.unescape(i) for i in re.findall(r'id="([^"]+)"', rendered_html)}
+
+
+def missing_from_api(found: dict[str, set[str]]) -> list[str]:
+    """Public names with no entry on any API page, then those with one on several."""
+    problems = []
+    for module, names in public_names().items():
+        for name in names:
+            qualified = f"{module}.{name}"
+            pages = sorted(page for page, ids in found.items() if qualified in ids)
+            if not pages:
+                problems.append(f"API reference has no entry for public name {qualified}")
+            elif len(pages) > 1:
+                problems.append(f"public name {qualified} has an entry on {', '.join(pages)}")
+    return problems
+
+
+_FOUND: dict[str, set[str]] = {}  # API page -> the ids rendered on it, this build
+
+
+def on_pre_build(config) -> None:
+    _FOUND.clear()
 
 
 def on_post_page(output: str, page, config) -> str:
-    if page.file.src_uri == API_PAGE:
-        for qualified in missing_from_api(output):
-            log.warning(f"API reference has no entry for public name {qualified}")
+    uri = page.file.src_uri
+    if uri.startswith(API_DIR) and uri != API_INDEX:
+        _FOUND[uri] = entries(output)
     return output
+
+
+def on_post_build(config) -> None:
+    if not _FOUND:
+        log.warning("no API page (docs/api/*.md) was rendered: cannot check the API reference")
+    for problem in missing_from_api(_FOUND):
+        log.warning(problem)

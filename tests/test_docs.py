@@ -189,10 +189,22 @@ def test_ci_runs_the_readme_test_command():
     assert "mkdocs build --strict" in ci
 
 
+def _nav(items):
+    """(title, page) of every entry of the nav, sections flattened; a bare page's title is None."""
+    for item in items:
+        title, value = next(iter(item.items())) if isinstance(item, dict) else (None, item)
+        if isinstance(value, list):
+            yield from _nav(value)
+        else:
+            yield title, value
+
+
 def test_nav_pages_exist():
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
-    pages = [next(iter(entry.values())) for entry in config["nav"]]
-    assert [p for p in pages if not (DOCS / p).is_file()] == []
+    entries = list(_nav(config["nav"]))
+    assert [p for _, p in entries if not (DOCS / p).is_file()] == []
+    pages = {page for _, page in entries}
+    assert [p for p in DOCS.rglob("*.md") if p.relative_to(DOCS).as_posix() not in pages] == []
     titles = [next(iter(entry)) for entry in config["nav"]]
     assert titles == [
         "Home",
@@ -211,6 +223,17 @@ def test_nav_pages_exist():
         "Benchmarks",
         "API reference",
     ]
+
+
+def test_apply_is_one_click_from_the_nav():
+    # The API reference is a section of the nav: its pages are listed under it, apply's first.
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    api = next(entry["API reference"] for entry in config["nav"] if "API reference" in entry)
+    assert api[0] == "api/index.md"
+    title, page = next(iter(api[1].items()))
+    assert page == "api/apply.md"
+    assert title.startswith("apply")
+    assert re.search(r"^::: precision\.apply$", (DOCS / page).read_text(), flags=re.M)
 
 
 def _examples(path: Path) -> str:
