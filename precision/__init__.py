@@ -19,9 +19,11 @@ if TYPE_CHECKING:
     from ._calibrate import calibrate as calibrate
     from ._checkpoint import load as load
     from ._checkpoint import save as save
+    from ._context import FormatLike as FormatLike
     from ._context import default_format as default_format
     from ._context import get_default_format as get_default_format
     from ._contract import Contract as Contract
+    from ._contract import ContractLike as ContractLike
     from ._errors import CalibrationError as CalibrationError
     from ._errors import CheckpointError as CheckpointError
     from ._errors import DeviceMismatchError as DeviceMismatchError
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from ._placement import storage_shardings as storage_shardings
     from ._policy import DEFAULT_FLOAT32_OPS as DEFAULT_FLOAT32_OPS
     from ._policy import Policy as Policy
+    from ._policy import PolicyLike as PolicyLike
     from ._tensor import Tensor as Tensor
     from ._tree import is_reduced_precision as is_reduced_precision
     from ._tree import quantize as quantize
@@ -69,7 +72,9 @@ _HOME = {
     "save": "_checkpoint",
     "default_format": "_context",
     "get_default_format": "_context",
+    "FormatLike": "_context",
     "Contract": "_contract",
+    "ContractLike": "_contract",
     "CalibrationError": "_errors",
     "CheckpointError": "_errors",
     "DeviceMismatchError": "_errors",
@@ -93,6 +98,7 @@ _HOME = {
     "select_tree": "_loss_scale",
     "DEFAULT_FLOAT32_OPS": "_policy",
     "Policy": "_policy",
+    "PolicyLike": "_policy",
     "Tensor": "_tensor",
     "device_put": "_placement",
     "storage_shardings": "_placement",
@@ -111,16 +117,19 @@ __all__ = [
     "CalibrationError",
     "CheckpointError",
     "Contract",
+    "ContractLike",
     "DeviceMismatchError",
     "DynamicLossScale",
     "ExplainError",
     "Explanation",
     "FormatError",
+    "FormatLike",
     "LossScaleError",
     "LossScaleTypeError",
     "NoOpLossScale",
     "Policy",
     "PolicyError",
+    "PolicyLike",
     "PrecisionError",
     "PrecisionFallbackError",
     "PrecisionFallbackWarning",

@@ -5,13 +5,40 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import dtypes
 
 from ._errors import FormatError
 
-__all__ = ["default_format", "get_default_format", "resolve_format"]
+__all__ = ["FormatLike", "default_format", "get_default_format", "resolve_format"]
+
+FormatLike: TypeAlias = (
+    Literal[
+        "float64",
+        "float32",
+        "bfloat16",
+        "float16",
+        "tf32",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "int8",
+        "int4",
+        "int2",
+        "int1",
+    ]
+    | str
+    | dtypes.Format
+)
+"""A format, as every `compute=`, `fmt=` and format argument takes it.
+
+A `dtypes.Format` object, or a name that `dtypes.get` reads: the names of
+`dtypes.FORMATS` (spelled out above, for editors), their aliases (`"bf16"`,
+`"fp16"`, `"e4m3"`, …, `dtypes.ALIASES`), the named encodings (`"mxfp4"`,
+`"nvfp4"`, `"nf4"`, …, `dtypes.ENCODINGS`) and any layout's own name
+(`"float6_e3m2fn"`). An unknown name raises `FormatError`. `compute=` takes
+only unscaled float formats (bfloat16, float16, tf32, fp8, float32).
+"""
 
 # The default format lives in a JAX user context, so that it is part of `jax.jit`'s
 # cache key: a function traced under one default is traced again under another (a

@@ -17,14 +17,14 @@ docs/training.md.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import dtypes
 
-from ._context import resolve_format
+from ._context import FormatLike, resolve_format
 from ._errors import FormatError, PrecisionError
 
-__all__ = ["SCALINGS", "Contract", "as_contract"]
+__all__ = ["SCALINGS", "Contract", "ContractLike", "as_contract"]
 
 Scaling = Literal["tensorwise", "rowwise", "mx"]
 SCALINGS: tuple[str, ...] = ("tensorwise", "rowwise", "mx")
@@ -127,6 +127,16 @@ class Contract:
         """
         back = f", {self.backward.name} backward" if self.backward is not None else ""
         return f"{self.forward.name} forward{back}, {self.scaling} scales"
+
+
+ContractLike: TypeAlias = Contract | FormatLike
+"""A quantization of contractions, as `apply(f, contract=...)` and `explain` take it.
+
+A `Contract`, or the format both operands of every contraction are quantized
+to (a name or a `dtypes.Format`), which means `Contract(format)`: `"int8"`
+(W8A8: rowwise scales, int32 accumulation), `"int4"`, `"float8_e4m3fn"`,
+`"float8_e5m2"` (tensorwise scales).
+"""
 
 
 def as_contract(value: Any) -> Contract | None:

@@ -28,8 +28,11 @@ import numpy as np
 
 from ._apply import apply
 from ._compute._notes import SCOPE, Note, recording
+from ._context import FormatLike
+from ._contract import ContractLike
 from ._errors import ExplainError
 from ._hlo import Dot, dots, kernels, output_bytes
+from ._policy import PolicyLike
 from ._roofline import Rates, cost, rates, type_key
 from ._tensor import Tensor
 
@@ -187,9 +190,9 @@ def _error(sqnr: float, relative: float | None) -> str:
 def explain(
     f: Callable[..., Any],
     *args: Any,
-    compute: Any = None,
-    policy: Any = None,
-    contract: Any = None,
+    compute: FormatLike | None = None,
+    policy: PolicyLike | None = None,
+    contract: ContractLike | None = None,
     measure: bool = False,
     measure_error: Any = False,
     **kwargs: Any,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +25,7 @@ from ._errors import FormatError, PolicyError
 from ._jax_compat import primitive_names
 from ._tree import is_floating, is_tensor, to_full_precision, to_reduced_precision
 
-__all__ = ["DEFAULT_FLOAT32_OPS", "Policy"]
+__all__ = ["DEFAULT_FLOAT32_OPS", "Policy", "PolicyLike"]
 
 DEFAULT_FLOAT32_OPS: frozenset[str] = frozenset(
     {
@@ -240,6 +240,17 @@ class Policy:
                     f"{', '.join(dtypes.FORMATS)} or an alias ({', '.join(dtypes.ALIASES)})"
                 ) from None
         return cls(**fields)
+
+
+PolicyLike: TypeAlias = Policy | Literal["mixed_bfloat16", "mixed_float16"] | str
+"""A policy, as `apply(f, policy=...)` and `explain` take it.
+
+A `Policy`, or its string read by `Policy.parse`: a named policy
+(`"mixed_bfloat16"`, `"mixed_float16"`), fields with format names
+(`"params=float32,compute=bfloat16,output=float32"`, or `p=`, `c=`, `o=`; a
+missing `params` is float32, a missing `compute` or `output` is `params`), or
+one format name for all three (`"bfloat16"`).
+"""
 
 
 def _check_primitive_names(names: frozenset[str]) -> None:

@@ -11,15 +11,17 @@ import functools
 import importlib
 import inspect
 import re
+import typing
 from pathlib import Path
 
 import griffe
 import pytest
 
 import dtypes
+import precision
 
 ROOT = Path(__file__).resolve().parents[1]
-API_PAGE = ROOT / "docs" / "api.md"
+API_PAGES = sorted((ROOT / "docs" / "api").glob("*.md"))
 PUBLIC_MODULES = ("dtypes", "precision", "precision.testing")
 
 DTYPES_ALL = [
@@ -118,12 +120,17 @@ def test_every_public_name_has_a_docstring(module_name):
 
 
 def _api_directives() -> list[str]:
-    return re.findall(r"^::: ([\w.]+)\s*$", API_PAGE.read_text(), flags=re.MULTILINE)
+    return [
+        name
+        for page in API_PAGES
+        for name in re.findall(r"^::: ([\w.]+)\s*$", page.read_text(), flags=re.MULTILINE)
+    ]
 
 
-def test_api_page_covers_every_public_module():
-    # `::: module` renders every name in that module's __all__; docs/hooks.py checks the
-    # rendered page has an entry for each one when the site is built.
+def test_api_pages_cover_every_public_module():
+    # `::: module` renders every name in that module's __all__, `::: module.name` one name;
+    # docs/hooks.py checks the rendered pages have an entry for each one when the site is
+    # built, on exactly one page.
     directives = _api_directives()
     for module_name in PUBLIC_MODULES:
         names = importlib.import_module(module_name).__all__
@@ -132,7 +139,26 @@ def test_api_page_covers_every_public_module():
             for name in names
             if module_name not in directives and f"{module_name}.{name}" not in directives
         ]
-        assert not uncovered, f"{API_PAGE.name} has no ::: directive covering {uncovered}"
+        assert not uncovered, f"no ::: directive in docs/api/ covers {uncovered}"
+
+
+def test_format_and_policy_names_are_the_registry():
+    # The literal names in the annotations of compute= and policy= are the registry's, so
+    # an editor's completion offers exactly the built-in names.
+    format_names = typing.get_args(typing.get_args(precision.FormatLike)[0])
+    assert format_names == tuple(dtypes.FORMATS)
+    policy_names = typing.get_args(typing.get_args(precision.PolicyLike)[1])
+    assert policy_names == ("mixed_bfloat16", "mixed_float16")
+    for name in policy_names:
+        assert precision.Policy.parse(name).compute.name == name.removeprefix("mixed_")
+
+
+def test_apply_and_explain_are_typed_with_what_they_take():
+    for fn in (precision.apply, precision.explain):
+        hints = typing.get_type_hints(fn)
+        assert hints["compute"] == precision.FormatLike | None
+        assert hints["policy"] == precision.PolicyLike | None
+        assert hints["contract"] == precision.ContractLike | None
 
 
 @pytest.mark.parametrize("module_name", PUBLIC_MODULES)

@@ -22,9 +22,11 @@ from dtypes import PrecisionTypeError
 
 from .. import _jax_compat as compat
 from .._compute import Context, State, Stored
-from .._context import resolve_format
+from .._context import FormatLike, resolve_format
+from .._contract import ContractLike, as_contract
 from .._errors import FormatError, PrecisionError
 from .._placement import check_devices
+from .._policy import DEFAULT_FLOAT32_OPS, Policy, PolicyLike
 from .._storage import (
     carries_gradient,
     decode_encoded,
@@ -228,11 +230,13 @@ def _build(
     return entry
 
 
-def _context(compute: Any, policy: Any, contract: Any = None, strict: Any = False) -> Context:
+def _context(
+    compute: FormatLike | None,
+    policy: PolicyLike | None,
+    contract: ContractLike | None = None,
+    strict: Any = False,
+) -> Context:
     """The declaration of one `apply` call, validated once, when it is made."""
-    from .._contract import as_contract
-    from .._policy import Policy
-
     if policy is not None:
         if isinstance(policy, str):
             policy = Policy.parse(policy)
@@ -254,8 +258,6 @@ def _context(compute: Any, policy: Any, contract: Any = None, strict: Any = Fals
         )
     ops = frozenset() if policy is None else policy.float32_ops
     if policy is None and fmt is not None and not fmt.is_full_precision:
-        from .._policy import DEFAULT_FLOAT32_OPS
-
         ops = DEFAULT_FLOAT32_OPS
     if fmt is not None and fmt.is_full_precision:
         fmt, ops = None, frozenset()  # float32 compute is the undeclared default for storage
@@ -290,9 +292,9 @@ def _top_level_floats(args: tuple[Any, ...], kwargs: dict[str, Any], n: int) -> 
 def apply(
     f: Callable[..., Any],
     *,
-    compute: Any = None,
-    policy: Any = None,
-    contract: Any = None,
+    compute: FormatLike | None = None,
+    policy: PolicyLike | None = None,
+    contract: ContractLike | None = None,
     strict: bool = False,
 ) -> Callable[..., Any]:
     """Make `f` (any JAX function) run on Tensors under the precision rules.
@@ -314,22 +316,23 @@ def apply(
 
     Args:
         f: a function of arrays, e.g. a model's apply function.
-        compute: declare the compute format of every op (a name or format):
-            float32 values and decoded storage are brought to it at their
-            first use; a Tensor in another reduced compute format still
-            raises. Under a declared narrower format the ops of
-            `precision.DEFAULT_FLOAT32_OPS` (softmax and normalisation
+        compute: declare the compute format of every op (a name or format,
+            `precision.FormatLike`): float32 values and decoded storage are
+            brought to it at their first use; a Tensor in another reduced
+            compute format still raises. Under a declared narrower format the
+            ops of `precision.DEFAULT_FLOAT32_OPS` (softmax and normalisation
             statistics, losses, reductions) stay in float32.
-        policy: a `precision.Policy` or its string: its `compute` is declared
-            as above, its `float32_ops` replace the default list, and Tensor
-            results are returned in its `output` format.
+        policy: a `precision.Policy` or its string (`precision.PolicyLike`,
+            e.g. `"mixed_bfloat16"`): its `compute` is declared as above, its
+            `float32_ops` replace the default list, and Tensor results are
+            returned in its `output` format.
         contract: quantize every `dot_general` / `conv_general_dilated` at
-            the contraction: a format name (`"int8"`: W8A8 with per-row
-            scales and int32 accumulation; `"float8_e4m3fn"`: fp8 with one
-            scale per tensor) or a `precision.Contract` (forward and
-            backward formats, tensorwise / rowwise / MX scaling). Results
-            are rescaled into the compute format; gradients are
-            straight-through. A contraction that cannot take the declared
+            the contraction (`precision.ContractLike`): a format name
+            (`"int8"`: W8A8 with per-row scales and int32 accumulation;
+            `"float8_e4m3fn"`: fp8 with one scale per tensor) or a
+            `precision.Contract` (forward and backward formats, tensorwise /
+            rowwise / MX scaling). Results are rescaled into the compute
+            format; gradients are straight-through. A contraction that cannot take the declared
             narrow path (MX blocks, a format XLA has no dot for) runs in
             float32 on the quantized values and warns once per call site
             (`PrecisionFallbackWarning`).
