@@ -18,6 +18,7 @@ __all__ = [
     "DeviceMismatchError",
     "ExplainError",
     "FormatError",
+    "LayoutError",
     "PolicyError",
     "PrecisionError",
     "PrecisionFallbackError",
@@ -46,6 +47,12 @@ class CheckpointError(PrecisionError, ValueError):
     The message names the file and what is wrong with it. Raised before any
     wrong number could be returned.
     """
+
+
+class LayoutError(PrecisionError, ValueError):
+    """A tensor that another tool's checkpoint layout (compressed-tensors, GGUF) cannot
+    hold as it is: the message names the tensor, its format and scaling, what the
+    layout holds instead, and the `--to` / `--scaling` (or `--keep`) that would work."""
 
 
 class CalibrationError(PrecisionError, ValueError):

@@ -39,6 +39,7 @@ import dtypes
 from dtypes import PrecisionTypeError
 
 from .._errors import CheckpointError
+from . import _compressed_tensors, _gguf
 from ._atomic_file import _TempFile, refuse_special
 from ._layout import (
     _DTYPE_NAMES,
@@ -83,6 +84,7 @@ class _Header:
         arrays: list[tuple[str, np.dtype, tuple[int, ...]]],
         leaves: list[Leaf],
         extra: dict[str, str],
+        plain: bool = False,
     ):
         entries: dict[str, Any] = {}
         self.sizes: list[int] = []
@@ -106,12 +108,16 @@ class _Header:
             f'"tensors_crc32":{json.dumps(_text_crc(tensors))},"crc32":'
         )
         self._extra = extra
+        self._plain = plain
 
     def bytes(self, crc: dict[str, int]) -> bytes:
-        """The header with these CRC-32s, its length before it, padded to 8 bytes."""
-        hexes = {name: f"{value:08x}" for name, value in crc.items()}
-        crcs = json.dumps(hexes, separators=_COMPACT)
-        ours = {VERSION_KEY: str(self.version), METADATA_KEY: self._doc + crcs + "}"}
+        """The header with these CRC-32s, its length before it, padded to 8 bytes
+        (a plain header: `extra` alone, no description of the leaves and no CRCs)."""
+        ours: dict[str, str] = {}
+        if not self._plain:
+            hexes = {name: f"{value:08x}" for name, value in crc.items()}
+            crcs = json.dumps(hexes, separators=_COMPACT)
+            ours = {VERSION_KEY: str(self.version), METADATA_KEY: self._doc + crcs + "}"}
         metadata = json.dumps({**self._extra, **ours}, separators=_COMPACT)
         text = ('{"__metadata__":' + metadata + self._entries).encode("utf-8")
         text += b" " * (-len(text) % 8)  # keep the data 8-byte aligned, as other writers do
@@ -128,6 +134,7 @@ def write(
     guard: Callable[[], AbstractContextManager[Any]] | None = None,
     mode: int | None = None,
     checked: bool = False,
+    plain: bool = False,
 ) -> int:
     """Atomically write a checkpoint of `leaves`, whose arrays `produce` yields in order.
 
@@ -142,6 +149,8 @@ def write(
     line holds interrupts off there). `mode` gives a new file's permission bits
     (default: 0o666 under the umask; a replaced file keeps its own). `checked` says
     the caller ran `check_names` on these leaves already (`save`, through `flatten`).
+    `plain` writes a safetensors file without this library's metadata (another
+    tool's layout, `precision/_cli/_layouts.py`): `leaves` are then plain arrays.
     Returns the bytes written.
 
     Raises:
@@ -164,7 +173,7 @@ def write(
     arrays = [a for leaf in leaves for a in leaf.arrays()]
     crc = {name: 0 for name, _, _ in arrays}
     extra = {str(k): str(v) for k, v in (metadata or {}).items()}
-    layout = _Header(arrays, leaves, extra)
+    layout = _Header(arrays, leaves, extra, plain)
     header = layout.bytes(crc)
     temp = _TempFile(path, overwrite=overwrite, mode=mode)
     try:
@@ -449,8 +458,25 @@ def _materialized(
     return out
 
 
+def _tree(where: str, pairs: list[tuple[Leaf, Stored]], as_arrays: bool) -> Any:
+    """The tree of the leaves of another tool's layout (compressed-tensors, GGUF): an
+    unscaled float leaf is that tool's full-precision values (widened, as in a foreign
+    safetensors file), an encoded one a Tensor in its format."""
+    items = []
+    for (leaf, _), stored in zip(pairs, _on_device(pairs), strict=True):
+        value = materialize(leaf, stored, as_arrays)
+        if not as_arrays and leaf.kind == "tensor" and leaf.scaling is None:
+            value = value.to_full_precision()
+        items.append((leaf.path, value))
+    try:
+        return unflatten(items)
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{where}: the tensor names do not form a tree ({exc})") from None
+
+
 def load(path: str | os.PathLike[str], *, as_arrays: bool = False) -> Any:
-    """Load a checkpoint written by `save`, or any safetensors file.
+    """Load a checkpoint written by `save`, any safetensors file, or the layouts
+    `precision convert --layout` writes for other tools (compressed-tensors, GGUF).
 
     A file written by `save` comes back as the nested dicts and lists of its
     key paths (tuples and custom pytree nodes come back as lists and dicts)
@@ -458,12 +484,15 @@ def load(path: str | os.PathLike[str], *, as_arrays: bool = False) -> Any:
     safetensors file comes back as a dict of name to full-precision float32
     Tensor (F16, BF16 and F8 values widened exactly); integer and bool
     tensors load as arrays. Convert with `to_reduced_precision` to store them
-    narrow again.
+    narrow again. A compressed-tensors directory (its `config.json` names the
+    quantization) and a GGUF file load the same way, their quantized weights
+    as Tensors of the encoding their bytes hold (int8, int4, int2, e4m3, mxfp4
+    with their scales; docs/cli.md, "Layouts for other tools").
 
     Args:
-        path: the file; or a sharded checkpoint (as `precision convert` and model
-            hubs write it): its directory, or its `*.safetensors.index.json`,
-            whose shards load into one tree.
+        path: the file (safetensors or GGUF); or a sharded checkpoint (as
+            `precision convert` and model hubs write it): its directory, or its
+            `*.safetensors.index.json`, whose shards load into one tree.
         as_arrays: give logical `jax.Array`s (decoded values) instead of Tensors.
 
     Returns:
@@ -486,8 +515,15 @@ def load(path: str | os.PathLike[str], *, as_arrays: bool = False) -> Any:
             f"as_arrays must be True or False, got {type(as_arrays).__name__} {as_arrays!r} "
             "(a non-empty string is truthy); pass as_arrays=True for logical arrays"
         )
-    with _collector_paused(), Source(os.fspath(path)) as source:
+    path = os.fspath(path)
+    if _gguf.is_gguf(path):
+        with _collector_paused():
+            return _tree(path, _gguf.read(path), as_arrays)
+    with _collector_paused(), Source(path) as source:
         _refuse_beyond_memory(source)
+        quantized = _compressed_tensors.config_of(source)
+        if quantized is not None:
+            return _tree(source.path, _compressed_tensors.read(source, quantized), as_arrays)
         items: list[tuple[Any, Any]] = []
         for reader in source.readers:
             batch: list[tuple[Leaf, Stored]] = []

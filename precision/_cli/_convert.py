@@ -38,6 +38,8 @@ from ._files import (
     write_index,
 )
 from ._interrupts import deferred_interrupts, import_jax
+from ._layouts import check as _check_layout
+from ._layouts import copy_files, report_copied, write_layout
 from ._output import PROG, _DataError, _fmt_db, _human, _progress, _table, _UsageError
 from ._temp_directory import TempDirectory, recover_leftovers
 
@@ -415,6 +417,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     with Source(src) as source:
         plans = _plan(source, fmt, scaling, rules, args.rounding)
         _warn_rules(plans, args, rules)
+        _check_layout(args.layout, plans, source, dst, args)
         converted = [p for p in plans if p.reason is None]
         if args.dry_run:
             _print_plan(plans)
@@ -436,10 +439,12 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         converter = _Converter(engine, args.rounding, args.seed, progress)
         metadata = {**source.metadata, "converted_by": _provenance(args, fmt, scaling)}
         sharded = args.max_shard_size is not None or (
-            source.sharded and not dst.endswith(".safetensors")
+            (source.sharded or os.path.isdir(src)) and not dst.endswith(".safetensors")
         )
         try:
-            if sharded:
+            if args.layout != "precision":
+                size_out = write_layout(source, plans, converter, dst, args, metadata)
+            elif sharded:
                 size_out = _write_shards(source, plans, converter, dst, args, metadata)
             else:
                 # without --overwrite the commit is an exclusive create: a file that
@@ -503,10 +508,12 @@ def _write_shards(
             total,
             index_meta,
         )
+        found = copy_files(source, temp.name)  # config.json, the tokenizer, ...
         temp.commit()
     except BaseException:
         temp.discard()
         raise
+    report_copied(found)
     return size
 
 

@@ -174,8 +174,9 @@ def _parser() -> argparse.ArgumentParser:
         "-o",
         "--output",
         metavar="OUT",
-        help="checkpoint to write: a file, or a directory of shards when IN is sharded or "
-        "--max-shard-size is given (required unless --dry-run)",
+        help="checkpoint to write: a file, or a directory of shards (with the files beside "
+        "IN's tensors) when IN is a directory or --max-shard-size is given (required unless "
+        "--dry-run)",
     )
     p.add_argument(
         "--to",
@@ -254,6 +255,15 @@ def _parser() -> argparse.ArgumentParser:
         type=_size_arg,
         help="write a directory of shards no larger than SIZE each (e.g. 5GB, 500MiB; default "
         "for a sharded input: 5GB)",
+    )
+    p.add_argument(
+        "--layout",
+        choices=("precision", "compressed-tensors", "gguf"),
+        default="precision",
+        help="how OUT lays the tensors out: precision (default: this library's safetensors, "
+        "every format), compressed-tensors (a Hugging Face directory that vLLM and "
+        "transformers load: int8, int4, int2, float8_e4m3fn or mxfp4 Linear weights) or gguf "
+        "(one GGUF file: Q8_0, Q4_0, MXFP4, F32, F16, BF16); see docs/cli.md",
     )
     p.add_argument(
         "--overwrite", action="store_true", help="replace OUT if it exists (even when OUT is IN)"

@@ -1,0 +1,346 @@
+"""`precision convert --layout`: outputs other tools load, and the files beside the tensors.
+
+`--layout precision` (the default) writes this library's safetensors, which hold every
+format; `compressed-tensors` writes a Hugging Face model directory that vLLM and
+transformers load; `gguf` writes one GGUF file. What each layout holds, byte for byte,
+is described with its module (`precision/_checkpoint/_compressed_tensors.py`,
+`_gguf.py`); this one checks a plan against the layout before anything is converted
+(every refused tensor named at once, with the flags that would work) and writes the
+converted stream in it, atomically, as `convert` writes its own.
+
+A directory input is a model: the files beside its tensors (`config.json`, the tokenizer,
+`generation_config.json`, ...) go into a directory output with the tensors, inside the
+same temporary directory, so they appear together or not at all (`copy_files`). Weights
+in other formats (`*.bin`, `*.pt`, `*.gguf`, ...) and subdirectories are not copied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .._checkpoint import _compressed_tensors as ct
+from .._checkpoint import _gguf
+from .._checkpoint._io import write
+from .._checkpoint._layout import Leaf
+from .._checkpoint._source import INDEX_SUFFIX, Source
+from .._errors import LayoutError
+from ._convert_engine import _Converter, _Plan
+from ._files import DEFAULT_SHARD_BYTES, leaf_nbytes, plan_shards, shard_names, write_index
+from ._interrupts import check_interrupt, deferred_interrupts
+from ._output import PROG, _DataError, _UsageError
+from ._temp_directory import TempDirectory
+
+__all__ = ["LAYOUTS", "check", "copy_files", "report_copied", "write_layout"]
+
+LAYOUTS = ("precision", "compressed-tensors", "gguf")
+
+#: Files that hold weights in another format: never copied beside converted tensors.
+_WEIGHT_SUFFIXES = (
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".ckpt",
+    ".h5",
+    ".msgpack",
+    ".onnx",
+    ".gguf",
+    ".index.json",
+)
+
+
+# --------------------------------------------------------------------------
+# the files beside the tensors
+
+
+def model_directory(source: Source) -> str | None:
+    """The directory of a model given as a directory (or as its index file), or None."""
+    if os.path.isdir(source.path):
+        return source.path
+    if source.sharded:
+        return os.path.dirname(os.path.abspath(source.path))
+    return None
+
+
+def _beside(directory: str) -> tuple[list[str], list[str]]:
+    """(files to copy, what is left out and why) of a model directory."""
+    copied, skipped = [], []
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if name.startswith("."):
+            continue
+        if os.path.isdir(path):
+            skipped.append(f"{name}/ (a directory)")
+        elif name.endswith(_WEIGHT_SUFFIXES):
+            if not name.endswith((".safetensors", INDEX_SUFFIX)):
+                skipped.append(f"{name} (weights in another format)")
+        elif os.path.isfile(path):  # (a link into a hub cache is followed)
+            copied.append(name)
+    return copied, skipped
+
+
+def copy_files(
+    source: Source, directory: str, config: dict[str, Any] | None = None
+) -> tuple[list[str], list[str]]:
+    """Copy the files beside the input's tensors into `directory` (the output's temporary
+    directory); `config` is merged into `config.json`. Returns what `_beside` found."""
+    home = model_directory(source)
+    if home is None:
+        return [], []
+    copied, skipped = _beside(home)
+    for name in copied:
+        check_interrupt()
+        target = os.path.join(directory, name)
+        if name == "config.json" and config:
+            with open(os.path.join(home, name), encoding="utf-8") as f:
+                doc = json.load(f)
+            doc.update(config)
+            with open(target, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=2)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            shutil.copyfile(os.path.join(home, name), target)
+    return copied, skipped
+
+
+def report_copied(found: tuple[list[str], list[str]]) -> None:
+    copied, skipped = found
+    if copied:
+        print(f"copied {len(copied)} file(s) beside the tensors: {', '.join(copied)}")
+    if skipped:
+        print(f"not copied: {', '.join(skipped)}")
+
+
+# --------------------------------------------------------------------------
+# checks before anything is converted
+
+
+def _kept_problem(layout: str, plan: _Plan) -> str | None:
+    """Why a tensor kept unchanged cannot be written in `layout` as it is, or None."""
+    leaf = plan.leaf
+    fmt = leaf.format
+    if layout == "gguf":
+        kind = _gguf.gguf_type(fmt, leaf.scaling, leaf.dtype)
+        if kind is not None and not (kind == "BF16" and not leaf.shape):
+            return None
+        what = leaf.dtype.name if fmt is None else f"{fmt.name} with {leaf.scaling}"
+        return (
+            f"kept as {what}, which has no GGUF type (GGUF holds float32, float16, bfloat16, "
+            "signed integers and float64 as they are); convert them (--include) to a format "
+            "GGUF holds"
+        )
+    if plan.reader.foreign or fmt is None:
+        return None
+    if leaf.scaling is None and getattr(fmt, "native_dtype", None) is not None:
+        return None  # a float32, bfloat16, float16 or float8 tensor: stored as it is
+    return (
+        f"kept in this library's {fmt.name} encoding, which compressed-tensors does not hold "
+        "as it is; convert the original checkpoint instead"
+    )
+
+
+def _refusal(layout: str, plan: _Plan) -> str | None:
+    if plan.reason is not None:
+        return _kept_problem(layout, plan)
+    out = plan.out
+    assert out.format is not None
+    if layout == "compressed-tensors":
+        return ct.refusal(plan.leaf.name, out.format, out.scaling, out.shape)
+    return _gguf.refusal(plan.leaf.name, out.format, out.scaling, out.shape)
+
+
+def check(
+    layout: str, plans: list[_Plan], source: Source, dst: str | None, args: argparse.Namespace
+) -> None:
+    """Refuse what `layout` cannot hold before anything is converted: a model directory
+    the layout needs (usage errors), and every tensor it cannot hold, grouped by reason
+    (`LayoutError`, exit status 1 like any data it refuses)."""
+    if layout == "precision":
+        return
+    if layout == "compressed-tensors":
+        home = model_directory(source)
+        if home is None or not os.path.isfile(os.path.join(home, "config.json")):
+            raise _UsageError(
+                f"--layout compressed-tensors writes a Hugging Face model directory with its "
+                f"config.json: give IN as the model's directory (with config.json), not "
+                f"{source.path}"
+            )
+        if dst is not None and dst.endswith(".safetensors"):
+            raise _UsageError(
+                f"--layout compressed-tensors writes a directory: name OUT {dst!r} without "
+                ".safetensors"
+            )
+        with open(os.path.join(home, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        if isinstance(config, dict) and "quantization_config" in config:
+            raise _DataError(
+                f"{home}/config.json already has a quantization_config: this model is "
+                "quantized; convert the original (unquantized) checkpoint"
+            )
+    if layout == "gguf" and args.max_shard_size is not None:
+        raise _UsageError("--layout gguf writes one file: drop --max-shard-size")
+    refused: dict[str, list[str]] = {}
+    for plan in plans:
+        problem = _refusal(layout, plan)
+        if problem is not None:
+            refused.setdefault(problem, []).append(plan.leaf.name)
+    if refused:
+        parts = []
+        for problem, names in refused.items():
+            shown = ", ".join(repr(n) for n in names[:3])
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            what = "tensor" if len(names) == 1 else f"{len(names)} tensors"
+            parts.append(f"{what} {shown}{more}: {problem}")
+        raise LayoutError(f"--layout {layout} cannot hold " + "; ".join(parts))
+
+
+# --------------------------------------------------------------------------
+# writing
+
+
+def _whole(array: Any) -> np.ndarray:
+    """An array given whole or as consecutive pieces, whole (one tensor in memory)."""
+    if isinstance(array, np.ndarray):
+        return array
+    pieces = [np.array(p).reshape(-1) for p in array]
+    return np.concatenate(pieces) if pieces else np.zeros(0)
+
+
+def _ct_stream(
+    plans: list[_Plan], modules: dict[int, ct.Module], converter: _Converter
+) -> Iterator[tuple[str, Any]]:
+    """The layout's arrays of every plan, in file order, from the converter's stream."""
+    stream = converter.arrays(plans)
+    for i, plan in enumerate(plans):
+        module = modules.get(i)
+        if module is None:
+            for _ in plan.out.arrays():
+                yield next(stream)
+            continue
+        # the codes first: a streamed conversion has its scales once they are written
+        data = next(stream)[1]
+        if module.bits:
+            rows, cols = module.shape
+            if (cols * module.bits) % 32 == 0 and not isinstance(data, np.ndarray):
+                yield module.data[0], ct.streamed_words(data, module.bits)
+            else:
+                yield module.data[0], ct.to_words(_whole(data).reshape(rows, -1), cols, module.bits)
+        else:
+            yield module.data[0], data
+        scale = _whole(next(stream)[1])
+        yield module.scale[0], scale.reshape(module.scale[2]).view(module.scale[1])
+        if module.format == "pack-quantized":
+            yield f"{module.module}.weight_shape", np.array(module.shape, "<i8")
+
+
+def _array_leaf(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Leaf:
+    return Leaf(name, (("key", name),), "array", dtype, shape)
+
+
+def _write_compressed_tensors(
+    source: Source,
+    plans: list[_Plan],
+    converter: _Converter,
+    dst: str,
+    args: argparse.Namespace,
+    metadata: dict[str, str],
+) -> int:
+    modules = {
+        i: ct.module_of(p.leaf.name, p.out.format, p.out.scaling, p.out.shape)
+        for i, p in enumerate(plans)
+        if p.reason is None and p.out.format is not None and p.out.scaling is not None
+    }
+    leaves = []
+    for i, plan in enumerate(plans):
+        arrays = modules[i].arrays() if i in modules else plan.out.arrays()
+        leaves += [_array_leaf(*a) for a in arrays]
+    kept = [
+        p.leaf.name[: -len(".weight")]
+        for p in plans
+        if p.reason is not None and p.leaf.name.endswith(".weight") and len(p.leaf.shape) == 2
+    ]
+    config = {"quantization_config": ct.quantization_config(list(modules.values()), kept)}
+    groups = plan_shards(leaves, args.max_shard_size or DEFAULT_SHARD_BYTES)
+    names = shard_names(source.prefix, len(groups))
+    meta = {**metadata, "format": "pt"}  # what transformers asks of a safetensors file
+    temp = TempDirectory(dst, overwrite=args.overwrite)
+    try:
+        produced = _ct_stream(plans, modules, converter)
+        weight_map: dict[str, str] = {}
+        size = total = 0
+        for name, group in zip(names, groups, strict=True):
+            members = [leaves[i] for i in group]
+            pieces = (next(produced) for _ in members)
+            size += write(
+                os.path.join(temp.name, name),
+                members,
+                pieces,
+                overwrite=False,
+                metadata=meta,
+                plain=True,
+            )
+            for leaf in members:
+                weight_map[leaf.name] = name
+                total += leaf_nbytes(leaf)
+        write_index(
+            os.path.join(temp.name, f"{source.prefix}{INDEX_SUFFIX}"), weight_map, total, {}
+        )
+        found = copy_files(source, temp.name, config)
+        temp.commit()
+    except BaseException:
+        temp.discard()
+        raise
+    report_copied(found)
+    return size
+
+
+def _write_gguf(
+    plans: list[_Plan],
+    converter: _Converter,
+    dst: str,
+    args: argparse.Namespace,
+    metadata: dict[str, str],
+) -> int:
+    tensors = []
+    for plan in plans:
+        leaf = plan.out
+        kind = _gguf.gguf_type(leaf.format, leaf.scaling, leaf.dtype)
+        assert kind is not None  # `check` refused the rest
+        tensors.append((leaf.name, leaf.shape, kind))
+
+    def produce() -> Iterator[np.ndarray]:
+        stream = converter.arrays(plans)
+        for plan, (_, _, kind) in zip(plans, tensors, strict=True):
+            arrays = [_whole(a) for _, a in (next(stream) for _ in plan.out.arrays())]
+            if len(arrays) == 2:
+                yield _gguf.block_bytes(kind, arrays[0], arrays[1])
+            else:
+                yield arrays[0]
+
+    meta = {f"{PROG}.{key}": value for key, value in metadata.items() if key == "converted_by"}
+    return _gguf.write_file(
+        dst, tensors, produce(), metadata=meta, overwrite=args.overwrite, guard=deferred_interrupts
+    )
+
+
+def write_layout(
+    source: Source,
+    plans: list[_Plan],
+    converter: _Converter,
+    dst: str,
+    args: argparse.Namespace,
+    metadata: dict[str, str],
+) -> int:
+    """Write the converted checkpoint in `args.layout` (checked by `check`); the bytes written."""
+    if args.layout == "gguf":
+        return _write_gguf(plans, converter, dst, args, metadata)
+    return _write_compressed_tensors(source, plans, converter, dst, args, metadata)
