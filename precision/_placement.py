@@ -144,7 +144,7 @@ def storage_shardings(tree: Any, shardings: Any) -> Any:
 
 
 def device_put(tree: Any, device_or_sharding: Any) -> Any:
-    """Move every Tensor and array leaf of `tree` to a device or sharding.
+    """Move every Tensor, array and numpy scalar leaf of `tree` to a device or sharding.
 
     `device_or_sharding` is one device or sharding for the whole tree, or a
     tree of them with the structure of `tree` (one per leaf, as for plain
@@ -180,7 +180,9 @@ def device_put(tree: Any, device_or_sharding: Any) -> Any:
             out.append(leaf)
         elif isinstance(leaf, Tensor):
             out.append(leaf.to_device(target))
-        elif isinstance(leaf, jax.Array | np.ndarray):
+        elif isinstance(leaf, jax.Array | np.ndarray | np.generic):
+            # numpy scalars too (a step counter `np.int64(1200)`): as jax.device_put
+            # places them, so that a tree placed for Orbax has a sharding on every leaf
             out.append(jax.device_put(leaf, target))
         else:
             out.append(leaf)

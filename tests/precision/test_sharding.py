@@ -182,11 +182,12 @@ def test_storage_shardings_and_device_put_of_a_tree_of_placements():
             "w4": Tensor(w).to_reduced_precision("int4", scaling=dtypes.PerBlock(8)),
             "b": jnp.ones(64),
             "key": jax.random.key(0),
+            "step": np.int64(1200),  # a numpy scalar is placed too (Orbax needs its sharding)
         }
         rows = NamedSharding(mesh, P("data", None))
         cols = NamedSharding(mesh, P(None, "data"))
         repl = NamedSharding(mesh, P())
-        logical = {"w8": rows, "w4": rows, "b": repl, "key": repl}
+        logical = {"w8": rows, "w4": rows, "b": repl, "key": repl, "step": repl}
         storage = precision.storage_shardings(params, logical)
         assert storage["w8"].encoded.data == rows
         assert storage["w8"].encoded.scale.spec == P("data", None)  # per-row scales follow rows
@@ -195,6 +196,8 @@ def test_storage_shardings_and_device_put_of_a_tree_of_placements():
         assert len(placed["w4"].encoded.data.sharding.device_set) == 8
         np.testing.assert_array_equal(np.asarray(placed["w4"]), np.asarray(params["w4"]))
         assert jax.random.key_data(placed["key"]).tolist() == [0, 0]
+        assert placed["step"].sharding == repl
+        assert int(placed["step"]) == 1200
         # a jitted function takes the storage shardings as in_shardings
         f = jax.jit(precision.apply(lambda p, x: x @ p["w8"].T + 1.0), in_shardings=(storage, repl))
         y = f(placed, jnp.ones((2, 64)))
