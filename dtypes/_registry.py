@@ -6,6 +6,7 @@ test parameters, so a new format is one new row.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -147,8 +148,11 @@ def get(name: str | Format) -> Format:
         return fmt
     known = ", ".join([*FORMATS, *ENCODINGS])
     aliases = ", ".join(ALIASES)
+    names = [*FORMATS, *ENCODINGS, *ALIASES]
+    close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+    guess = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
     raise FormatError(
-        f"unknown format {name!r}; known formats: {known} (aliases: {aliases}), or build "
+        f"unknown format {name!r}{guess}; known formats: {known} (aliases: {aliases}), or build "
         "one with dtypes.FloatFormat(exponent_bits, mantissa_bits)"
     )
 

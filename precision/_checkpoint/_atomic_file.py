@@ -211,6 +211,28 @@ def _kind(mode: int) -> str:
     return "not a file"
 
 
+# what to do when the data does not fit where it goes
+_WRITE_FIXES = {
+    errno.ENOSPC: "the disk is full; free space on it or write to another disk",
+    errno.EDQUOT: "the disk quota is used up; free space or write elsewhere",
+    errno.EFBIG: (
+        "the file would pass a size limit (the shell's 'ulimit -f', or the largest file the "
+        "file system holds, 4 GiB on FAT32); raise the limit, or write smaller files (the "
+        "command line's --max-shard-size SIZE)"
+    ),
+}
+
+
+def write_error(path: str, exc: OSError) -> OSError:
+    """`exc`, met while writing `path`'s data, as an error naming the path and the fix.
+
+    Raised by `write` itself, such an error names no file: a full disk, a quota,
+    a size limit. Nothing has been left behind when it is raised.
+    """
+    fix = _WRITE_FIXES.get(exc.errno or 0, exc.strerror or "")
+    return type(exc)(exc.errno, f"cannot write {path}: {fix} (nothing was written)")
+
+
 def _exists_error(path: str) -> FileExistsError:
     return FileExistsError(
         errno.EEXIST,

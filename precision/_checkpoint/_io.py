@@ -40,7 +40,7 @@ from dtypes import PrecisionTypeError
 
 from .._errors import CheckpointError
 from . import _compressed_tensors, _gguf
-from ._atomic_file import _TempFile, refuse_special
+from ._atomic_file import _TempFile, refuse_special, write_error
 from ._layout import (
     _DTYPE_NAMES,
     METADATA_KEY,
@@ -217,7 +217,7 @@ def write(
     except OSError as exc:
         temp.discard()
         if exc.filename is None and exc.errno is not None:  # a full disk, a size limit
-            raise type(exc)(exc.errno, f"cannot write {path}: {exc.strerror}", path) from None
+            raise write_error(path, exc) from None
         raise
     except BaseException:
         temp.discard()

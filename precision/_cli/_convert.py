@@ -25,6 +25,7 @@ from .._checkpoint._io import write
 from .._checkpoint._layout import Leaf
 from .._checkpoint._source import Source
 from .._keep import KEEP
+from ._arguments import _check_pair, _format, _scaling, resolve_preset
 from ._convert_engine import _HOW, _Converter, _Engine, _mode, _Plan
 
 # the tests reach these through this module
@@ -51,208 +52,6 @@ DEFAULT_KEEP = KEEP
 #: docs/cli.md, "Reading SQNR": below ~15 dB a tensor keeps less than
 #: about 97% of its signal energy and models visibly degrade).
 DEFAULT_WARN_SQNR = 15.0
-
-
-# --------------------------------------------------------------------------
-# arguments resolved against the registry
-
-
-def _format(text: str) -> dtypes.Format:
-    try:
-        fmt = dtypes.get(text)
-    except (ValueError, TypeError) as exc:
-        raise _UsageError(f"--to: {exc}") from None
-    if fmt.bits > 32:
-        raise _UsageError(
-            f"--to {text}: {fmt.name} is wider than the float32 values a checkpoint holds, so "
-            "converting to it gains nothing; choose float32 or a narrower format (see "
-            "'precision formats')"
-        )
-    return fmt
-
-
-# The short names `--scaling` suggests for each scale format (any name that
-# dtypes.get resolves to one of dtypes.SCALE_FORMATS is accepted).
-_SCALE_SHORT = {
-    "float32": "f32",
-    "bfloat16": "bf16",
-    "float16": "fp16",
-    "float8_e4m3fn": "e4m3",
-    "float8_e8m0fnu": "e8m0",
-}
-_SCALE_ORDER = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e8m0fnu")
-
-
-@dataclasses.dataclass(frozen=True)
-class _ScalingText:
-    """The fields of a `--scaling` text (already checked against the grammar)."""
-
-    kind: str  # "none", "per-tensor", "per-axis" or "per-block"
-    number: int | None  # the axis of per-axis, the size of per-block
-    pow2: bool
-    scales: str | None  # the scale format as typed, or None
-
-    @classmethod
-    def parse(cls, text: str) -> _ScalingText:
-        parts = text.split(":")
-        kind, rest = parts[0], parts[1:]
-        number = int(rest.pop(0)) if kind in ("per-axis", "per-block") else None
-        pow2 = bool(rest) and rest[0] == "pow2"
-        if pow2:
-            rest.pop(0)
-        return cls(kind, number, pow2, rest[0] if rest else None)
-
-    def __str__(self) -> str:
-        fields = [self.kind]
-        fields += [] if self.number is None else [str(self.number)]
-        fields += ["pow2"] if self.pow2 else []
-        fields += [] if self.scales is None else [self.scales]
-        return ":".join(fields)
-
-    def build(self, scale_format: str) -> dtypes.Scaling | None:
-        """The dtypes scaling; raises what dtypes raises for a refused combination."""
-        if self.kind == "none":
-            return None
-        if self.kind == "per-tensor":
-            return dtypes.PerTensor(power_of_two=self.pow2, scale_format=scale_format)
-        assert self.number is not None
-        if self.kind == "per-axis":
-            return dtypes.PerAxis(self.number, power_of_two=self.pow2, scale_format=scale_format)
-        return dtypes.PerBlock(self.number, power_of_two=self.pow2, scale_format=scale_format)
-
-
-def _scale_format(word: str, text: str) -> str:
-    """The scale format `word` names (a name or alias of one of dtypes.SCALE_FORMATS)."""
-    try:
-        name: str | None = dtypes.get(word).name
-    except (ValueError, TypeError):
-        name = None
-    if name not in dtypes.SCALE_FORMATS:
-        what = "is not a format" if name is None else f"names {name}, which is not a scale format"
-        choices = ", ".join(f"{full} ({short})" for full, short in _SCALE_SHORT.items())
-        raise _UsageError(
-            f"--scaling {text}: {word!r} {what}; end --scaling with a scale format: {choices}"
-        )
-    return name
-
-
-def _scaling(text: str | None, fmt: dtypes.Format) -> dtypes.Scaling | None:
-    """The scaling of `--scaling` (already checked against the grammar), or the preset.
-
-    A named composition keeps the scale format of its own scaling unless the
-    text names one (`--to mxfp4 --scaling per-block:64:pow2` stores E8M0
-    scales per 64 values); anything else stores float32 scales unless told.
-
-    Examples:
-        >>> print(_scaling("per-block:128:bf16", dtypes.get("int4")))
-        per-block 128 on axis -1, bfloat16 scales
-        >>> print(_scaling("per-block:64:pow2", dtypes.get("mxfp4")))
-        per-block 64 on axis -1, power of two, float8_e8m0fnu scales
-    """
-    default = fmt.default_scaling()
-    if text is None:
-        narrow_int = fmt.kind in ("int", "uint") and fmt.bits <= 4
-        if narrow_int and not isinstance(default, dtypes.PerBlock):
-            # Narrow integers need small groups: per tensor, one outlier
-            # takes the whole range (int4 on GPT-2's wte: 12 dB vs 20 dB).
-            return dtypes.PerBlock(32)
-        return default
-    spec = _ScalingText.parse(text)
-    if spec.scales is not None:
-        scale_format = _scale_format(spec.scales, text)
-    else:
-        scale_format = "float32" if default is None else default.scale_format
-    try:
-        return spec.build(scale_format)
-    except (ValueError, TypeError) as exc:
-        where = f"--scaling {text} with --to {fmt.name}"
-        fix = _working_scaling(fmt, spec, scale_format)
-        raise _UsageError(f"{where}: {_first_sentence(exc)}{fix}") from None
-
-
-def _probe(scaling: dtypes.Scaling) -> np.ndarray:
-    """Ones of the smallest shape `scaling` fits: one block, or one index per axis."""
-    axis = int(getattr(scaling, "axis", 0))
-    ndim = axis + 1 if axis >= 0 else -axis
-    shape = [1] * ndim
-    if isinstance(scaling, dtypes.PerBlock):
-        shape[axis] = int(scaling.size)
-    return np.ones(shape, np.float32)
-
-
-def _refusal(fmt: dtypes.Format, scaling: dtypes.Scaling | None) -> BaseException | None:
-    """Why `fmt` refuses `scaling` (asked of the format with a one-block probe), or None."""
-    if scaling is None:
-        return None
-    probe = _probe(scaling)
-    check = getattr(fmt, "check", None)
-    try:
-        if check is not None:
-            check(probe, scaling=scaling)
-        else:  # pragma: no cover - before Format.check existed
-            fmt.encode(probe, scaling=scaling)
-    except (ValueError, TypeError) as exc:
-        return exc
-    return None
-
-
-def _working_scaling(fmt: dtypes.Format, spec: _ScalingText, scale_format: str) -> str:
-    """`; write --scaling X instead` for the nearest text `fmt` takes, or "" if none.
-
-    Nearest: the same text with :pow2 toggled, then each other scale format
-    (16-bit ones first) with the same :pow2, then with it toggled. The
-    formats themselves decide, not a copy of their rules.
-    """
-    others = [s for s in _SCALE_ORDER if s != scale_format]
-    candidates = [(not spec.pow2, scale_format)]
-    candidates += [(p, s) for p in (spec.pow2, not spec.pow2) for s in others]
-    for pow2, scales in candidates:
-        named = spec.scales is not None or scales != scale_format
-        short = _SCALE_SHORT[scales] if named else None
-        other = dataclasses.replace(spec, pow2=pow2, scales=short)
-        try:
-            scaling = other.build(scales)
-        except (ValueError, TypeError):
-            continue
-        if _refusal(fmt, scaling) is None:
-            return f"; write --scaling {other} instead"
-    return ""
-
-
-def _check_pair(
-    fmt: dtypes.Format, scaling: dtypes.Scaling | None, text: str | None, rounding: str
-) -> None:
-    """Usage error unless `fmt` takes `scaling` and `rounding` (asked of the format itself)."""
-    if fmt.kind in ("int", "uint", "codebook") and scaling is None:
-        raise _UsageError(
-            f"--to {fmt.name} --scaling none: {fmt.name} always needs a scaling; use --scaling "
-            "per-tensor, per-axis:AXIS or per-block:SIZE"
-        )
-    if scaling is None:
-        return
-    refused = _refusal(fmt, scaling)
-    if refused is not None:
-        where = f"--scaling {text}" if text else f"the default scaling {scaling}"
-        fix = ""
-        if text:
-            fix = _working_scaling(fmt, _ScalingText.parse(text), scaling.scale_format)
-        raise _UsageError(f"--to {fmt.name} with {where}: {_first_sentence(refused)}{fix}")
-    if fmt.kind not in ("float", "int"):
-        # Code books, asymmetric integers and E8M0 round in fewer modes: ask the
-        # format with one value, so a refused mode is a usage error up front.
-        import jax
-
-        key = jax.random.key(0) if rounding == "stochastic" else None
-        try:
-            fmt.encode(_probe(scaling), scaling=scaling, rounding=rounding, key=key)
-        except (ValueError, TypeError) as exc:
-            raise _UsageError(
-                f"--to {fmt.name} with --rounding {rounding}: {_first_sentence(exc)}"
-            ) from None
-
-
-def _first_sentence(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
 
 
 # --------------------------------------------------------------------------
@@ -297,9 +96,18 @@ def _plan(
     scaling: dtypes.Scaling | None,
     rules: _Rules,
     rounding: str,
+    *,
+    default: bool = False,
 ) -> list[_Plan]:
+    """What each tensor becomes, and why. With the `default` scaling, a tensor of
+    fewer than two axes is scaled per tensor where the default is per axis (a
+    scale per value would hold more bytes than the float32 values)."""
     plans = []
+    whole = scaling
     for reader, leaf in source.items:
+        scaling = whole
+        if default and isinstance(whole, dtypes.PerAxis) and len(leaf.shape) < 2:
+            scaling = dtypes.PerTensor(scale_format=whole.scale_format)
         reason = None
         if rules.include is not None and not rules.include.search(leaf.name):
             reason = "not included (--include)"
@@ -395,17 +203,20 @@ def _check_paths(src: str, dst: str, overwrite: bool) -> None:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    fmt = _format(args.to)
+    if args.list_keep:
+        print(DEFAULT_KEEP)
+        return 0
+    to, scaling_text = resolve_preset(args.preset, args.to, args.scaling)
+    if args.input is None:
+        raise _UsageError("the following arguments are required: IN (the checkpoint to read)")
+    fmt = _format(to)
     if args.rounding not in dtypes.ROUNDING_MODES:
         raise _UsageError(
             f"--rounding: unknown rounding mode {args.rounding!r}; choose one of "
             + ", ".join(dtypes.ROUNDING_MODES)
         )
-    scaling = _scaling(args.scaling, fmt)
-    _check_pair(fmt, scaling, args.scaling, args.rounding)
-    if args.list_keep:
-        print(DEFAULT_KEEP)
-        return 0
+    scaling = _scaling(scaling_text, fmt)
+    _check_pair(fmt, scaling, scaling_text, args.rounding)
     rules = _rules(args, fmt)
     if args.output is None and not args.dry_run:
         raise _UsageError("the following arguments are required: -o/--output (or --dry-run)")
@@ -415,7 +226,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             _warn(line)
         _check_paths(src, dst, args.overwrite)
     with Source(src) as source:
-        plans = _plan(source, fmt, scaling, rules, args.rounding)
+        plans = _plan(source, fmt, scaling, rules, args.rounding, default=scaling_text is None)
         _warn_rules(plans, args, rules)
         _check_layout(args.layout, plans, source, dst, args)
         converted = [p for p in plans if p.reason is None]

@@ -485,13 +485,13 @@ class _Engine:
         arrays = tuple(None if a is None else np.asarray(a) for a in parts)
         return arrays, bool(finite), energy
 
-    def whole(self, x: Any, key: Any) -> tuple[Any, ...]:
+    def whole(self, x: Any, key: Any, scaling: dtypes.Scaling | None) -> tuple[Any, ...]:
         """Encode a whole tensor (raw floats, cast inside the program): (data, scale,
         tensor scale, zero points), absent arrays None."""
         import jax.numpy as jnp
 
-        fmt, scaling, rounding = self.fmt, self.scaling, self.rounding
-        ck = ("whole", x.shape, str(x.dtype), key is None)
+        fmt, rounding = self.fmt, self.rounding
+        ck = ("whole", x.shape, str(x.dtype), key is None, scaling)
 
         def build() -> Callable[..., Any]:
             def f(raw: jax.Array, k: jax.Array | None) -> tuple[jax.Array | None, ...]:
@@ -806,7 +806,7 @@ class _Converter:
         key = None
         if self.rounding == "stochastic":
             key = jax.random.fold_in(jax.random.key(self.seed), i)
-        parts = engine.whole(x, key)
+        parts = engine.whole(x, key, plan.out.scaling)
         if out.scaling is not None or engine.stats or _no_specials(plan):
             finite, stats = engine.slice_energy(out, x, parts)
             if (out.scaling is not None or _no_specials(plan)) and not finite:

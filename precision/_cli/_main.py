@@ -16,14 +16,17 @@ errors, table formatting) in `_output`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import re
 import sys
+import textwrap
 from typing import Any, NoReturn
 
 from ._interrupts import check_interrupt, deferring, interrupt_handler
 from ._output import PROG, _DataError, _MissingDependency, _table, _UsageError
+from ._presets import PRESETS, preset_help
 
 __all__ = ["main"]
 
@@ -125,11 +128,68 @@ def _positive_arg(text: str) -> int:
     return value
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help wrapped between words only: `per-axis:0` and `--max-shard-size` stay whole,
+    so what the help shows can be copied."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        text = " ".join(text.split())
+        return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        text = " ".join(text.split())
+        return textwrap.fill(
+            text,
+            width,
+            initial_indent=indent,
+            subsequent_indent=indent,
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line (the usage is one --help away)."""
+    """argparse whose usage errors are one line (the usage is one --help away), and
+    whose unknown options name the command's option they may have meant."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+    def parse_args(  # type: ignore[override]
+        self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._command(parsed)
+            command.error(_unrecognized(extras, command))
+        return parsed
+
+    def _command(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        """The parser of the command `parsed` ran (this one if it has none)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(str(getattr(parsed, action.dest, "")))
+                if isinstance(chosen, argparse.ArgumentParser):
+                    return chosen
+        return self
+
+
+def _unrecognized(extras: list[str], parser: argparse.ArgumentParser) -> str:
+    """'unrecognized arguments: ...', with the option each unknown one may have meant."""
+    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    guesses = []
+    for extra in extras:
+        word = extra.split("=", 1)[0]
+        if word.startswith("-"):
+            close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+            if close:
+                guesses.append(f"{word}: did you mean {close[0]}?")
+    text = f"unrecognized arguments: {' '.join(extras)}"
+    return text + (f" ({'; '.join(guesses)})" if guesses else "")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -167,6 +227,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "input",
         metavar="IN",
+        nargs="?",  # required unless --list-keep: checked by the command
         help="checkpoint to read: a .safetensors file, a directory of shards with an index "
         "file, or the index file itself",
     )
@@ -181,9 +242,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--to",
         metavar="FORMAT",
-        required=True,
-        help="target format: any name or alias that 'precision formats' lists",
+        help="target format: any name or alias that 'precision formats' lists (required "
+        "unless --preset)",
     )
+    p.add_argument("--preset", choices=list(PRESETS), help=preset_help())
     p.add_argument(
         "--scaling",
         type=_scaling_text,
@@ -191,7 +253,8 @@ def _parser() -> argparse.ArgumentParser:
         help="per-tensor, per-axis:AXIS, per-block:SIZE or none; add :pow2 for power-of-two "
         "scales, then the scales' format: f32 (default), bf16, fp16, e4m3 or e8m0 (e.g. "
         "per-block:128:bf16, per-block:32:pow2:e8m0); default: per-block:32 for 4-bit and "
-        "narrower integer formats, per-tensor for int8, the format's own default (scale format "
+        "narrower integer formats, per-axis:0 for int8 and uint8 (a scale per output channel; "
+        "per-tensor for tensors of one axis), the format's own default (scale format "
         "included) for float formats and named encodings",
     )
     p.add_argument(

@@ -25,6 +25,7 @@ from safetensors import safe_open
 import dtypes
 import precision
 from precision import Tensor
+from precision._cli import _arguments as _cli_arguments
 from precision._cli import _convert as _cli_convert
 from precision._cli import _convert_engine as _cli_engine
 from precision._cli import _main as _cli
@@ -184,10 +185,13 @@ def test_demo_missing_is_a_one_line_error(monkeypatch, capsys):
 # convert
 
 
-def preset_scaling(fmt: dtypes.Format):
-    """The documented default of --scaling: per-block 32 for integers of 4 bits or fewer."""
+def preset_scaling(fmt: dtypes.Format, shape: tuple[int, ...]):
+    """The documented default of --scaling: per-block 32 for integers of 4 bits or fewer,
+    per output channel (axis 0) for int8 and uint8 but per tensor for one axis."""
     if fmt.kind in ("int", "uint") and fmt.bits <= 4:
         return dtypes.PerBlock(32)
+    if fmt.kind in ("int", "uint"):
+        return dtypes.PerAxis(0) if len(shape) >= 2 else dtypes.PerTensor()
     return fmt.default_scaling()
 
 
@@ -195,7 +199,7 @@ def check_converted(out, fmt: dtypes.Format) -> None:
     loaded = precision.load(out)
     for tensor in FLOATS:
         x = np.asarray(INPUT[tensor], np.float32)
-        assert_encoded_like_library(loaded[tensor], x, fmt, preset_scaling(fmt))
+        assert_encoded_like_library(loaded[tensor], x, fmt, preset_scaling(fmt, x.shape))
     np.testing.assert_array_equal(loaded["position_ids"], INPUT["position_ids"])
 
 
@@ -263,21 +267,21 @@ def test_int4_group_128_with_bfloat16_scales(tmp_path):
 
 
 def test_scale_format_names(capsys):
-    assert set(_cli_convert._SCALE_SHORT) == set(dtypes.SCALE_FORMATS)
-    assert set(_cli_convert._SCALE_ORDER) == set(dtypes.SCALE_FORMATS)
-    for name, short in _cli_convert._SCALE_SHORT.items():
+    assert set(_cli_arguments._SCALE_SHORT) == set(dtypes.SCALE_FORMATS)
+    assert set(_cli_arguments._SCALE_ORDER) == set(dtypes.SCALE_FORMATS)
+    for name, short in _cli_arguments._SCALE_SHORT.items():
         assert dtypes.get(short).name == name
         pow2 = ":pow2" if name == "float8_e8m0fnu" else ""
         for word in (name, short, short.upper()):
             text = _cli._scaling_text(f"per-block:32{pow2}:{word}")
-            scaling = _cli_convert._scaling(text, dtypes.get("e4m3"))
+            scaling = _cli_arguments._scaling(text, dtypes.get("e4m3"))
             assert scaling == dtypes.PerBlock(32, power_of_two=bool(pow2), scale_format=name)
-    per_tensor = _cli_convert._scaling("per-tensor:fp16", dtypes.get("int8"))
+    per_tensor = _cli_arguments._scaling("per-tensor:fp16", dtypes.get("int8"))
     assert per_tensor == dtypes.PerTensor(scale_format="float16")
     # a named encoding keeps its scale format unless the text names one
     mxfp4 = dtypes.get("mxfp4")
-    assert _cli_convert._scaling("per-block:64:pow2", mxfp4).scale_format == "float8_e8m0fnu"
-    assert _cli_convert._scaling("per-block:64:bf16", mxfp4).scale_format == "bfloat16"
+    assert _cli_arguments._scaling("per-block:64:pow2", mxfp4).scale_format == "float8_e8m0fnu"
+    assert _cli_arguments._scaling("per-block:64:bf16", mxfp4).scale_format == "bfloat16"
     assert _cli.main(["convert", "--help"]) == 0
     help_text = " ".join(capsys.readouterr().out.split())
     assert "per-block:128:bf16" in help_text
@@ -349,7 +353,7 @@ def test_block_conversion_gives_the_library_bytes(
     assert _cli.main([*argv, "-q", "--keep", "none"]) == 0
     streamed = fmt != "int1"  # int1's mean scales: the whole tensor at once
     assert ("a" in blocks) == streamed  # the block paths really ran
-    scaling = _cli_convert._scaling(flag, dtypes.get(fmt))
+    scaling = _cli_arguments._scaling(flag, dtypes.get(fmt))
     loaded = precision.load(out)
     for name, value in STREAM_INPUT.items():
         x = np.asarray(value, np.float32)
@@ -462,8 +466,8 @@ def test_convert_and_report_named_encodings(checkpoint, tmp_path, capsys, name):
     loaded = precision.load(out)
     for tensor in FLOATS:
         x = np.asarray(INPUT[tensor], np.float32)
-        assert_encoded_like_library(loaded[tensor], x, fmt, preset_scaling(fmt))
-        in_memory = Tensor(x).to_reduced_precision(name)
+        assert_encoded_like_library(loaded[tensor], x, fmt, preset_scaling(fmt, x.shape))
+        in_memory = Tensor(x).to_reduced_precision(name, scaling=preset_scaling(fmt, x.shape))
         assert loaded[tensor].numpy().tobytes() == in_memory.numpy().tobytes()
     assert _cli.main(["report", str(checkpoint), str(out), "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
@@ -473,7 +477,8 @@ def test_convert_and_report_named_encodings(checkpoint, tmp_path, capsys, name):
         rep = error_report(x, np.asarray(approx[tensor]))
         assert rows[tensor]["format"] == name
         assert rows[tensor]["sqnr_db"] == pytest.approx(rep.sqnr_db, rel=1e-12)
-        assert rows[tensor]["bytes"] == fmt.nbytes(x.shape)  # codes, scales, zero points
+        scaling = preset_scaling(fmt, x.shape)
+        assert rows[tensor]["bytes"] == fmt.nbytes(x.shape, scaling=scaling)  # codes, scales, zps
 
 
 ENCODING_STREAMS = [  # (--to, --scaling, a tensor that streams)
@@ -515,7 +520,7 @@ def test_named_encodings_stream_the_library_bytes(
     argv += ["--keep", "none", "--no-stats", *(["--scaling", flag] if flag else [])]
     assert _cli.main(argv) == 0
     assert streamed in blocks  # the block path really ran
-    scaling = _cli_convert._scaling(flag, dtypes.get(fmt))
+    scaling = _cli_arguments._scaling(flag, dtypes.get(fmt))
     loaded = precision.load(out)
     for name, value in ENCODING_STREAM_INPUT.items():
         t = loaded[name]
@@ -530,7 +535,8 @@ def test_dry_run_says_how_each_tensor_is_converted(checkpoint, capsys):
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
     assert lines["head.weight"].endswith("absmax pass, then blocks")  # 32 values a row
     assert lines["encoder.weight"].endswith("whole tensor (blocks do not tile the rows)")
-    assert _cli.main(["convert", str(checkpoint), "--to", "uint8", "--dry-run"]) == 0
+    argv = ["convert", str(checkpoint), "--to", "uint8", "--scaling", "per-tensor", "--dry-run"]
+    assert _cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "whole tensor (one min/max scale for the tensor)" in out
     assert re.search(r"encoder\.bias .* kept \(--keep default\) +copied", out)
@@ -576,11 +582,17 @@ def test_a_checkpoint_of_named_encodings_converts_and_copies(tmp_path, capsys):
 
 ENCODING_USAGE_ERRORS = {
     "nf4 rounding up": (["--to", "nf4", "--rounding", "up"], "rounds with nearest_even or"),
-    "mx scales not pow2": (["--to", "mxfp4", "--scaling", "per-block:64"], "power_of_two"),
+    "mx scales not pow2": (
+        ["--to", "mxfp4", "--scaling", "per-block:64"],
+        "write --scaling per-block:64:pow2 instead",
+    ),
     "nf4 unscaled": (["--to", "nf4", "--scaling", "none"], "always needs a scaling"),
-    "uint4 pow2": (["--to", "uint4", "--scaling", "per-tensor:pow2"], "power_of_two"),
+    "uint4 pow2": (
+        ["--to", "uint4", "--scaling", "per-tensor:pow2"],
+        "write --scaling per-tensor instead",
+    ),
     "e8m0 scaled": (["--to", "float8_e8m0fnu", "--scaling", "per-tensor"], "scale format"),
-    "nvfp4 pow2": (["--to", "nvfp4", "--scaling", "per-block:16:pow2"], "power_of_two"),
+    "nvfp4 pow2": (["--to", "nvfp4", "--scaling", "per-block:16:pow2"], "drop :pow2"),
     "e8m0 scales not pow2": (
         ["--to", "int4", "--scaling", "per-block:32:e8m0"],
         "write --scaling per-block:32:pow2:e8m0 instead",
@@ -617,6 +629,8 @@ def test_bad_encoding_combinations_are_usage_errors(capsys, argv, message):
     assert err.startswith("precision convert: error: --"), err
     assert message in err, err
     assert err.count("\n") == 1
+    # hints in the command line's spelling, never the Python API's
+    assert not re.search(r"Per(Tensor|Axis|Block)\(|power_of_two=|scale_format=|dtypes\.", err)
 
 
 # --------------------------------------------------------------------------
@@ -858,16 +872,19 @@ def test_cast_statistics_widen_every_code_exactly(dtype):
 
 
 @pytest.mark.parametrize(
-    ("to", "loads_jax"), [("bf16", False), ("fp16", False), ("int8", False), ("int4", True)]
+    ("to", "loads_jax"),
+    [("bf16", False), ("fp16", False), ("int8:per-tensor", False), ("int8", True), ("int4", True)],
 )
 def test_numpy_conversions_never_import_jax(checkpoint, tmp_path, to, loads_jax):
-    # Casts and int8 per tensor (the default) run in numpy: no JAX, a fraction of the start.
-    # A compiled encode (int4's default per-block scaling) imports it.
+    # Casts and int8 per tensor run in numpy: no JAX, a fraction of the start. A
+    # compiled encode (the default per-channel int8, per-block int4) imports it.
     out = tmp_path / "out.safetensors"
+    to, _, scaling = to.partition(":")
+    flags = [to, "-q"] + (["--scaling", scaling] if scaling else [])
     code = (
         "import sys\n"
         "from precision._cli._main import main\n"
-        f"rc = main(['convert', {str(checkpoint)!r}, '-o', {str(out)!r}, '--to', {to!r}, '-q'])\n"
+        f"rc = main(['convert', {str(checkpoint)!r}, '-o', {str(out)!r}, '--to', *{flags!r}])\n"
         "print(rc, 'jax' in sys.modules)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -140,7 +140,7 @@ def test_convert_failing_half_way_keeps_output_and_input(tmp_path, monkeypatch, 
     err = capsys.readouterr().err
     assert rc == 1
     assert err.count("\n") == 1
-    assert "No space left on device" in err
+    assert f"cannot write {dst}: the disk is full; free space on it" in err  # path and fix
     assert "Traceback" not in err
     assert fake.calls == 4
     assert (sha256(src), sha256(dst)) == (before_in, before_out)
@@ -933,7 +933,8 @@ def test_a_write_that_runs_out_of_room_names_the_file(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert f"cannot write {target}" in out.stdout, (out.stdout, out.stderr)
-    assert "File too large" in out.stdout
+    assert "size limit" in out.stdout
+    assert "raise the limit" in out.stdout
     assert os.listdir(tmp_path) == []
 
 
