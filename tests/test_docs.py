@@ -3,13 +3,12 @@
 - The format tables on docs/formats.md are built from the registry by docs/hooks.py;
   their numbers are checked here against ml_dtypes and exact powers of two.
 - The MX footprint table is checked against byte counts worked out by hand.
-- Every `>>>` example in the README and in the pages this suite owns runs.
+- Every code block of the README and the docs runs: tests/test_docs_blocks.py.
 - The README's first screen holds the two one-line commands.
 """
 
 from __future__ import annotations
 
-import doctest
 import importlib.util
 import math
 import re
@@ -29,7 +28,6 @@ MAIN_COMMAND = (
     "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[demo]' && precision demo"
 )
 TEST_COMMAND = "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[dev]' && pytest"
-EXAMPLE_PAGES = ["README.md", "docs/getting-started.md", "docs/formats.md"]
 
 
 def _load_hooks():
@@ -234,19 +232,3 @@ def test_apply_is_one_click_from_the_nav():
     assert page == "api/apply.md"
     assert title.startswith("apply")
     assert re.search(r"^::: precision\.apply$", (DOCS / page).read_text(), flags=re.M)
-
-
-def _examples(path: Path) -> str:
-    blocks = re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.DOTALL)
-    return "\n".join(block for block in blocks if ">>>" in block)
-
-
-@pytest.mark.parametrize("page", EXAMPLE_PAGES)
-def test_examples_run(page):
-    source = _examples(ROOT / page)
-    test = doctest.DocTestParser().get_doctest(source, {}, page, page, 0)
-    assert test.examples, f"{page} has no >>> examples"
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    failures = []
-    runner.run(test, out=failures.append)
-    assert runner.failures == 0, "".join(failures)

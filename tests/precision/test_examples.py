@@ -1,19 +1,15 @@
-"""The examples run, with short flags, and say what they claim; the training and models
-pages' `>>>` examples run too."""
+"""The examples run, with short flags, and say what they claim. (The docs pages' code blocks
+run in tests/test_docs_blocks.py.)"""
 
 from __future__ import annotations
 
-import doctest
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-import jax
 import pytest
-
-from precision import _roofline
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,29 +63,3 @@ def test_post_training_quantization():
         weights + 4 * outputs + 4 * outputs,
         weights // 2 + 4 * outputs + 4 * outputs,
     ]
-
-
-@pytest.mark.parametrize(
-    "page",
-    [
-        "docs/concepts.md",
-        "docs/training.md",
-        "docs/models.md",
-        "docs/calibration.md",
-        "docs/explain.md",
-        "docs/faster.md",
-    ],
-)
-def test_docs_page_examples_run(page, monkeypatch):
-    # as in a reader's fresh session: no machine measured yet by an earlier test
-    # (docs/explain.md's first report says it has no prediction)
-    monkeypatch.setattr(_roofline, "_MEASURED", {})
-    source = (ROOT / page).read_text()
-    test = doctest.DocTestParser().get_doctest(source, {}, page, page, 0)
-    assert test.examples, f"{page} has no >>> examples"
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    failures: list[str] = []
-    # a reader copies these examples into a session with JAX's default promotion
-    with jax.numpy_rank_promotion("allow"), jax.numpy_dtype_promotion("standard"):
-        runner.run(test, out=failures.append)
-    assert runner.failures == 0, "".join(failures)

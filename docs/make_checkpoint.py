@@ -1,0 +1,120 @@
+"""Write a GPT-2-sized checkpoint of random weights, laid out as Hugging Face publishes GPT-2.
+
+    python docs/make_checkpoint.py [DIR] [--shards N] [--seed S]
+
+DIR (default `gpt2`) gets `config.json`, `generation_config.json` and the weights in
+safetensors: `model.safetensors`, or with `--shards N` the files
+`model-00001-of-0000N.safetensors` … and their index `model.safetensors.index.json`.
+The 148 float32 tensors have GPT-2's names and shapes (`wte.weight` 50257 x 768,
+`h.0.attn.c_attn.weight` 768 x 2304, …: 124,439,808 values, 475 MiB) and values drawn like
+a freshly initialised model's (normal, standard deviation 0.02; layer norms near 1). The
+command line examples of the docs start from it. Needs numpy only.
+
+`PRECISION_DOCS_SMALL=1` in the environment writes the same names at a small width (two
+layers, 64 wide, a 1000-word vocabulary): the docs' tests run every example on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+GPT2 = {"n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024, "vocab_size": 50257}
+SMALL = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 128, "vocab_size": 1000}
+
+
+def weights(size: dict[str, int], seed: int) -> dict[str, np.ndarray]:
+    """GPT-2's tensors by name."""
+    rng = np.random.default_rng(seed)
+    d = size["n_embd"]
+
+    def normal(*shape: int) -> np.ndarray:
+        return 0.02 * rng.standard_normal(shape, np.float32)
+
+    def norm(prefix: str) -> dict[str, np.ndarray]:
+        return {f"{prefix}.weight": 1 + normal(d), f"{prefix}.bias": normal(d)}
+
+    out = {
+        "wte.weight": normal(size["vocab_size"], d),
+        "wpe.weight": normal(size["n_positions"], d),
+    }
+    for i in range(size["n_layer"]):
+        h = f"h.{i}"
+        out |= norm(f"{h}.ln_1")
+        out |= {f"{h}.attn.c_attn.weight": normal(d, 3 * d), f"{h}.attn.c_attn.bias": normal(3 * d)}
+        out |= {f"{h}.attn.c_proj.weight": normal(d, d), f"{h}.attn.c_proj.bias": normal(d)}
+        out |= norm(f"{h}.ln_2")
+        out |= {f"{h}.mlp.c_fc.weight": normal(d, 4 * d), f"{h}.mlp.c_fc.bias": normal(4 * d)}
+        out |= {f"{h}.mlp.c_proj.weight": normal(4 * d, d), f"{h}.mlp.c_proj.bias": normal(d)}
+    return out | norm("ln_f")
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    """The safetensors layout: an 8-byte header length, a JSON header, the bytes in order."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    tensors = dict(sorted(tensors.items()))  # by name, as the safetensors library writes them
+    for name, array in tensors.items():
+        header[name] = {
+            "dtype": "F32",
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + array.nbytes],
+        }
+        offset += array.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for array in tensors.values():
+            f.write(np.ascontiguousarray(array, "<f4").tobytes())
+
+
+def config(size: dict[str, int]) -> dict[str, object]:
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-05,
+        "n_ctx": size["n_positions"],
+        "bos_token_id": size["vocab_size"] - 1,
+        "eos_token_id": size["vocab_size"] - 1,
+        "torch_dtype": "float32",
+        **size,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("dir", nargs="?", default="gpt2", type=Path)
+    parser.add_argument("--shards", type=int, default=1, help="files to split the weights over")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    size = SMALL if os.environ.get("PRECISION_DOCS_SMALL") == "1" else GPT2
+    tensors = weights(size, args.seed)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    (args.dir / "config.json").write_text(json.dumps(config(size), indent=2) + "\n")
+    eos = size["vocab_size"] - 1
+    generation = {"bos_token_id": eos, "eos_token_id": eos}
+    (args.dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    if args.shards == 1:
+        write_safetensors(args.dir / "model.safetensors", tensors)
+    else:
+        names = list(tensors)
+        weight_map = {}
+        for k, part in enumerate(np.array_split(np.arange(len(names)), args.shards), 1):
+            file = f"model-{k:05d}-of-{args.shards:05d}.safetensors"
+            write_safetensors(args.dir / file, {names[i]: tensors[names[i]] for i in part})
+            weight_map |= {names[i]: file for i in part}
+        total = sum(a.nbytes for a in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (args.dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    count = sum(a.size for a in tensors.values())
+    print(f"wrote {args.dir}/: {len(tensors)} tensors, {count:,} float32 values")
+
+
+if __name__ == "__main__":
+    main()
