@@ -12,6 +12,9 @@ from __future__ import annotations
 import importlib.util
 import math
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -232,3 +235,22 @@ def test_apply_is_one_click_from_the_nav():
     assert page == "api/apply.md"
     assert title.startswith("apply")
     assert re.search(r"^::: precision\.apply$", (DOCS / page).read_text(), flags=re.M)
+
+
+def test_screenshots_show_no_horizontal_overflow(tmp_path):
+    # docs/screenshots.py in headless Chromium: the formats page and the API index at
+    # 1280 px, every table and code block within its box, no format name broken.
+    pytest.importorskip("playwright", reason="pip install playwright (docs/screenshots.py)")
+    if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
+        pytest.skip("no Chromium on the PATH (apt-get install chromium)")
+    result = subprocess.run(
+        [sys.executable, str(DOCS / "screenshots.py"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "no horizontal overflow at 1280 px" in result.stdout
+    assert {p.name for p in tmp_path.glob("*.png")} >= {"formats-1280.png", "api-1280.png"}
