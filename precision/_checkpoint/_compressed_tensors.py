@@ -140,8 +140,10 @@ def refusal(name: str, fmt: Format, scaling: Scaling | None, shape: tuple[int, .
         mx = PerBlock(32, power_of_two=True, scale_format="float8_e8m0fnu")
         if scaling != mx:
             return (
-                f"{where}: mxfp4-pack-quantized holds blocks of 32 with E8M0 scales; use "
-                "--to mxfp4 with its default scaling"
+                f"{where}: the 4-bit float layout written is mxfp4-pack-quantized, e2m1 in "
+                "blocks of 32 with E8M0 scales (compressed-tensors' NVFP4 divides by a global "
+                "scale where this library multiplies by a tensor scale: not the same values); "
+                "use --to mxfp4"
             )
         return None
     if isinstance(fmt, IntFormat) and not fmt.binary and fmt.bits in _PACKED_BITS:

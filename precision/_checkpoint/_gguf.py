@@ -252,9 +252,13 @@ def _tensor(
     head, body = _blocks(data, kind)
     groups = (*shape[:-1], shape[-1] // BLOCK)
     if kind == "MXFP4":
-        ours = packed_fields(_unswizzled(body))
+        fields = _unswizzled(body)
+        # ggml writes E8M0 byte 0 for a block of zeros; ours have scale 1 (byte 127)
+        zero = (head[:, 0] == 0) & np.all((fields & np.uint8(7)) == 0, axis=1)
+        exponents = np.where(zero, np.uint8(127), head[:, 0])
+        fields = np.where(zero[:, None], np.uint8(0), fields)
         leaf = tensor_leaf(name, shape, dtypes.get("mxfp4"), _MX)
-        return checked(leaf, ours, head.reshape(groups), where)
+        return checked(leaf, packed_fields(fields), exponents.reshape(groups), where)
     scale = head.copy().view(np.float16).reshape(groups)
     if kind == "Q8_0":
         codes = body.view(np.int8).reshape(shape)

@@ -487,7 +487,7 @@ def load(path: str | os.PathLike[str], *, as_arrays: bool = False) -> Any:
     narrow again. A compressed-tensors directory (its `config.json` names the
     quantization) and a GGUF file load the same way, their quantized weights
     as Tensors of the encoding their bytes hold (int8, int4, int2, e4m3, mxfp4
-    with their scales; docs/cli.md, "Layouts for other tools").
+    with their scales; docs/cli.md, "Model directories and layouts for other tools").
 
     Args:
         path: the file (safetensors or GGUF); or a sharded checkpoint (as

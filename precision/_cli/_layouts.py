@@ -34,7 +34,7 @@ from .._errors import LayoutError
 from ._convert_engine import _Converter, _Plan
 from ._files import DEFAULT_SHARD_BYTES, leaf_nbytes, plan_shards, shard_names, write_index
 from ._interrupts import check_interrupt, deferred_interrupts
-from ._output import PROG, _DataError, _UsageError
+from ._output import PROG, _DataError, _MissingDependency, _UsageError
 from ._temp_directory import TempDirectory
 
 __all__ = ["LAYOUTS", "check", "copy_files", "report_copied", "write_layout"]
@@ -186,8 +186,16 @@ def check(
                 f"{home}/config.json already has a quantization_config: this model is "
                 "quantized; convert the original (unquantized) checkpoint"
             )
-    if layout == "gguf" and args.max_shard_size is not None:
-        raise _UsageError("--layout gguf writes one file: drop --max-shard-size")
+    if layout == "gguf":
+        if args.max_shard_size is not None:
+            raise _UsageError("--layout gguf writes one file: drop --max-shard-size")
+        try:
+            import gguf  # noqa: F401 (written through it)
+        except ImportError:
+            raise _MissingDependency(
+                "--layout gguf needs the gguf package; install it with pip install "
+                "'precision[gguf]'"
+            ) from None
     refused: dict[str, list[str]] = {}
     for plan in plans:
         problem = _refusal(layout, plan)

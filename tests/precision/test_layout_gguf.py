@@ -1,0 +1,246 @@
+"""`convert --layout gguf`: one GGUF file, read here by the `gguf` package's own reader.
+
+`gguf.GGUFReader` opens the output and `gguf.quants.dequantize` (the package's numpy
+port of ggml's dequantization) turns its Q8_0 and Q4_0 tensors into exactly, bit for
+bit, the float32 values `precision.load` decodes from the same conversion in this
+library's own layout; MXFP4 into the same numbers (ggml reads e2m1's negative zero as
++0). `load` reads the file back into Tensors of the same encodings, and reads what
+ggml's own quantizers write (Q4_0's codes of -8 and negative scales) exactly as
+`dequantize` does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import safetensors.numpy
+from gpt2_like import size, write_gpt2_like
+
+import precision
+from precision._checkpoint import _gguf
+from precision._cli import main
+
+gguf = pytest.importorskip("gguf")
+
+
+def convert(src, dst, *flags: str) -> None:
+    assert main(["convert", str(src), "-o", str(dst), *flags, "-q"]) == 0
+
+
+def ours(path) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v) for k, v in precision.load(path, as_arrays=True).items()}
+
+
+def dequantized(path) -> dict[str, tuple[str, np.ndarray]]:
+    """{name: (ggml type, float32 values)} of a GGUF file, by the gguf package alone."""
+    reader = gguf.GGUFReader(str(path))
+    out = {}
+    for t in reader.tensors:
+        if t.tensor_type.name.startswith("I"):  # integer arrays: as they are
+            out[t.name] = (t.tensor_type.name, np.array(t.data))
+            continue
+        values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml counts from the end
+        out[t.name] = (t.tensor_type.name, values.reshape(shape))
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub") / "gpt2"
+    write_gpt2_like(root, **size())
+    return root
+
+
+@pytest.mark.parametrize(("to", "kind"), [("int8", "Q8_0"), ("int4", "Q4_0")])
+def test_gpt2_dequantizes_bit_for_bit_to_our_values(gpt2, tmp_path, to, kind):
+    flags = ["--to", to, "--scaling", "per-block:32:fp16"]
+    convert(gpt2, tmp_path / "model.gguf", *flags, "--layout", "gguf")
+    convert(gpt2, tmp_path / "ours", *flags)
+    got, want = dequantized(tmp_path / "model.gguf"), ours(tmp_path / "ours")
+    assert set(got) == set(want)  # the Hugging Face names, every tensor
+    for name, (ggml_type, values) in got.items():
+        # what --keep keeps by default (norms, biases, embeddings) stays F32
+        converted = name.startswith("h.") and name.endswith(".weight") and ".ln_" not in name
+        assert ggml_type == (kind if converted else "F32"), name
+        assert values.shape == want[name].shape, name
+        np.testing.assert_array_equal(values.view(np.uint32), want[name].view(np.uint32), name)
+    reader = gguf.GGUFReader(str(tmp_path / "model.gguf"))
+    converted_by = reader.fields["precision.converted_by"].contents()
+    assert converted_by.startswith(f"precision convert --to {to}")
+    assert "general.architecture" not in reader.fields  # not one llama.cpp knows: see docs
+
+
+def test_gpt2_loads_back_as_the_same_tensors(gpt2, tmp_path):
+    flags = ["--to", "int4", "--scaling", "per-block:32:fp16"]
+    convert(gpt2, tmp_path / "model.gguf", *flags, "--layout", "gguf")
+    convert(gpt2, tmp_path / "ours", *flags)
+    got, want = precision.load(tmp_path / "model.gguf"), precision.load(tmp_path / "ours")
+    assert set(got) == set(want)
+    for name, tensor in got.items():
+        assert (tensor.format, tensor.scaling) == (want[name].format, want[name].scaling), name
+        assert np.array_equal(np.asarray(tensor), np.asarray(want[name]))
+
+
+def model(root, shape=(8, 64), seed=2) -> None:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(shape).astype(np.float32)
+    w[1] = 0
+    root.mkdir()
+    tensors = {"layer.weight": w, "layer.bias": rng.standard_normal(shape[0]).astype(np.float32)}
+    safetensors.numpy.save_file(tensors, str(root / "model.safetensors"), {"format": "pt"})
+
+
+@pytest.mark.parametrize(
+    ("flags", "kind"),
+    [(["--to", "mxfp4"], "MXFP4"), (["--to", "bf16"], "BF16"), (["--to", "fp16"], "F16")],
+    ids=["mxfp4", "bf16", "fp16"],
+)
+def test_other_types_hold_our_values(tmp_path, flags, kind):
+    model(tmp_path / "in")
+    convert(tmp_path / "in", tmp_path / "m.gguf", *flags, "--layout", "gguf")
+    convert(tmp_path / "in", tmp_path / "ours", *flags)
+    got, want = dequantized(tmp_path / "m.gguf"), ours(tmp_path / "ours")
+    ggml_type, values = got["layer.weight"]
+    assert ggml_type == kind
+    if kind == "MXFP4":
+        np.testing.assert_array_equal(values, want["layer.weight"])  # -0 reads as +0
+    else:
+        np.testing.assert_array_equal(values.view(np.uint32), want["layer.weight"].view(np.uint32))
+    loaded, mine = precision.load(tmp_path / "m.gguf"), precision.load(tmp_path / "ours")
+    weight = loaded["layer.weight"]
+    if kind == "MXFP4":  # a storage encoding: loaded as it is
+        assert (weight.format, weight.scaling) == (
+            mine["layer.weight"].format,
+            mine["layer.weight"].scaling,
+        )
+    else:  # a float tensor of another tool: its full-precision values, as any foreign file
+        assert weight.format.name == "float32"
+    assert np.array_equal(np.asarray(weight), np.asarray(mine["layer.weight"]))
+
+
+# --------------------------------------------------------------------------
+# what ggml's own quantizers write
+
+
+def test_files_ggml_quantized_load_exactly_as_they_dequantize(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    x[2, :32] = 0  # a block of zeros: scale 0 in ggml's Q4_0 and Q8_0
+    path = tmp_path / "theirs.gguf"
+    writer = gguf.GGUFWriter(str(path), arch="test")
+    for kind in ("Q8_0", "Q4_0", "MXFP4"):
+        qtype = gguf.GGMLQuantizationType[kind]
+        writer.add_tensor(kind, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
+    writer.add_tensor("f16", x.astype(np.float16))
+    writer.add_tensor("ids", np.arange(5, dtype=np.int32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    got = precision.load(path)
+    want = dequantized(path)
+    for name in ("Q8_0", "Q4_0", "MXFP4", "f16"):
+        values, expected = np.asarray(got[name]), want[name][1]
+        # bit for bit but for the sign of zero: an integer code holds none, and ggml's
+        # Q4_0 scale is negative where a block's largest magnitude is positive (-0.0)
+        np.testing.assert_array_equal(values, expected)
+        nonzero = expected != 0
+        assert np.array_equal(values[nonzero].view(np.uint32), expected[nonzero].view(np.uint32))
+    # ggml's Q4_0 scale is max / -8: codes of -8 and negative scales, held in int8
+    assert got["Q4_0"].format.name == "int8"
+    assert got["Q8_0"].format.name == "int8"
+    assert got["MXFP4"].format.name == "mxfp4"
+    assert np.asarray(got["ids"]).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_a_type_no_format_holds_is_refused_by_name(tmp_path):
+    path = tmp_path / "k.gguf"
+    writer = gguf.GGUFWriter(str(path), arch="test")
+    qtype = gguf.GGMLQuantizationType.Q4_1
+    writer.add_tensor(
+        "w", gguf.quants.quantize(np.ones((2, 32), np.float32), qtype), raw_dtype=qtype
+    )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(precision.CheckpointError, match=r"'w' is ggml type Q4_1.*dequantize"):
+        precision.load(path)
+
+
+# --------------------------------------------------------------------------
+# refusals and atomicity
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--to", "int4", "--scaling", "per-block:32"], ["Q4_0", "--scaling per-block:32:fp16"]),
+        (["--to", "int8", "--scaling", "per-axis:0"], ["Q8_0", "--scaling per-block:32:fp16"]),
+        (["--to", "float8_e4m3fn"], ["GGUF holds", "--to mxfp4"]),
+        (["--to", "nvfp4"], ["GGUF holds", "--to int8 or int4"]),
+        (
+            ["--to", "int8", "--scaling", "per-block:32:fp16", "--max-shard-size", "1KB"],
+            ["one file"],
+        ),
+    ],
+    ids=["int4-f32-scales", "int8-channel", "e4m3", "nvfp4", "shards"],
+)
+def test_what_gguf_cannot_hold_is_refused_before_converting(tmp_path, capsys, flags, words):
+    model(tmp_path / "in")
+    out = tmp_path / "m.gguf"
+    code = main(["convert", str(tmp_path / "in"), "-o", str(out), *flags, "--layout", "gguf"])
+    assert code in (1, 2)
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+def test_an_unsigned_array_kept_as_it_is_has_no_gguf_type(tmp_path, capsys):
+    src = tmp_path / "m.safetensors"
+    tensors = {"w": np.ones((4, 32), np.float32), "mask": np.ones(4, np.uint8)}
+    safetensors.numpy.save_file(tensors, str(src))
+    argv = ["convert", str(src), "-o", str(tmp_path / "m.gguf"), "--to", "int8"]
+    assert main([*argv, "--scaling", "per-block:32:fp16", "--layout", "gguf"]) == 1
+    assert "tensor 'mask': kept as uint8, which has no GGUF type" in capsys.readouterr().err
+
+
+def test_an_existing_file_is_replaced_only_with_overwrite(tmp_path, capsys):
+    model(tmp_path / "in")
+    out = tmp_path / "m.gguf"
+    out.write_bytes(b"keep me")
+    argv = ["convert", str(tmp_path / "in"), "-o", str(out), "--to", "bf16", "--layout", "gguf"]
+    assert main([*argv, "-q"]) == 1
+    assert "--overwrite" in capsys.readouterr().err
+    assert out.read_bytes() == b"keep me"
+    assert main([*argv, "-q", "--overwrite"]) == 0
+    assert _gguf.is_gguf(str(out))
+
+
+def test_a_failed_write_leaves_nothing(tmp_path, capsys, monkeypatch):
+    model(tmp_path / "in")
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_gguf, "block_bytes", broken)
+    argv = ["convert", str(tmp_path / "in"), "-o", str(tmp_path / "m.gguf"), "--to", "mxfp4"]
+    assert main([*argv, "--layout", "gguf", "-q"]) == 1
+    assert "No space left" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+def test_without_the_gguf_package_the_extra_is_named(tmp_path, capsys, monkeypatch):
+    model(tmp_path / "in")
+    convert(tmp_path / "in", tmp_path / "m.gguf", "--to", "bf16", "--layout", "gguf")
+    monkeypatch.setitem(sys.modules, "gguf", None)  # as if not installed
+    argv = ["convert", str(tmp_path / "in"), "-o", str(tmp_path / "n.gguf"), "--to", "bf16"]
+    assert main([*argv, "--layout", "gguf", "-q"]) == 1
+    assert "pip install 'precision[gguf]'" in capsys.readouterr().err
+    with pytest.raises(ModuleNotFoundError, match=r"precision\[gguf\]"):
+        precision.load(tmp_path / "m.gguf")
