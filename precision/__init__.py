@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from ._policy import DEFAULT_FLOAT32_OPS as DEFAULT_FLOAT32_OPS
     from ._policy import Policy as Policy
     from ._policy import PolicyLike as PolicyLike
+    from ._stacks import scales_per_layer as scales_per_layer
     from ._tensor import Tensor as Tensor
     from ._tree import is_reduced_precision as is_reduced_precision
     from ._tree import quantize as quantize
@@ -100,6 +101,7 @@ _HOME = {
     "Policy": "_policy",
     "PolicyLike": "_policy",
     "Tensor": "_tensor",
+    "scales_per_layer": "_stacks",
     "device_put": "_placement",
     "storage_shardings": "_placement",
     "KEEP": "_keep",
@@ -152,6 +154,7 @@ __all__ = [
     "load",
     "quantize",
     "save",
+    "scales_per_layer",
     "select_tree",
     "storage_shardings",
     "to_full_precision",
