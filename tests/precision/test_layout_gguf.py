@@ -12,6 +12,7 @@ ggml's own quantizers write (Q4_0's codes of -8 and negative scales) exactly as
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -244,3 +245,11 @@ def test_without_the_gguf_package_the_extra_is_named(tmp_path, capsys, monkeypat
     assert "pip install 'precision[gguf]'" in capsys.readouterr().err
     with pytest.raises(ModuleNotFoundError, match=r"precision\[gguf\]"):
         precision.load(tmp_path / "m.gguf")
+
+
+def test_loading_the_library_imports_no_gguf():
+    code = (
+        "import sys, precision; precision.load; import precision._cli._layouts; "
+        "assert 'gguf' not in sys.modules and 'jax' not in sys.modules, sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
