@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -11,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dtypes
-from dtypes import NonFiniteError, PrecisionTypeError, ShapeError
+from dtypes import PrecisionTypeError
 
 from . import _operators
 from ._context import get_default_format, resolve_format
@@ -30,75 +29,16 @@ from ._storage import (
     scale_sharding,
     straight_through,
 )
+from ._tensor_checks import (
+    LOGICAL_DTYPES,
+    as_array,
+    check_new_shape,
+    check_static_index,
+    logical_dtype,
+    refuse_float32_overflow,
+)
 
 __all__ = ["Tensor", "logical_values"]
-
-_LOGICAL = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _x64() -> bool:
-    return bool(jax.config.read("jax_enable_x64"))
-
-
-def _logical_dtype(dtype: Any, given: Any) -> np.dtype[Any]:
-    if dtype is None:
-        return np.dtype(np.float64 if given == np.float64 and _x64() else np.float32)
-    try:
-        dt: np.dtype[Any] = np.dtype(dtype)
-    except TypeError:
-        raise PrecisionTypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
-    if dt not in _LOGICAL:
-        raise PrecisionTypeError(
-            f"a Tensor's logical dtype must be float32 or float64, got {dt.name}; to store "
-            f"values in {dt.name}, keep dtype=float32 and call "
-            f".to_reduced_precision({dt.name!r})"
-        )
-    if dt == np.float64 and not _x64():
-        raise PrecisionTypeError(
-            "a float64 Tensor needs 64-bit JAX: set jax.config.update('jax_enable_x64', True) "
-            "first, or use dtype=float32"
-        )
-    return dt
-
-
-def _as_array(x: Any) -> tuple[Any, np.dtype]:
-    """(array-like, its dtype) after refusing non-numeric input with a precise message."""
-    if isinstance(x, jax.Array | np.ndarray) or is_tracer(x):
-        dt = np.dtype(x.dtype)
-    else:
-        try:
-            arr = np.asarray(x)
-        except (ValueError, TypeError) as err:
-            raise PrecisionTypeError(
-                f"cannot make a Tensor from {type(x).__name__}: {err}"
-            ) from None
-        x, dt = arr, arr.dtype
-    if jnp.issubdtype(dt, jnp.floating):  # ml_dtypes floats have numpy kind "V"
-        return x, dt
-    if dt.kind == "c":
-        raise PrecisionTypeError(
-            f"cannot make a Tensor from complex values (dtype {dt}): the logical dtype is a "
-            "real float; make two Tensors from jnp.real(x) and jnp.imag(x)"
-        )
-    if dt.kind not in "iub":
-        raise PrecisionTypeError(
-            f"cannot make a Tensor from {type(x).__name__} of dtype {dt}: a Tensor holds "
-            "numbers; pass a float, int or bool array (e.g. np.asarray(values, np.float32))"
-        )
-    return x, dt
-
-
-def _refuse_float32_overflow(values: np.ndarray) -> None:
-    """Refuse finite float64 values that a float32 Tensor would hold as ±inf."""
-    past = np.isfinite(values) & (np.abs(values) > np.finfo(np.float32).max)
-    if past.any():
-        first = tuple(int(i) for i in np.unravel_index(int(np.argmax(past)), past.shape))
-        raise NonFiniteError(
-            f"{int(past.sum())} float64 value(s) lie beyond float32's range (±3.4e38): the "
-            f"first, {float(values[first])!r} at index {first}, would become inf in a float32 "
-            "Tensor; rescale the values, or enable 64-bit JAX "
-            "(jax.config.update('jax_enable_x64', True)) for a float64 Tensor"
-        )
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -156,7 +96,7 @@ class Tensor:
 
     def __init__(self, x: Any, dtype: Any = None) -> None:
         if isinstance(x, Tensor):
-            logical = x._dtype if dtype is None else _logical_dtype(dtype, x._dtype)
+            logical = x._dtype if dtype is None else logical_dtype(dtype, x._dtype)
             self._set(
                 x._data,
                 x._scale,
@@ -170,14 +110,14 @@ class Tensor:
             if logical != x._dtype and not x.is_reduced_precision:
                 self._set(x._data.astype(logical), None, full_format(logical), None, logical, None)
             return
-        arr, given = _as_array(x)
-        logical = _logical_dtype(dtype, given)
+        arr, given = as_array(x)
+        logical = logical_dtype(dtype, given)
         if (given.kind == "f" and given.itemsize < 4) or given.name == "bfloat16":
             fmt = full_format(given)  # a narrow float array is exact storage as it is
             self._set(jnp.asarray(arr), None, fmt, None, logical, None)
             return
         if given == np.float64 and logical == np.float32 and not is_tracer(arr):
-            _refuse_float32_overflow(np.asarray(arr))
+            refuse_float32_overflow(np.asarray(arr))
         if not isinstance(arr, jax.Array) and not is_tracer(arr):
             arr = np.asarray(arr, logical)
         self._set(jnp.asarray(arr, logical), None, full_format(logical), None, logical, None)
@@ -252,7 +192,7 @@ class Tensor:
             raise PrecisionTypeError(
                 f"from_encoded expects a dtypes.Encoded, got {type(enc).__name__}"
             )
-        return cls._of(enc, _logical_dtype(dtype, None))
+        return cls._of(enc, logical_dtype(dtype, None))
 
     def signature(self) -> tuple[Any, ...]:
         """Static description keying compiled evaluators (cached per Tensor)."""
@@ -526,7 +466,7 @@ class Tensor:
             logical = np.dtype(dtype)
         except TypeError:
             logical = None
-        if logical is None or logical not in _LOGICAL:
+        if logical is None or logical not in LOGICAL_DTYPES:
             raise PrecisionTypeError(
                 f"Tensor.astype changes the logical dtype (float32 or float64), got {dtype!r}; "
                 f"to store the values in a format, call t.to_reduced_precision({str(dtype)!r})"
@@ -605,7 +545,7 @@ class Tensor:
     def __getitem__(self, key: Any) -> Any:
         """Indexing as JAX does it, except that a static integer index out of range
         raises `IndexError` (as numpy does) instead of being clamped."""
-        _check_static_index(key, self.shape)
+        check_static_index(key, self.shape)
         try:
             return _getitem(self, key)
         except IndexError as err:
@@ -628,7 +568,7 @@ class Tensor:
         """The Tensor with a new logical shape (storage codes move where the scaling allows)."""
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
             shape = tuple(shape[0])
-        _check_new_shape(shape, self.shape)
+        check_new_shape(shape, self.shape)
         out: Tensor = _operators.method("reshape")(self, tuple(shape))
         return out
 
@@ -653,41 +593,3 @@ def logical_values(t: Any) -> jax.Array:
     """A Tensor's logical values as an array, an array as itself (the library's own
     explicit conversion: `__jax_array__` refuses calls from library code)."""
     return t._values() if isinstance(t, Tensor) else jnp.asarray(t)
-
-
-def _check_new_shape(new: tuple[Any, ...], shape: tuple[int, ...]) -> None:
-    """Refuse a reshape to something that is not a shape of this many values."""
-    ints = all(isinstance(d, int | np.integer) and not isinstance(d, bool) for d in new)
-    size = math.prod(shape)
-    known = math.prod(int(d) for d in new if ints and d != -1)
-    fits = ints and (
-        sum(1 for d in new if d == -1) <= 1
-        and all(d >= -1 for d in new)
-        and (known == size if -1 not in new else known != 0 and size % known == 0)
-    )
-    if not fits:
-        raise ShapeError(
-            f"cannot reshape a Tensor of shape {shape} ({size} values) into {new!r}: a shape "
-            "is ints (one of them may be -1) whose product is the number of values"
-        )
-
-
-def _check_static_index(key: Any, shape: tuple[int, ...]) -> None:
-    """Raise `IndexError` for a Python or numpy integer index outside its dimension."""
-    parts = key if isinstance(key, tuple) else (key,)
-    if any(p is Ellipsis for p in parts):
-        at = next(i for i, p in enumerate(parts) if p is Ellipsis)
-        explicit = sum(1 for p in parts if p is not None and p is not Ellipsis)
-        parts = (*parts[:at], *([slice(None)] * (len(shape) - explicit)), *parts[at + 1 :])
-    dim = 0
-    for p in parts:
-        if p is None:
-            continue
-        if isinstance(p, int | np.integer) and not isinstance(p, bool) and dim < len(shape):
-            n = shape[dim]
-            if not -n <= int(p) < n:
-                raise TensorIndexError(
-                    f"index {int(p)} is out of bounds for axis {dim} with size {n} (a Tensor of "
-                    f"shape {shape}); JAX would clamp it silently, so it is refused"
-                )
-        dim += 1
