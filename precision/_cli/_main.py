@@ -534,6 +534,14 @@ def main(argv: list[str] | None = None) -> int:
             code = _main(argv, program)
             check_interrupt()  # one recorded where raising was unsafe, and not yet acted on
             return code
+    except BrokenPipeError:
+        # The reader of stdout went away (`precision convert ... --dry-run | head -1`):
+        # nothing more can be shown, which is no error of the command's. Output is
+        # pointed at /dev/null so the interpreter's final flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 0
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; nothing was written", file=sys.stderr)
         if program:
@@ -563,6 +571,8 @@ def _main(argv: list[str] | None, program: bool) -> int:
     except _MissingDependency as exc:
         print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        raise  # stdout's reader is gone: `main` ends quietly
     except (_DataError, OSError, ValueError, TypeError, MemoryError) as exc:
         # PrecisionError subclasses are ValueError/TypeError: a data problem here.
         print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)

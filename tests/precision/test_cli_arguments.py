@@ -8,6 +8,9 @@ against the library's encode.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import safetensors.numpy
@@ -122,3 +125,19 @@ def test_list_keep_needs_nothing_else(capsys):
 def test_a_missing_input_is_a_usage_error(capsys):
     assert _cli.main(["convert", "--to", "int8", "--dry-run"]) == 2
     assert "required: IN" in capsys.readouterr().err
+
+
+def test_a_reader_that_stops_early_is_no_error(tmp_path):
+    # `precision convert IN --dry-run | head -1`: the table is larger than a pipe holds,
+    # head leaves after one line, and the command ends quietly with status 0
+    path = tmp_path / "many.safetensors"
+    tensors = {f"layers.{i}.weight": np.ones((4, 4), np.float32) for i in range(3000)}
+    safetensors.numpy.save_file(tensors, str(path))
+    argv = [sys.executable, "-m", "precision", "convert", str(path), "--to", "int4", "--dry-run"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().split()[0] == b"tensor"
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert err == b""
+    assert proc.returncode == 0
