@@ -105,18 +105,11 @@ def round_float(x: jax.Array, grid: Grid, rounding: str, key: Any = None) -> jax
     U = src.uint
     Ms, W = src.mantissa_bits, src.width
     if grid.mantissa_bits == Ms and grid.emin <= 1 - src.bias and grid.max >= np.finfo(dtype).max:
-        # The grid is the input's own: nothing to round. Saturation still
-        # applies to ±inf (FloatFormat(8, 23, saturate=True) clamps them like
-        # every other saturating format does).
-        if not grid.saturate:
-            return x
-        top = jnp.asarray(np.finfo(dtype).max, dtype)
-        return jnp.where(jnp.isinf(x), jnp.where(x > 0, top, -top), x)
+        return _onto_own_grid(x, grid, dtype)
 
     u = lax.bitcast_convert_type(x, U)
     sign_mask = U(1 << (W - 1))
     exp_mask = U(((1 << (W - 1 - Ms)) - 1) << Ms)
-    frac_mask = U((1 << Ms) - 1)
     sign = u & sign_mask
     mag = u & ~sign_mask
     negative = sign != 0
@@ -136,25 +129,12 @@ def round_float(x: jax.Array, grid: Grid, rounding: str, key: Any = None) -> jax
     # pattern holds in the exponent field instead.
     lsb = jnp.where(dc == Ms, (biased > 0).astype(U), (mag >> dc) & U(1))
     zero = jnp.zeros_like(mag)
+    bits = None
     if rounding == "stochastic":
         bits = random_bits(key, x.shape).astype(U)
         if W == 64:  # two independent words: 64 random bits, not 32 stretched
             bits = (bits << U(32)) | random_bits(key, x.shape, word=1).astype(U)
-    if rounding == "nearest_even":
-        add = jnp.where(dc > 0, half - U(1) + lsb, zero)
-    elif rounding == "nearest_away":
-        add = half
-    elif rounding == "toward_zero":
-        add = zero
-    elif rounding == "up":
-        add = jnp.where(negative, zero, low)
-    elif rounding == "down":
-        add = jnp.where(negative, low, zero)
-    elif rounding == "stochastic":
-        # Adding dc uniform bits carries past the ulp with probability rem / 2**dc.
-        add = jnp.where(dc > 0, bits >> (U(W) - jnp.maximum(dc, U(1))), zero)
-    else:
-        raise RoundingError(f"unknown rounding mode {rounding!r}")
+    add = _increment(rounding, src, dc, low, half, lsb, negative, zero, bits)
     out = (mag + add) & ~low
 
     # Below the target's smallest subnormal S (d > Ms) the neighbours are 0
@@ -162,26 +142,100 @@ def round_float(x: jax.Array, grid: Grid, rounding: str, key: Any = None) -> jax
     smallest = grid.emin - grid.mantissa_bits
     s_bits = U(_float_bits(math.ldexp(1.0, smallest), src))
     half_s_bits = U(_float_bits(math.ldexp(1.0, smallest - 1), src))
-    if rounding == "nearest_even":
-        up_tiny = mag > half_s_bits  # the tie goes to 0, the even neighbour
-    elif rounding == "nearest_away":
-        up_tiny = mag >= half_s_bits
-    elif rounding == "toward_zero":
-        up_tiny = jnp.zeros_like(negative)
-    elif rounding == "up":
-        up_tiny = (mag != 0) & ~negative
-    elif rounding == "down":
-        up_tiny = (mag != 0) & negative
-    else:
-        # Probability |x| / S = sig / 2**d, resolved to multiples of 2**-W.
-        sig = (mag & frac_mask) | jnp.where(biased > 0, U(1 << Ms), U(0))
-        left = jnp.clip(W - d, 0, W - 1).astype(U)
-        right = jnp.clip(d - W, 0, W - 1).astype(U)
-        up_tiny = bits < jnp.where(d <= W, sig << left, sig >> right)
+    up_tiny = _tiny_rounds_up(rounding, src, mag, biased, d, negative, half_s_bits, bits)
     tiny = jnp.where(up_tiny, s_bits, zero)
     out = jnp.where(d > Ms, tiny, out)
 
-    # Overflow, decided on the unbounded-exponent result as IEEE-754 does.
+    out = _overflow(out, grid, rounding, src, mag, negative, exp_mask)
+    return lax.bitcast_convert_type(out | sign, dtype)
+
+
+def _onto_own_grid(x: jax.Array, grid: Grid, dtype: np.dtype[Any]) -> jax.Array:
+    """`x` on a grid that is its own type's: nothing to round. Saturation still applies
+    to ±inf (FloatFormat(8, 23, saturate=True) clamps them like every other saturating
+    format does)."""
+    if not grid.saturate:
+        return x
+    top = jnp.asarray(np.finfo(dtype).max, dtype)
+    return jnp.where(jnp.isinf(x), jnp.where(x > 0, top, -top), x)
+
+
+def _increment(
+    rounding: str,
+    src: _Source,
+    dc: jax.Array,
+    low: jax.Array,
+    half: jax.Array,
+    lsb: jax.Array,
+    negative: jax.Array,
+    zero: jax.Array,
+    bits: jax.Array | None,
+) -> jax.Array:
+    """What `rounding` adds to a magnitude's bits before its `dc` low bits are cleared:
+    `low` is those bits set, `half` the top one of them, `lsb` the lowest kept bit."""
+    U = src.uint
+    if rounding == "nearest_even":
+        return jnp.where(dc > 0, half - U(1) + lsb, zero)
+    if rounding == "nearest_away":
+        return half
+    if rounding == "toward_zero":
+        return zero
+    if rounding == "up":
+        return jnp.where(negative, zero, low)
+    if rounding == "down":
+        return jnp.where(negative, low, zero)
+    if rounding == "stochastic":
+        assert bits is not None
+        # Adding dc uniform bits carries past the ulp with probability rem / 2**dc.
+        return jnp.where(dc > 0, bits >> (U(src.width) - jnp.maximum(dc, U(1))), zero)
+    raise RoundingError(f"unknown rounding mode {rounding!r}")
+
+
+def _tiny_rounds_up(
+    rounding: str,
+    src: _Source,
+    mag: jax.Array,
+    biased: jax.Array,
+    d: jax.Array,
+    negative: jax.Array,
+    half_s_bits: np.unsignedinteger[Any],
+    bits: jax.Array | None,
+) -> jax.Array:
+    """Whether a magnitude below the target's smallest subnormal S rounds up to S rather
+    than to 0 (`d`: how many of its low bits lie below the target's ulp; `half_s_bits`:
+    the bits of S / 2)."""
+    if rounding == "nearest_even":
+        return mag > half_s_bits  # the tie goes to 0, the even neighbour
+    if rounding == "nearest_away":
+        return mag >= half_s_bits
+    if rounding == "toward_zero":
+        return jnp.zeros_like(negative)
+    if rounding == "up":
+        return (mag != 0) & ~negative
+    if rounding == "down":
+        return (mag != 0) & negative
+    assert bits is not None  # stochastic
+    # Probability |x| / S = sig / 2**d, resolved to multiples of 2**-W.
+    U, Ms, W = src.uint, src.mantissa_bits, src.width
+    sig = (mag & U((1 << Ms) - 1)) | jnp.where(biased > 0, U(1 << Ms), U(0))
+    left = jnp.clip(W - d, 0, W - 1).astype(U)
+    right = jnp.clip(d - W, 0, W - 1).astype(U)
+    return bits < jnp.where(d <= W, sig << left, sig >> right)
+
+
+def _overflow(
+    out: jax.Array,
+    grid: Grid,
+    rounding: str,
+    src: _Source,
+    mag: jax.Array,
+    negative: jax.Array,
+    exp_mask: Any,
+) -> jax.Array:
+    """The rounded magnitude bits `out` with overflow, inf and NaN inputs written as the
+    target holds them, decided on the unbounded-exponent result as IEEE-754 does."""
+    U = src.uint
+    Ms = src.mantissa_bits
     max_bits = U(_float_bits(grid.max, src))
     inf_bits = exp_mask
     is_nan = mag > exp_mask
@@ -204,8 +258,7 @@ def round_float(x: jax.Array, grid: Grid, rounding: str, key: Any = None) -> jax
         over_bits, inf_in_bits = max_bits, max_bits
     out = jnp.where(out > max_bits, over_bits, out)
     out = jnp.where(is_inf, inf_in_bits, out)
-    out = jnp.where(is_nan, exp_mask | U(1 << (Ms - 1)), out)  # one quiet NaN, sign kept
-    return lax.bitcast_convert_type(out | sign, dtype)
+    return jnp.where(is_nan, exp_mask | U(1 << (Ms - 1)), out)  # one quiet NaN, sign kept
 
 
 def compose_bits(r: jax.Array, qe: jax.Array, src: _Source) -> jax.Array:
