@@ -289,6 +289,68 @@ def _top_level_floats(args: tuple[Any, ...], kwargs: dict[str, Any], n: int) -> 
     return top
 
 
+def _cached_call(
+    f: Callable[..., Any], ctx: Context, cache: dict[Any, _Entry]
+) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    """How `apply(f)` runs any arguments: flattened, keyed by their static signature
+    (tree, formats, shapes, static values, whether differentiated), evaluated by the
+    program compiled once per key into `cache`, and rebuilt into Tensors.
+
+    The wrapper's two-Tensor path for operators reads the same `cache` first."""
+
+    def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not kwargs and all(type(a) is Tensor for a in args):
+            # Fast path (operators): positional Tensors need no tree walk.
+            leaves, treedef = list(args), _positional_treedef(len(args))
+        else:
+            leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
+        kinds: list[int] = []
+        parts: list[Any] = [treedef]
+        dyn: list[Any] = []
+        top = _top_level_floats(args, kwargs, len(leaves))
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, Tensor):
+                kinds.append(_TENSOR)
+                dyn.extend(jax.tree_util.tree_leaves(leaf))
+                parts.append(leaf.signature())
+            elif isinstance(leaf, jax.Array | np.ndarray) or compat.is_tracer(leaf):
+                kinds.append(_ARRAY)
+                dyn.append(leaf)
+                parts.append((leaf.shape, leaf.dtype))
+            elif isinstance(leaf, float | np.floating) and i in top:
+                kinds.append(_WEAK)
+                dyn.append(float(leaf))
+                parts.append(_WEAK)
+            else:
+                kinds.append(_STATIC)
+                parts.append(_static_key(leaf))
+        if len(dyn) > 1:
+            check_devices(leaves)
+        diff = any(compat.is_differentiated(x) for x in dyn)
+        parts.append(diff)
+        key = tuple(parts)
+        entry = cache.get(key)
+        if entry is None:
+            entry = cache[key] = _build(f, treedef, kinds, leaves, ctx, diff)
+            if (
+                len(leaves) == 2
+                and kinds == [_TENSOR, _TENSOR]
+                and len(dyn) == 2
+                and not kwargs
+                and not diff
+            ):
+                cache[(_PAIR, key[1], key[2])] = entry
+        try:
+            flat = entry.fn(*dyn)
+        except PrecisionError as err:
+            # Raised while tracing, before anything ran: re-raise it plainly,
+            # without the JAX-internal frames and notes the trace attached.
+            raise type(err)(*err.args) from None
+        return entry.rebuild(flat)
+
+    return call
+
+
 def apply(
     f: Callable[..., Any],
     *,
@@ -368,6 +430,7 @@ def apply(
     """
     ctx = _context(compute, policy, contract, strict)
     cache: dict[Any, _Entry] = {}
+    call = _cached_call(f, ctx, cache)
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -394,60 +457,10 @@ def apply(
                     # jit, grad, vmap) and numpy leaves take the full one, which keys
                     # on differentiation and checks devices of abstract values.
                     if not _concrete(da) or not _concrete(db):
-                        return _slow(args, kwargs)
+                        return call(args, kwargs)
                     if da.sharding is not db.sharding and da.sharding != db.sharding:
                         check_devices(args)
                     return entry.rebuild(entry.fn(da, db))
-        return _slow(args, kwargs)
-
-    def _slow(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if not kwargs and all(type(a) is Tensor for a in args):
-            # Fast path (operators): positional Tensors need no tree walk.
-            leaves, treedef = list(args), _positional_treedef(len(args))
-        else:
-            leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
-        kinds: list[int] = []
-        parts: list[Any] = [treedef]
-        dyn: list[Any] = []
-        top = _top_level_floats(args, kwargs, len(leaves))
-        for i, leaf in enumerate(leaves):
-            if isinstance(leaf, Tensor):
-                kinds.append(_TENSOR)
-                dyn.extend(jax.tree_util.tree_leaves(leaf))
-                parts.append(leaf.signature())
-            elif isinstance(leaf, jax.Array | np.ndarray) or compat.is_tracer(leaf):
-                kinds.append(_ARRAY)
-                dyn.append(leaf)
-                parts.append((leaf.shape, leaf.dtype))
-            elif isinstance(leaf, float | np.floating) and i in top:
-                kinds.append(_WEAK)
-                dyn.append(float(leaf))
-                parts.append(_WEAK)
-            else:
-                kinds.append(_STATIC)
-                parts.append(_static_key(leaf))
-        if len(dyn) > 1:
-            check_devices(leaves)
-        diff = any(compat.is_differentiated(x) for x in dyn)
-        parts.append(diff)
-        key = tuple(parts)
-        entry = cache.get(key)
-        if entry is None:
-            entry = cache[key] = _build(f, treedef, kinds, leaves, ctx, diff)
-            if (
-                len(leaves) == 2
-                and kinds == [_TENSOR, _TENSOR]
-                and len(dyn) == 2
-                and not kwargs
-                and not diff
-            ):
-                cache[(_PAIR, key[1], key[2])] = entry
-        try:
-            flat = entry.fn(*dyn)
-        except PrecisionError as err:
-            # Raised while tracing, before anything ran: re-raise it plainly,
-            # without the JAX-internal frames and notes the trace attached.
-            raise type(err)(*err.args) from None
-        return entry.rebuild(flat)
+        return call(args, kwargs)
 
     return wrapper
