@@ -26,11 +26,12 @@ from .._checkpoint._layout import Leaf
 from .._checkpoint._source import Source
 from .._keep import KEEP
 from ._arguments import _check_pair, _format, _scaling, resolve_preset
-from ._convert_engine import _HOW, _Converter, _Engine, _mode, _Plan
 
 # the tests reach these through this module
 from ._convert_engine import _Blocks as _Blocks
-from ._convert_engine import _widened as _widened
+from ._convert_engine import _Converter, _Engine
+from ._convert_modes import _HOW, _mode, _Plan
+from ._convert_stats import _widened as _widened
 from ._files import (
     DEFAULT_SHARD_BYTES,
     leaf_nbytes,

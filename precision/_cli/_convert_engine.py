@@ -1,36 +1,10 @@
 """The conversion of `precision convert`: each planned tensor, streamed in blocks.
 
-What each tensor becomes is decided by the command (`_convert._plan`); how
-it is converted, its mode, by `_mode` here. The conversion itself never
-holds more than one tensor's input, and usually only one block of it
-(`_Engine`):
-
-* **flat** — unscaled formats and per-block scaling along the last axis
-  encode each value from itself or its block alone, so the tensor's values
-  are encoded in fixed-size blocks of its flat order (the last one padded),
-  one compiled program for every tensor;
-* **two passes** — per-tensor scaling needs the absmax first: one pass reads
-  it (exact: a maximum), the second encodes each block with that absmax
-  appended as an extra value, which gives every value the scale of the
-  whole tensor, so the codes are those of the whole-tensor encode;
-* **two-level** — NVFP4's e4m3 block scales hang on the tensor's absmax:
-  one pass reads it, the second encodes each block with one more scaling
-  block holding it, which gives every block the whole tensor's float32
-  tensor scale;
-* **rows** — per-axis scaling along the first axis: blocks of whole rows;
-* **columns** — per-axis scaling along another axis: one pass for every
-  group's absmax, then row blocks encoded with one more row holding them;
-* **cast** — unscaled nearest-even conversion into a format with an
-  ml_dtypes type: a numpy cast in blocks, nothing compiled;
-* **intcast** — int8 with one float32 scale for the tensor, nearest even:
-  the absmax pass, then numpy blocks (`_numpy_int` says why the codes are
-  the library's), nothing compiled; an absmax outside `_NUMPY_ABSMAX`
-  takes the two passes above;
-* **whole** — everything else (stochastic rounding, int1's mean scales,
-  asymmetric integers' min/max scales over more than a block or a row,
-  inputs stored in a precision format): the tensor is encoded at once, its
-  statistics taken in row slices. `--dry-run` says which mode each tensor
-  takes, and why when whole.
+The mode of each tensor is chosen in `_convert_modes` (its docstring lists
+them); this module runs them: `_Engine` holds the compiled encodes with
+their statistics, cached by input shape, `_Blocks` reads a tensor in
+blocks, `_Converter` yields each tensor's output arrays in order. It never
+holds more than one tensor's input, and usually only one block of it.
 
 Every path gives the bytes the library's own `Format.encode` gives for the
 whole tensor (tests/precision/test_cli.py checks each). The statistics (SQNR
@@ -41,373 +15,27 @@ float64, so neither overflows.
 
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
 import functools
 import math
-import os
 import zlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-import ml_dtypes
 import numpy as np
 
 import dtypes
 
 from .._checkpoint._io import encoded
-from .._checkpoint._layout import Leaf, two_level
+from .._checkpoint._layout import Leaf
 from .._checkpoint._reader import Reader, aligned_empty
-from ._interrupts import check_interrupt, deferring, import_jax
+from . import _convert_modes as _modes
+from ._convert_modes import _NUMPY_ABSMAX, _Plan, _raw
+from ._convert_stats import _cast_part, _energy, _in_parts, _int_part, _Part, _scratch, _Stats
+from ._interrupts import check_interrupt, import_jax
 from ._output import _DataError
 
 if TYPE_CHECKING:
     import jax
-
-_BLOCK = 1 << 20  # values per block of a streamed conversion (4 MiB of float32)
-
-# Input containers whose float32 value is their logical value (an exact cast).
-_RAW_FLOATS = {np.dtype(t) for t in ("float32", "float16", "bfloat16")} | {
-    np.dtype(dtypes.float8_e4m3fn.container),
-    np.dtype(dtypes.float8_e5m2.container),
-}
-
-
-# --------------------------------------------------------------------------
-# the plan of one tensor, and how it is converted
-
-
-@dataclasses.dataclass
-class _Plan:
-    reader: Reader
-    leaf: Leaf  # as stored in the input
-    out: Leaf  # as written to the output
-    reason: str | None  # why it is copied unchanged, or None when converted
-    mode: str = "copy"  # copy, cast, flat, twopass, twolevel, rows, columns, whole
-    note: str = ""  # why the tensor is encoded whole
-
-
-def _raw(leaf: Leaf, foreign: bool) -> bool:
-    """Whether the stored data of `leaf`, cast to float32, is its logical value."""
-    if leaf.scale is not None or leaf.data_dtype not in _RAW_FLOATS:
-        return False
-    if leaf.kind == "array" or foreign:
-        return True
-    fmt = leaf.format
-    return isinstance(fmt, dtypes.FloatFormat) and fmt.native_dtype == leaf.data_dtype
-
-
-def _per_byte_ok(fmt: dtypes.Format, last: int) -> bool:
-    """Whether rows of `last` values pack without padding (so flat order packs the same)."""
-    return not fmt.packed or (last * fmt.code_bits) % 8 == 0
-
-
-def _castable(fmt: dtypes.Format, scaling: dtypes.Scaling | None, rounding: str) -> bool:
-    """Whether encoding is a plain numpy cast into the format's ml_dtypes type.
-
-    The library encodes unscaled nearest-even values into a format with a
-    native type as XLA's convert, which matches ml_dtypes bit for bit (the
-    tests compare every path with `Format.encode`); numpy does it without
-    compiling anything.
-    """
-    native = getattr(fmt, "native_dtype", None)
-    return (
-        scaling is None
-        and rounding == "nearest_even"
-        and native is not None
-        and not getattr(fmt, "saturate", False)
-        and np.dtype(native) == np.dtype(fmt.container)
-    )
-
-
-#: Per-tensor absmax range in which numpy gives an integer encode's codes:
-#: inside it the library's scale rule takes none of its special paths
-#: (flushed, subnormal, near-overflow or pre-divided scales; `dtypes` has
-#: them), and a product `x * (qmax / absmax)` that numpy keeps subnormal
-#: where XLA:CPU flushes it lies below 2**-19, which rounds to 0 either way.
-_NUMPY_ABSMAX = (2.0**-100, 2.0**100)
-
-
-def _numpy_int(fmt: dtypes.Format, scaling: dtypes.Scaling, rounding: str) -> bool:
-    """Whether a per-tensor integer encode may run in numpy (`_Converter._int_blocks`).
-
-    Its codes are `clip(rint(x * (qmax / absmax)), -qmax, qmax)` in float32,
-    the scale `absmax / qmax`: correctly rounded IEEE operations, the same in
-    numpy as in the library's compiled encode for an absmax in `_NUMPY_ABSMAX`
-    and nearest-even rounding (tests/precision/test_cli_numpy_int.py compares them).
-    """
-    return (
-        fmt.kind == "int"
-        and not getattr(fmt, "binary", False)
-        and np.dtype(fmt.container) == np.int8
-        and not fmt.packed
-        and not scaling.power_of_two
-        and scaling.scale_format == "float32"
-        and rounding == "nearest_even"
-    )
-
-
-def _int_codes(
-    x: np.ndarray, absmax: np.float32, qmax: np.float32, out: np.ndarray | None = None
-) -> np.ndarray:
-    """Integer codes `clip(rint(x * (qmax / absmax)), -qmax, qmax)` of float32 `x`, whose
-    tensor's absmax lies in `_NUMPY_ABSMAX`, as float32 (in `out` if given)."""
-    y: np.ndarray = np.multiply(x, qmax / absmax, out=out)  # one reciprocal, as the library's
-    np.rint(y, out=y)  # halves to even
-    np.clip(y, -qmax, qmax, out=y)
-    return y
-
-
-def _mode(plan: _Plan, rounding: str) -> tuple[str, str]:
-    """How a tensor is converted (a mode of the module docstring), and why when whole."""
-    leaf, out = plan.leaf, plan.out
-    fmt, scaling, shape = out.format, out.scaling, out.shape
-    assert fmt is not None
-    if not _raw(leaf, plan.reader.foreign):
-        return "whole", "stored encoded: decoded whole"
-    if rounding == "stochastic":
-        return "whole", "stochastic rounding"
-    if fmt.kind == "scale":
-        return "whole", "a scale format: every value is checked first"
-    if not shape:
-        return "whole", "a scalar"
-    if _castable(fmt, scaling, rounding):
-        return "cast", ""
-    if 0 in shape:
-        return "whole", "empty"
-    binary = getattr(fmt, "binary", False)
-    last = shape[-1]
-    packed_rows = "rows end inside a packed byte"
-    if scaling is None:
-        return ("flat", "") if _per_byte_ok(fmt, last) else ("whole", packed_rows)
-    if binary:
-        # int1's scale is a mean: its summation order must stay the library's
-        return "whole", "int1 mean scales"
-    # Asymmetric integers scale from each group's minimum and maximum, not its
-    # absmax: only modes where every block holds whole groups apply.
-    ranged = fmt.kind == "uint"
-    ndim = len(shape)
-    if isinstance(scaling, dtypes.PerTensor):
-        if ranged:
-            return "whole", "one min/max scale for the tensor"
-        if _numpy_int(fmt, scaling, rounding):
-            return "intcast", ""
-        return ("twopass", "") if _per_byte_ok(fmt, last) else ("whole", packed_rows)
-    if isinstance(scaling, dtypes.PerBlock) and scaling.axis % ndim == ndim - 1:
-        size = int(scaling.size)
-        if last % size == 0 and _per_byte_ok(fmt, size) and size <= _BLOCK:
-            # two-level scales hang on the whole tensor's absmax: read first,
-            # given to each block as one more group holding it
-            return ("twolevel" if two_level(scaling) else "flat"), ""
-        return "whole", "blocks do not tile the rows"
-    if two_level(scaling):
-        return "whole", "two-level scales across the tensor"
-    if isinstance(scaling, dtypes.PerAxis) and len(scaling.axes) > 1:
-        return "whole", "scales along several axes"
-    if isinstance(scaling, dtypes.PerAxis) and scaling.kept(ndim) == (0,) and ndim >= 2:
-        return "rows", ""
-    if isinstance(scaling, dtypes.PerAxis) and ndim >= 2 and not ranged:
-        return "columns", ""
-    return "whole", "groups across rows"
-
-
-#: What --dry-run says of each mode.
-_HOW = {
-    "cast": "streamed (numpy cast)",
-    "flat": "streamed in blocks",
-    "twopass": "absmax pass, then blocks",
-    "intcast": "absmax pass, then numpy blocks",
-    "twolevel": "absmax pass, then blocks",
-    "rows": "streamed by rows",
-    "columns": "group absmax pass, then rows",
-    "whole": "whole tensor",
-}
-
-
-# --------------------------------------------------------------------------
-# the engine: compiled encodes with their statistics
-
-
-def _sqnr(signal: float, noise: float) -> float:
-    if noise == 0:
-        return math.inf
-    if signal == 0 or math.isinf(noise):
-        return -math.inf
-    return 10 * math.log10(signal / noise)
-
-
-class _Stats:
-    """Σx² and Σ(x - decoded)² over the finite values of one tensor, in float64."""
-
-    def __init__(self) -> None:
-        self.signal = 0.0
-        self.noise = 0.0
-
-    def add(self, m: Any, sig: Any, noi: Any) -> None:
-        m2 = float(m) ** 2
-        self.signal += float(sig) * m2
-        self.noise += float(noi) * m2
-
-    @property
-    def sqnr(self) -> float:
-        return _sqnr(self.signal, self.noise)
-
-
-def _energy(x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(max |x|, Σ(x/max)², Σ((x-y)/max)²) over the finite values of x (traced)."""
-    import jax.numpy as jnp
-
-    finite = jnp.isfinite(x)
-    ax = jnp.where(finite, jnp.abs(x), jnp.float32(0))
-    m = jnp.max(ax, initial=0.0)
-    inv = jnp.where(m > 0, 1 / jnp.where(m > 0, m, 1), jnp.float32(1))
-    xs = jnp.where(finite, x * inv, jnp.float32(0))
-    d = jnp.where(finite, (x - y) * inv, jnp.float32(0))
-    # a finite value the format cannot hold (NaN in E8M0, overflow to NaN in e4m3) is lost
-    d = jnp.where(jnp.isnan(d), jnp.float32(jnp.inf), d)
-    return m, jnp.sum(xs * xs), jnp.sum(d * d)
-
-
-#: Float32 dot products are exact enough for a statistic in dB (relative error
-#: about 1e-6 per block); below this or above float32's range their squares
-#: underflow or overflow, and the block is summed again in float64.
-_TINY_ENERGY = 2.0**-60
-
-
-def _trusted(energy: float, v: np.ndarray) -> bool:
-    """Whether a float32 Σv² is trustworthy: finite, and not made of underflowed squares."""
-    if energy == 0:
-        return not np.any(v)
-    return _TINY_ENERGY < energy < math.inf
-
-
-@functools.cache
-def _widening_table(dtype: np.dtype[Any]) -> np.ndarray:
-    """float32 value of every bit pattern of a 1- or 2-byte float type (numpy's own cast)."""
-    codes = np.arange(1 << (8 * dtype.itemsize), dtype=f"u{dtype.itemsize}")
-    with np.errstate(all="ignore"):
-        table: np.ndarray = codes.view(dtype).astype(np.float32)
-    return table
-
-
-def _widened(y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """`y` as float32 (into `out` if given): a table lookup for float16 and float8
-    types (numpy's and ml_dtypes' element-by-element casts of these are 1.5-5x
-    slower), a cast otherwise."""
-    if _by_table(y.dtype):
-        table = _widening_table(y.dtype)
-        return np.take(table, y.view(f"u{y.dtype.itemsize}"), out=out, mode="clip")
-    if out is None:
-        return y.astype(np.float32)
-    np.copyto(out, y, casting="unsafe")
-    return out
-
-
-_SCRATCH: list[np.ndarray] = [np.empty(0, np.float32), np.empty(0, np.float32)]
-
-
-def _scratch(n: int, slot: int = 0) -> np.ndarray:
-    """A float32 buffer of `n` values, reused from block to block (taken by the main
-    thread, each worker given its own part); slot 0 is the statistics' own."""
-    if _SCRATCH[slot].size < n:
-        _SCRATCH[slot] = np.empty(n, np.float32)
-    return _SCRATCH[slot][:n]
-
-
-def _by_table(dtype: np.dtype[Any]) -> bool:
-    return dtype.itemsize <= 2 and dtype != ml_dtypes.bfloat16  # (bfloat16's cast is a shift)
-
-
-def _numpy_energy(x: np.ndarray, y: np.ndarray, d: np.ndarray) -> tuple[float, float]:
-    """(Σx², Σ(x - y)²) over the finite values of one block (or part), `d` a float32
-    scratch shaped like `x`.
-
-    Float32 BLAS dot products (a quarter of the time of float64 sums), checked:
-    a block whose sums are not finite or so small that squares may have
-    underflowed is summed again in float64. A finite value that became inf or
-    NaN (overflow in a format without inf) makes the noise infinite: it was lost.
-    """
-    with np.errstate(all="ignore"):
-        # into a reused buffer: a fresh 4 MiB array per block costs its page faults
-        if _by_table(y.dtype):
-            np.subtract(x, _widened(y, out=d), out=d)
-        else:
-            np.subtract(x, y, out=d, dtype=np.float32)
-        sig, noi = float(np.dot(x, x)), float(np.dot(d, d))
-        if _trusted(sig, x) and _trusted(noi, d):
-            return sig, noi
-        sig = float(np.einsum("i,i->", x, x, dtype=np.float64))
-        noi = float(np.einsum("i,i->", d, d, dtype=np.float64))
-        if math.isfinite(sig) and math.isfinite(noi):
-            return sig, noi
-        finite = np.isfinite(x)
-        xs = np.where(finite, x, 0)
-        ds = np.where(finite, d, 0)
-        ds = np.where(np.isnan(ds), np.inf, ds)
-        sig = float(np.einsum("i,i->", xs, xs, dtype=np.float64))
-        noi = float(np.einsum("i,i->", ds, ds, dtype=np.float64))
-    return sig, noi
-
-
-_WORKERS = max(1, min(4, os.cpu_count() or 1))
-_PART = 1 << 16  # values a part holds at least: smaller blocks run in one
-_POOL: list[concurrent.futures.ThreadPoolExecutor] = []
-_T = TypeVar("_T")
-
-
-def _in_parts(fn: Callable[[slice], _T], n: int) -> list[_T]:
-    """`fn` over the `n` values of a block in up to `_WORKERS` parts, on worker threads.
-
-    numpy releases the GIL in its casts, ufuncs and dot products, so the parts
-    run at once (a float16 cast with its statistics: 1.4 instead of 2.6 ms per
-    2**20 values on two cores). Each part sets its own floating-point error
-    state (numpy's is per thread). A SIGINT waits until every part is done
-    (`deferring`): no worker is left writing into the block's buffers, or
-    half started.
-    """
-    parts = min(_WORKERS, max(1, n // _PART))
-    if parts == 1:
-        return [fn(slice(0, n))]
-    step = -(-n // parts)
-    with deferring():
-        if not _POOL:
-            _POOL.append(concurrent.futures.ThreadPoolExecutor(_WORKERS, "precision-convert"))
-        return list(_POOL[0].map(fn, [slice(i, min(i + step, n)) for i in range(0, n, step)]))
-
-
-#: A part of a numpy block conversion: (x, y, scratch buffers, stats, part) -> the
-#: part's energies, or None without statistics.
-_Part = Callable[
-    [np.ndarray, np.ndarray, tuple[np.ndarray, ...], bool, slice], tuple[float, float] | None
-]
-
-
-def _cast_part(
-    x: np.ndarray, y: np.ndarray, scratch: tuple[np.ndarray, ...], stats: bool, p: slice
-) -> tuple[float, float] | None:
-    """Part `p` of a block cast into `y` (unless it is `x`), and its energies if `stats`."""
-    with np.errstate(over="ignore", invalid="ignore"):  # overflow is the format's inf
-        if y is not x:
-            y[p] = x[p]
-    return _numpy_energy(x[p], y[p], scratch[0][p]) if stats else None
-
-
-def _int_part(
-    top: tuple[np.float32, np.float32],
-    x: np.ndarray,
-    codes: np.ndarray,
-    scratch: tuple[np.ndarray, ...],
-    stats: bool,
-    p: slice,
-) -> tuple[float, float] | None:
-    """Part `p` of a block's integer codes into `codes` (`top`: absmax, qmax), and its
-    energies against the decoded codes if `stats`."""
-    (absmax, qmax), (d, y) = top, scratch
-    np.copyto(codes[p], _int_codes(x[p], absmax, qmax, y[p]), casting="unsafe")  # exact
-    if not stats:
-        return None
-    decoded = np.multiply(codes[p], absmax / qmax, out=y[p], dtype=np.float32)
-    return _numpy_energy(x[p], decoded, d[p])
 
 
 class _Engine:
@@ -518,7 +146,7 @@ class _Engine:
         rows = shape[0] if len(shape) >= 2 else 0
         sliceable = rows > 1 and (scale_shape is None or scale_shape[0] in (1, rows))
         row_values = math.prod(shape[1:]) if shape else 1
-        step = max(1, _BLOCK // max(row_values, 1)) if sliceable else max(rows, 1)
+        step = max(1, _modes._BLOCK // max(row_values, 1)) if sliceable else max(rows, 1)
         pieces: list[slice | None] = [None]
         if sliceable:
             pieces = [slice(r, min(r + step, rows)) for r in range(0, rows, step)]
@@ -569,7 +197,7 @@ class _Blocks:
         self.entry = reader.entries[name]
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        return self.blocks(_BLOCK)
+        return self.blocks(_modes._BLOCK)
 
     def blocks(self, values: int, pad: bool = False) -> Iterator[np.ndarray]:
         """Flat blocks of `values` values; the last one zero-padded to full size when `pad`."""
@@ -646,7 +274,7 @@ class _Converter:
         a copy never writes what `load` refuses."""
         shape = tuple(reader.entries[name].shape)
         row = math.prod(shape[1:]) if len(shape) > 1 else 1
-        values = max(row, (_BLOCK * 4) // row * row)  # whole rows per block
+        values = max(row, (_modes._BLOCK * 4) // row * row)  # whole rows per block
         total, done = math.prod(shape), 0
         for block in _Blocks(reader, name).blocks(values):
             check_interrupt()
@@ -662,7 +290,7 @@ class _Converter:
         """Blocks cast by numpy into the format's ml_dtypes type, with their statistics."""
         assert plan.out.format is not None
         target = np.dtype(plan.out.format.container)
-        blocks = _Blocks(plan.reader, plan.leaf.name).blocks(_BLOCK)
+        blocks = _Blocks(plan.reader, plan.leaf.name).blocks(_modes._BLOCK)
         return self._numpy_blocks(plan, blocks, target, _cast_part, scratches=1)
 
     def _numpy_blocks(
@@ -766,7 +394,7 @@ class _Converter:
         extras["scale"][:] = [np.array([absmax / qmax], np.float32)]
         encode = functools.partial(_int_part, (absmax, qmax))
         int8 = np.dtype(np.int8)
-        yield from self._numpy_blocks(plan, blocks.blocks(_BLOCK), int8, encode, scratches=2)
+        yield from self._numpy_blocks(plan, blocks.blocks(_modes._BLOCK), int8, encode, scratches=2)
 
     def _slab(self, plan: _Plan, blocks: _Blocks, per_block: int) -> np.ndarray:
         """One row, shaped like the tensor's rows, holding each per-axis group's absmax."""
@@ -842,11 +470,11 @@ def _block_values(total: int, g: int) -> int:
     Few sizes mean few compiled programs (compiling costs more than encoding
     a small tensor padded to 4096 values); each is a multiple of `g`.
     """
-    for size in (_BLOCK >> 8, _BLOCK >> 4, _BLOCK):
+    for size in (_modes._BLOCK >> 8, _modes._BLOCK >> 4, _modes._BLOCK):
         size = max(g, size // g * g)
         if size >= total:
             return size
-    return max(g, _BLOCK // g * g)
+    return max(g, _modes._BLOCK // g * g)
 
 
 def _no_specials(plan: _Plan) -> bool:

@@ -31,7 +31,8 @@ from .._checkpoint._io import write
 from .._checkpoint._layout import Leaf
 from .._checkpoint._source import INDEX_SUFFIX, Source
 from .._errors import LayoutError
-from ._convert_engine import _Converter, _Plan
+from ._convert_engine import _Converter
+from ._convert_modes import _Plan
 from ._files import DEFAULT_SHARD_BYTES, leaf_nbytes, plan_shards, shard_names, write_index
 from ._interrupts import check_interrupt, deferred_interrupts
 from ._output import PROG, _DataError, _MissingDependency, _UsageError

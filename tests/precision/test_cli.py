@@ -27,7 +27,8 @@ import precision
 from precision import Tensor
 from precision._cli import _arguments as _cli_arguments
 from precision._cli import _convert as _cli_convert
-from precision._cli import _convert_engine as _cli_engine
+from precision._cli import _convert_modes as _cli_modes
+from precision._cli import _convert_stats as _cli_stats
 from precision._cli import _main as _cli
 from precision.testing._metrics import error_report, sqnr_db
 
@@ -338,9 +339,9 @@ def stream_checkpoint(tmp_path_factory):
 def test_block_conversion_gives_the_library_bytes(
     stream_checkpoint, tmp_path, monkeypatch, fmt, flag
 ):
-    monkeypatch.setattr(_cli_engine, "_BLOCK", 64)
-    monkeypatch.setattr(_cli_engine, "_PART", 16)  # numpy paths: blocks in 3 uneven parts
-    monkeypatch.setattr(_cli_engine, "_WORKERS", 3)
+    monkeypatch.setattr(_cli_modes, "_BLOCK", 64)
+    monkeypatch.setattr(_cli_stats, "_PART", 16)  # numpy paths: blocks in 3 uneven parts
+    monkeypatch.setattr(_cli_stats, "_WORKERS", 3)
     blocks = []
     read = _cli_convert._Blocks.blocks
     monkeypatch.setattr(
@@ -387,7 +388,7 @@ def test_block_conversion_checks_the_crc(tmp_path, monkeypatch, capsys):
     raw = bytearray(src.read_bytes())
     raw[-10] ^= 1  # in the last block
     src.write_bytes(bytes(raw))
-    monkeypatch.setattr(_cli_engine, "_BLOCK", 64)
+    monkeypatch.setattr(_cli_modes, "_BLOCK", 64)
     assert _cli.main(["convert", str(src), "-o", str(dst), "--to", "bf16", "-q"]) == 1
     assert "do not match the CRC-32" in capsys.readouterr().err
     assert not dst.exists()
@@ -507,7 +508,7 @@ def encoding_stream_checkpoint(tmp_path_factory):
 def test_named_encodings_stream_the_library_bytes(
     encoding_stream_checkpoint, tmp_path, monkeypatch, fmt, flag, streamed
 ):
-    monkeypatch.setattr(_cli_engine, "_BLOCK", 64)
+    monkeypatch.setattr(_cli_modes, "_BLOCK", 64)
     blocks = []
     read = _cli_convert._Blocks.blocks
     monkeypatch.setattr(

@@ -22,10 +22,12 @@ from hypothesis import strategies as st
 import dtypes
 import precision
 from precision._cli import _convert_engine as _cli_engine
+from precision._cli import _convert_modes as _cli_modes
+from precision._cli import _convert_stats as _cli_stats
 from precision._cli import _main as _cli
 
 N = 5003  # past XLA:CPU's vectorisation threshold, and odd
-LOW, HIGH = _cli_engine._NUMPY_ABSMAX
+LOW, HIGH = _cli_modes._NUMPY_ABSMAX
 
 
 def library(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -59,7 +61,7 @@ def test_numpy_codes_are_the_library_codes(seed, e, kind):
     x = values(seed, e, kind)
     absmax = np.float32(np.max(np.abs(x)))
     assume(LOW <= absmax <= HIGH)
-    codes = _cli_engine._int_codes(x, absmax, np.float32(127)).astype(np.int8)
+    codes = _cli_modes._int_codes(x, absmax, np.float32(127)).astype(np.int8)
     want_codes, want_scale = library(x)
     np.testing.assert_array_equal(codes, want_codes)
     assert (absmax / np.float32(127)).tobytes() == want_scale.tobytes()
@@ -77,8 +79,8 @@ ABOVE = np.nextafter(np.float32(HIGH), np.float32(np.inf))
 def test_each_absmax_gives_the_library_bytes(tmp_path, monkeypatch, absmax):
     # In the range: numpy, each block in three uneven parts on worker threads;
     # outside it (and all zeros): the compiled encode.
-    monkeypatch.setattr(_cli_engine, "_PART", 64)
-    monkeypatch.setattr(_cli_engine, "_WORKERS", 3)
+    monkeypatch.setattr(_cli_stats, "_PART", 64)
+    monkeypatch.setattr(_cli_stats, "_WORKERS", 3)
     numpy_path = []
     run = _cli_engine._Converter._int_blocks
     monkeypatch.setattr(

@@ -1,0 +1,207 @@
+"""How `precision convert` converts each planned tensor: its mode.
+
+What each tensor becomes is decided by the command (`_convert._plan`); how
+it is converted, its mode, by `_mode` here. The conversion itself
+(`_convert_engine`) never holds more than one tensor's input, and usually
+only one block of it:
+
+* **flat** — unscaled formats and per-block scaling along the last axis
+  encode each value from itself or its block alone, so the tensor's values
+  are encoded in fixed-size blocks of its flat order (the last one padded),
+  one compiled program for every tensor;
+* **two passes** — per-tensor scaling needs the absmax first: one pass reads
+  it (exact: a maximum), the second encodes each block with that absmax
+  appended as an extra value, which gives every value the scale of the
+  whole tensor, so the codes are those of the whole-tensor encode;
+* **two-level** — NVFP4's e4m3 block scales hang on the tensor's absmax:
+  one pass reads it, the second encodes each block with one more scaling
+  block holding it, which gives every block the whole tensor's float32
+  tensor scale;
+* **rows** — per-axis scaling along the first axis: blocks of whole rows;
+* **columns** — per-axis scaling along another axis: one pass for every
+  group's absmax, then row blocks encoded with one more row holding them;
+* **cast** — unscaled nearest-even conversion into a format with an
+  ml_dtypes type: a numpy cast in blocks, nothing compiled;
+* **intcast** — int8 with one float32 scale for the tensor, nearest even:
+  the absmax pass, then numpy blocks (`_numpy_int` says why the codes are
+  the library's), nothing compiled; an absmax outside `_NUMPY_ABSMAX`
+  takes the two passes above;
+* **whole** — everything else (stochastic rounding, int1's mean scales,
+  asymmetric integers' min/max scales over more than a block or a row,
+  inputs stored in a precision format): the tensor is encoded at once, its
+  statistics taken in row slices. `--dry-run` says which mode each tensor
+  takes, and why when whole.
+
+Every path gives the bytes the library's own `Format.encode` gives for the
+whole tensor (tests/precision/test_cli.py checks each).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+import dtypes
+
+from .._checkpoint._layout import Leaf, two_level
+from .._checkpoint._reader import Reader
+
+_BLOCK = 1 << 20  # values per block of a streamed conversion (4 MiB of float32)
+
+# Input containers whose float32 value is their logical value (an exact cast).
+_RAW_FLOATS = {np.dtype(t) for t in ("float32", "float16", "bfloat16")} | {
+    np.dtype(dtypes.float8_e4m3fn.container),
+    np.dtype(dtypes.float8_e5m2.container),
+}
+
+
+# --------------------------------------------------------------------------
+# the plan of one tensor, and how it is converted
+
+
+@dataclasses.dataclass
+class _Plan:
+    reader: Reader
+    leaf: Leaf  # as stored in the input
+    out: Leaf  # as written to the output
+    reason: str | None  # why it is copied unchanged, or None when converted
+    mode: str = "copy"  # copy, cast, flat, twopass, twolevel, rows, columns, whole
+    note: str = ""  # why the tensor is encoded whole
+
+
+def _raw(leaf: Leaf, foreign: bool) -> bool:
+    """Whether the stored data of `leaf`, cast to float32, is its logical value."""
+    if leaf.scale is not None or leaf.data_dtype not in _RAW_FLOATS:
+        return False
+    if leaf.kind == "array" or foreign:
+        return True
+    fmt = leaf.format
+    return isinstance(fmt, dtypes.FloatFormat) and fmt.native_dtype == leaf.data_dtype
+
+
+def _per_byte_ok(fmt: dtypes.Format, last: int) -> bool:
+    """Whether rows of `last` values pack without padding (so flat order packs the same)."""
+    return not fmt.packed or (last * fmt.code_bits) % 8 == 0
+
+
+def _castable(fmt: dtypes.Format, scaling: dtypes.Scaling | None, rounding: str) -> bool:
+    """Whether encoding is a plain numpy cast into the format's ml_dtypes type.
+
+    The library encodes unscaled nearest-even values into a format with a
+    native type as XLA's convert, which matches ml_dtypes bit for bit (the
+    tests compare every path with `Format.encode`); numpy does it without
+    compiling anything.
+    """
+    native = getattr(fmt, "native_dtype", None)
+    return (
+        scaling is None
+        and rounding == "nearest_even"
+        and native is not None
+        and not getattr(fmt, "saturate", False)
+        and np.dtype(native) == np.dtype(fmt.container)
+    )
+
+
+#: Per-tensor absmax range in which numpy gives an integer encode's codes:
+#: inside it the library's scale rule takes none of its special paths
+#: (flushed, subnormal, near-overflow or pre-divided scales; `dtypes` has
+#: them), and a product `x * (qmax / absmax)` that numpy keeps subnormal
+#: where XLA:CPU flushes it lies below 2**-19, which rounds to 0 either way.
+_NUMPY_ABSMAX = (2.0**-100, 2.0**100)
+
+
+def _numpy_int(fmt: dtypes.Format, scaling: dtypes.Scaling, rounding: str) -> bool:
+    """Whether a per-tensor integer encode may run in numpy (`_Converter._int_blocks`).
+
+    Its codes are `clip(rint(x * (qmax / absmax)), -qmax, qmax)` in float32,
+    the scale `absmax / qmax`: correctly rounded IEEE operations, the same in
+    numpy as in the library's compiled encode for an absmax in `_NUMPY_ABSMAX`
+    and nearest-even rounding (tests/precision/test_cli_numpy_int.py compares them).
+    """
+    return (
+        fmt.kind == "int"
+        and not getattr(fmt, "binary", False)
+        and np.dtype(fmt.container) == np.int8
+        and not fmt.packed
+        and not scaling.power_of_two
+        and scaling.scale_format == "float32"
+        and rounding == "nearest_even"
+    )
+
+
+def _int_codes(
+    x: np.ndarray, absmax: np.float32, qmax: np.float32, out: np.ndarray | None = None
+) -> np.ndarray:
+    """Integer codes `clip(rint(x * (qmax / absmax)), -qmax, qmax)` of float32 `x`, whose
+    tensor's absmax lies in `_NUMPY_ABSMAX`, as float32 (in `out` if given)."""
+    y: np.ndarray = np.multiply(x, qmax / absmax, out=out)  # one reciprocal, as the library's
+    np.rint(y, out=y)  # halves to even
+    np.clip(y, -qmax, qmax, out=y)
+    return y
+
+
+def _mode(plan: _Plan, rounding: str) -> tuple[str, str]:
+    """How a tensor is converted (a mode of the module docstring), and why when whole."""
+    leaf, out = plan.leaf, plan.out
+    fmt, scaling, shape = out.format, out.scaling, out.shape
+    assert fmt is not None
+    if not _raw(leaf, plan.reader.foreign):
+        return "whole", "stored encoded: decoded whole"
+    if rounding == "stochastic":
+        return "whole", "stochastic rounding"
+    if fmt.kind == "scale":
+        return "whole", "a scale format: every value is checked first"
+    if not shape:
+        return "whole", "a scalar"
+    if _castable(fmt, scaling, rounding):
+        return "cast", ""
+    if 0 in shape:
+        return "whole", "empty"
+    binary = getattr(fmt, "binary", False)
+    last = shape[-1]
+    packed_rows = "rows end inside a packed byte"
+    if scaling is None:
+        return ("flat", "") if _per_byte_ok(fmt, last) else ("whole", packed_rows)
+    if binary:
+        # int1's scale is a mean: its summation order must stay the library's
+        return "whole", "int1 mean scales"
+    # Asymmetric integers scale from each group's minimum and maximum, not its
+    # absmax: only modes where every block holds whole groups apply.
+    ranged = fmt.kind == "uint"
+    ndim = len(shape)
+    if isinstance(scaling, dtypes.PerTensor):
+        if ranged:
+            return "whole", "one min/max scale for the tensor"
+        if _numpy_int(fmt, scaling, rounding):
+            return "intcast", ""
+        return ("twopass", "") if _per_byte_ok(fmt, last) else ("whole", packed_rows)
+    if isinstance(scaling, dtypes.PerBlock) and scaling.axis % ndim == ndim - 1:
+        size = int(scaling.size)
+        if last % size == 0 and _per_byte_ok(fmt, size) and size <= _BLOCK:
+            # two-level scales hang on the whole tensor's absmax: read first,
+            # given to each block as one more group holding it
+            return ("twolevel" if two_level(scaling) else "flat"), ""
+        return "whole", "blocks do not tile the rows"
+    if two_level(scaling):
+        return "whole", "two-level scales across the tensor"
+    if isinstance(scaling, dtypes.PerAxis) and len(scaling.axes) > 1:
+        return "whole", "scales along several axes"
+    if isinstance(scaling, dtypes.PerAxis) and scaling.kept(ndim) == (0,) and ndim >= 2:
+        return "rows", ""
+    if isinstance(scaling, dtypes.PerAxis) and ndim >= 2 and not ranged:
+        return "columns", ""
+    return "whole", "groups across rows"
+
+
+#: What --dry-run says of each mode.
+_HOW = {
+    "cast": "streamed (numpy cast)",
+    "flat": "streamed in blocks",
+    "twopass": "absmax pass, then blocks",
+    "intcast": "absmax pass, then numpy blocks",
+    "twolevel": "absmax pass, then blocks",
+    "rows": "streamed by rows",
+    "columns": "group absmax pass, then rows",
+    "whole": "whole tensor",
+}
