@@ -199,6 +199,76 @@ def _convert_rtn(leaf: Any, site: _Site, fmt: dtypes.Format, scaling: dtypes.Sca
     return Tensor(leaf).to_reduced_precision(fmt, scaling=aimed)
 
 
+def _refuse_tensors(flat: list[tuple[Any, Any]]) -> None:
+    """Refuse parameters that are Tensors already: calibration starts from floats."""
+    tensors = [_path_str(p) for p, leaf in flat if isinstance(leaf, Tensor)]
+    if tensors:
+        raise CalibrationError(
+            f"calibrate: {tensors[0]} is already a Tensor; calibrate the float32 parameters "
+            "(precision.to_full_precision(params) gives them back)"
+        )
+
+
+def _sites(
+    sizes: dict[tuple[int, tuple[int, ...], tuple[int, ...]], int], paths: list[str]
+) -> dict[int, _Site]:
+    """One `_Site` per contracted weight, from the recorded (leaf, axes, stacked) uses and
+    the bytes of their statistics; a weight contracted over two sets of axes is refused."""
+    sites: dict[int, _Site] = {}
+    for (leaf, axes, stacked), size in sorted(sizes.items()):
+        site = sites.get(leaf)
+        if site is not None and (site.axes, site.stacked) != (axes, stacked):
+            raise CalibrationError(
+                f"calibrate: {paths[leaf]} is contracted over two different axes "
+                f"({site.axes} and {axes}); exclude it, or calibrate one use"
+            )
+        sites[leaf] = _Site(paths[leaf], axes, stacked, {}, size)
+    return sites
+
+
+def _picked(
+    chosen: list[int], sites: dict[int, _Site], paths: list[str], *, explicit: bool
+) -> set[int]:
+    """The selected weights that have statistics; refused when an explicit selection
+    names a weight without them, or when none is left."""
+    missing = [paths[j] for j in chosen if j not in sites]
+    if explicit and missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CalibrationError(
+            f"calibrate: {missing[0]}{more} is selected but f never contracts it with an "
+            "activation (an embedding, a norm, a bias, or a weight used inside cond/while): "
+            "nothing to calibrate it on; narrow `where` to the layers' weights"
+        )
+    picked = {j for j in chosen if j in sites}
+    if not picked:
+        raise CalibrationError(
+            "calibrate: no weight to calibrate: "
+            + (
+                "`where`/`exclude` selects none of the contracted weights "
+                f"({', '.join(sorted(s.path for s in sites.values())[:4])}...)"
+                if sites
+                else "f contracts no parameter with an activation (the batches do not reach a "
+                "dot_general with a weight of params)"
+            )
+        )
+    return picked
+
+
+def _folds(
+    method: str, found: Found, sites: dict[int, _Site], picked: set[int]
+) -> dict[int, tuple[FoldKey, list[int]]]:
+    """The foldings AWQ and SmoothQuant make (`_foldable`); none for the other methods."""
+    if method not in ("awq", "smoothquant"):
+        return {}
+    scanned = [sites[j].path for j in picked if sites[j].stacked]
+    if scanned:
+        raise CalibrationError(
+            f"calibrate: {scanned[0]} holds layers stacked under scan; {method} folds its "
+            "scales into unstacked layers only: use method='gptq', or unroll the layers"
+        )
+    return _foldable(found, picked)
+
+
 def _foldable(found: Found, picked: set[int]) -> dict[int, tuple[FoldKey, list[int]]]:
     """The foldings to make, keyed by the selected weight read first in each: every
     normalization output read only by contractions whose weights are read once."""
@@ -255,6 +325,39 @@ def _fold(
     )
 
 
+def _convert(
+    method: str,
+    leaf: Any,
+    site: _Site,
+    fmt: dtypes.Format,
+    scaling: dtypes.Scaling,
+    opts: dict[str, Any],
+    scale: np.ndarray | None,
+    grid: int,
+) -> Tensor:
+    """One weight converted by `method`, from its (folded) values and recorded statistics."""
+    if method == "gptq":
+        return _convert_gptq(leaf, site, fmt, scaling, opts)
+    if method == "awq":
+        clipped = _clip_for_awq(leaf, site, scale, fmt, scaling, grid)
+        return _convert_rtn(clipped, site, fmt, scaling)
+    return _convert_rtn(leaf, site, fmt, scaling)
+
+
+def _assemble(
+    treedef: Any, values: list[Any], work: list[Any], out: list[tuple[int, Tensor]]
+) -> Any:
+    """The returned tree: each converted weight's Tensor, every other leaf as `work`
+    holds it (a folded leaf given as numpy stays numpy; any other becomes a JAX array)."""
+    result = [
+        v if v is values[i] or isinstance(values[i], np.ndarray) else jnp.asarray(v)
+        for i, v in enumerate(work)
+    ]
+    for i, tensor in out:
+        result[i] = tensor
+    return jax.tree_util.tree_unflatten(treedef, result)
+
+
 def _rtn_values(w: np.ndarray, axis: int, fmt: dtypes.Format, scaling: dtypes.Scaling) -> Any:
     """`w` rounded to nearest as the conversion will round it (decoded values)."""
     aimed = _aimed(scaling, w.shape, (axis,), "")
@@ -275,6 +378,35 @@ def _clip_for_awq(
     group = scaling.size if isinstance(scaling, dtypes.PerBlock) else w.shape[axis]
     rtn = functools.partial(_rtn_values, fmt=fmt, scaling=scaling)
     return awq_clip(w, axis, h, max(1, min(group, w.shape[axis])), rtn, grid)
+
+
+def _format_and_scaling(
+    method: Any, format: str | dtypes.Format | None, scaling: Any
+) -> tuple[dtypes.Format, dtypes.Scaling]:
+    """The format and scaling `calibrate` writes (its defaults filled in), checked with
+    the method."""
+    smooth = method == "smoothquant"
+    fmt = resolve_format(("int8" if smooth else "int4") if format is None else format)
+    _check_method(method, fmt)
+    if scaling is None:
+        scaling = dtypes.PerAxis() if smooth else dtypes.PerBlock(128)
+    if not isinstance(scaling, dtypes.PerBlock | dtypes.PerAxis | dtypes.PerTensor):
+        raise CalibrationError(
+            f"calibrate: scaling must be dtypes.PerBlock(n), PerAxis() or PerTensor(), "
+            f"got {scaling!r}"
+        )
+    return fmt, scaling
+
+
+def _check_numbers(damp: Any, block_size: Any, grid: Any, alpha: Any) -> None:
+    """Refuse a numeric option of `calibrate` outside its range."""
+    if not (isinstance(damp, int | float) and 0 <= damp < 1e6 and np.isfinite(damp)):
+        raise CalibrationError(f"calibrate: damp must be a finite number ≥ 0, got {damp!r}")
+    for name, n in (("block_size", block_size), ("grid", grid)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise CalibrationError(f"calibrate: {name} must be a positive int, got {n!r}")
+    if not (isinstance(alpha, int | float) and 0 <= alpha <= 1):
+        raise CalibrationError(f"calibrate: alpha must be within [0, 1], got {alpha!r}")
 
 
 def _check_budget(stats_memory: Any) -> int:
@@ -379,33 +511,13 @@ def calibrate(
         >>> q["w"].format.name, str(q["w"].scaling)  # blocks of 32 inputs (axis 0 of w)
         ('int4', 'per-block 32 on axis 0')
     """
-    smooth = method == "smoothquant"
-    fmt = resolve_format(("int8" if smooth else "int4") if format is None else format)
-    _check_method(method, fmt)
-    if scaling is None:
-        scaling = dtypes.PerAxis() if smooth else dtypes.PerBlock(128)
-    if not isinstance(scaling, dtypes.PerBlock | dtypes.PerAxis | dtypes.PerTensor):
-        raise CalibrationError(
-            f"calibrate: scaling must be dtypes.PerBlock(n), PerAxis() or PerTensor(), "
-            f"got {scaling!r}"
-        )
-    if not (isinstance(damp, int | float) and 0 <= damp < 1e6 and np.isfinite(damp)):
-        raise CalibrationError(f"calibrate: damp must be a finite number ≥ 0, got {damp!r}")
-    for name, n in (("block_size", block_size), ("grid", grid)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise CalibrationError(f"calibrate: {name} must be a positive int, got {n!r}")
-    if not (isinstance(alpha, int | float) and 0 <= alpha <= 1):
-        raise CalibrationError(f"calibrate: alpha must be within [0, 1], got {alpha!r}")
+    fmt, scaling = _format_and_scaling(method, format, scaling)
+    _check_numbers(damp, block_size, grid, alpha)
     budget = _check_budget(stats_memory)
     progress = sys.stderr.isatty() if progress is None else bool(progress)
     select = _selector(where, exclude)
     flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_tensor)
-    tensors = [_path_str(p) for p, leaf in flat if isinstance(leaf, Tensor)]
-    if tensors:
-        raise CalibrationError(
-            f"calibrate: {tensors[0]} is already a Tensor; calibrate the float32 parameters "
-            "(precision.to_full_precision(params) gives them back)"
-        )
+    _refuse_tensors(flat)
     traced = [i for i, (_, leaf) in enumerate(flat) if is_floating(leaf)]
     paths = [_path_str(flat[i][0]) for i in traced]
     values = [leaf for _, leaf in flat]
@@ -421,46 +533,10 @@ def calibrate(
     found = Found()
     leaves = [values[i] for i in traced]
     sizes = survey(f, leaves, rebuild, data, found)
-    sites: dict[int, _Site] = {}
-    for (leaf, axes, stacked), size in sorted(sizes.items()):
-        site = sites.get(leaf)
-        if site is not None and (site.axes, site.stacked) != (axes, stacked):
-            raise CalibrationError(
-                f"calibrate: {paths[leaf]} is contracted over two different axes "
-                f"({site.axes} and {axes}); exclude it, or calibrate one use"
-            )
-        sites[leaf] = _Site(paths[leaf], axes, stacked, {}, size)
+    sites = _sites(sizes, paths)
     chosen = [j for j, i in enumerate(traced) if select(flat[i][0], flat[i][1])]
-    explicit = where is not None
-    missing = [paths[j] for j in chosen if j not in sites]
-    if explicit and missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CalibrationError(
-            f"calibrate: {missing[0]}{more} is selected but f never contracts it with an "
-            "activation (an embedding, a norm, a bias, or a weight used inside cond/while): "
-            "nothing to calibrate it on; narrow `where` to the layers' weights"
-        )
-    picked = {j for j in chosen if j in sites}
-    if not picked:
-        raise CalibrationError(
-            "calibrate: no weight to calibrate: "
-            + (
-                "`where`/`exclude` selects none of the contracted weights "
-                f"({', '.join(sorted(s.path for s in sites.values())[:4])}...)"
-                if sites
-                else "f contracts no parameter with an activation (the batches do not reach a "
-                "dot_general with a weight of params)"
-            )
-        )
-    folds: dict[int, tuple[FoldKey, list[int]]] = {}
-    if method in ("awq", "smoothquant"):
-        scanned = [sites[j].path for j in picked if sites[j].stacked]
-        if scanned:
-            raise CalibrationError(
-                f"calibrate: {scanned[0]} holds layers stacked under scan; {method} folds its "
-                "scales into unstacked layers only: use method='gptq', or unroll the layers"
-            )
-        folds = _foldable(found, picked)
+    picked = _picked(chosen, sites, paths, explicit=where is not None)
+    folds = _folds(method, found, sites, picked)
     order = [j for j in found.order if j in picked]
     work = list(values)  # the parameters with every folding made so far
     scaled: dict[int, np.ndarray] = {}  # AWQ's per-input scales of each folded weight
@@ -499,13 +575,9 @@ def calibrate(
         for j in chunk:
             start = time.perf_counter()
             i, site = traced[j], sites[j]
-            if method == "gptq":
-                out.append((i, _convert_gptq(work[i], site, fmt, scaling, opts)))
-            elif method == "awq":
-                clipped = _clip_for_awq(work[i], site, scaled.get(j), fmt, scaling, grid)
-                out.append((i, _convert_rtn(clipped, site, fmt, scaling)))
-            else:
-                out.append((i, _convert_rtn(work[i], site, fmt, scaling)))
+            out.append(
+                (i, _convert(method, work[i], site, fmt, scaling, opts, scaled.get(j), grid))
+            )
             site.stats = {}  # one chunk's statistics held at a time
             done += 1
             if progress:
@@ -514,10 +586,4 @@ def calibrate(
                     f"calibrate: [{done}/{len(order)}] {site.path} {method} {took:.2f} s",
                     file=sys.stderr,
                 )
-    result = [
-        v if v is values[i] or isinstance(values[i], np.ndarray) else jnp.asarray(v)
-        for i, v in enumerate(work)
-    ]
-    for i, tensor in out:
-        result[i] = tensor
-    return jax.tree_util.tree_unflatten(treedef, result)
+    return _assemble(treedef, values, work, out)
