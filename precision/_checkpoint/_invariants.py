@@ -18,6 +18,7 @@ import dtypes
 from dtypes import (
     AsymmetricIntFormat,
     CodebookFormat,
+    E8M0Format,
     FloatFormat,
     Format,
     IntFormat,
@@ -25,6 +26,7 @@ from dtypes import (
 
 from ._layout import (
     E4M3_MAX,
+    MAX_ELEMENTS,
     SCALE_DTYPES,
     Leaf,
     e8m0_offset,
@@ -367,3 +369,52 @@ def violation(leaf: Leaf, role: str, array: np.ndarray, *, whole_rows: bool = Tr
     if role == "tensor_scale":
         return tensor_scale_violation(leaf, array)
     return zero_point_violation(leaf, array)
+
+
+def encoding_problem(fmt: Format, scaling: Any, shape: tuple[int, ...]) -> str | None:
+    """Why no encoder gives `fmt` under `scaling` for `shape`, or None."""
+    if scaling is None:
+        return None
+    if isinstance(fmt, E8M0Format):
+        return "float8_e8m0fnu is a scale format: its values are never scaled"
+    scale_format = scaling.scale_format
+    if isinstance(fmt, AsymmetricIntFormat | CodebookFormat) and (
+        scaling.power_of_two or scale_format not in ("float32", "bfloat16", "float16")
+    ):
+        return (
+            f"{fmt.name} keeps exact group scales: float32, bfloat16 or float16 without "
+            f"power_of_two, not {scaling}"
+        )
+    if (
+        isinstance(fmt, IntFormat)
+        and fmt.binary
+        and scale_format
+        not in (
+            "float32",
+            "bfloat16",
+            "float16",
+        )
+    ):
+        return f"int1 scales are means of |x| and cannot be stored as {scale_format}"
+    if scale_format == "float8_e4m3fn" and not isinstance(fmt, FloatFormat):
+        return "two-level float8_e4m3fn scales (NVFP4) are for float elements"
+    if isinstance(fmt, IntFormat) and fmt.binary and scaling.power_of_two:
+        return "int1 scales are means of |x| and have no power-of-two variant"
+    if isinstance(fmt, FloatFormat) and fmt.emax >= 127:
+        return f"{fmt.name} has float32's exponent range and is never scaled"
+    size = getattr(scaling, "size", None)
+    if size is not None and shape:
+        # The decoder broadcasts scales over whole blocks before slicing:
+        # the padded shape must be as bounded as a real one.
+        axis = scaling.axis % len(shape)
+        padded = -(-shape[axis] // size) * size
+        rest = 1
+        for i, d in enumerate(shape):
+            if i != axis:
+                rest *= max(d, 1)
+        if padded * rest > MAX_ELEMENTS:
+            return (
+                f"per-block size {size} pads axis {axis} of {list(shape)} beyond the limit "
+                "of 2**48 elements"
+            )
+    return None

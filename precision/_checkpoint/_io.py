@@ -41,6 +41,7 @@ from dtypes import PrecisionTypeError
 from .._errors import CheckpointError
 from . import _compressed_tensors, _gguf
 from ._atomic_file import _TempFile, refuse_special, write_error
+from ._file_checks import available_memory
 from ._layout import (
     _DTYPE_NAMES,
     METADATA_KEY,
@@ -52,7 +53,7 @@ from ._layout import (
 )
 from ._layout import _tensors_crc as _tensors_crc  # (re-exported: tests seal documents)
 from ._leaves import _tensor_type, flatten, unflatten
-from ._reader import Reader, available_memory
+from ._reader import Reader
 from ._source import Source
 
 if TYPE_CHECKING:

@@ -14,12 +14,9 @@ with the file's path and names the entry.
 from __future__ import annotations
 
 import dataclasses
-import errno
-import json
 import math
 import os
 import re
-import stat
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -27,16 +24,16 @@ from typing import Any
 import numpy as np
 
 import dtypes
-from dtypes import AsymmetricIntFormat, CodebookFormat, E8M0Format, FloatFormat, Format, IntFormat
+from dtypes import Format
 
 from .._errors import CheckpointError
-from ._invariants import violation
+from ._file_checks import json_tokens, open_regular, parse_json, physical_memory
+from ._invariants import encoding_problem, violation
 from ._layout import (
     _DTYPE_NAMES,
     _DTYPES,
     _LOGICAL,
     MAX_ARRAYS,
-    MAX_ELEMENTS,
     MAX_JSON_TOKENS,
     MAX_PATH_DEPTH,
     METADATA_KEY,
@@ -147,74 +144,6 @@ class Entry:
         return self.end - self.begin
 
 
-def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)  # (built in C: a header of 65,536 entries parses 131,073 objects)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise CheckpointError(f"duplicate key {key!r}")
-            seen.add(key)
-    return out
-
-
-def _no_constants(token: str) -> Any:
-    raise CheckpointError(f"{token} is not allowed")
-
-
-def _parse_json(text: str) -> Any:
-    return json.loads(text, object_pairs_hook=_strict_object, parse_constant=_no_constants)
-
-
-def _json_tokens(raw: bytes | str) -> int:
-    """An upper bound on the JSON values in `raw`, without parsing it."""
-    if isinstance(raw, str):
-        return raw.count(",") + raw.count("[") + raw.count("{")
-    return raw.count(b",") + raw.count(b"[") + raw.count(b"{")
-
-
-def _physical_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        return None
-
-
-def available_memory() -> int | None:
-    """Bytes of memory the kernel says a new allocation can use (MemAvailable), else
-    the physical memory, else None."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return _physical_memory()
-
-
-def _open_regular(path: str) -> Any:
-    """`open(path, "rb")` of a regular file; anything else is refused before a read
-    could block (a FIFO waits for a writer forever) or mean nothing (a device)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(
-                errno.EISDIR, f"{path} is a directory: name its checkpoint file", path
-            )
-        if not stat.S_ISREG(mode):
-            raise CheckpointError(
-                f"{path} is not a regular file (a FIFO, device or socket): a checkpoint is a "
-                "file; copy it to one first"
-            )
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 class Reader:
     """An open, fully validated checkpoint whose tensors are read one at a time.
 
@@ -225,7 +154,7 @@ class Reader:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = os.fspath(path)
-        self._file = _open_regular(self.path)
+        self._file = open_regular(self.path)
         try:
             self._parse()
         except BaseException:
@@ -264,7 +193,7 @@ class Reader:
 
     # -- header ------------------------------------------------------------
     def _parse(self) -> None:
-        self._memory = _physical_memory()  # (asked once: 65,536 tensors may be read)
+        self._memory = physical_memory()  # (asked once: 65,536 tensors may be read)
         size = os.fstat(self._file.fileno()).st_size
         self.size = size
         if size < 8:
@@ -285,7 +214,7 @@ class Reader:
         raw = self._file.read(n)
         # Bound the work before json builds anything: a header of millions of
         # zero-size entries or deep nests is refused here, in one pass of bytes.
-        tokens = _json_tokens(raw)
+        tokens = json_tokens(raw)
         if tokens > MAX_JSON_TOKENS:
             raise self.error(
                 f"the header holds up to {tokens} JSON values, more than the limit of "
@@ -300,7 +229,7 @@ class Reader:
             text = raw.decode("utf-8")
             if not text.startswith("{"):
                 raise CheckpointError("the header does not start with '{'")
-            header = _parse_json(text)
+            header = parse_json(text)
         except (ValueError, RecursionError) as exc:
             raise self.error(
                 f"not a safetensors file: the header is not valid JSON ({exc})"
@@ -422,14 +351,14 @@ class Reader:
         return leaves
 
     def _precision_leaves(self, text: str) -> tuple[list[Leaf], dict[str, int]]:
-        tokens = _json_tokens(text)
+        tokens = json_tokens(text)
         if tokens > MAX_JSON_TOKENS:
             raise self.error(
                 f"the precision metadata holds up to {tokens} JSON values, more than the limit "
                 f"of {MAX_JSON_TOKENS}"
             )
         try:
-            doc = _parse_json(text)
+            doc = parse_json(text)
         except (ValueError, RecursionError) as exc:
             raise self.error(f"the precision metadata is not valid JSON ({exc})") from None
         if not isinstance(doc, dict) or set(doc) != {
@@ -532,7 +461,7 @@ class Reader:
             dtype = _LOGICAL[dtype_name]
             if fmt.kind != "float" and fmt.kind != "scale" and scaling is None:
                 raise bad(f"{fmt.name} codes need a scaling")
-            problem = self._encoding_problem(fmt, scaling, tuple(shape))
+            problem = encoding_problem(fmt, scaling, tuple(shape))
             if problem:
                 raise bad(problem)
             expected = Leaf.tensor(name, (), dtype, tuple(shape), fmt, scaling)
@@ -573,55 +502,6 @@ class Reader:
                     f"{list(shape)} needs {_DTYPE_NAMES[adtype]}{list(ashape)}"
                 )
         return leaf
-
-    @staticmethod
-    def _encoding_problem(fmt: Format, scaling: Any, shape: tuple[int, ...]) -> str | None:
-        """Why no encoder gives `fmt` under `scaling` for `shape`, or None."""
-        if scaling is None:
-            return None
-        if isinstance(fmt, E8M0Format):
-            return "float8_e8m0fnu is a scale format: its values are never scaled"
-        scale_format = scaling.scale_format
-        if isinstance(fmt, AsymmetricIntFormat | CodebookFormat) and (
-            scaling.power_of_two or scale_format not in ("float32", "bfloat16", "float16")
-        ):
-            return (
-                f"{fmt.name} keeps exact group scales: float32, bfloat16 or float16 without "
-                f"power_of_two, not {scaling}"
-            )
-        if (
-            isinstance(fmt, IntFormat)
-            and fmt.binary
-            and scale_format
-            not in (
-                "float32",
-                "bfloat16",
-                "float16",
-            )
-        ):
-            return f"int1 scales are means of |x| and cannot be stored as {scale_format}"
-        if scale_format == "float8_e4m3fn" and not isinstance(fmt, FloatFormat):
-            return "two-level float8_e4m3fn scales (NVFP4) are for float elements"
-        if isinstance(fmt, IntFormat) and fmt.binary and scaling.power_of_two:
-            return "int1 scales are means of |x| and have no power-of-two variant"
-        if isinstance(fmt, FloatFormat) and fmt.emax >= 127:
-            return f"{fmt.name} has float32's exponent range and is never scaled"
-        size = getattr(scaling, "size", None)
-        if size is not None and shape:
-            # The decoder broadcasts scales over whole blocks before slicing:
-            # the padded shape must be as bounded as a real one.
-            axis = scaling.axis % len(shape)
-            padded = -(-shape[axis] // size) * size
-            rest = 1
-            for i, d in enumerate(shape):
-                if i != axis:
-                    rest *= max(d, 1)
-            if padded * rest > MAX_ELEMENTS:
-                return (
-                    f"per-block size {size} pads axis {axis} of {list(shape)} beyond the limit "
-                    "of 2**48 elements"
-                )
-        return None
 
     # -- data --------------------------------------------------------------
     def check_values(self, name: str, array: np.ndarray, *, whole_rows: bool = True) -> None:
