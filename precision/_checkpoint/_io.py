@@ -49,10 +49,10 @@ from ._layout import (
     Leaf,
     Stored,
     _text_crc,
-    check_names,
 )
 from ._layout import _tensors_crc as _tensors_crc  # (re-exported: tests seal documents)
 from ._leaves import _tensor_type, flatten, unflatten
+from ._names import check_names
 from ._reader import Reader
 from ._source import Source
 

@@ -22,11 +22,9 @@ from ._layout import (
     ROLE_WORDS,
     ROLES,
     Leaf,
-    check_limits,
-    check_names,
     file_dtype,
-    path_name,
 )
+from ._names import check_limits, check_names, path_name
 
 # --------------------------------------------------------------------------
 # trees <-> leaves

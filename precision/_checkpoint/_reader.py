@@ -44,13 +44,10 @@ from ._layout import (
     Leaf,
     Stored,
     _tensors_crc,
-    check_names,
     format_from_json,
-    name_problem,
-    path_name,
     scaling_from_json,
-    shape_problem,
 )
+from ._names import check_names, name_problem, path_name, shape_problem
 
 #: Foreign float tensors load as Tensors stored in the format of their dtype.
 _DTYPE_FORMATS: dict[str, Format] = {

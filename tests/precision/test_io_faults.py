@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 import dtypes
 import precision
 from precision import CheckpointError, Tensor
-from precision._checkpoint import _invariants, _io, _layout, _leaves
+from precision._checkpoint import _invariants, _io, _layout, _leaves, _names
 from precision._checkpoint._reader import Reader
 from precision._cli import _main as _cli
 from precision._errors import SaveError
@@ -848,7 +848,7 @@ def test_the_save_side_token_bound_covers_the_real_header(tmp_path, depth):
         tree = {f"level{i}": tree, f"list{i}": [leaf]}
     path = tmp_path / "t.safetensors"
     precision.save(path, tree)
-    bound = sum(_layout._json_tokens_bound(spec) for spec, _ in _leaves.flatten(tree))
+    bound = sum(_names._json_tokens_bound(spec) for spec, _ in _leaves.flatten(tree))
     assert _header_tokens(path) <= bound
 
 
@@ -859,7 +859,7 @@ def test_save_refuses_a_tree_whose_header_would_hold_too_many_json_values():
         for i in range(10_000)
     ]
     with pytest.raises(SaveError, match=r"JSON values .* deep key paths cost the most"):
-        _layout.check_limits(leaves)
+        _names.check_limits(leaves)
 
 
 @pytest.mark.parametrize("bits", [2, 4])
