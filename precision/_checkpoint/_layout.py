@@ -563,3 +563,16 @@ def _tensors_crc(tensors: list[Any]) -> str:
 def _text_crc(text: str) -> str:
     """`_tensors_crc` of leaf descriptions whose compact JSON is `text`."""
     return f"{binascii.crc32(text.encode()):08x}"
+
+
+def looks_like_ours(meta: dict[str, str]) -> bool:
+    """Whether a header's metadata was written by `save` (even if damaged since).
+
+    A file whose metadata marker was corrupted must not load as a foreign
+    file (its packed codes would come back as plain bytes), so any trace of
+    ours counts: either key, a key that starts like them, or our document.
+    """
+    return any(
+        key.startswith("precision") or value.startswith('{"version":')
+        for key, value in meta.items()
+    )

@@ -124,3 +124,23 @@ def check_names(leaves: list[Leaf]) -> None:
                     f"{spec.name}); rename one of the keys"
                 )
             seen[name] = spec.name
+
+
+def key_path_of(path: Any) -> tuple[tuple[str, Any], ...] | None:
+    """A leaf's JSON key path as a key path, or None when it is not one (not a list of
+    at most `MAX_PATH_DEPTH` pairs `["key" or "attr", string]` / `["key" or "index", int]`)."""
+    if not isinstance(path, list) or len(path) > MAX_PATH_DEPTH:
+        return None
+    out = []
+    for p in path:
+        if not (
+            isinstance(p, list)
+            and len(p) == 2
+            and (
+                (p[0] in ("key", "attr") and isinstance(p[1], str))
+                or (p[0] in ("key", "index") and type(p[1]) is int)
+            )
+        ):
+            return None
+        out.append((p[0], p[1]))
+    return tuple(out)

@@ -18,7 +18,7 @@ import math
 import os
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -35,7 +35,6 @@ from ._layout import (
     _LOGICAL,
     MAX_ARRAYS,
     MAX_JSON_TOKENS,
-    MAX_PATH_DEPTH,
     METADATA_KEY,
     ROLE_WORDS,
     VERSION,
@@ -45,9 +44,10 @@ from ._layout import (
     Stored,
     _tensors_crc,
     format_from_json,
+    looks_like_ours,
     scaling_from_json,
 )
-from ._names import check_names, name_problem, path_name, shape_problem
+from ._names import check_names, key_path_of, name_problem, path_name, shape_problem
 
 #: Foreign float tensors load as Tensors stored in the format of their dtype.
 _DTYPE_FORMATS: dict[str, Format] = {
@@ -75,39 +75,6 @@ _LEAF_KEYS = {
 _STORED_DTYPE_NAMES = {key: dtype.name for key, dtype in _DTYPES.items()}
 #: A CRC-32 as the precision metadata writes it.
 _CRC_TEXT = re.compile(r"[0-9a-f]{8}")
-
-
-def _key_path(path: Any) -> tuple[tuple[str, Any], ...] | None:
-    """A leaf's JSON key path as a key path, or None when it is not one (not a list of
-    at most `MAX_PATH_DEPTH` pairs `["key" or "attr", string]` / `["key" or "index", int]`)."""
-    if not isinstance(path, list) or len(path) > MAX_PATH_DEPTH:
-        return None
-    out = []
-    for p in path:
-        if not (
-            isinstance(p, list)
-            and len(p) == 2
-            and (
-                (p[0] in ("key", "attr") and isinstance(p[1], str))
-                or (p[0] in ("key", "index") and type(p[1]) is int)
-            )
-        ):
-            return None
-        out.append((p[0], p[1]))
-    return tuple(out)
-
-
-def _looks_like_ours(meta: dict[str, str]) -> bool:
-    """Whether a header's metadata was written by `save` (even if damaged since).
-
-    A file whose metadata marker was corrupted must not load as a foreign
-    file (its packed codes would come back as plain bytes), so any trace of
-    ours counts: either key, a key that starts like them, or our document.
-    """
-    return any(
-        key.startswith("precision") or value.startswith('{"version":')
-        for key, value in meta.items()
-    )
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -197,16 +164,37 @@ class Reader:
             raise self.error(
                 f"not a safetensors file: {size} bytes is shorter than the 8-byte header length"
             )
+        n, header = self._header()
+        self.data_start = 8 + n
+        meta = header.pop("__metadata__", {})
+        if not isinstance(meta, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
+        ):
+            raise self.error("__metadata__ must map strings to strings")
+        self.metadata: dict[str, str] = meta
+        self.entries: dict[str, Entry] = {}
+        for name, info in header.items():
+            self.entries[name] = self._entry(name, info)
+        self._check_layout()
+        self._role: dict[str, tuple[Leaf, str]] = {}
+        self.version = VERSION  # of the precision metadata (set from the header below)
+        self.leaves: list[Leaf]
+        self.crc: dict[str, int] | None  # CRC-32 of each array; None in a foreign file
+        self.leaves, self.crc = self._leaves_of(meta)
+        self.foreign = self.crc is None
+
+    def _header(self) -> tuple[int, dict[str, Any]]:
+        """The header's length and its JSON object, its work bounded before parsing."""
         n = int.from_bytes(self._file.read(8), "little")
         if n > MAX_HEADER_BYTES:
             raise self.error(
                 f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit "
                 "(not a safetensors file, or corrupted)"
             )
-        if 8 + n > size:
+        if 8 + n > self.size:
             raise self.error(
-                f"truncated: the header claims {n} bytes but the file has only {size - 8} after "
-                "the length field"
+                f"truncated: the header claims {n} bytes but the file has only {self.size - 8} "
+                "after the length field"
             )
         raw = self._file.read(n)
         # Bound the work before json builds anything: a header of millions of
@@ -238,22 +226,12 @@ class Reader:
                 f"the header declares {len(header) - 1} tensors, more than the limit of "
                 f"{MAX_ARRAYS}"
             )
-        self.data_start = 8 + n
-        meta = header.pop("__metadata__", {})
-        if not isinstance(meta, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
-        ):
-            raise self.error("__metadata__ must map strings to strings")
-        self.metadata: dict[str, str] = meta
-        self.entries: dict[str, Entry] = {}
-        for name, info in header.items():
-            self.entries[name] = self._entry(name, info)
-        self._check_layout()
-        self._role: dict[str, tuple[Leaf, str]] = {}
-        self.version = VERSION  # of the precision metadata (set from the header below)
-        self.leaves: list[Leaf]
-        self.crc: dict[str, int] | None  # CRC-32 of each array; None in a foreign file
-        if _looks_like_ours(meta):
+        return n, header
+
+    def _leaves_of(self, meta: dict[str, str]) -> tuple[list[Leaf], dict[str, int] | None]:
+        """The leaves and CRCs the precision metadata describes (checked against the
+        entries), or each entry as a plain array and no CRCs in a file of another writer."""
+        if looks_like_ours(meta):
             marker = meta.get(VERSION_KEY)
             if marker not in [str(v) for v in VERSIONS] or METADATA_KEY not in meta:
                 if isinstance(marker, str) and marker.isdigit() and int(marker) > VERSION:
@@ -267,13 +245,12 @@ class Reader:
                     f"{', '.join(repr(str(v)) for v in VERSIONS)}), found {sorted(meta)!r:.200}"
                 )
             self.version = int(marker)
-            self.leaves, self.crc = self._precision_leaves(meta[METADATA_KEY])
-            for leaf in self.leaves:
+            leaves, crc = self._precision_leaves(meta[METADATA_KEY])
+            for leaf in leaves:
                 for (aname, _, _), role in zip(leaf.arrays(), leaf.roles(), strict=True):
                     self._role[aname] = (leaf, role)
-        else:
-            self.leaves, self.crc = self._foreign_leaves(), None
-        self.foreign = self.crc is None
+            return leaves, crc
+        return self._foreign_leaves(), None
 
     def _entry(self, name: str, info: Any) -> Entry:
         problem = name_problem(name)
@@ -420,7 +397,7 @@ class Reader:
             return self.error(f"precision metadata of {name!r}: {what}")
 
         path = item["path"]
-        key_path = _key_path(path)
+        key_path = key_path_of(path)
         if key_path is None:
             raise bad(f"bad key path {path!r:.200}")
         if path_name(key_path) != name:
@@ -451,30 +428,7 @@ class Reader:
             if dtype_name != _STORED_DTYPE_NAMES[entry.dtype_name]:
                 raise bad(f"dtype {dtype_name!r} disagrees with the stored {dtype.name}")
         elif kind == "tensor":
-            if fmt is None:
-                raise bad("a tensor needs a format")
-            if dtype_name not in _LOGICAL:
-                raise bad(f"logical dtype {dtype_name!r} is not one of {sorted(_LOGICAL)}")
-            dtype = _LOGICAL[dtype_name]
-            if fmt.kind != "float" and fmt.kind != "scale" and scaling is None:
-                raise bad(f"{fmt.name} codes need a scaling")
-            problem = encoding_problem(fmt, scaling, tuple(shape))
-            if problem:
-                raise bad(problem)
-            expected = Leaf.tensor(name, (), dtype, tuple(shape), fmt, scaling)
-            for key in ("scale", "tensor_scale", "zero_point"):
-                want = getattr(expected, key)
-                if item.get(key) != want:
-                    raise bad(
-                        f"its {ROLE_WORDS[key]} must be "
-                        + ("absent" if want is None else f"stored as {want!r}")
-                        + f" under {fmt.name} with scaling {scaling}, not {item.get(key)!r:.200}"
-                    )
-            if scaling is not None and shape:
-                try:
-                    scaling.validate(tuple(shape))
-                except ValueError as exc:
-                    raise bad(str(exc)) from None
+            dtype = self._tensor_dtype(item, fmt, scaling, tuple(shape), bad)
         else:
             raise bad(f"unknown kind {kind!r:.100}")
         leaf = Leaf(
@@ -488,6 +442,49 @@ class Reader:
             item["scale"],
             *extras,
         )
+        self._check_arrays(leaf, bad)
+        return leaf
+
+    def _tensor_dtype(
+        self,
+        item: dict[str, Any],
+        fmt: Format | None,
+        scaling: Any,
+        shape: tuple[int, ...],
+        bad: Callable[[str], CheckpointError],
+    ) -> np.dtype:
+        """The logical dtype of a tensor leaf, once its format, scaling and arrays are
+        ones an encoder writes."""
+        name, dtype_name = item["name"], item["dtype"]
+        if fmt is None:
+            raise bad("a tensor needs a format")
+        if dtype_name not in _LOGICAL:
+            raise bad(f"logical dtype {dtype_name!r} is not one of {sorted(_LOGICAL)}")
+        dtype = _LOGICAL[dtype_name]
+        if fmt.kind != "float" and fmt.kind != "scale" and scaling is None:
+            raise bad(f"{fmt.name} codes need a scaling")
+        problem = encoding_problem(fmt, scaling, shape)
+        if problem:
+            raise bad(problem)
+        expected = Leaf.tensor(name, (), dtype, shape, fmt, scaling)
+        for key in ("scale", "tensor_scale", "zero_point"):
+            want = getattr(expected, key)
+            if item.get(key) != want:
+                raise bad(
+                    f"its {ROLE_WORDS[key]} must be "
+                    + ("absent" if want is None else f"stored as {want!r}")
+                    + f" under {fmt.name} with scaling {scaling}, not {item.get(key)!r:.200}"
+                )
+        if scaling is not None and shape:
+            try:
+                scaling.validate(shape)
+            except ValueError as exc:
+                raise bad(str(exc)) from None
+        return dtype
+
+    def _check_arrays(self, leaf: Leaf, bad: Callable[[str], CheckpointError]) -> None:
+        """Refuse a leaf whose arrays are missing or stored in another dtype or shape."""
+        fmt, shape = leaf.format, leaf.shape
         for aname, adtype, ashape in leaf.arrays():
             stored = self.entries.get(aname)
             if stored is None:
@@ -498,7 +495,6 @@ class Reader:
                     f"{'its format ' + fmt.name if fmt else 'the leaf'} with logical shape "
                     f"{list(shape)} needs {_DTYPE_NAMES[adtype]}{list(ashape)}"
                 )
-        return leaf
 
     # -- data --------------------------------------------------------------
     def check_values(self, name: str, array: np.ndarray, *, whole_rows: bool = True) -> None:
