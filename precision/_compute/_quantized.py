@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, TypeGuard
 
 import jax
@@ -335,7 +336,6 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
     integer = scaling != "mx" and (fmt.kind == "int" or _native_fp8(fmt))
     if not integer:
         fall_back(eqn, ctx, _why_no_narrow_dot(fmt, scaling))
-    acc_type = np.dtype(np.int32) if fmt.kind == "int" else np.dtype(np.float32)
 
     # Operands: float values brought to the compute format, or storage used as stored.
     # Integer codes reach the dot as the encode fusion (or the storage) made them:
@@ -355,96 +355,154 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
     if stored_b is not None and ext_b is None and not same_b:
         b = decode_at_use(stored_b, a)
     a, b = prepare([(a, sa), (b, sb)], state)
-    a_dtype, b_dtype = a.dtype, b.dtype
     own_a = stored_a.enc if same_a and stored_a is not None else None
     own_b = stored_b.enc if same_b and stored_b is not None else None
-    ext: _Ext = (ext_a, ext_b, own_a, own_b)
-    last_a = own_a.shape[-1] if own_a is not None and own_a.format.packed else None
-    last_b = own_b.shape[-1] if own_b is not None and own_b.format.packed else None
+    plan = _Plan(
+        eqn,
+        params,
+        fmt,
+        scaling,
+        spec.backward,
+        integer,
+        _Side(la, moved_a, same_a, _packed_last(own_a), a.dtype),
+        _Side(lb, moved_b, same_b, _packed_last(own_b), b.dtype),
+    )
+    out = _straight_through(plan)(a, b, (ext_a, ext_b, own_a, own_b))
+    return finish(op, [out], state)
 
-    out_aval = eqn.outvars[0].aval
-    out_dtype = out_aval.dtype
-    f32_params = {**params, "preferred_element_type": np.dtype(np.float32)}
 
-    def bind_f32(x: jax.Array, y: jax.Array) -> jax.Array:
-        out: jax.Array = eqn.primitive.bind(x, y, **f32_params)
+def _packed_last(enc: dtypes.Encoded | None) -> int | None:
+    """The logical last-dim length of a packed encoding (None otherwise)."""
+    return enc.shape[-1] if enc is not None and enc.format.packed else None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Side:
+    """How one operand reaches a quantized contraction (static)."""
+
+    layout: Layout
+    moved: bool  # quantized kept dims first, contracted with moved dimension numbers
+    same: bool  # stored in the forward format itself: its encoding is used as stored
+    last: int | None  # that encoding's packed last-dim length
+    dtype: Any  # the operand's dtype, which its cotangent takes
+
+    def dims(self, contracting: Any, batch: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The operand's (contracting, batch) dims of a `dot_general` as it reaches the
+        dot: when `moved`, those of its kept dims first, then its summed dims."""
+        if not self.moved:
+            return tuple(contracting), tuple(batch)
+        k = len(self.layout.kept)
+        return tuple(range(k, k + len(self.layout.summed))), tuple(range(len(batch)))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Plan:
+    """What one quantized contraction computes, decided while tracing its equation:
+    the contraction (`eqn` with `params`), the formats, and how each operand is taken.
+
+    `integer`: the narrow codes themselves go to the dot (tensorwise or rowwise scales,
+    an integer or native fp8 format); otherwise both operands are dequantized and
+    contract in float32.
+    """
+
+    eqn: Any
+    params: dict[str, Any]
+    fmt: dtypes.Format
+    scaling: str
+    backward: dtypes.Format | None
+    integer: bool
+    a: _Side
+    b: _Side
+
+    def bind_f32(self, x: jax.Array, y: jax.Array) -> jax.Array:
+        """The contraction of float operands, accumulated in float32."""
+        f32_params = {**self.params, "preferred_element_type": np.dtype(np.float32)}
+        out: jax.Array = self.eqn.primitive.bind(x, y, **f32_params)
         return out
 
-    def operands(a: jax.Array, b: jax.Array, ext: _Ext) -> tuple[Any, Any]:
+    def operands(self, a: jax.Array, b: jax.Array, ext: _Ext) -> tuple[Any, Any]:
         """Residuals: the narrow operands (codes and scales), never float copies."""
+        fmt, scaling = self.fmt, self.scaling
         ea, eb, sta, stb = ext
         qa: Any  # (codes, kept-dim scale) for an integer format, else an encoding
         qb: Any
-        if integer:
-            qa = ea if ea is not None else _int_rows(a, la, fmt, scaling, moved_a)
-            qb = eb if eb is not None else _int_rows(b, lb, fmt, scaling, moved_b)
+        if self.integer:
+            qa = ea if ea is not None else _int_rows(a, self.a.layout, fmt, scaling, self.a.moved)
+            qb = eb if eb is not None else _int_rows(b, self.b.layout, fmt, scaling, self.b.moved)
             return qa, qb
-        qa = sta if same_a else quantize(a, la, fmt, scaling)
-        qb = stb if same_b else quantize(b, lb, fmt, scaling)
+        qa = sta if self.a.same else quantize(a, self.a.layout, fmt, scaling)
+        qb = stb if self.b.same else quantize(b, self.b.layout, fmt, scaling)
         return qa, qb
 
-    def values(q: Any, layout: Layout, same: bool, last: int | None, moved: bool) -> jax.Array:
+    def values(self, q: Any, side: _Side) -> jax.Array:
         """Float32 values of a quantized operand (what the backward pass contracts with)."""
-        if integer:
+        layout = side.layout
+        if self.integer:
             int_codes: jax.Array
             row_scale: jax.Array
             int_codes, row_scale = q
-            if not moved:
+            if not side.moved:
                 return int_codes.astype(jnp.float32) * layout.spread(row_scale)
             rows = row_scale.reshape(row_scale.shape + (1,) * len(layout.summed))
             return layout.unmoved(int_codes.astype(jnp.float32) * rows)
-        if same:
-            return decode_storage(q.format, q.data, q.scale, q.scaling, last, np.float32)
-        return dequantize(q, layout, scaling)
+        if side.same:
+            return decode_storage(q.format, q.data, q.scale, q.scaling, side.last, np.float32)
+        return dequantize(q, layout, self.scaling)
 
-    def forward(qa: Any, qb: Any) -> jax.Array:
-        if integer:
+    def forward(self, qa: Any, qb: Any) -> jax.Array:
+        """The contraction of the quantized operands, in the equation's output dtype."""
+        eqn, params = self.eqn, self.params
+        out_dtype = eqn.outvars[0].aval.dtype
+        if self.integer:
+            acc_type = np.dtype(np.int32) if self.fmt.kind == "int" else np.dtype(np.float32)
             (ca, ka), (cb, kb) = qa, qb
             iparams = {**params, "preferred_element_type": acc_type}
-            if op == "dot_general":
+            if eqn.primitive.name == "dot_general":
                 (lc, rc), (lbatch, rbatch) = params["dimension_numbers"]
-                (lc, lbatch), (rc, rbatch) = (
-                    _moved_dims(la, len(lbatch)) if moved_a else (tuple(lc), tuple(lbatch)),
-                    _moved_dims(lb, len(rbatch)) if moved_b else (tuple(rc), tuple(rbatch)),
-                )
+                (lc, lbatch), (rc, rbatch) = self.a.dims(lc, lbatch), self.b.dims(rc, rbatch)
                 iparams["dimension_numbers"] = ((lc, rc), (lbatch, rbatch))
                 ca, cb = dot_operands(ca, cb, iparams["dimension_numbers"])
             acc: jax.Array = eqn.primitive.bind(ca, cb, **iparams)
-            oa, ob = _out_scale(eqn, acc.ndim, ka, kb, la, lb)
+            oa, ob = _out_scale(eqn, acc.ndim, ka, kb, self.a.layout, self.b.layout)
             return ((acc.astype(jnp.float32) * oa) * ob).astype(out_dtype)
-        va = values(qa, la, same_a, last_a, moved_a)
-        vb = values(qb, lb, same_b, last_b, moved_b)
-        return bind_f32(va, vb).astype(out_dtype)
+        va, vb = self.values(qa, self.a), self.values(qb, self.b)
+        return self.bind_f32(va, vb).astype(out_dtype)
+
+    def backward_grads(self, qa: Any, qb: Any, g: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Cotangents of both operands: `g` (quantized to `backward` when declared)
+        contracted with the dequantized forward operands in float32."""
+        g = g.astype(jnp.float32)
+        if self.backward is not None:
+            gl = _grad_layout(self.eqn, g.shape)
+            g = dequantize(quantize(g, gl, self.backward, self.scaling), gl, self.scaling)
+        va = self.values(qa, self.a)
+        vb = self.values(qb, self.b)
+        _, vjp = jax.vjp(self.bind_f32, va, vb)
+        da, db = vjp(g)
+        return da.astype(self.a.dtype), db.astype(self.b.dtype)
+
+
+def _straight_through(plan: _Plan) -> Callable[[jax.Array, jax.Array, _Ext], jax.Array]:
+    """`plan`'s contraction of (a, b, what is used as stored), straight-through the
+    quantization for gradients; its residuals are the narrow operands."""
 
     @jax.custom_vjp
     def contract(a: jax.Array, b: jax.Array, ext: _Ext) -> jax.Array:
-        return forward(*operands(a, b, ext))
+        return plan.forward(*plan.operands(a, b, ext))
 
     def contract_fwd(
         a: jax.Array, b: jax.Array, ext: _Ext
     ) -> tuple[jax.Array, tuple[Any, Any, _Ext]]:
-        qa, qb = operands(a, b, ext)
-        return forward(qa, qb), (qa, qb, ext)
+        qa, qb = plan.operands(a, b, ext)
+        return plan.forward(qa, qb), (qa, qb, ext)
 
     def contract_bwd(res: tuple[Any, Any, _Ext], g: jax.Array) -> tuple[jax.Array, jax.Array, Any]:
         qa, qb, ext = res
-        g = g.astype(jnp.float32)
-        if spec.backward is not None:
-            gl = _grad_layout(eqn, g.shape)
-            g = dequantize(quantize(g, gl, spec.backward, scaling), gl, scaling)
-        va = values(qa, la, same_a, last_a, moved_a)
-        vb = values(qb, lb, same_b, last_b, moved_b)
-        _, vjp = jax.vjp(bind_f32, va, vb)
-        da, db = vjp(g)
-        return (
-            da.astype(a_dtype),
-            db.astype(b_dtype),
-            jax.tree_util.tree_map(_zero_cotangent, ext),
-        )
+        da, db = plan.backward_grads(qa, qb, g)
+        return da, db, jax.tree_util.tree_map(_zero_cotangent, ext)
 
     contract.defvjp(contract_fwd, contract_bwd)
-    out = contract(a, b, ext)
-    return finish(op, [out], state)
+    return contract
 
 
 def _why_no_narrow_dot(fmt: dtypes.Format, scaling: str) -> str:
@@ -463,12 +521,6 @@ def _native_fp8(fmt: dtypes.Format) -> bool:
     """An 8-bit float format whose container XLA contracts natively (f8e4m3fn, f8e5m2)."""
     native = fmt.native_dtype if isinstance(fmt, dtypes.FloatFormat) else None
     return native is not None and native in (np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2))
-
-
-def _moved_dims(layout: Layout, n_batch: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(contracting, batch) dims of a `dot_general` operand laid out kept dims first."""
-    k = len(layout.kept)
-    return tuple(range(k, k + len(layout.summed))), tuple(range(n_batch))
 
 
 def _int_rows(
