@@ -12,6 +12,9 @@ what the parameters and activations are stored and computed in:
 - pure modes store the parameters themselves in bfloat16 and apply each SGD
   update with `precision.apply_updates`, rounding to nearest or
   stochastically.
+
+The images (scikit-learn's digits, or an MNIST-layout `.npz`) come from
+`_demo_data`.
 """
 
 from __future__ import annotations
@@ -40,94 +43,11 @@ from .._loss_scale import DynamicLossScale, NoOpLossScale, all_finite, select_tr
 from .._tensor import Tensor, logical_values
 from .._tree import to_full_precision, to_reduced_precision, tree_nbytes
 from .._updates import apply_updates
+from ._demo_data import Dataset, load_data
 
 __all__ = ["MODES", "Dataset", "Mode", "Row", "load_data", "main", "train"]
 
 Params = dict[str, dict[str, jax.Array]]
-
-
-# -- data --------------------------------------------------------------------
-
-
-class Dataset(NamedTuple):
-    """Images as float32 in [0, 1], shaped (N, H, W, 1); labels as int32."""
-
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    name: str
-
-
-_NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
-
-
-def load_data(path: str | None = None, *, split_seed: int = 0) -> Dataset:
-    """The handwritten digits shipped with scikit-learn, or an MNIST-layout `.npz`.
-
-    Digits: 1797 8x8 images with pixel values 0..16, split 80/20 (1437 train,
-    360 test) by a permutation drawn from `split_seed`, scaled to [0, 1].
-
-    `.npz`: arrays `x_train`, `y_train`, `x_test`, `y_test` as in the
-    MNIST/Fashion-MNIST files: images (N, H, W) uint8 (0..255), labels (N,)
-    integers in 0..9.
-
-    Raises:
-        ValueError: the file lacks a key, or an array has the wrong shape or
-            dtype; the message names the key, what it holds and what is needed.
-    """
-    if path is None:
-        from sklearn.datasets import load_digits
-
-        digits = load_digits()
-        x = (digits.images / 16.0).astype(np.float32)[..., None]
-        y = digits.target.astype(np.int32)
-        order = np.random.default_rng(split_seed).permutation(len(x))
-        n_train = int(0.8 * len(x))
-        tr, te = order[:n_train], order[n_train:]
-        return Dataset(x[tr], y[tr], x[te], y[te], "digits (scikit-learn, 8x8)")
-    with np.load(path) as f:
-        missing = [k for k in _NPZ_KEYS if k not in f.files]
-        if missing:
-            raise ValueError(
-                f"{path}: missing array(s) {', '.join(missing)}; an MNIST-layout .npz holds "
-                f"{', '.join(_NPZ_KEYS)} (found: {', '.join(f.files) or 'nothing'})"
-            )
-        arrays = {k: f[k] for k in _NPZ_KEYS}
-    for split in ("train", "test"):
-        xs, ys = arrays[f"x_{split}"], arrays[f"y_{split}"]
-        if xs.ndim != 3 or xs.shape[0] == 0:
-            raise ValueError(
-                f"{path}: x_{split} has shape {xs.shape}; expected (N, height, width) images"
-            )
-        if xs.dtype != np.uint8:
-            raise ValueError(
-                f"{path}: x_{split} has dtype {xs.dtype}; expected uint8 pixels in 0..255"
-            )
-        if ys.shape != (xs.shape[0],):
-            raise ValueError(
-                f"{path}: y_{split} has shape {ys.shape}; expected ({xs.shape[0]},), one label "
-                f"per image of x_{split}"
-            )
-        if ys.dtype.kind not in "iu" or ys.min() < 0 or ys.max() > 9:
-            raise ValueError(f"{path}: y_{split} must hold integer labels 0..9")
-    if arrays["x_train"].shape[1:] != arrays["x_test"].shape[1:]:
-        raise ValueError(
-            f"{path}: train images are {arrays['x_train'].shape[1:]} but test images are "
-            f"{arrays['x_test'].shape[1:]}; they must match"
-        )
-
-    def images(a: np.ndarray) -> np.ndarray:
-        return (a.astype(np.float32) / 255.0)[..., None]
-
-    h, w = arrays["x_train"].shape[1:]
-    return Dataset(
-        images(arrays["x_train"]),
-        arrays["y_train"].astype(np.int32),
-        images(arrays["x_test"]),
-        arrays["y_test"].astype(np.int32),
-        f"{os.path.basename(path)} ({h}x{w})",
-    )
 
 
 # -- model -------------------------------------------------------------------
@@ -358,6 +278,59 @@ def _l1(tree: Any) -> jax.Array | int:  # 0 for an empty tree
     return sum(jnp.sum(jnp.abs(x.astype(jnp.float32))) for x in leaves)
 
 
+def _sgd_step(
+    mode: Mode, forward: Callable[[Params, jax.Array], jax.Array], lr: float
+) -> Callable[..., tuple[tuple[Any, ...], jax.Array]]:
+    """One SGD step of `mode` on the batch `idx` picks: gradients of the float32 view of
+    the stored parameters, unscaled, applied in the stored format (not at all when
+    they are not finite), with running totals of the changes made and intended.
+
+    The step maps (carry, images, labels, idx) to (carry, loss), the carry being
+    (stored parameters, loss scale, rounding key, change made, change intended).
+    """
+
+    def loss_fn(p: Any, x: jax.Array, y: jax.Array, ls: Any) -> tuple[jax.Array, jax.Array]:
+        loss = cross_entropy(forward(p, x), y)
+        return ls.scale(loss), loss
+
+    def step(
+        carry: tuple[Any, ...], images: jax.Array, labels: jax.Array, idx: jax.Array
+    ) -> tuple[tuple[Any, ...], jax.Array]:
+        stored, ls, k, moved, intended = carry
+        x, y = images[idx], labels[idx]
+        # Differentiate with respect to the float32 view of what is stored.
+        grads, loss = jax.grad(loss_fn, has_aux=True)(to_full_precision(stored), x, y, ls)
+        grads = ls.unscale(grads)
+        finite = all_finite(grads)
+        update = jax.tree_util.tree_map(lambda g: -lr * g, grads)
+        k, sub = jax.random.split(k)
+        key = sub if mode.rounding == "stochastic" else None
+        new = apply_updates(stored, update, rounding=mode.rounding, key=key)
+        new = select_tree(finite, new, stored)
+        change = jax.tree_util.tree_map(
+            jnp.subtract, to_full_precision(new), to_full_precision(stored)
+        )
+        moved = moved + _l1(change)
+        intended = intended + jnp.where(finite, _l1(update), 0.0)
+        return (new, ls.adjust(finite), k, moved, intended), loss
+
+    return step
+
+
+def _progress_bar(mode: Mode, total: int, progress: bool) -> Any:
+    """The progress bar of one mode's training: `total` steps, on stderr."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        desc=f"{mode.name:>20}",
+        unit="step",
+        file=sys.stderr,
+        disable=None if progress else True,  # None: drawn only when stderr is a terminal
+        leave=False,
+    )
+
+
 def train(
     mode: Mode,
     data: Dataset,
@@ -403,31 +376,7 @@ def train(
     if steps is not None:
         per_epoch = max(1, min(per_epoch, steps))
 
-    def loss_fn(p: Any, x: jax.Array, y: jax.Array, ls: Any) -> tuple[jax.Array, jax.Array]:
-        loss = cross_entropy(forward(p, x), y)
-        return ls.scale(loss), loss
-
-    def step(
-        carry: tuple[Any, ...], images: jax.Array, labels: jax.Array, idx: jax.Array
-    ) -> tuple[tuple[Any, ...], jax.Array]:
-        stored, ls, k, moved, intended = carry
-        x, y = images[idx], labels[idx]
-        # Differentiate with respect to the float32 view of what is stored.
-        grads, loss = jax.grad(loss_fn, has_aux=True)(to_full_precision(stored), x, y, ls)
-        grads = ls.unscale(grads)
-        finite = all_finite(grads)
-        update = jax.tree_util.tree_map(lambda g: -lr * g, grads)
-        k, sub = jax.random.split(k)
-        key = sub if mode.rounding == "stochastic" else None
-        new = apply_updates(stored, update, rounding=mode.rounding, key=key)
-        new = select_tree(finite, new, stored)
-        change = jax.tree_util.tree_map(
-            jnp.subtract, to_full_precision(new), to_full_precision(stored)
-        )
-        moved = moved + _l1(change)
-        intended = intended + jnp.where(finite, _l1(update), 0.0)
-        return (new, ls.adjust(finite), k, moved, intended), loss
-
+    step = _sgd_step(mode, forward, lr)
     carry = (params, loss_scale, round_key, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
     # A Python loop over a jitted step, not lax.scan: XLA:CPU runs convolutions
     # inside a while loop an order of magnitude slower than at top level.
@@ -439,16 +388,7 @@ def train(
         .compile()
     )
 
-    from tqdm import tqdm
-
-    bar = tqdm(
-        total=epochs * per_epoch,
-        desc=f"{mode.name:>20}",
-        unit="step",
-        file=sys.stderr,
-        disable=None if progress else True,  # None: drawn only when stderr is a terminal
-        leave=False,
-    )
+    bar = _progress_bar(mode, epochs * per_epoch, progress)
     elapsed = 0.0
     loss = first_loss = float("nan")
     with bar:
