@@ -14,7 +14,8 @@ with `"quant_method": "compressed-tensors"`. Each quantized weight `M.weight` (a
 
 A value is its code times the scale of its group. The groups (`strategy`): `tensor`,
 one scale of shape (1,); `channel`, one per row, (rows, 1); `group`, `group_size`
-consecutive values of a row, (rows, cols / group_size). Scales are F32, BF16 or F16.
+consecutive values of a row, (rows, ceil(cols / group_size)): a shorter last group
+has its own scale. Scales are F32, BF16 or F16.
 
 These coincide with this library's symmetric encodings (`IntFormat` with `PerTensor`,
 `PerAxis(0)` or `PerBlock(g)`, scales in float32, bfloat16 or float16; float8_e4m3fn
@@ -341,7 +342,9 @@ def _scaling(weights: dict[str, Any], scale: np.ndarray, shape: tuple[int, ...])
     if strategy == "channel" and scale.shape == (shape[0], 1):
         return PerAxis(0, scale_format=scale_format)
     if strategy == "group" and isinstance(group, int) and group > 0:
-        if shape[1] % group == 0 and scale.shape == (shape[0], shape[1] // group):
+        # a last group shorter than the others has its own scale (the layout's groups
+        # are ceil(cols / group_size), as this library's padded blocks)
+        if scale.shape == (shape[0], -(-shape[1] // group)):
             return PerBlock(group, scale_format=scale_format)
     raise CheckpointError(
         f"strategy {strategy!r} (group_size {group}) with scales of shape "

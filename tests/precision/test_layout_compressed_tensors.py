@@ -48,9 +48,10 @@ def _groups(scale: np.ndarray, weights: dict, shape: tuple[int, int]) -> np.ndar
     if strategy == "channel":
         assert scale.shape == (shape[0], 1)
         return np.broadcast_to(scale, shape)
-    assert strategy == "group"
-    assert scale.shape == (shape[0], shape[1] // weights["group_size"])
-    return np.repeat(scale, weights["group_size"], axis=1)
+    assert strategy == "group"  # ceil(cols / group_size) groups: the last may be shorter
+    size = weights["group_size"]
+    assert scale.shape == (shape[0], -(-shape[1] // size))
+    return np.repeat(scale, size, axis=1)[:, : shape[1]]
 
 
 def decode(root) -> dict[str, np.ndarray]:
@@ -202,6 +203,7 @@ PADDED = [  # 102 values a row: the last word of each row is padded
     ["--to", "int2", "--scaling", "per-tensor"],
     ["--to", "int4", "--scaling", "per-axis:0"],
     ["--to", "int8", "--scaling", "per-axis:0:fp16"],
+    ["--to", "int4", "--scaling", "per-block:64:bf16"],  # a last group of 38 values
 ]
 
 
