@@ -254,6 +254,7 @@ def public_names() -> dict[str, list[str]]:
 
 
 DIRECTIVE = re.compile(r"^::: ([\w.]+)\s*$", flags=re.MULTILINE)
+OPTIONS = re.compile(r"(?:[ \t]+\S.*\n?)*")  # the indented lines under a directive
 
 
 def api_pages(config) -> list[tuple[str, str]]:
@@ -272,10 +273,15 @@ def api_pages(config) -> list[tuple[str, str]]:
 
 
 def documented(source: str) -> list[str]:
-    """The qualified names a page's `::: name` directives document (a module: its `__all__`)."""
+    """The qualified names a page's `::: name` directives document (a module: its `__all__`,
+    unless its options say `members: false`: then only its docstring, which has no entry)."""
     names = []
-    for target in DIRECTIVE.findall(source):
+    for match in DIRECTIVE.finditer(source):
+        target = match.group(1)
         if target in PUBLIC_MODULES:
+            options = OPTIONS.match(source, match.end() + 1)
+            if options and re.search(r"^\s+members:\s*false\s*$", options.group(0), re.M):
+                continue
             names += [f"{target}.{n}" for n in importlib.import_module(target).__all__]
         else:
             names.append(target)
