@@ -229,8 +229,10 @@ def write_error(path: str, exc: OSError) -> OSError:
     Raised by `write` itself, such an error names no file: a full disk, a quota,
     a size limit. Nothing has been left behind when it is raised.
     """
-    fix = _WRITE_FIXES.get(exc.errno or 0, exc.strerror or "")
-    return type(exc)(exc.errno, f"cannot write {path}: {fix} (nothing was written)")
+    fix = _WRITE_FIXES.get(exc.errno or 0, "")
+    said = "; ".join(w for w in (exc.strerror, "nothing was written") if w)
+    text = f"{fix} ({said})" if fix else said
+    return type(exc)(exc.errno, f"cannot write {path}: {text}")
 
 
 def _exists_error(path: str) -> FileExistsError:

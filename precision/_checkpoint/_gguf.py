@@ -38,7 +38,7 @@ import dtypes
 from dtypes import FloatFormat, Format, IntFormat, PerBlock, Scaling
 
 from .._errors import CheckpointError
-from ._atomic_file import _TempFile
+from ._atomic_file import _TempFile, write_error
 from ._foreign import checked, stored, tensor_leaf
 from ._layout import Leaf, Stored
 
@@ -194,7 +194,7 @@ def write_file(
     except OSError as exc:
         temp.discard()
         if exc.filename is None and exc.errno is not None:  # a full disk, a size limit
-            raise type(exc)(exc.errno, f"cannot write {path}: {exc.strerror}", path) from None
+            raise write_error(path, exc) from None
         raise
     except BaseException:
         temp.discard()

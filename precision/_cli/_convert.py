@@ -32,13 +32,7 @@ from ._convert_engine import _Blocks as _Blocks
 from ._convert_engine import _Converter, _Engine
 from ._convert_modes import _HOW, _mode, _Plan
 from ._convert_stats import _widened as _widened
-from ._files import (
-    DEFAULT_SHARD_BYTES,
-    leaf_nbytes,
-    plan_shards,
-    shard_names,
-    write_index,
-)
+from ._files import DEFAULT_SHARD_BYTES, leaf_nbytes, write_shards
 from ._interrupts import deferred_interrupts, import_jax
 from ._layouts import check as _check_layout
 from ._layouts import copy_files, report_copied, write_layout
@@ -285,40 +279,20 @@ def _write_shards(
     args: argparse.Namespace,
     metadata: dict[str, str],
 ) -> int:
-    limit = args.max_shard_size or DEFAULT_SHARD_BYTES
-    groups = plan_shards([p.out for p in plans], limit)
-    names = shard_names(source.prefix, len(groups))
     files = source.files()
     file_mode = _source_mode(files[0]) if files else None
     dir_mode = _source_mode(source.path) if os.path.isdir(source.path) else None
     temp = TempDirectory(dst, overwrite=args.overwrite, mode=dir_mode)
     try:
-        weight_map: dict[str, str] = {}
-        total = 0
-        produced = converter.arrays(plans)
-        size = 0
-        for name, group in zip(names, groups, strict=True):
-            leaves = [plans[i].out for i in group]
-            count = sum(len(leaf.arrays()) for leaf in leaves)
-            pieces = (next(produced) for _ in range(count))
-            size += write(
-                os.path.join(temp.name, name),
-                leaves,
-                pieces,
-                overwrite=False,
-                metadata=metadata,
-                mode=file_mode,
-            )
-            for leaf in leaves:
-                for array, _, _ in leaf.arrays():
-                    weight_map[array] = name
-                total += leaf_nbytes(leaf)
-        index_meta = {k: v for k, v in source.index_metadata.items() if k != "total_size"}
-        write_index(
-            os.path.join(temp.name, f"{source.prefix}.safetensors.index.json"),
-            weight_map,
-            total,
-            index_meta,
+        size = write_shards(
+            temp.name,
+            source.prefix,
+            [p.out for p in plans],
+            converter.arrays(plans),
+            args.max_shard_size or DEFAULT_SHARD_BYTES,
+            metadata=metadata,
+            index_metadata={k: v for k, v in source.index_metadata.items() if k != "total_size"},
+            mode=file_mode,
         )
         found = copy_files(source, temp.name)  # config.json, the tokenizer, ...
         temp.commit()

@@ -2,8 +2,8 @@
 
 A sharded checkpoint is what model hubs publish: `model-00001-of-00003.safetensors`
 ... plus `model.safetensors.index.json`, whose `weight_map` names the shard
-of every tensor. `plan_shards` cuts an output into shards under a size limit
-and `write_index` writes the index; reading either kind is `Source`
+of every tensor. `plan_shards` cuts an output into shards under a size limit,
+`write_index` writes the index and `write_shards` both; reading either kind is `Source`
 (`precision/_checkpoint/_source.py`), the commit `TempDirectory`.
 """
 
@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
+from .._checkpoint._io import write
 from .._checkpoint._layout import Leaf
+from .._checkpoint._source import INDEX_SUFFIX
 
 DEFAULT_SHARD_BYTES = 5 * 10**9  # the shard size model hubs use by default
 
@@ -64,3 +67,44 @@ def write_index(
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def write_shards(
+    directory: str,
+    prefix: str,
+    leaves: list[Leaf],
+    arrays: Iterator[Any],
+    limit: int,
+    *,
+    metadata: dict[str, str],
+    index_metadata: dict[str, Any],
+    mode: int | None = None,
+    plain: bool = False,
+) -> int:
+    """Write `leaves` into `directory` as shards of at most `limit` bytes each, and their
+    index; `arrays` yields every leaf's arrays in order. The bytes of the shards."""
+    groups = plan_shards(leaves, limit)
+    names = shard_names(prefix, len(groups))
+    weight_map: dict[str, str] = {}
+    size = total = 0
+    for name, group in zip(names, groups, strict=True):
+        members = [leaves[i] for i in group]
+        count = sum(len(leaf.arrays()) for leaf in members)
+        pieces = (next(arrays) for _ in range(count))
+        size += write(
+            os.path.join(directory, name),
+            members,
+            pieces,
+            overwrite=False,
+            metadata=metadata,
+            mode=mode,
+            plain=plain,
+        )
+        for leaf in members:
+            for array, _, _ in leaf.arrays():
+                weight_map[array] = name
+            total += leaf_nbytes(leaf)
+    write_index(
+        os.path.join(directory, f"{prefix}{INDEX_SUFFIX}"), weight_map, total, index_metadata
+    )
+    return size

@@ -27,13 +27,12 @@ import numpy as np
 
 from .._checkpoint import _compressed_tensors as ct
 from .._checkpoint import _gguf
-from .._checkpoint._io import write
 from .._checkpoint._layout import Leaf
 from .._checkpoint._source import INDEX_SUFFIX, Source
 from .._errors import LayoutError
 from ._convert_engine import _Converter
 from ._convert_modes import _Plan
-from ._files import DEFAULT_SHARD_BYTES, leaf_nbytes, plan_shards, shard_names, write_index
+from ._files import DEFAULT_SHARD_BYTES, write_shards
 from ._interrupts import check_interrupt, deferred_interrupts
 from ._output import PROG, _DataError, _MissingDependency, _UsageError
 from ._temp_directory import TempDirectory
@@ -278,30 +277,18 @@ def _write_compressed_tensors(
         if p.reason is not None and p.leaf.name.endswith(".weight") and len(p.leaf.shape) == 2
     ]
     config = {"quantization_config": ct.quantization_config(list(modules.values()), kept)}
-    groups = plan_shards(leaves, args.max_shard_size or DEFAULT_SHARD_BYTES)
-    names = shard_names(source.prefix, len(groups))
     meta = {**metadata, "format": "pt"}  # what transformers asks of a safetensors file
     temp = TempDirectory(dst, overwrite=args.overwrite)
     try:
-        produced = _ct_stream(plans, modules, converter)
-        weight_map: dict[str, str] = {}
-        size = total = 0
-        for name, group in zip(names, groups, strict=True):
-            members = [leaves[i] for i in group]
-            pieces = (next(produced) for _ in members)
-            size += write(
-                os.path.join(temp.name, name),
-                members,
-                pieces,
-                overwrite=False,
-                metadata=meta,
-                plain=True,
-            )
-            for leaf in members:
-                weight_map[leaf.name] = name
-                total += leaf_nbytes(leaf)
-        write_index(
-            os.path.join(temp.name, f"{source.prefix}{INDEX_SUFFIX}"), weight_map, total, {}
+        size = write_shards(
+            temp.name,
+            source.prefix,
+            leaves,
+            _ct_stream(plans, modules, converter),
+            args.max_shard_size or DEFAULT_SHARD_BYTES,
+            metadata=meta,
+            index_metadata={},
+            plain=True,
         )
         found = copy_files(source, temp.name, config)
         temp.commit()
