@@ -226,9 +226,9 @@ def _check_pair(
     refused = _refusal(fmt, scaling)
     if refused is not None:
         spelled = text or cli_text(scaling)
-        where = f"--scaling {spelled}" if text else f"the default scaling ({spelled})"
+        where = f"--scaling {text}" if text else f"the default scaling ({spelled or scaling})"
         fix = ""
-        if spelled is not None and _SCALING_TEXT.fullmatch(spelled):
+        if spelled is not None:  # typed, or spelled by cli_text: the --scaling grammar
             fix = _working_scaling(fmt, _ScalingText.parse(spelled), scaling.scale_format)
         raise _UsageError(f"--to {fmt.name} with {where}: {_in_cli_words(refused, bool(fix))}{fix}")
     if fmt.kind not in ("float", "int"):
@@ -243,13 +243,6 @@ def _check_pair(
             raise _UsageError(
                 f"--to {fmt.name} with --rounding {rounding}: {_in_cli_words(exc, False)}"
             ) from None
-
-
-# a scaling as the command line spells it (the grammar _main checks, kept
-# here for the texts this module writes itself)
-_SCALING_TEXT = re.compile(
-    r"none|(per-tensor|per-axis:-?\d{1,3}|per-block:\d{1,9})(:pow2)?(:[a-z][a-z0-9_]{0,31})?"
-)
 
 
 def cli_text(scaling: dtypes.Scaling | None) -> str | None:
