@@ -94,6 +94,12 @@ class Encoded:
         return scaling.refit(shape, groups)
 
     @property
+    def packed_last(self) -> int | None:
+        """The logical length of the last axis of packed codes (None when not packed,
+        or for a packed scalar): `data` holds it rounded up to whole bytes."""
+        return self._last
+
+    @property
     def packed(self) -> bool:
         """Whether `data` holds several codes per byte."""
         return self.format.packed

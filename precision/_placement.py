@@ -13,6 +13,8 @@ from typing import Any
 import jax
 import numpy as np
 
+import dtypes
+
 from ._errors import DeviceMismatchError
 from ._jax_compat import is_tracer
 from ._storage import replicated, scale_sharding
@@ -36,7 +38,7 @@ def check_devices(leaves: Any) -> None:
     for leaf in leaves:
         if not isinstance(leaf, Tensor):
             continue
-        data = leaf._data
+        data = leaf.encoded.data
         if is_tracer(data) or not isinstance(data, jax.Array):
             continue
         sharding = data.sharding
@@ -66,7 +68,7 @@ def _storage_sharding(t: Tensor, target: Any, where: str) -> tuple[Any, Any]:
     if t.format.packed and t.ndim and spec[-1] is not None:
         names = spec[-1] if isinstance(spec[-1], tuple) else (spec[-1],)
         n = int(np.prod([target.mesh.shape[a] for a in names]))
-        packed = t._data.shape[-1]
+        packed = t.encoded.data.shape[-1]
         if packed % n:
             raise DeviceMismatchError(
                 f"{where}: the last axis of this {t.format.name} Tensor of shape {t.shape} is "
@@ -74,9 +76,10 @@ def _storage_sharding(t: Tensor, target: Any, where: str) -> tuple[Any, Any]:
                 f"length {t.shape[-1]}); shard another axis, or pad the last axis to a "
                 f"multiple of {n * 8 // t.format.code_bits} values"
             )
-    if t._scale is None:
+    enc = t.encoded
+    if enc.scale is None:
         return target, None
-    return target, scale_sharding(target, t._data, t._scale)
+    return target, scale_sharding(target, enc.data, enc.scale)
 
 
 def storage_shardings(tree: Any, shardings: Any) -> Any:
@@ -119,25 +122,17 @@ def storage_shardings(tree: Any, shardings: Any) -> Any:
         if isinstance(leaf, Tensor):
             where = jax.tree_util.keystr(path) or "<root>"
             data_s, scale_s = _storage_sharding(leaf, target, where)
-            extra = None
-            if leaf._extra is not None:
-                ts, zp = leaf._extra
-                extra = (
-                    None if ts is None else replicated(target),
-                    None if zp is None else scale_s,
-                )
-            out.append(
-                Tensor._make(
-                    data_s,
-                    scale_s,
-                    leaf._format,
-                    leaf._scaling,
-                    leaf._dtype,
-                    leaf._packed_last,
-                    None,
-                    extra,
-                )
+            enc = leaf.encoded
+            placed = dtypes.Encoded(
+                data_s,
+                scale_s,
+                enc.format,
+                enc.scaling,
+                enc.packed_last,
+                tensor_scale=None if enc.tensor_scale is None else replicated(target),
+                zero_point=None if enc.zero_point is None else scale_s,
             )
+            out.append(Tensor._make(placed, leaf.dtype))
         else:
             out.append(target)
     return jax.tree_util.tree_unflatten(treedef, out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -73,110 +74,52 @@ class Tensor:
         (6, 12)
     """
 
-    __slots__ = (
-        "_data",
-        "_dtype",
-        "_extra",
-        "_format",
-        "_packed_last",
-        "_scale",
-        "_scaling",
-        "_signature",
-        "_straight",
-    )
-    _data: jax.Array
+    __slots__ = ("_dtype", "_encoded", "_signature", "_straight")
     _dtype: np.dtype[Any]
-    _extra: tuple[jax.Array | None, jax.Array | None] | None
-    _format: dtypes.Format
-    _packed_last: int | None
-    _scale: jax.Array | None
-    _scaling: dtypes.Scaling | None
+    _encoded: dtypes.Encoded
     _signature: tuple[Any, ...] | None
     _straight: jax.Array | None
 
     def __init__(self, x: Any, dtype: Any = None) -> None:
         if isinstance(x, Tensor):
             logical = x._dtype if dtype is None else logical_dtype(dtype, x._dtype)
-            self._set(
-                x._data,
-                x._scale,
-                x._format,
-                x._scaling,
-                logical,
-                x._packed_last,
-                x._straight,
-                x._extra,
-            )
             if logical != x._dtype and not x.is_reduced_precision:
-                self._set(x._data.astype(logical), None, full_format(logical), None, logical, None)
+                self._set(_unscaled(x._encoded.data.astype(logical), full_format(logical)), logical)
+            else:
+                self._set(x._encoded, logical, x._straight)
             return
         arr, given = as_array(x)
         logical = logical_dtype(dtype, given)
         if (given.kind == "f" and given.itemsize < 4) or given.name == "bfloat16":
             fmt = full_format(given)  # a narrow float array is exact storage as it is
-            self._set(jnp.asarray(arr), None, fmt, None, logical, None)
+            self._set(_unscaled(jnp.asarray(arr), fmt), logical)
             return
         if given == np.float64 and logical == np.float32 and not is_tracer(arr):
             refuse_float32_overflow(np.asarray(arr))
         if not isinstance(arr, jax.Array) and not is_tracer(arr):
             arr = np.asarray(arr, logical)
-        self._set(jnp.asarray(arr, logical), None, full_format(logical), None, logical, None)
+        self._set(_unscaled(jnp.asarray(arr, logical), full_format(logical)), logical)
 
-    def _set(
-        self,
-        data: Any,
-        scale: Any,
-        fmt: dtypes.Format,
-        scaling: dtypes.Scaling | None,
-        dtype: np.dtype[Any],
-        last: int | None,
-        st: Any = None,
-        extra: Any = None,
-    ) -> None:
+    def _set(self, encoded: dtypes.Encoded, dtype: np.dtype[Any], st: Any = None) -> None:
         # Immutability is by interface: public attributes are read-only
         # properties and __slots__ forbids new ones; plain stores keep the
         # constructor fast (it runs for every result of every operation).
-        self._data = data
-        self._scale = scale
-        self._format = fmt
-        self._scaling = scaling
+        self._encoded = encoded
         self._dtype = dtype
-        self._packed_last = last
         self._signature = None
         # Straight-through logical values: set only on Tensors converted from
         # traced values into storage that cannot carry a gradient (integer
         # codes, scaled or coded floats). Equal to the decoded storage, with
         # derivative 1 (0 where an encoding clipped) towards the source.
         self._straight = st
-        # Further storage arrays of some encodings: (tensor scale, zero points),
-        # e.g. NVFP4's float32 per-tensor scale, asymmetric integers' zero points.
-        self._extra = extra
 
     @classmethod
-    def _make(
-        cls,
-        data: Any,
-        scale: Any,
-        fmt: dtypes.Format,
-        scaling: dtypes.Scaling | None,
-        dtype: np.dtype[Any],
-        last: int | None,
-        st: Any = None,
-        extra: Any = None,
-    ) -> Tensor:
-        """A Tensor from storage, unchecked (pytree unflattening and the interpreter)."""
+    def _make(cls, encoded: dtypes.Encoded, dtype: np.dtype[Any], st: Any = None) -> Tensor:
+        """The Tensor over `encoded` with logical `dtype`, unchecked: the library's one
+        constructor from storage (pytree unflattening, conversions, the interpreter)."""
         t = object.__new__(cls)
-        t._set(data, scale, fmt, scaling, dtype, last, st, extra)
+        t._set(encoded, dtype, st)
         return t
-
-    @classmethod
-    def _of(cls, enc: dtypes.Encoded, dtype: Any, st: Any = None) -> Tensor:
-        """A Tensor holding every array of `enc` (unchecked)."""
-        last = enc.shape[-1] if (enc.format.packed and enc.shape) else None
-        extra = None
-        if enc.tensor_scale is not None or enc.zero_point is not None:
-            extra = (enc.tensor_scale, enc.zero_point)
-        return cls._make(enc.data, enc.scale, enc.format, enc.scaling, dtype, last, st, extra)
 
     @classmethod
     def from_encoded(cls, enc: dtypes.Encoded, dtype: Any = jnp.float32) -> Tensor:
@@ -192,64 +135,39 @@ class Tensor:
             raise PrecisionTypeError(
                 f"from_encoded expects a dtypes.Encoded, got {type(enc).__name__}"
             )
-        return cls._of(enc, logical_dtype(dtype, None))
+        return cls._make(enc, logical_dtype(dtype, None))
 
     def signature(self) -> tuple[Any, ...]:
         """Static description keying compiled evaluators (cached per Tensor)."""
         sig = self._signature
         if sig is None:
-            scale = self._scale
-            sig = self._signature = (
-                self._format,
-                self._scaling,
-                self._dtype,
-                self._packed_last,
-                self._data.shape,
-                None if scale is None else scale.shape,
-                self._straight is not None,
-                None
-                if self._extra is None
-                else tuple(None if a is None else a.shape for a in self._extra),
-            )
+            children, aux = self._encoded.tree_flatten()
+            shapes = tuple(None if a is None else a.shape for a in children)
+            sig = self._signature = (aux, self._dtype, shapes, self._straight is not None)
         return sig
 
-    # -- pytree -------------------------------------------------------------
+    # -- pytree: the Encoded's arrays, then the straight-through view ------------
     def tree_flatten_with_keys(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        keys = jax.tree_util.GetAttrKey
-        tensor_scale, zero_point = self._extra or (None, None)
-        children = (
-            (keys("data"), self._data),
-            (keys("scale"), self._scale),
-            (keys("tensor_scale"), tensor_scale),
-            (keys("zero_point"), zero_point),
-            (keys("straight"), self._straight),
-        )
-        return children, (self._format, self._scaling, self._dtype, self._packed_last)
+        children, aux = self.tree_flatten()
+        return tuple(zip(_CHILD_KEYS, children, strict=True)), aux
 
     def tree_flatten(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        tensor_scale, zero_point = self._extra or (None, None)
-        return (self._data, self._scale, tensor_scale, zero_point, self._straight), (
-            self._format,
-            self._scaling,
-            self._dtype,
-            self._packed_last,
-        )
+        children, aux = self._encoded.tree_flatten()
+        return (*children, self._straight), (aux, self._dtype)
 
     @classmethod
     def tree_unflatten(cls, aux: tuple[Any, ...], children: tuple[Any, ...]) -> Tensor:
-        fmt, scaling, dtype, last = aux
-        data, scale, tensor_scale, zero_point, st = children
-        # one layer of a stack under vmap/scan, or a batch of encodings made under vmap
-        scaling = dtypes.Encoded.fitted_scaling(fmt, scaling, last, data, scale)
+        encoded_aux, dtype = aux
+        *stored, st = children
+        # one layer of a stack under vmap/scan, or a batch of encodings made under vmap:
+        # the Encoded refits its scaling to the arrays it is given
+        encoded = dtypes.Encoded.tree_unflatten(encoded_aux, tuple(stored))
         if isinstance(st, jax.Array | np.ndarray) and not is_tracer(st):
             # A straight-through copy carries a gradient only while it is traced; out of
             # `grad` (an aux output, a jitted step's result) it would be a float32 copy
             # that `nbytes` does not count, so it is dropped.
             st = None
-        extra = None
-        if tensor_scale is not None or zero_point is not None:
-            extra = (tensor_scale, zero_point)
-        return cls._make(data, scale, fmt, scaling, dtype, last, st, extra)
+        return cls._make(encoded, dtype, st)
 
     # -- properties ---------------------------------------------------------
     @property
@@ -260,22 +178,17 @@ class Tensor:
     @property
     def format(self) -> dtypes.Format:
         """The storage format; the logical dtype's own format when full precision."""
-        return self._format
+        return self._encoded.format
 
     @property
     def scaling(self) -> dtypes.Scaling | None:
         """The scaling of the storage, or None for an unscaled float format."""
-        return self._scaling
+        return self._encoded.scaling
 
     @property
     def shape(self) -> tuple[int, ...]:
         """Logical shape (derived from the storage, so batching stays correct)."""
-        shape = tuple(self._data.shape)
-        if not self._format.packed:
-            return shape
-        if self._packed_last is None:
-            return shape[:-1]
-        return (*shape[:-1], self._packed_last)
+        return self._encoded.shape
 
     @property
     def ndim(self) -> int:
@@ -301,55 +214,45 @@ class Tensor:
     @property
     def device(self) -> Any:
         """The device holding the storage; its sharding when spread over several."""
-        if is_tracer(self._data):
+        data = self._encoded.data
+        if is_tracer(data):
             return None
-        devs = self._data.sharding.device_set
-        return next(iter(devs)) if len(devs) == 1 else self._data.sharding
+        devs = data.sharding.device_set
+        return next(iter(devs)) if len(devs) == 1 else data.sharding
 
     @property
     def sharding(self) -> Any:
         """The sharding of the data array (None while traced)."""
-        return None if is_tracer(self._data) else self._data.sharding
+        data = self._encoded.data
+        return None if is_tracer(data) else data.sharding
 
     @property
     def nbytes(self) -> int:
         """Bytes of storage really held: codes plus scales (and any zero points)."""
-        n = 0
-        for a in (self._data, self._scale, *(self._extra or ())):
-            if a is not None:
-                n += int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize
-        return n
+        return self._encoded.nbytes
 
     @property
     def is_reduced_precision(self) -> bool:
         """Whether the storage format differs from the logical dtype's own format."""
-        return self._format != full_format(self._dtype)
+        return self._encoded.format != full_format(self._dtype)
 
     isReducedPrecision = is_reduced_precision
 
     @property
     def encoded(self) -> dtypes.Encoded:
         """The storage as a `dtypes.Encoded` (scale None when unscaled)."""
-        tensor_scale, zero_point = self._extra or (None, None)
-        return dtypes.Encoded(
-            self._data,
-            self._scale,
-            self._format,
-            self._scaling,
-            self._packed_last,
-            tensor_scale=tensor_scale,
-            zero_point=zero_point,
-        )
+        return self._encoded
 
     # -- values ---------------------------------------------------------------
     def _values(self) -> jax.Array:
         if self._straight is not None:
             return self._straight
-        data, fmt = self._data, self._format
-        if self._scale is None and self._extra is None and fmt.kind == "float":
-            if not fmt.packed and data.dtype != np.uint8:
+        enc = self._encoded
+        data, fmt = enc.data, enc.format
+        if enc.scale is None and fmt.kind == "float" and not fmt.packed:
+            if enc.tensor_scale is None and enc.zero_point is None and data.dtype != np.uint8:
                 return data if data.dtype == self._dtype else data.astype(self._dtype)
-        return decoder(self._dtype)(self.encoded)
+        return decoder(self._dtype)(enc)
 
     def numpy(self) -> np.ndarray:
         """Logical values as a numpy array."""
@@ -368,8 +271,8 @@ class Tensor:
         `jnp.asarray` would compute on float32 values and drop the format silently,
         so they are refused. Storage encodings decode exactly into the logical dtype,
         which is what the rules compute in, so they convert anywhere."""
-        fmt = self._format
-        narrow = role(fmt, self._scaling) == "compute" and fmt != full_format(self._dtype)
+        fmt = self._encoded.format
+        narrow = role(fmt, self._encoded.scaling) == "compute" and fmt != full_format(self._dtype)
         caller = implicit_caller() if narrow else None
         if caller is not None:
             raise PrecisionMismatchError(
@@ -427,7 +330,7 @@ class Tensor:
         fmt = get_default_format() if format is None else resolve_format(format)
         x = self._values()
         if fmt == full_format(self._dtype) and scaling is None:
-            return Tensor._make(x, None, fmt, None, self._dtype, None)
+            return Tensor._make(_unscaled(x, fmt), self._dtype)
         dtypes.check_rounding(rounding, key)
         if scaling is None:
             scaling = fmt.default_scaling()
@@ -436,18 +339,18 @@ class Tensor:
             # Differentiated: the codes carry no gradient, so the Tensor keeps
             # the straight-through view of its source while it is traced.
             enc = encoder(fmt, scaling, rounding)(jax.lax.stop_gradient(x), key)
-            return Tensor._of(enc, self._dtype, straight_through(self._dtype, x, enc))
+            return Tensor._make(enc, self._dtype, straight_through(self._dtype, x, enc))
         if is_tracer(x) and not carries_gradient(fmt, scaling):
             enc = guarded_encoder(fmt, scaling, rounding)(x, key)
         else:
             enc = encoder(fmt, scaling, rounding)(x, key)
-        return Tensor._of(enc, self._dtype)
+        return Tensor._make(enc, self._dtype)
 
     def to_full_precision(self) -> Tensor:
         """The same logical values stored in the logical dtype's own format."""
         if not self.is_reduced_precision:
             return self
-        return Tensor._make(self._values(), None, full_format(self._dtype), None, self._dtype, None)
+        return Tensor._make(_unscaled(self._values(), full_format(self._dtype)), self._dtype)
 
     toReducedPrecision = to_reduced_precision
     toFullPrecision = to_full_precision
@@ -480,39 +383,42 @@ class Tensor:
         split like the data dimension it belongs to when it is as long as it,
         and replicated otherwise.
         """
-        target = device_or_sharding
-        data = jax.device_put(self._data, target)
-        scale = self._scale
-        if scale is not None:
-            scale = jax.device_put(scale, scale_sharding(target, self._data, scale))
-        st = None if self._straight is None else jax.device_put(self._straight, target)
-        extra = self._extra
-        if extra is not None:
-            # a tensor scale is one number: replicated; zero points follow the data like scales
-            ts, zp = extra
-            if ts is not None:
-                ts = jax.device_put(ts, replicated(target))
-            if zp is not None:
-                zp = jax.device_put(zp, scale_sharding(target, self._data, zp))
-            extra = (ts, zp)
-        return Tensor._make(
-            data, scale, self._format, self._scaling, self._dtype, self._packed_last, st, extra
+        enc = self._encoded
+        data = jax.device_put(enc.data, device_or_sharding)
+        put = functools.partial(_follow, device_or_sharding, enc.data)
+        # a tensor scale is one number: replicated; zero points follow the data like scales
+        tensor_scale = enc.tensor_scale
+        if tensor_scale is not None:
+            tensor_scale = jax.device_put(tensor_scale, replicated(device_or_sharding))
+        placed = dtypes.Encoded(
+            data,
+            put(enc.scale),
+            enc.format,
+            enc.scaling,
+            enc.packed_last,
+            tensor_scale=tensor_scale,
+            zero_point=put(enc.zero_point),
         )
+        st = self._straight
+        if st is not None:
+            st = jax.device_put(st, device_or_sharding)
+        return Tensor._make(placed, self._dtype, st)
 
     # -- display ------------------------------------------------------------------
     def __repr__(self) -> str:
-        fmt = self._format.name
-        if self._scaling is not None:
-            fmt += f", scaling={self._scaling.describe()}"
-        if not isinstance(self._data, jax.Array | np.ndarray) and not is_tracer(self._data):
+        enc = self._encoded
+        fmt = enc.format.name
+        if enc.scaling is not None:
+            fmt += f", scaling={enc.scaling.describe()}"
+        if not isinstance(enc.data, jax.Array | np.ndarray) and not is_tracer(enc.data):
             # A tree_map put other leaves in the storage's place (shapes, None, a
             # ShapeDtypeStruct for a restore target): show them, as JAX shows any pytree.
-            leaves = f"data={self._data!r}"
-            if self._scale is not None:
-                leaves += f", scale={self._scale!r}"
+            leaves = f"data={enc.data!r}"
+            if enc.scale is not None:
+                leaves += f", scale={enc.scale!r}"
             return f"Tensor(dtype={self._dtype.name}, format={fmt}, {leaves})"
         head = f"shape={self.shape}, dtype={self._dtype.name}, format={fmt}"
-        if is_tracer(self._data):
+        if is_tracer(enc.data):
             return f"Tensor({head}, traced)"
         values = np.array2string(
             self.numpy(), threshold=8, edgeitems=2, precision=4, separator=", "
@@ -587,6 +493,24 @@ class Tensor:
 
 
 _getitem = _operators.method("getitem")
+
+_CHILD_KEYS = tuple(
+    jax.tree_util.GetAttrKey(name)
+    for name in ("data", "scale", "tensor_scale", "zero_point", "straight")
+)
+
+
+def _unscaled(values: Any, fmt: dtypes.Format) -> dtypes.Encoded:
+    """Storage of `values` held as they are in the unscaled float format `fmt`."""
+    return dtypes.Encoded(values, None, fmt, None)
+
+
+def _follow(target: Any, data: jax.Array, scales: jax.Array | None) -> jax.Array | None:
+    """Scales (or zero points) placed like the `data` they belong to on `target`."""
+    if scales is None:
+        return None
+    placed: jax.Array = jax.device_put(scales, scale_sharding(target, data, scales))
+    return placed
 
 
 def logical_values(t: Any) -> jax.Array:

@@ -50,6 +50,11 @@ def _concrete(x: Any) -> bool:
     return isinstance(x, jax.Array) and not compat.is_tracer(x)
 
 
+def _unscaled(enc: dtypes.Encoded) -> bool:
+    """Whether `enc` is one array of codes: no scales, tensor scale or zero points."""
+    return enc.scale is None and enc.tensor_scale is None and enc.zero_point is None
+
+
 def _is_tensor(x: Any) -> bool:
     return isinstance(x, Tensor)
 
@@ -171,7 +176,8 @@ def _build(
             if kind == _TENSOR:
                 tdef, n = tensors[i]
                 t = jax.tree_util.tree_unflatten(tdef, [next(it) for _ in range(n)])
-                fmt, scaling, dtype = t._format, t._scaling, t._dtype
+                enc, dtype = t.encoded, t.dtype
+                fmt, scaling = enc.format, enc.scaling
                 if t._straight is not None:
                     values.append(t._straight)
                     if carries_gradient(fmt, scaling):
@@ -180,7 +186,6 @@ def _build(
                         states.append(State(full_format(dtype), True, None, fmt.name))
                 else:
                     # decoded (widened) where an op uses it; this eager value serves moves
-                    enc = t.encoded
                     values.append(decode_encoded(enc, dtype))
                     if scaling is None and fmt.kind == "float":  # a compute format
                         stored = None if fmt.is_full_precision else Stored(enc, dtype)
@@ -220,7 +225,7 @@ def _build(
             st = None
             if diff and not carries_gradient(enc.format, enc.scaling):
                 st = straight_through(dtype, v, enc)
-            children, tdef = jax.tree_util.tree_flatten(Tensor._of(enc, dtype, st))
+            children, tdef = jax.tree_util.tree_flatten(Tensor._make(enc, dtype, st))
             flat.extend(children)
             desc.append((tdef, len(children)))
         entry.out_desc = desc
@@ -439,12 +444,10 @@ def apply(
             if (
                 type(a) is Tensor
                 and type(b) is Tensor
-                and a._scale is None
-                and b._scale is None
                 and a._straight is None
                 and b._straight is None
-                and a._extra is None
-                and b._extra is None
+                and _unscaled(a._encoded)
+                and _unscaled(b._encoded)
             ):
                 # Fastest path (binary operators on unscaled Tensors): the key
                 # is the two cached signatures, the arguments the two arrays.
@@ -452,7 +455,7 @@ def apply(
                     (_PAIR, a._signature or a.signature(), b._signature or b.signature())
                 )
                 if entry is not None:
-                    da, db = a._data, b._data
+                    da, db = a._encoded.data, b._encoded.data
                     # Only concrete JAX arrays take this path; traced data (inside
                     # jit, grad, vmap) and numpy leaves take the full one, which keys
                     # on differentiation and checks devices of abstract values.
