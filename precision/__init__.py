@@ -113,6 +113,9 @@ _HOME = {
     "apply_updates": "_updates",
 }
 
+# homes that compute nothing: handing out their names loads no JAX
+_PLAIN = frozenset({"_errors", "_keep", "_version"})
+
 __all__ = [
     "DEFAULT_FLOAT32_OPS",
     "KEEP",
@@ -168,6 +171,10 @@ def __getattr__(name: str) -> Any:
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    if home not in _PLAIN:
+        # Tensor's operators are attached by one module, loaded before any name
+        # that computes is handed out (precision/_attach.py says why).
+        importlib.import_module(f"{__name__}._attach")
     globals()[name] = value
     return value
 

@@ -1,66 +1,42 @@
-"""Tensor operators and methods: thin calls of `precision.apply`.
+"""Tensor's operators and methods as slots, filled in by `_attach`.
 
-Each operator is one `apply`-wrapped jnp function, created at its first use
-(so importing `precision` builds nothing and `_tensor` needs no import of the
-apply machinery, which itself imports `_tensor`).
+Each operator of `Tensor` (`+`, `@`, `<`, `t.sum()`, indexing, ...) is a slot
+that calls the implementation registered under its name in `IMPLEMENTATIONS`.
+The implementations are `apply`-wrapped jnp functions; `apply` itself handles
+Tensors, so they cannot be built where `Tensor` is defined without an import
+cycle. `_attach` builds and registers them; the package loads it before it
+hands out any name that computes (see `precision/__init__.py`).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
-import jax.numpy as jnp
+from ._errors import PrecisionError
 
-__all__ = ["binary", "method", "reduction", "reflected", "unary"]
+__all__ = ["IMPLEMENTATIONS", "binary", "method", "reduction", "reflected", "unary"]
 
-
-@functools.cache
-def _applied(name: str) -> Callable[..., Any]:
-    from ._apply import apply
-
-    if name.startswith("r:"):
-        fn = _FUNCTIONS[name[2:]]
-        return apply(lambda a, b: fn(b, a))
-    return apply(_FUNCTIONS[name])
+IMPLEMENTATIONS: dict[str, Callable[..., Any]] = {}
+"""Operator name (`"add"`, reflected `"r:add"`, `"sum"`, ...) -> its applied function."""
 
 
-_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "add": jnp.add,
-    "sub": jnp.subtract,
-    "mul": jnp.multiply,
-    "truediv": jnp.true_divide,
-    "floordiv": jnp.floor_divide,
-    "mod": jnp.mod,
-    "pow": jnp.power,
-    "matmul": jnp.matmul,
-    "lt": jnp.less,
-    "le": jnp.less_equal,
-    "gt": jnp.greater,
-    "ge": jnp.greater_equal,
-    "eq": jnp.equal,
-    "ne": jnp.not_equal,
-    "neg": jnp.negative,
-    "pos": jnp.positive,
-    "abs": jnp.abs,
-    "getitem": lambda x, idx: x[idx],
-    "reshape": lambda x, shape: x.reshape(shape),
-    "transpose": lambda x, axes: x.transpose(axes),
-    "sum": jnp.sum,
-    "mean": jnp.mean,
-    "max": jnp.max,
-    "min": jnp.min,
-    "argmax": jnp.argmax,
-    "argmin": jnp.argmin,
-}
+def _implementation(name: str) -> Callable[..., Any]:
+    fn = IMPLEMENTATIONS.get(name)
+    if fn is None:
+        raise PrecisionError(
+            f"Tensor operator {name!r} is not attached: the operators are attached when "
+            "precision's public names are first used; import the library through them "
+            "(`import precision; precision.Tensor(...)`), not through its private modules"
+        )
+    return fn
 
 
 def binary(name: str) -> Callable[[Any, Any], Any]:
     """`self <op> other`."""
 
     def op(self: Any, other: Any) -> Any:
-        return _applied(name)(self, other)
+        return _implementation(name)(self, other)
 
     op.__name__ = f"__{name}__"
     return op
@@ -70,7 +46,7 @@ def reflected(name: str) -> Callable[[Any, Any], Any]:
     """`other <op> self`."""
 
     def op(self: Any, other: Any) -> Any:
-        return _applied("r:" + name)(self, other)
+        return _implementation("r:" + name)(self, other)
 
     op.__name__ = f"__r{name}__"
     return op
@@ -80,17 +56,17 @@ def unary(name: str) -> Callable[[Any], Any]:
     """`<op> self`."""
 
     def op(self: Any) -> Any:
-        return _applied(name)(self)
+        return _implementation(name)(self)
 
     op.__name__ = f"__{name}__"
     return op
 
 
 def method(name: str) -> Callable[..., Any]:
-    """The applied function of `name`, called with the Tensor first."""
+    """The implementation of `name`, called with the Tensor first."""
 
     def call(self: Any, *args: Any) -> Any:
-        return _applied(name)(self, *args)
+        return _implementation(name)(self, *args)
 
     return call
 
@@ -99,7 +75,7 @@ def reduction(name: str) -> Callable[..., Any]:
     """`t.sum(axis=None, keepdims=False)` and its siblings."""
 
     def op(self: Any, axis: Any = None, keepdims: bool = False) -> Any:
-        return _applied(name)(self, axis=axis, keepdims=keepdims)
+        return _implementation(name)(self, axis=axis, keepdims=keepdims)
 
     op.__name__ = name
     op.__doc__ = f"`jnp.{name}` over the logical values, under the precision rules."

@@ -18,6 +18,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from . import _attach  # noqa: F401  (Tensor's operators, for the Tensors returned)
 from ._apply import apply
 
 _WRAPPED: dict[str, Any] = {}

@@ -36,6 +36,7 @@ import numpy as np
 import dtypes
 from dtypes import PrecisionTypeError
 
+from . import _attach  # noqa: F401  (Tensor's operators, for the Tensors returned)
 from ._context import resolve_format
 from ._errors import LossScaleTypeError, SelectionError, UpdateError
 from ._loss_scale import DynamicLossScale, NoOpLossScale, StaticLossScale, all_finite, select_tree

@@ -741,6 +741,12 @@ WRONG_CALLS = [
         _overwrite_flag, SaveTypeError, ["str 'no'", "overwrite=True"], id="save-overwrite-str"
     ),
     pytest.param(
+        lambda tmp: precision.save({"a": np.ones(2)}, tmp / "x.safetensors"),
+        SaveTypeError,
+        ["path first", "save(path, tree)", "x.safetensors"],
+        id="save-arguments-swapped",
+    ),
+    pytest.param(
         _save({"a": "text"}), SaveTypeError, ["'a'", "str", "arrays of dtypes"], id="save-str-leaf"
     ),
     pytest.param(

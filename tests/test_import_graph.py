@@ -117,13 +117,7 @@ FULL_GRAPH = {name: _all_imports(name, path) for name, path in _modules().items(
 # Imports inside functions that close a cycle, each there for a reason; the graph
 # without them has no cycle. A format's methods importing its codec are not listed:
 # codecs import their format only under TYPE_CHECKING, so those close no cycle.
-LAZY_EDGES = {
-    ("precision._operators", "precision._apply"): (
-        "Tensor's operators are `apply`-wrapped jnp functions and `apply` handles Tensors: "
-        "the import waits for the first operator call. To be replaced by attaching the "
-        "operators from one module imported last (issue 22)."
-    ),
-}
+LAZY_EDGES: dict[tuple[str, str], str] = {}
 
 
 def _edges(graph: dict[str, list[str]]) -> dict[str, list[str]]:

@@ -38,7 +38,7 @@ import numpy as np
 import dtypes
 from dtypes import PrecisionTypeError
 
-from .._errors import CheckpointError
+from .._errors import CheckpointError, SaveTypeError
 from . import _compressed_tensors, _gguf
 from ._atomic_file import _TempFile, refuse_special, write_error
 from ._file_checks import available_memory
@@ -414,6 +414,11 @@ def save(path: str | os.PathLike[str], tree: Any, *, overwrite: bool = False) ->
         >>> precision.load(path)["w"].format.name
         'int4'
     """
+    if isinstance(tree, str | os.PathLike) and not isinstance(path, str | os.PathLike):
+        raise SaveTypeError(
+            f"precision.save takes the path first: save(path, tree); got a "
+            f"{type(path).__name__} as the path and {os.fspath(tree)!r} as the tree"
+        )
     with _collector_paused():
         described = flatten(tree)
         leaves = [spec for spec, _ in described]

@@ -107,3 +107,70 @@ def test_paths_in_any_order_in_a_fresh_process(order, tmp_path):
         [sys.executable, str(script), order], capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+# Tensor's operators are attached by `precision._attach`, which the package loads
+# before handing out any name that computes. A process whose first Tensor comes
+# from another public path than `precision.Tensor` must still have them.
+_ENTRIES = {
+    "tree conversion": (
+        "from precision import to_reduced_precision\n"
+        "t = to_reduced_precision({'w': np.ones((2, 2), np.float32)}, 'bfloat16')['w']\n"
+    ),
+    "load": ("from precision import load\nt = load(sys.argv[1])['w']\n"),
+    "testing strategies": (
+        "from hypothesis import find\n"
+        "from precision.testing import tensors\n"
+        "t = find(tensors('bfloat16', shape=(2, 2)), lambda t: True)\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(_ENTRIES))
+def test_operators_are_attached_whatever_the_first_public_name(entry, tmp_path):
+    path = tmp_path / "w.safetensors"
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+            import numpy as np, precision
+            w = precision.Tensor(np.ones((2, 2), np.float32)).to_reduced_precision('bfloat16')
+            precision.save({str(path)!r}, {{'w': w}})
+            """
+            ),
+        ],
+        check=True,
+    )
+    script = (
+        "import sys\nimport numpy as np\n"
+        + _ENTRIES[entry]
+        + (
+            "out = (t + t) @ t\n"
+            "assert out.format.name == 'bfloat16', out\n"
+            "assert out.reshape(4).shape == (4,) and t.T.shape == (2, 2) and t.sum().shape == ()\n"
+            "print('ok')\n"
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "ok"
+
+
+def test_a_private_import_alone_says_how_to_get_the_operators():
+    script = (
+        "import numpy as np\n"
+        "from precision._tensor import Tensor\n"
+        "t = Tensor(np.ones(2, np.float32))\n"
+        "try:\n"
+        "    t + t\n"
+        "except Exception as err:\n"
+        "    print(type(err).__name__, err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.stdout.startswith("PrecisionError Tensor operator 'add' is not attached"), (
+        done.stdout + done.stderr[-2000:]
+    )
