@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from op_reference import assert_same_bits, reference_round
 
 import dtypes
 import precision
@@ -27,10 +28,13 @@ COMPUTE = [n for n in NAMES if dtypes.get(n).kind == "float"]
 STORAGE = [n for n in NAMES if dtypes.get(n).kind == "int"]
 NARROW = [n for n in COMPUTE if n != "float32"]
 X = np.array([[0.5, -1.0], [2.0, 0.25]], np.float32)
+# 4,096 values for the comparisons of rounded results: most decoded storage values
+# are off every compute format's grid, and a sum of two rarely lands on it.
+WIDE = np.random.default_rng(11).uniform(-4, 4, (64, 64)).astype(np.float32)
 
 
-def _tensor(name: str) -> Tensor:
-    t = Tensor(X)
+def _tensor(name: str, values: np.ndarray = X) -> Tensor:
+    t = Tensor(values)
     return t if name == "float32" else t.to_reduced_precision(name)
 
 
@@ -74,12 +78,14 @@ def test_storage_into_a_narrower_compute_format_needs_a_declaration(left, right)
         assert left in message
         assert right in message
         assert f'precision.apply(f, compute="{narrow}")' in message
-    # the declaration it names works, and rounds the decoded storage once
-    out = precision.apply(operator.add, compute=narrow)(a, b)
-    fmt = dtypes.get(narrow)
-    ref = fmt.round(fmt.round(np.asarray(a)) + fmt.round(np.asarray(b)))
-    assert out.format == fmt
-    np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
+    # The declaration it names works: the decoded storage is rounded onto the compute
+    # format once, the sum is taken in float32 and rounded once; the expected bits come
+    # from ml_dtypes (tf32: a bit manipulation), never from `dtypes`' own rounding.
+    big_a, big_b = _tensor(left, WIDE), _tensor(right, WIDE[::-1])
+    out = precision.apply(operator.add, compute=narrow)(big_a, big_b)
+    assert out.format == dtypes.get(narrow)
+    ra, rb = (reference_round(np.asarray(t), narrow) for t in (big_a, big_b))
+    assert_same_bits(np.asarray(out), reference_round(ra + rb, narrow), f"{left} + {right}")
 
 
 EXACT_PAIRS = [
