@@ -24,7 +24,7 @@ import dtypes
 from ._context import FormatLike, resolve_format
 from ._errors import FormatError, PrecisionError
 
-__all__ = ["SCALINGS", "Contract", "ContractLike", "as_contract"]
+__all__ = ["SCALINGS", "Contract", "ContractLike", "ContractTypeError", "Scaling", "as_contract"]
 
 Scaling = Literal["tensorwise", "rowwise", "mx"]
 SCALINGS: tuple[str, ...] = ("tensorwise", "rowwise", "mx")

@@ -17,12 +17,21 @@ from jax.extend import core as jex
 from jax.extend.core import primitives as prims
 
 __all__ = [
+    "CALLS",
+    "COND",
+    "CUSTOM_JVP",
+    "CUSTOM_VJP",
+    "JAX_VERSION_TESTED",
+    "REMAT",
+    "SCAN",
+    "WHILE",
     "ClosedJaxpr",
     "Jaxpr",
     "Literal",
     "Primitive",
     "bind_eqn",
     "closed",
+    "inner_jaxpr",
     "is_differentiated",
     "is_tracer",
     "primitive_names",

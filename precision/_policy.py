@@ -23,6 +23,7 @@ from dtypes import PrecisionTypeError
 from ._context import resolve_format
 from ._errors import FormatError, PolicyError
 from ._jax_compat import primitive_names
+from ._storage import compute_format, role
 from ._tree import is_floating, is_tensor, to_full_precision, to_reduced_precision
 
 __all__ = ["DEFAULT_FLOAT32_OPS", "Policy", "PolicyLike"]
@@ -79,12 +80,16 @@ class Policy:
     """The formats of parameters, computation and outputs.
 
     A full-precision format (float32, float64) means plain arrays of that
-    dtype; any other format means `precision.Tensor`s stored in it, so a
-    compute format of `int8` yields int8 Tensors.
+    dtype; any other format means `precision.Tensor`s stored in it. `compute`
+    is a format arithmetic is done in (an unscaled float format: bfloat16,
+    float16, tf32, float8, ...); parameters may be kept in any encoding
+    (`params="int8"`), which computes in the logical dtype unless `compute`
+    says otherwise.
 
     Args:
         params: format the parameters are kept in (format or name).
-        compute: format the forward pass runs in; defaults to `params`.
+        compute: format the forward pass runs in (an unscaled float format);
+            defaults to `params`, or float32 when `params` is a storage encoding.
         output: format results are returned in; defaults to `params`.
         float32_ops: primitive names that `precision.apply(f, policy=...)`
             computes in float32 under a narrower compute format (default
@@ -135,10 +140,13 @@ class Policy:
         object.__setattr__(self, "float32_ops", frozenset(names))
         params = _policy_format(self.params, "params")
         object.__setattr__(self, "params", params)
-        for name in ("compute", "output"):
-            value = getattr(self, name)
-            fmt = params if value is None else _policy_format(value, name)
-            object.__setattr__(self, name, fmt)
+        compute: Any = self.compute
+        if compute is None:  # storage computes in the logical dtype, as everywhere
+            compute = params if role(params, params.default_scaling()) == "compute" else "float32"
+        compute = compute_format(_policy_format(compute, "compute"), "Policy")
+        object.__setattr__(self, "compute", compute)
+        output = params if self.output is None else _policy_format(self.output, "output")
+        object.__setattr__(self, "output", output)
 
     def cast_to_param(self, tree: Any) -> Any:
         """`tree`'s floating leaves in the params format."""
@@ -186,8 +194,8 @@ class Policy:
         Examples:
             >>> str(Policy.parse("p=f32,c=bf16"))
             'params=float32,compute=bfloat16,output=float32'
-            >>> str(Policy.parse("params=float32, compute=int8, output=float32"))
-            'params=float32,compute=int8,output=float32'
+            >>> str(Policy.parse("params=int8, output=float32"))
+            'params=int8,compute=float32,output=float32'
             >>> Policy.parse("compute=bf16,compute=fp16")
             Traceback (most recent call last):
             ...

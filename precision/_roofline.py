@@ -31,7 +31,7 @@ from typing import Any
 
 from ._hlo import Dot, kernels
 
-__all__ = ["Rates", "cost", "rates", "type_key"]
+__all__ = ["Grid", "Rates", "cost", "rates", "type_key"]
 
 #: Operand type keys, narrowest first; a pair of operands runs at its wider one's rate.
 _ORDER = ("s4", "s8", "f8", "f16", "bf16", "f32", "f64")

@@ -29,17 +29,21 @@ import numpy as np
 
 import dtypes
 
-from ._errors import PrecisionError
+from ._errors import FormatError, PrecisionError
 from ._jax_compat import is_differentiated
 
 __all__ = [
     "Role",
+    "carries_gradient",
     "decode_encoded",
     "decode_storage",
+    "decoder",
     "encode_values",
+    "encoder",
     "full_format",
     "guarded_encoder",
     "is_float",
+    "needs_straight_through",
     "replicated",
     "role",
     "round_nearest",
@@ -64,6 +68,20 @@ def role(fmt: dtypes.Format, scaling: dtypes.Scaling | None) -> Role:
         ('compute', 'storage')
     """
     return "compute" if fmt.kind == "float" and scaling is None else "storage"
+
+
+def compute_format(fmt: dtypes.Format, where: str) -> dtypes.Format:
+    """`fmt` if arithmetic can be done in it (an unscaled float format), else a
+    `FormatError` saying what a storage encoding is for and what to declare."""
+    if fmt.kind == "float" and fmt.default_scaling() is None:
+        return fmt
+    raise FormatError(
+        f"{where}: compute={fmt.name!r} is a storage encoding, not an arithmetic precision: "
+        "integer and scaled formats hold values at rest and are decoded where they are used; "
+        f'declare an unscaled float format, e.g. compute="bfloat16"; keep parameters in '
+        f"{fmt.name} with params={fmt.name!r}, or quantize contractions with "
+        f"contract={fmt.name!r}"
+    )
 
 
 def is_float(x: Any) -> bool:

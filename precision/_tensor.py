@@ -74,11 +74,11 @@ class Tensor:
         (6, 12)
     """
 
-    __slots__ = ("_dtype", "_encoded", "_signature", "_straight")
+    __slots__ = ("_dtype", "_encoded", "_signature", "_straight_through")
     _dtype: np.dtype[Any]
     _encoded: dtypes.Encoded
     _signature: tuple[Any, ...] | None
-    _straight: jax.Array | None
+    _straight_through: jax.Array | None
 
     def __init__(self, x: Any, dtype: Any = None) -> None:
         if isinstance(x, Tensor):
@@ -86,7 +86,7 @@ class Tensor:
             if logical != x._dtype and not x.is_reduced_precision:
                 self._set(_unscaled(x._encoded.data.astype(logical), full_format(logical)), logical)
             else:
-                self._set(x._encoded, logical, x._straight)
+                self._set(x._encoded, logical, x._straight_through)
             return
         arr, given = as_array(x)
         logical = logical_dtype(dtype, given)
@@ -111,7 +111,7 @@ class Tensor:
         # traced values into storage that cannot carry a gradient (integer
         # codes, scaled or coded floats). Equal to the decoded storage, with
         # derivative 1 (0 where an encoding clipped) towards the source.
-        self._straight = st
+        self._straight_through = st
 
     @classmethod
     def _make(cls, encoded: dtypes.Encoded, dtype: np.dtype[Any], st: Any = None) -> Tensor:
@@ -143,7 +143,7 @@ class Tensor:
         if sig is None:
             children, aux = self._encoded.tree_flatten()
             shapes = tuple(None if a is None else a.shape for a in children)
-            sig = self._signature = (aux, self._dtype, shapes, self._straight is not None)
+            sig = self._signature = (aux, self._dtype, shapes, self._straight_through is not None)
         return sig
 
     # -- pytree: the Encoded's arrays, then the straight-through view ------------
@@ -153,7 +153,7 @@ class Tensor:
 
     def tree_flatten(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         children, aux = self._encoded.tree_flatten()
-        return (*children, self._straight), (aux, self._dtype)
+        return (*children, self._straight_through), (aux, self._dtype)
 
     @classmethod
     def tree_unflatten(cls, aux: tuple[Any, ...], children: tuple[Any, ...]) -> Tensor:
@@ -245,8 +245,8 @@ class Tensor:
 
     # -- values ---------------------------------------------------------------
     def _values(self) -> jax.Array:
-        if self._straight is not None:
-            return self._straight
+        if self._straight_through is not None:
+            return self._straight_through
         enc = self._encoded
         data, fmt = enc.data, enc.format
         if enc.scale is None and fmt.kind == "float" and not fmt.packed:
@@ -399,7 +399,7 @@ class Tensor:
             tensor_scale=tensor_scale,
             zero_point=put(enc.zero_point),
         )
-        st = self._straight
+        st = self._straight_through
         if st is not None:
             st = jax.device_put(st, device_or_sharding)
         return Tensor._make(placed, self._dtype, st)

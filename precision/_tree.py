@@ -34,6 +34,8 @@ from ._keep import KEEP
 from ._tensor import Tensor, logical_values
 
 __all__ = [
+    "Where",
+    "is_floating",
     "is_reduced_precision",
     "is_tensor",
     "quantize",

@@ -24,11 +24,12 @@ from .. import _jax_compat as compat
 from .._compute import Context, State, Stored
 from .._context import FormatLike, resolve_format
 from .._contract import ContractLike, as_contract
-from .._errors import FormatError, PrecisionError
+from .._errors import PrecisionError
 from .._placement import check_devices
 from .._policy import DEFAULT_FLOAT32_OPS, Policy, PolicyLike
 from .._storage import (
     carries_gradient,
+    compute_format,
     decode_encoded,
     encode_values,
     full_format,
@@ -41,7 +42,7 @@ from ._interpreter import evaluate
 __all__ = ["apply"]
 
 _TENSOR, _ARRAY, _WEAK, _STATIC = 0, 1, 2, 3
-_PAIR = object()  # key tag of the two-Tensor fast path
+_TWO_TENSORS = object()  # key tag of the two-Tensor fast path
 
 
 def _concrete(x: Any) -> bool:
@@ -178,8 +179,8 @@ def _build(
                 t = jax.tree_util.tree_unflatten(tdef, [next(it) for _ in range(n)])
                 enc, dtype = t.encoded, t.dtype
                 fmt, scaling = enc.format, enc.scaling
-                if t._straight is not None:
-                    values.append(t._straight)
+                if t._straight_through is not None:
+                    values.append(t._straight_through)
                     if carries_gradient(fmt, scaling):
                         states.append(State(fmt, True))
                     else:
@@ -255,12 +256,8 @@ def _context(
         fmt = resolve_format(compute)
     elif policy is not None:
         fmt = policy.compute
-    if fmt is not None and fmt.kind != "float":
-        raise FormatError(
-            f"apply: compute={fmt.name!r} is a storage encoding, not an arithmetic precision: "
-            "integer and scaled formats hold values at rest and are decoded where they are "
-            'used; declare an unscaled float format, e.g. compute="bfloat16"'
-        )
+    if fmt is not None:
+        fmt = compute_format(fmt, "apply")
     ops = frozenset() if policy is None else policy.float32_ops
     if policy is None and fmt is not None and not fmt.is_full_precision:
         ops = DEFAULT_FLOAT32_OPS
@@ -344,7 +341,7 @@ def _cached_call(
                 and not kwargs
                 and not diff
             ):
-                cache[(_PAIR, key[1], key[2])] = entry
+                cache[(_TWO_TENSORS, key[1], key[2])] = entry
         try:
             flat = entry.fn(*dyn)
         except PrecisionError as err:
@@ -444,15 +441,15 @@ def apply(
             if (
                 type(a) is Tensor
                 and type(b) is Tensor
-                and a._straight is None
-                and b._straight is None
+                and a._straight_through is None
+                and b._straight_through is None
                 and _unscaled(a._encoded)
                 and _unscaled(b._encoded)
             ):
                 # Fastest path (binary operators on unscaled Tensors): the key
                 # is the two cached signatures, the arguments the two arrays.
                 entry = cache.get(
-                    (_PAIR, a._signature or a.signature(), b._signature or b.signature())
+                    (_TWO_TENSORS, a._signature or a.signature(), b._signature or b.signature())
                 )
                 if entry is not None:
                     da, db = a._encoded.data, b._encoded.data

@@ -1,10 +1,12 @@
 """The jaxpr walk: evaluate a traced function equation by equation under the rules.
 
 `evaluate` binds each equation's primitive on `(value, state)` pairs through
-the rule `_compute.rule_for` names. It knows no formats itself: the rules
-decide. Call-like equations (`jit`, `closed_call`, `remat`) are evaluated
-inline; `custom_jvp_call` and `custom_vjp_call` are re-wrapped so the primal
-runs under the rules while derivatives come from the function's own rule;
+the rule `_compute.rule_for` names. The rules decide every format; the walk
+itself reads a format only to slice stacked storage for a `scan`
+(`_scan_slice`: which arrays vary along the stacking axis). Call-like
+equations (`jit`, `closed_call`, `remat`) are evaluated inline;
+`custom_jvp_call` and `custom_vjp_call` are re-wrapped so the primal runs
+under the rules while derivatives come from the function's own rule;
 `cond`, `scan` and `while` run their bodies through the interpreter inside
 the same `lax` control flow, loop carries kept in one compute format (a carry
 that starts weak, e.g. zeros, adopts the format the body gives it). A scan
@@ -24,7 +26,7 @@ from jax import lax
 import dtypes
 
 from .. import _jax_compat as compat
-from .._compute import Context, State, Stored, Val, join, prepare, rule_for
+from .._compute import Context, State, Stored, Val, in_compute_format, join, rule_for
 from .._compute._moves import squeezed_scaling
 from .._compute._notes import paused
 from .._storage import decode_encoded, is_float
@@ -89,7 +91,7 @@ def _adopt_to(value: Any, state: State | None, target: State | None) -> Any:
     """A loop carry or branch output brought to the format its slot holds."""
     if target is None or state is not None or not is_float(value):
         return value
-    return prepare([(value, None)], target)[0]
+    return in_compute_format([(value, None)], target)[0]
 
 
 def _call(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:

@@ -19,7 +19,7 @@ import numpy as np
 from .._errors import CalibrationError, PrecisionError
 from ._record import Found, SiteKey, Stats, record
 
-__all__ = ["accumulate", "batches_of", "chunks", "survey"]
+__all__ = ["accumulate", "batches_of", "chunks", "shapes_of", "survey"]
 
 
 def batches_of(batches: Any) -> list[Any]:

@@ -49,10 +49,13 @@ __all__ = [
     "QUANT_METHOD",
     "Module",
     "config_of",
+    "from_words",
     "module_of",
     "quantization_config",
     "read",
     "refusal",
+    "streamed_words",
+    "to_words",
 ]
 
 QUANT_METHOD = "compressed-tensors"

@@ -22,7 +22,7 @@ from .._errors import CheckpointError
 from ._invariants import violation
 from ._layout import Leaf, Stored
 
-__all__ = ["codes_of", "packed", "stored", "tensor_leaf"]
+__all__ = ["checked", "codes_of", "packed", "stored", "tensor_leaf"]
 
 
 def tensor_leaf(name: str, shape: tuple[int, ...], fmt: Format, scaling: Scaling | None) -> Leaf:

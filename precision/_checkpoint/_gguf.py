@@ -42,7 +42,17 @@ from ._atomic_file import _TempFile, write_error
 from ._foreign import checked, stored, tensor_leaf
 from ._layout import Leaf, Stored
 
-__all__ = ["block_bytes", "gguf_type", "is_gguf", "read", "refusal", "write_file"]
+__all__ = [
+    "BLOCK",
+    "MAGIC",
+    "block_bytes",
+    "gguf_type",
+    "is_gguf",
+    "packed_fields",
+    "read",
+    "refusal",
+    "write_file",
+]
 
 MAGIC = b"GGUF"
 BLOCK = 32

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
     from dtypes import Encoded
 
-__all__ = ["load", "save"]
+__all__ = ["encoded", "load", "materialize", "save", "write"]
 
 
 # --------------------------------------------------------------------------

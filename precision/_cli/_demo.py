@@ -46,7 +46,22 @@ from .._tree import to_full_precision, to_reduced_precision, tree_nbytes
 from .._updates import apply_updates
 from ._demo_data import Dataset, load_data
 
-__all__ = ["MODES", "Dataset", "Mode", "Row", "load_data", "main", "train"]
+__all__ = [
+    "LAYERS",
+    "MODES",
+    "Dataset",
+    "Mode",
+    "Params",
+    "Row",
+    "cnn",
+    "cross_entropy",
+    "evaluate",
+    "format_table",
+    "init_params",
+    "load_data",
+    "main",
+    "train",
+]
 
 Params = dict[str, dict[str, jax.Array]]
 

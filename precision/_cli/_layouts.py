@@ -37,7 +37,7 @@ from ._interrupts import check_interrupt, deferred_interrupts
 from ._output import PROG, _DataError, _MissingDependency, _UsageError
 from ._temp_directory import TempDirectory
 
-__all__ = ["LAYOUTS", "check", "copy_files", "report_copied", "write_layout"]
+__all__ = ["LAYOUTS", "check", "copy_files", "model_directory", "report_copied", "write_layout"]
 
 LAYOUTS = ("precision", "compressed-tensors", "gguf")
 

@@ -40,7 +40,7 @@ from .._storage import is_float
 from ._int_operands import codes, dot_operands, kept_scale
 from ._notes import note, observe, settle
 from ._quantized import quantized_contraction
-from ._rules import RULES, Val, finish, op_state, operands_at_use
+from ._rules import RULES, Val, op_state, operands_at_use, rounded_outputs
 from ._state import Context, Stored
 
 __all__ = ["contraction_rule"]
@@ -110,7 +110,7 @@ def _contraction(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
                     f"exact integer dot: {stored_a.enc.format.name} x "
                     f"{stored_b.enc.format.name} codes, int32 sums, one rescale"
                 )
-                return finish(op, [exact], state)
+                return rounded_outputs(op, [exact], state)
         native = _native_path(op, state.format)
         settle(_float_path(vals, state, native))
         a, b = operands_at_use([(a, sa), (b, sb)], state, native)
@@ -120,7 +120,7 @@ def _contraction(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
         elif state.format == dtypes.tf32:
             params["precision"] = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
         out = eqn.primitive.bind(a, b, **params)
-        return finish(op, [out], state)
+        return rounded_outputs(op, [out], state)
 
 
 def _float_path(vals: list[Val], state: Any, native: np.dtype | None) -> str:

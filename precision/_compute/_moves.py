@@ -31,7 +31,15 @@ import dtypes
 from .._jax_compat import bind_eqn
 from ._state import State, Stored
 
-__all__ = ["CODE_MOVES", "IDENTITIES", "as_scaling", "moved_storage", "squeezed_scaling"]
+__all__ = [
+    "CODE_MOVES",
+    "CUTS",
+    "IDENTITIES",
+    "Val",
+    "as_scaling",
+    "moved_storage",
+    "squeezed_scaling",
+]
 
 # Moves that storage codes can make themselves (one operand, its elements
 # kept, negated or their magnitude taken: symmetric codes allow both), valid

@@ -24,6 +24,7 @@ from jax.extend import source_info_util
 from ._state import State
 
 __all__ = [
+    "SCOPE",
     "Note",
     "describe_operand",
     "mark_fallback",

@@ -61,11 +61,19 @@ import dtypes
 from .._storage import decode_storage
 from ._fallback import fall_back
 from ._int_operands import codes, dot_operands, kept_scale
-from ._rules import Val, decode_at_use, finish, prepare
+from ._rules import Val, decode_at_use, in_compute_format, rounded_outputs
 from ._state import Context, State, Stored
 from ._views import through_views
 
-__all__ = ["Layout", "dequantize", "layouts", "quantize", "quantized_contraction", "scaling_for"]
+__all__ = [
+    "MX",
+    "Layout",
+    "dequantize",
+    "layouts",
+    "quantize",
+    "quantized_contraction",
+    "scaling_for",
+]
 
 MX = dtypes.PerBlock(32, axis=-1, power_of_two=True, scale_format="float8_e8m0fnu")
 
@@ -354,7 +362,7 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
         a = decode_at_use(stored_a, b)  # decoded next to its use, then quantized
     if stored_b is not None and ext_b is None and not same_b:
         b = decode_at_use(stored_b, a)
-    a, b = prepare([(a, sa), (b, sb)], state)
+    a, b = in_compute_format([(a, sa), (b, sb)], state)
     own_a = stored_a.enc if same_a and stored_a is not None else None
     own_b = stored_b.enc if same_b and stored_b is not None else None
     plan = _Plan(
@@ -368,7 +376,7 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
         _Side(lb, moved_b, same_b, _packed_last(own_b), b.dtype),
     )
     out = _straight_through(plan)(a, b, (ext_a, ext_b, own_a, own_b))
-    return finish(op, [out], state)
+    return rounded_outputs(op, [out], state)
 
 
 def _packed_last(enc: dtypes.Encoded | None) -> int | None:

@@ -41,14 +41,18 @@ from ._state import Context, State, Stored, mismatch
 from ._views import transposed
 
 __all__ = [
+    "GRID_PRESERVING",
+    "MOVES",
     "RULES",
+    "Rule",
     "Val",
-    "at_use",
+    "computed_at_use",
     "decode_at_use",
     "default_rule",
+    "in_compute_format",
     "op_state",
     "operands_at_use",
-    "prepare",
+    "rounded_outputs",
     "rule_for",
 ]
 
@@ -137,7 +141,7 @@ def _declared_mismatch(op: str, state: State, ctx: Context) -> PrecisionMismatch
     )
 
 
-def prepare(vals: list[Val], state: State) -> list[Any]:
+def in_compute_format(vals: list[Val], state: State) -> list[Any]:
     """Inputs brought to the op's compute format: weak and full-precision values rounded."""
     fmt = state.format
     out = []
@@ -149,7 +153,7 @@ def prepare(vals: list[Val], state: State) -> list[Any]:
     return out
 
 
-def finish(op: str, outs: list[Any], state: State) -> list[Val]:
+def rounded_outputs(op: str, outs: list[Any], state: State) -> list[Val]:
     """Outputs rounded onto the compute format's grid (unless the op keeps it)."""
     result: list[Val] = []
     for o in outs:
@@ -164,7 +168,7 @@ def finish(op: str, outs: list[Any], state: State) -> list[Val]:
     return result
 
 
-def at_use(fn: Callable[[Any], Any], arg: Any, *probes: Any) -> Any:
+def computed_at_use(fn: Callable[[Any], Any], arg: Any, *probes: Any) -> Any:
     """`fn(arg)`, computed where an op uses it.
 
     On CPU `fn` runs inside a conditional whose predicate is read from the
@@ -199,7 +203,7 @@ def at_use(fn: Callable[[Any], Any], arg: Any, *probes: Any) -> Any:
 
 
 def _placed(fn: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
-    """`(arg, probe) -> fn(arg)` inside a conditional on `probe` (see `at_use`)."""
+    """`(arg, probe) -> fn(arg)` inside a conditional on `probe` (see `computed_at_use`)."""
 
     def branch(a: Any, p: Any) -> Any:
         return lax.cond(p == p, fn, fn, a)
@@ -229,20 +233,20 @@ def _placed(fn: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
 
 
 def decode_at_use(stored: Stored, other: Any = None) -> Any:
-    """The decoded values of `stored`, computed where an op uses them (see `at_use`)."""
+    """The decoded values of `stored`, computed where an op uses them (see `computed_at_use`)."""
     dtype = stored.dtype
 
     def decode(enc: dtypes.Encoded) -> Any:
         return decode_encoded(enc, dtype)
 
-    return at_use(decode, stored.enc, other, stored.enc.scale)
+    return computed_at_use(decode, stored.enc, other, stored.enc.scale)
 
 
 def operands_at_use(vals: list[Val], state: State, native: Any = None) -> list[Any]:
     """The operands of a contraction in its compute format, each made where it is used.
 
     Storage is decoded and a float32 operand rounded into a narrower compute
-    format inside one `at_use` conditional per operand: a weight is the same
+    format inside one `computed_at_use` conditional per operand: a weight is the same
     value at every call, so XLA would otherwise decode or round every layer's
     weights first and hold them all. With `native` (a narrow container the
     contraction takes as it is) the conditional returns that container, so a
@@ -267,9 +271,9 @@ def operands_at_use(vals: list[Val], state: State, native: Any = None) -> list[A
 
         others = [w for j, (w, _) in enumerate(vals) if j != i]
         if stored is None:
-            out.append(at_use(make, v, *others))
+            out.append(computed_at_use(make, v, *others))
         else:
-            out.append(at_use(make, stored.enc, *others, stored.enc.scale))
+            out.append(computed_at_use(make, stored.enc, *others, stored.enc.scale))
     return out
 
 
@@ -290,8 +294,8 @@ def default_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
     if state is None:
         return [(o, None) for o in bind_eqn(eqn, *(v for v, _ in vals))]
     moved = moved_storage(eqn, vals) if ctx.compute is None else None
-    given = prepare(_decoded_at_use(op, vals), state)
-    result = finish(op, bind_eqn(eqn, *given), state)
+    given = in_compute_format(_decoded_at_use(op, vals), state)
+    result = rounded_outputs(op, bind_eqn(eqn, *given), state)
     if len(result) != 1:
         return result
     if moved is not None:

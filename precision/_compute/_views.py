@@ -23,7 +23,7 @@ from typing import Any
 
 from ._state import State, View
 
-__all__ = ["through_views", "transposed"]
+__all__ = ["Dims", "Val", "through_views", "transposed"]
 
 Val = tuple[Any, State | None]
 Dims = tuple[tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]]

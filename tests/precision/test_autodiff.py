@@ -311,7 +311,7 @@ def test_straight_through_values_equal_the_stored_values(fmt, scaling):
     # Concrete conversions and conversions under `jit` alone hold storage only:
     # exactly the arrays `nbytes` counts, and the same pytree either way.
     for t in (eager, traced):
-        assert t._straight is None
+        assert t._straight_through is None
         leaves = jax.tree_util.tree_leaves(t)
         assert sum(leaf.nbytes for leaf in leaves) == t.nbytes
     assert jax.tree_util.tree_structure(eager) == jax.tree_util.tree_structure(traced)

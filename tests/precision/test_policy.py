@@ -27,7 +27,7 @@ _OWN_PRIMITIVE = Primitive("precision_test_own_op")
         ("c=fp16", ("float32", "float16", "float32")),
         ("params=bf16", ("bfloat16", "bfloat16", "bfloat16")),
         (" Param = FP32 , Compute = E4M3 ", ("float32", "float8_e4m3fn", "float32")),
-        ("compute=int8", ("float32", "int8", "float32")),
+        ("params=int8,o=f32", ("int8", "float32", "float32")),
         ("o=f32,c=tf32,p=f32", ("float32", "tf32", "float32")),
         ("mixed_bfloat16", ("float32", "bfloat16", "float32")),
         ("mixed_float16", ("float32", "float16", "float32")),
@@ -140,10 +140,28 @@ def test_cast_to_compute_reduced_gives_tensors_and_keeps_integers():
     np.testing.assert_array_equal(np.asarray(out["w"]), expected)
 
 
-def test_cast_to_int8_compute():
-    out = Policy.parse("c=int8").cast_to_compute(_tree())
-    assert out["w"].format is dtypes.int8
-    assert out["b"].format is dtypes.int8
+@pytest.mark.parametrize("spelling", ["c=int8", "c=mxfp4", "c=nf4"])
+def test_a_storage_encoding_is_refused_as_compute_format_at_once(spelling):
+    # It used to be accepted here and refused only when apply ran under the policy.
+    name = spelling[2:]
+    with pytest.raises(precision.FormatError) as info:
+        Policy.parse(spelling)
+    said = str(info.value)
+    assert f"compute={name!r} is a storage encoding" in said
+    assert f"params={name!r}" in said
+    assert 'compute="bfloat16"' in said
+
+
+def test_storage_params_compute_in_the_logical_dtype():
+    policy = Policy.parse("params=int8,output=float32")
+    assert policy.compute is dtypes.float32
+    assert Policy.parse("params=int8").compute is dtypes.float32
+    kept = policy.cast_to_param(_tree())
+    assert kept["w"].format is dtypes.int8
+    x = precision.Tensor(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4))
+    out = precision.apply(lambda w, v: v @ w.T, policy=policy)(kept["w"], x)
+    ref = np.asarray(x) @ np.asarray(kept["w"]).T  # decoded int8 weight, float32 arithmetic
+    np.testing.assert_array_equal(np.asarray(out), ref)
 
 
 def test_cast_to_full_precision_gives_plain_arrays_of_that_dtype():
