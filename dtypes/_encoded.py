@@ -71,7 +71,8 @@ class Encoded:
     ) -> Encoded:
         data, scale, tensor_scale, zero_point = children
         fmt, scaling, last = aux
-        scaling = cls.fitted_scaling(fmt, scaling, last, data, scale)
+        if scaling is not None:  # (this runs for every result of every operation)
+            scaling = cls.fitted_scaling(fmt, scaling, last, data, scale)
         return cls(
             data, scale, fmt, scaling, last, tensor_scale=tensor_scale, zero_point=zero_point
         )

@@ -158,10 +158,10 @@ class Tensor:
     @classmethod
     def tree_unflatten(cls, aux: tuple[Any, ...], children: tuple[Any, ...]) -> Tensor:
         encoded_aux, dtype = aux
-        *stored, st = children
+        st = children[4]
         # one layer of a stack under vmap/scan, or a batch of encodings made under vmap:
         # the Encoded refits its scaling to the arrays it is given
-        encoded = dtypes.Encoded.tree_unflatten(encoded_aux, tuple(stored))
+        encoded = dtypes.Encoded.tree_unflatten(encoded_aux, children[:4])
         if isinstance(st, jax.Array | np.ndarray) and not is_tracer(st):
             # A straight-through copy carries a gradient only while it is traced; out of
             # `grad` (an aux output, a jitted step's result) it would be a float32 copy

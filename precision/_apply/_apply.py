@@ -51,11 +51,6 @@ def _concrete(x: Any) -> bool:
     return isinstance(x, jax.Array) and not compat.is_tracer(x)
 
 
-def _unscaled(enc: dtypes.Encoded) -> bool:
-    """Whether `enc` is one array of codes: no scales, tensor scale or zero points."""
-    return enc.scale is None and enc.tensor_scale is None and enc.zero_point is None
-
-
 def _is_tensor(x: Any) -> bool:
     return isinstance(x, Tensor)
 
@@ -443,8 +438,12 @@ def apply(
                 and type(b) is Tensor
                 and a._straight_through is None
                 and b._straight_through is None
-                and _unscaled(a._encoded)
-                and _unscaled(b._encoded)
+                and (ea := a._encoded).scale is None
+                and (eb := b._encoded).scale is None
+                and ea.tensor_scale is None
+                and eb.tensor_scale is None
+                and ea.zero_point is None
+                and eb.zero_point is None
             ):
                 # Fastest path (binary operators on unscaled Tensors): the key
                 # is the two cached signatures, the arguments the two arrays.
@@ -452,7 +451,7 @@ def apply(
                     (_TWO_TENSORS, a._signature or a.signature(), b._signature or b.signature())
                 )
                 if entry is not None:
-                    da, db = a._encoded.data, b._encoded.data
+                    da, db = ea.data, eb.data
                     # Only concrete JAX arrays take this path; traced data (inside
                     # jit, grad, vmap) and numpy leaves take the full one, which keys
                     # on differentiation and checks devices of abstract values.
