@@ -231,8 +231,9 @@ def reduced_state(
             `precision.to_full_precision(tree)`), or a state that is not this
             transformation's `ReducedState`.
         UpdateError: at `update`, updates (or params) whose structure or leaf
-            shapes differ from the params given to `init`, checked before the
-            wrapped optimizer fails on them or broadcasts them.
+            shapes differ from the params given to `init`, or a state made by
+            another optimizer's init, checked before the wrapped optimizer fails
+            on them or broadcasts them.
         SelectionError: a `patterns` key is not a valid regular expression.
         FormatError: an unknown format name.
 
@@ -303,6 +304,8 @@ def reduced_state(
 
         return jax.tree_util.tree_map_with_path(one, state, is_leaf=is_tensor)
 
+    expected_states: dict[Any, Any] = {}  # params layout -> the inner state's structure
+
     def init_fn(params: Any) -> ReducedState:
         _check_arrays(params, "params", "tx.init(params)")
         return ReducedState(encode(inner.init(params)), ParamsLayout.of(params))
@@ -311,6 +314,7 @@ def reduced_state(
         updates: Any, state: ReducedState, params: Any = None, **extra: Any
     ) -> tuple[Any, ReducedState]:
         _check_update(updates, state, params)
+        _check_inner_state(state, params, inner, expected_states)
         new_updates, new_inner = inner.update(updates, decode(state.inner), params, **extra)
         return new_updates, ReducedState(encode(new_inner), state.params_layout)
 
@@ -336,6 +340,42 @@ def _check_update(updates: Any, state: Any, params: Any) -> None:
         layout.check(updates, "updates")
         if params is not None:
             layout.check(params, "params")
+
+
+def _check_inner_state(state: ReducedState, params: Any, inner: Any, known: dict[Any, Any]) -> None:
+    """Refuse a `ReducedState` made by another optimizer's init (an Adam state given to
+    an SGD's update fails inside optax with `AttributeError: ... 'trace'`)."""
+    layout = state.params_layout
+    if layout is None and params is not None:
+        layout = ParamsLayout.of(params)
+    if layout is None:
+        return
+    key = (layout.treedef, layout.shapes)
+    expected = known.get(key)
+    if expected is None:
+        shapes = [jax.ShapeDtypeStruct(s, jnp.float32) for s in layout.shapes]
+        try:
+            made = jax.eval_shape(inner.init, jax.tree_util.tree_unflatten(layout.treedef, shapes))
+        except Exception:  # an init that needs concrete values: optax will judge the state
+            return
+        expected = known[key] = jax.tree_util.tree_structure(made)
+    found = jax.tree_util.tree_structure(state.inner, is_leaf=is_tensor)
+    if found != expected:
+        raise UpdateError(
+            f"reduced_state: the state holds {_state_kind(state.inner)}, but this "
+            f"transformation's wrapped optimizer keeps {_state_kind_of(expected)}: it was made "
+            "by another optimizer's init; pass state = tx.init(params) of this same tx"
+        )
+
+
+def _state_kind(inner: Any) -> str:
+    parts = inner if isinstance(inner, tuple) and not hasattr(inner, "_fields") else (inner,)
+    return ", ".join(type(p).__name__ for p in parts) or "an empty state"
+
+
+def _state_kind_of(treedef: Any) -> str:
+    dummy = jax.tree_util.tree_unflatten(treedef, [0] * treedef.num_leaves)
+    return _state_kind(dummy)
 
 
 _LOSS_SCALES = (DynamicLossScale, StaticLossScale, NoOpLossScale)

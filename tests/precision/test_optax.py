@@ -127,3 +127,23 @@ def test_states_pass_through_scan_masked_wrappers_and_hand_built_states():
     tx.update(params, by_hand, params)
     with pytest.raises(precision.UpdateError, match=r"params\['b'\] had \(3,\)"):
         tx.update({"w": jnp.ones((4, 128)), "b": jnp.ones(2)}, by_hand, params)
+
+
+def test_a_state_made_by_another_optimizer_is_refused_before_optax_sees_it():
+    # An Adam ReducedState given to an SGD-with-momentum update used to fail inside
+    # optax with "AttributeError: 'ScaleByAdamState' object has no attribute 'trace'".
+    params = {"w": jnp.ones((4, 128)), "b": jnp.zeros(4)}
+    grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
+    adam = reduced_state(optax.adam(1e-2))
+    sgd = reduced_state(optax.sgd(1e-2, momentum=0.9))
+    for update in (sgd.update, jax.jit(sgd.update)):
+        with pytest.raises(precision.UpdateError) as info:
+            update(grads, adam.init(params), params)
+        said = str(info.value)
+        assert "ScaleByAdamState" in said
+        assert "TraceState" in said
+        assert "tx.init(params)" in said
+    # the same optimizer built twice is the same optimizer: its states are interchangeable
+    twin = reduced_state(optax.sgd(1e-2, momentum=0.9))
+    _, state = twin.update(grads, sgd.init(params), params)
+    assert state.inner[0].trace["w"].shape == (4, 128)
