@@ -700,10 +700,38 @@ def test_report_table_and_plot(checkpoint, tmp_path):
     assert "1 unchanged tensor(s) not listed" in result.stdout
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    image = matplotlib.image.imread(png)
-    assert image.ndim == 3
+    image = matplotlib.image.imread(png)[..., :3]
     assert image.shape[0] > 100
     assert image.shape[1] > 100
+    _check_plot(image, [float(table[n][4]) for n in ("encoder.weight", "encoder.bias")])
+
+
+def _pixels(image, rgb):
+    """Where `image` has the colour `rgb` (0..255), anti-aliased edges left out."""
+    return np.all(np.abs(image - np.array(rgb) / 255) < 0.02, axis=-1)
+
+
+def _check_plot(image, sqnrs):
+    """The plot draws what the table says: left, one bar per changed tensor, worst on
+    top, each as long as its SQNR (the bars start at 0 dB, so their lengths are in the
+    ratio of the SQNRs); right, each tensor's error histogram and the grey mean."""
+    half = image.shape[1] // 2
+    left, right = image[:, :half], image[:, half:]
+    blue, orange, grey = (31, 119, 180), (255, 127, 14), (217, 217, 217)  # tab10 0, 1; 0.85
+    rows = np.flatnonzero(_pixels(left, blue).sum(axis=1) > 20)
+    assert rows.size, "no bar drawn"
+    bars = np.split(rows, np.flatnonzero(np.diff(rows) > 1) + 1)  # runs of rows
+    assert len(bars) == 2, [(b[0], b[-1]) for b in bars]
+    lengths = [_pixels(left[bar[len(bar) // 2]], blue).sum() for bar in bars]  # top first
+    starts = [np.argmax(_pixels(left[bar[len(bar) // 2]], blue)) for bar in bars]
+    assert abs(int(starts[0]) - int(starts[1])) <= 1  # both bars start at 0 dB
+    worst_first = sorted(sqnrs)
+    assert lengths[0] / lengths[1] == pytest.approx(worst_first[0] / worst_first[1], abs=0.01)
+    assert lengths[0] > 0.5 * half  # the longest SQNR spans most of its panel
+    # the histogram panel: two step lines (blue, dashed orange) over a grey mean
+    assert _pixels(right, blue).sum() > 300
+    assert _pixels(right, orange).sum() > 300
+    assert _pixels(right, grey).sum() > 5000
 
 
 def test_report_counts_nan_and_inf_and_a_lost_value_makes_sqnr_minus_inf(tmp_path, capsys):
