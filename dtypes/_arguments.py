@@ -3,6 +3,8 @@
 `_inputs` applies them to every encoder's input; a format's `check` applies
 them alone to float numpy arrays, so a caller that only asks whether a
 format takes a scaling (the command line, planning a conversion) loads no JAX.
+A scale format's refusal of a scaling and of directed rounding is here too,
+shared by its `nbytes` (no JAX) and its codec.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._errors import NonFiniteError, PrecisionTypeError, ScalingError
+from ._errors import NonFiniteError, PrecisionTypeError, RoundingError, ScalingError
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
@@ -22,6 +24,7 @@ __all__ = [
     "as_dtype",
     "check_scaling_field",
     "refuse_non_finite",
+    "refuse_scale_format_arguments",
     "refuse_scaling",
     "resolve_scaling",
 ]
@@ -107,3 +110,18 @@ def refuse_scaling(fmt: IntFormat, scaling: Scaling, shape: tuple[int, ...]) -> 
             )
     if shape:
         scaling.validate(shape)
+
+
+def refuse_scale_format_arguments(fmt: Format, scaling: Scaling | None, rounding: str) -> None:
+    """Raise unless a scale format (E8M0) is given no scaling and nearest rounding."""
+    if scaling is not None:
+        raise ScalingError(
+            f"{fmt.name} is a scale format and takes no scaling of its own, got {scaling}; "
+            "name it as a scaling's scale_format instead, e.g. "
+            "PerBlock(32, power_of_two=True, scale_format='float8_e8m0fnu')"
+        )
+    if rounding != "nearest_even":
+        raise RoundingError(
+            f"{fmt.name} rounds only to nearest (rounding='nearest_even'), got {rounding!r}: "
+            "its scales come from the OCP MX rule, which picks the power of two itself"
+        )

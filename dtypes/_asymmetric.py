@@ -15,15 +15,15 @@ A storage encoding. Over each scaling group, with `qmax = 2**bits - 1`:
 
 Codes are packed densely along the last axis (two uint4 codes a byte).
 
-The class needs only numpy; the encoding and decoding are computed in
-`_asymmetric_codec`, which the methods import on first use.
+The class needs only numpy; its operations are computed in its codec,
+`_asymmetric_codec`, which `Format`'s methods import on first use.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -31,11 +31,6 @@ from ._arguments import check_scaling_field
 from ._errors import FormatError
 from ._format import Format, packed_nbytes, shape_of
 from ._scaling import PerTensor, Scaling, scale_nbytes
-
-if TYPE_CHECKING:
-    import jax
-
-    from ._encoded import Encoded
 
 __all__ = ["AsymmetricIntFormat", "uint4", "uint8"]
 
@@ -66,6 +61,7 @@ class AsymmetricIntFormat(Format):
     name: str = dataclasses.field(default="", kw_only=True, compare=False)
 
     kind: ClassVar[str] = "uint"
+    _codec: ClassVar[str] = "_asymmetric_codec"
 
     def __post_init__(self) -> None:
         check_scaling_field(self, self.scaling)
@@ -102,50 +98,12 @@ class AsymmetricIntFormat(Format):
     def default_scaling(self) -> Scaling:
         return self.scaling if self.scaling is not None else PerTensor()
 
-    def encode(
-        self,
-        x: Any,
-        *,
-        scaling: Scaling | None = None,
-        rounding: str = "nearest_even",
-        key: jax.Array | None = None,
-    ) -> Encoded:
-        """Encode `x` into codes, scales and zero points (see the module docstring)."""
-        from . import _asymmetric_codec
-
-        return _asymmetric_codec.encode(self, x, scaling, rounding, key)
-
-    def decode(self, encoded: Encoded, dtype: Any = np.float32) -> jax.Array:
-        """`(code - zero_point) * scale` per group."""
-        from . import _asymmetric_codec
-
-        return _asymmetric_codec.decode(self, encoded, dtype)
-
-    def round(
-        self,
-        x: Any,
-        *,
-        scaling: Scaling | None = None,
-        rounding: str = "nearest_even",
-        key: jax.Array | None = None,
-    ) -> jax.Array:
-        """`decode(encode(x))` as float32, straight-through for gradients."""
-        from . import _codec
-
-        return _codec.storage_round(self, scaling, rounding, x, key)
-
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
         """Packed codes, scales at their format's width, and one byte per zero point."""
         shape = shape_of(shape)
         scaling = self.default_scaling() if scaling is None else scaling
         groups = math.prod(scaling.scale_shape(shape)) if shape else 1
         return packed_nbytes(shape, self.code_bits) + scale_nbytes(scaling, shape) + groups
-
-    def check(self, x: Any, *, scaling: Scaling | None = None) -> None:
-        """Raise the error a scaling that does not fit `x`, or NaN/inf in it, would raise."""
-        from . import _codec
-
-        _codec.check_storage(self, x, scaling)
 
     def __repr__(self) -> str:
         return f"AsymmetricIntFormat({self.bits}, calibration={self.calibration!r})"

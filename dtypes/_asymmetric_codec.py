@@ -1,7 +1,8 @@
-"""encode / decode of `AsymmetricIntFormat`s (zero-point codes), in pure jnp.
+"""encode / decode / round / check of `AsymmetricIntFormat`s (zero-point codes), in jnp.
 
-See `_asymmetric` for the rules. `AsymmetricIntFormat`'s methods import this
-module on first use.
+See `_asymmetric` for the rules. `Format`'s methods import this module on
+first use. `round` and `check` are those every storage encoding shares
+(`_codec.storage_round`, `_codec.check_storage`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ._scaling import Scaling
 if TYPE_CHECKING:
     from ._asymmetric import AsymmetricIntFormat
 
-__all__ = ["decode", "encode"]
+__all__ = ["check", "decode", "encode", "round"]
 
 
 def encode(
@@ -43,6 +44,12 @@ def decode(fmt: AsymmetricIntFormat, enc: Encoded, dtype: Any = np.float32) -> j
     _codec.check_decodable(fmt, enc, dtype)
     values: jax.Array = _decode_jit(fmt, enc, jnp.dtype(dtype))
     return values
+
+
+# decode(encode(x)) with the straight-through derivative, and encode's checks alone:
+# what every storage encoding does
+round = _codec.storage_round
+check = _codec.check_storage
 
 
 def _group(scaling: Scaling, x: jax.Array, reduce: Callable[..., jax.Array]) -> jax.Array:

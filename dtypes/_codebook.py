@@ -19,9 +19,9 @@ Rounding to table entries:
 Other modes have no meaning for a table that need not be a grid and are
 refused.
 
-The class, its table and the exact halfway points need only numpy; the
-encoding and decoding are computed in `_codebook_codec`, which the methods
-import on first use.
+The class, its table and the exact halfway points need only numpy; its
+operations are computed in its codec, `_codebook_codec`, which `Format`'s
+methods import on first use.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import functools
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -39,11 +39,6 @@ from ._arguments import check_scaling_field
 from ._errors import FormatError, PrecisionTypeError
 from ._format import Format, packed_nbytes, shape_of
 from ._scaling import PerBlock, PerTensor, Scaling, scale_nbytes
-
-if TYPE_CHECKING:
-    import jax
-
-    from ._encoded import Encoded
 
 __all__ = ["CodebookFormat", "nf4"]
 
@@ -74,6 +69,7 @@ class CodebookFormat(Format):
     name: str = dataclasses.field(default="", kw_only=True, compare=False)
 
     kind: ClassVar[str] = "codebook"
+    _codec: ClassVar[str] = "_codebook_codec"
 
     def __post_init__(self) -> None:
         check_scaling_field(self, self.scaling)
@@ -134,56 +130,11 @@ class CodebookFormat(Format):
         """float32 t_k with: code > k exactly when y > t_k (nearest, ties to even)."""
         return _thresholds(self.values)
 
-    # -- operations ------------------------------------------------------
-    def encode(
-        self,
-        x: Any,
-        *,
-        scaling: Scaling | None = None,
-        rounding: str = "nearest_even",
-        key: jax.Array | None = None,
-    ) -> Encoded:
-        """Encode `x` as packed table indices with per-group scales.
-
-        Raises:
-            RoundingError: a mode other than nearest_even/stochastic, or no key.
-            NonFiniteError: NaN/inf given eagerly.
-            ScalingError: a scaling that does not fit `x`.
-        """
-        from . import _codebook_codec
-
-        return _codebook_codec.encode(self, x, scaling, rounding, key)
-
-    def decode(self, encoded: Encoded, dtype: Any = np.float32) -> jax.Array:
-        """Table values times the group scales."""
-        from . import _codebook_codec
-
-        return _codebook_codec.decode(self, encoded, dtype)
-
-    def round(
-        self,
-        x: Any,
-        *,
-        scaling: Scaling | None = None,
-        rounding: str = "nearest_even",
-        key: jax.Array | None = None,
-    ) -> jax.Array:
-        """`decode(encode(x))` as float32, straight-through for gradients."""
-        from . import _codec
-
-        return _codec.storage_round(self, scaling, rounding, x, key)
-
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
         """Packed codes plus the scales, at the scale format's width."""
         shape = shape_of(shape)
         scaling = self.default_scaling() if scaling is None else scaling
         return packed_nbytes(shape, self.code_bits) + scale_nbytes(scaling, shape)
-
-    def check(self, x: Any, *, scaling: Scaling | None = None) -> None:
-        """Raise the error a scaling that does not fit `x`, or NaN/inf in it, would raise."""
-        from . import _codec
-
-        _codec.check_storage(self, x, scaling)
 
     def __repr__(self) -> str:
         return f"CodebookFormat(<{len(self.values)} values>, name={self.name!r})"

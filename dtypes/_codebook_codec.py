@@ -1,7 +1,8 @@
-"""encode / decode of `CodebookFormat`s: nearest or stochastic table indices, in jnp.
+"""encode / decode / round / check of `CodebookFormat`s: table indices, in jnp.
 
-See `_codebook` for the rounding rules. `CodebookFormat`'s methods import this
-module on first use.
+See `_codebook` for the rounding rules (nearest or stochastic). `Format`'s
+methods import this module on first use. `round` and `check` are those every
+storage encoding shares (`_codec.storage_round`, `_codec.check_storage`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ._scaling import Scaling
 if TYPE_CHECKING:
     from ._codebook import CodebookFormat
 
-__all__ = ["decode", "encode", "nearest_index", "stochastic_index"]
+__all__ = ["check", "decode", "encode", "nearest_index", "round", "stochastic_index"]
 
 
 def encode(
@@ -41,6 +42,12 @@ def decode(fmt: CodebookFormat, enc: Encoded, dtype: Any = np.float32) -> jax.Ar
     _codec.check_decodable(fmt, enc, dtype)
     values: jax.Array = _decode_jit(fmt, enc, jnp.dtype(dtype))
     return values
+
+
+# decode(encode(x)) with the straight-through derivative, and encode's checks alone:
+# what every storage encoding does
+round = _codec.storage_round
+check = _codec.check_storage
 
 
 def _scaled(fmt: CodebookFormat, x: jax.Array, scaling: Scaling) -> tuple[jax.Array, jax.Array]:

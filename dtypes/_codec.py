@@ -1,11 +1,13 @@
 """What the codecs of the different format classes share, and nothing else.
 
-Each format class encodes, decodes and rounds in its own codec module
-(`_float_codec`, `_int_codec`, `_codebook_codec`, `_asymmetric_codec`); this
-one holds the pieces two or more of them use: packing codes into an
-`Encoded` and back, the argument checks of `decode`, multiplying codes by
-their stored scales, and the two straight-through derivatives of `round`.
-Nothing here asks which kind of format it has been given.
+Each format class encodes, decodes, rounds and checks in its own codec
+module (`_float_codec`, `_int_codec`, `_codebook_codec`, `_asymmetric_codec`,
+`_e8m0_codec`), which `Format`'s methods call; this one holds the pieces two
+or more of them use: packing codes into an `Encoded` and back, the argument
+checks of `decode`, multiplying codes by their stored scales, the two
+straight-through derivatives of `round`, and the `round` and `check` of the
+storage encodings (code books, zero-point integers, E8M0). Nothing here asks
+which kind of format it has been given.
 """
 
 from __future__ import annotations
@@ -26,22 +28,21 @@ from ._errors import FormatError, PrecisionTypeError, RoundingError, ScalingErro
 from ._format import Format
 from ._ieee import times_scale, to_float32
 from ._inputs import any_equal_now, as_float_array, check_finite, is_tracer
-from ._rounding_modes import check_rounding
 from ._scaling import Scaling
 
 __all__ = [
     "check_decodable",
     "check_storage",
     "dequantize",
-    "fake_quantizer",
     "pack_encoded",
     "prepare_storage",
     "storage_round",
+    "straight_through_round",
     "unpack_codes",
 ]
 
-QDQ = Callable[[Any, Any, str, jax.Array, Any], tuple[jax.Array, jax.Array]]
-"""`qdq(fmt, scaling, rounding, x, key) -> (rounded x, mask)`: values and where gradients pass."""
+RoundWithMask = Callable[[Any, Any, str, jax.Array, Any], tuple[jax.Array, jax.Array]]
+"""`f(fmt, scaling, rounding, x, key) -> (rounded x, mask)`: values and where gradients pass."""
 
 
 def pack_encoded(
@@ -185,36 +186,37 @@ def dequantize(codes: jax.Array, enc: Encoded, offset: int, dtype: Any) -> jax.A
     return times_scale(values, scale).astype(dtype)
 
 
-def fake_quantizer(qdq: QDQ) -> Callable[..., jax.Array]:
-    """`round` from `qdq`: jitted, with a straight-through derivative masked where clipped.
+def straight_through_round(round_with_mask: RoundWithMask) -> Callable[..., jax.Array]:
+    """A format's `round` from `round_with_mask`: jitted, with a straight-through
+    derivative masked where clipped.
 
     The rounding itself has derivative 0 almost everywhere; the derivative
-    used is 1 where `qdq`'s mask is true (the value was representable) and 0
+    used is 1 where the mask is true (the value was representable) and 0
     where it was clipped to the format's range.
     """
 
     @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
-    def fake_quantize(fmt: Any, scaling: Any, rounding: str, x: jax.Array, key: Any) -> jax.Array:
-        return qdq(fmt, scaling, rounding, x, key)[0]
+    def round_ste(fmt: Any, scaling: Any, rounding: str, x: jax.Array, key: Any) -> jax.Array:
+        return round_with_mask(fmt, scaling, rounding, x, key)[0]
 
-    @fake_quantize.defjvp
+    @round_ste.defjvp
     def _jvp(
         fmt: Any, scaling: Any, rounding: str, primals: Any, tangents: Any
     ) -> tuple[jax.Array, jax.Array]:
         x, key = primals
         tx = tangents[0]
-        y, mask = qdq(fmt, scaling, rounding, x, key)
+        y, mask = round_with_mask(fmt, scaling, rounding, x, key)
         return y, jnp.where(mask, tx, jnp.zeros_like(tx)).astype(y.dtype)
 
-    return jax.jit(fake_quantize, static_argnums=(0, 1, 2))
+    return jax.jit(round_ste, static_argnums=(0, 1, 2))
 
 
 def storage_round(
-    fmt: Format, scaling: Scaling | None, rounding: str, x: Any, key: Any
+    fmt: Format, x: Any, scaling: Scaling | None, rounding: str, key: Any
 ) -> jax.Array:
-    """`fmt.decode(fmt.encode(x))` with the straight-through derivative (`x` checked as
-    `encode` checks it, before it meets the derivative rule)."""
-    check_rounding(rounding, key)
+    """`round` of the storage encodings: `fmt.decode(fmt.encode(x))` with the
+    straight-through derivative (`x` checked as `encode` checks it, before it
+    meets the derivative rule)."""
     return _storage_round(fmt, scaling, rounding, as_float_array(x), key)
 
 
@@ -253,7 +255,6 @@ def prepare_storage(
     Code books and zero-point integers keep absmax scales (no power-of-two
     rule, no E8M0 or two-level e4m3 scales) and round with `modes` only.
     """
-    check_rounding(rounding, key)
     if rounding not in modes:
         raise RoundingError(
             f"{fmt.name} rounds with {' or '.join(modes)}, got rounding={rounding!r}; "

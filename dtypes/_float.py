@@ -2,9 +2,10 @@
 
 The class and its numbers (`max`, `eps`, `emin`, `native_dtype`, the
 container and whether codes are packed) need only numpy and ml_dtypes. The
-operations are computed in `_float_codec`, which the methods import on first
-use: building or looking up a format, as `import dtypes` does, loads no JAX.
-Which dtype `round` returns is decided here, from the numbers alone.
+operations are computed in its codec, `_float_codec`, which `Format`'s methods
+import on first use: building or looking up a format, as `import dtypes`
+does, loads no JAX. Which dtype `round` returns is decided here, from the
+numbers alone.
 
 A format says how a number is represented; it never holds data. Equality and
 hashing cover the numbers a format can represent and how it rounds, not its
@@ -27,9 +28,6 @@ from ._format import Format
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
-    import jax
-
-    from ._encoded import Encoded
     from ._rounding import Grid
 
 __all__ = ["FloatFormat"]
@@ -85,6 +83,7 @@ class FloatFormat(Format):
     name: str = dataclasses.field(default="", kw_only=True, compare=False)
 
     kind: ClassVar[str] = "float"
+    _codec: ClassVar[str] = "_float_codec"
 
     def __post_init__(self) -> None:
         check_scaling_field(self, self.scaling)
@@ -231,45 +230,6 @@ class FloatFormat(Format):
         return Grid(
             self.mantissa_bits, self.emin, self.max, self.has_inf, bool(self.nan), self.saturate
         )
-
-    # -- operations: computed in `_float_codec`, imported on first use ------
-    def encode(
-        self,
-        x: Any,
-        *,
-        scaling: Scaling | None = None,
-        rounding: str = "nearest_even",
-        key: jax.Array | None = None,
-    ) -> Encoded:
-        """Encode `x` (see `Format.encode`): native values, or bit codes packed densely."""
-        from . import _float_codec
-
-        return _float_codec.encode(self, x, scaling, rounding, key)
-
-    def check(self, x: Any, *, scaling: Scaling | None = None) -> None:
-        """Raise the error `encode(x, scaling=scaling)` would raise (see `Format.check`)."""
-        from . import _float_codec
-
-        _float_codec.check(self, x, scaling)
-
-    def decode(self, encoded: Encoded, dtype: Any = np.float32) -> jax.Array:
-        """Logical values of `encoded` as a `dtype` array."""
-        from . import _float_codec
-
-        return _float_codec.decode(self, encoded, dtype)
-
-    def round(
-        self,
-        x: Any,
-        *,
-        scaling: Scaling | None = None,
-        rounding: str = "nearest_even",
-        key: jax.Array | None = None,
-    ) -> jax.Array:
-        """Snap `x` onto this format's grid (see `Format.round`)."""
-        from . import _float_codec
-
-        return _float_codec.fake_quantize(self, x, scaling, rounding, key)
 
     def result_dtype(self, dtype: Any, scaling: Scaling | None = None) -> np.dtype[Any]:
         """The dtype `round` returns for input of `dtype` (see `Format.result_dtype`)."""

@@ -23,13 +23,12 @@ from ._group_scales import flush_subnormals, scales, times_reciprocal
 from ._ieee import from_float32, times_scale
 from ._inputs import as_float_array, check_finite, is_tracer, resolve_scaling, special_values_now
 from ._rounding import Grid, round_float
-from ._rounding_modes import check_rounding
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
     from ._float import FloatFormat
 
-__all__ = ["check", "decode", "encode", "fake_quantize", "round_values"]
+__all__ = ["check", "decode", "encode", "round", "round_values"]
 
 
 def round_values(
@@ -149,7 +148,6 @@ def encode(fmt: FloatFormat, x: Any, scaling: Scaling | None, rounding: str, key
     NaN gets the answer as an extra output (on a CPU numpy reads the input in
     place faster); only then is `x` searched again, for the message.
     """
-    check_rounding(rounding, key)
     x = as_float_array(x)
     scaling = resolve_scaling(fmt, scaling)
     # (float64 input is checked on the host first: a finite value past float32's
@@ -274,7 +272,7 @@ def _decode_jit(fmt: FloatFormat, enc: Encoded, dtype: Any) -> jax.Array:
     return _codec.dequantize(values, enc, 0, dtype)
 
 
-def _qdq(
+def _round_with_mask(
     fmt: FloatFormat, scaling: Scaling | None, rounding: str, x: jax.Array, key: Any
 ) -> tuple[jax.Array, jax.Array]:
     """(quantize-dequantized x in `result_dtype`, straight-through gradient mask)."""
@@ -303,15 +301,12 @@ def _qdq(
     return out.astype(dtype), mask
 
 
-_fake_quantize_jit = _codec.fake_quantizer(_qdq)
+_round_jit = _codec.straight_through_round(_round_with_mask)
 
 
-def fake_quantize(
-    fmt: FloatFormat, x: Any, scaling: Scaling | None, rounding: str, key: Any
-) -> jax.Array:
+def round(fmt: FloatFormat, x: Any, scaling: Scaling | None, rounding: str, key: Any) -> jax.Array:
     """`fmt.round(x, ...)`: validated once, then one compiled kernel."""
-    check_rounding(rounding, key)
     x = as_float_array(x)
     scaling = resolve_scaling(fmt, scaling)
     _validate(fmt, x, scaling, storing=False)
-    return _fake_quantize_jit(fmt, scaling, rounding, x, key)
+    return _round_jit(fmt, scaling, rounding, x, key)

@@ -3,22 +3,29 @@
 A format says how a number is represented; it never holds data. This module
 holds the base class alone: the numbers every format has (`bits`,
 `container`, `code_bits`, `packed`, `kind`, the bytes an encoding takes) and
-the signatures of the operations (`encode`, `decode`, `round`, `check`,
-`result_dtype`), each implemented by the format's own class (`FloatFormat` in
-`_float`, `IntFormat` in `_int`, and so on). Nothing here imports JAX or any
-codec: describing a format is cheap, and `import dtypes` stays JAX-free.
+the operations (`encode`, `decode`, `round`, `check`, `result_dtype`). Each
+format class names its codec module in `_codec` (`FloatFormat`:
+`_float_codec`, `IntFormat`: `_int_codec`, and so on), and the four
+operations here hand their arguments to that module's `encode`, `decode`,
+`round` and `check`, after checking the rounding mode and its key, which is
+the same for every format. The codec is imported on the first operation, by
+name: nothing here imports JAX or any codec, so describing a format is cheap
+and `import dtypes` stays JAX-free.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 import numbers
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import numpy as np
 
 from ._arguments import as_dtype
 from ._errors import ShapeError
+from ._rounding_modes import check_rounding
 from ._scaling import Scaling, scale_nbytes
 
 if TYPE_CHECKING:
@@ -26,7 +33,29 @@ if TYPE_CHECKING:
 
     from ._encoded import Encoded
 
-__all__ = ["Format", "packed_length", "packed_nbytes", "shape_of"]
+__all__ = ["Codec", "Format", "packed_length", "packed_nbytes", "shape_of"]
+
+
+class Codec(Protocol):
+    """What a codec module defines: the four operations of its format class.
+
+    Each takes the format first; `Format`'s methods call them with the
+    arguments they were given, unchanged.
+    """
+
+    def encode(self, fmt: Any, x: Any, scaling: Any, rounding: str, key: Any) -> Encoded: ...
+
+    def decode(self, fmt: Any, encoded: Any, dtype: Any) -> jax.Array: ...
+
+    def round(self, fmt: Any, x: Any, scaling: Any, rounding: str, key: Any) -> jax.Array: ...
+
+    def check(self, fmt: Any, x: Any, scaling: Any) -> None: ...
+
+
+@functools.cache
+def _codec_module(name: str) -> Codec:
+    """The codec module `dtypes.<name>`, imported on first use (codecs import JAX)."""
+    return cast(Codec, importlib.import_module(f".{name}", __package__))
 
 
 def packed_length(n: int, bits: int) -> int:
@@ -73,6 +102,8 @@ class Format:
 
     kind: ClassVar[str]
     name: str
+    _codec: ClassVar[str]
+    """The module of `dtypes` that encodes, decodes, rounds and checks for this class."""
 
     if TYPE_CHECKING:  # a dataclass field in some subclasses, a property in others
 
@@ -116,7 +147,7 @@ class Format:
         scaling: Scaling | None = getattr(self, "scaling", None)
         return scaling
 
-    # -- operations (each format class implements them) -------------------
+    # -- operations: computed by the class's codec ------------------------
     def encode(
         self,
         x: Any,
@@ -144,7 +175,8 @@ class Format:
             ScalingError: a scaling that does not fit `x` (a `ValueError`).
             PrecisionTypeError: complex, string or object input (a `TypeError`).
         """
-        raise NotImplementedError
+        check_rounding(rounding, key)
+        return _codec_module(self._codec).encode(self, x, scaling, rounding, key)
 
     def check(self, x: Any, *, scaling: Scaling | None = None) -> None:
         """Raise the error `encode(x, scaling=scaling)` would raise, encoding nothing.
@@ -153,11 +185,11 @@ class Format:
         to a scaled encoding or to a format without NaN, a scaling that does
         not fit `x`. Traced values pass (their group scales become NaN).
         """
-        raise NotImplementedError
+        _codec_module(self._codec).check(self, x, scaling)
 
     def decode(self, encoded: Encoded, dtype: Any = np.float32) -> jax.Array:
         """Logical values of `encoded` as a `dtype` array."""
-        raise NotImplementedError
+        return _codec_module(self._codec).decode(self, encoded, dtype)
 
     def round(
         self,
@@ -189,7 +221,8 @@ class Format:
             >>> dtypes.bfloat16.round(x).dtype
             dtype(bfloat16)
         """
-        raise NotImplementedError
+        check_rounding(rounding, key)
+        return _codec_module(self._codec).round(self, x, scaling, rounding, key)
 
     def result_dtype(self, dtype: Any, scaling: Scaling | None = None) -> np.dtype[Any]:
         """The dtype `round` returns for input of `dtype` (and `scaling`).

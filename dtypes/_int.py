@@ -1,15 +1,16 @@
 """`IntFormat`: symmetric integer codes with a scale per group, and their codec.
 
 The class and its numbers need only numpy. The operations are computed in
-`_int_codec`, which the methods import on first use, so building or looking
-up a format, as `import dtypes` does, loads no JAX.
+its codec, `_int_codec`, which `Format`'s methods import on first use, so
+building or looking up a format, as `import dtypes` does, loads no JAX;
+`check` of a float16 or float32 numpy array is made here, without JAX.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -17,11 +18,6 @@ from ._arguments import check_scaling_field, refuse_non_finite, refuse_scaling, 
 from ._errors import FormatError
 from ._format import Format
 from ._scaling import PerTensor, Scaling
-
-if TYPE_CHECKING:
-    import jax
-
-    from ._encoded import Encoded
 
 __all__ = ["IntFormat"]
 
@@ -47,6 +43,7 @@ class IntFormat(Format):
     name: str = dataclasses.field(default="", kw_only=True, compare=False)
 
     kind: ClassVar[str] = "int"
+    _codec: ClassVar[str] = "_int_codec"
 
     def __post_init__(self) -> None:
         check_scaling_field(self, self.scaling)
@@ -97,20 +94,7 @@ class IntFormat(Format):
     def default_scaling(self) -> Scaling:
         return self.scaling if self.scaling is not None else PerTensor()
 
-    # -- operations: computed in `_int_codec`, imported on first use --------
-    def encode(
-        self,
-        x: Any,
-        *,
-        scaling: Scaling | None = None,
-        rounding: str = "nearest_even",
-        key: jax.Array | None = None,
-    ) -> Encoded:
-        """Encode `x` (see `Format.encode`): codes and a float32 scale per group."""
-        from . import _int_codec
-
-        return _int_codec.encode(self, x, scaling, rounding, key)
-
+    # -- operations: computed in `_int_codec` (see `Format`) ----------------
     def check(self, x: Any, *, scaling: Scaling | None = None) -> None:
         """Raise the error `encode(x, scaling=scaling)` would raise (see `Format.check`)."""
         if isinstance(x, np.ndarray) and x.dtype in (np.float16, np.float32):
@@ -120,28 +104,7 @@ class IntFormat(Format):
             refuse_scaling(self, resolved, x.shape)
             refuse_non_finite(x, self)
             return
-        from . import _int_codec
-
-        _int_codec.check(self, x, scaling)
-
-    def decode(self, encoded: Encoded, dtype: Any = np.float32) -> jax.Array:
-        """Logical values of `encoded` (`code * scale`) as a `dtype` array."""
-        from . import _int_codec
-
-        return _int_codec.decode(self, encoded, dtype)
-
-    def round(
-        self,
-        x: Any,
-        *,
-        scaling: Scaling | None = None,
-        rounding: str = "nearest_even",
-        key: jax.Array | None = None,
-    ) -> jax.Array:
-        """Snap `x` onto its group's grid of `code * scale` (see `Format.round`)."""
-        from . import _int_codec
-
-        return _int_codec.fake_quantize(self, x, scaling, rounding, key)
+        super().check(x, scaling=scaling)
 
     def __repr__(self) -> str:
         scaling = f", scaling={self.scaling!r}" if self.scaling is not None else ""

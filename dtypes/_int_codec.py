@@ -22,13 +22,12 @@ from ._group_scales import flush_subnormals, mean_abs, scales, times_reciprocal
 from ._ieee import times_scale, unsigned_zero
 from ._inputs import as_float_array, check_finite, is_tracer, resolve_scaling, special_values_now
 from ._rounding import round_integer
-from ._rounding_modes import check_rounding
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
     from ._int import IntFormat
 
-__all__ = ["check", "decode", "encode", "fake_quantize"]
+__all__ = ["check", "decode", "encode", "round"]
 
 
 def _validate(fmt: IntFormat, x: jax.Array, scaling: Scaling) -> None:
@@ -58,7 +57,6 @@ def encode(fmt: IntFormat, x: Any, scaling: Scaling | None, rounding: str, key: 
     then is `x` searched for the message. The encode reads `x` once more than it
     must only when it is about to be refused.
     """
-    check_rounding(rounding, key)
     x = as_float_array(x)
     resolved = _resolve(fmt, scaling)
     refuse_scaling(fmt, resolved, x.shape)
@@ -125,7 +123,7 @@ def _decode_jit(fmt: IntFormat, enc: Encoded, dtype: Any) -> jax.Array:
     return _codec.dequantize(codes, enc, fmt.top_exponent, dtype)
 
 
-def _qdq(
+def _round_with_mask(
     fmt: IntFormat, scaling: Scaling, rounding: str, x: jax.Array, key: Any
 ) -> tuple[jax.Array, jax.Array]:
     """(quantize-dequantized x in `result_dtype`, straight-through gradient mask)."""
@@ -146,15 +144,12 @@ def _qdq(
     return out.astype(dtype), mask
 
 
-_fake_quantize_jit = _codec.fake_quantizer(_qdq)
+_round_jit = _codec.straight_through_round(_round_with_mask)
 
 
-def fake_quantize(
-    fmt: IntFormat, x: Any, scaling: Scaling | None, rounding: str, key: Any
-) -> jax.Array:
+def round(fmt: IntFormat, x: Any, scaling: Scaling | None, rounding: str, key: Any) -> jax.Array:
     """`fmt.round(x, ...)`: validated once, then one compiled kernel."""
-    check_rounding(rounding, key)
     x = as_float_array(x)
     resolved = _resolve(fmt, scaling)
     _validate(fmt, x, resolved)
-    return _fake_quantize_jit(fmt, resolved, rounding, x, key)
+    return _round_jit(fmt, resolved, rounding, x, key)
