@@ -17,7 +17,10 @@ and its compilation included). Calibration batches are random windows of the tra
 
 Rows: float32; int4 in blocks of 128 inputs by round-to-nearest, GPTQ and AWQ (decoded at
 use); int8 per output channel by round-to-nearest; W8A8 (`apply(..., contract="int8")`, int8
-activations per row) on round-to-nearest and on SmoothQuant int8 weights. A method that
+activations per row) on round-to-nearest and on SmoothQuant int8 weights; then W8A8 again on
+the same model reparametrised to have activation outliers (`with_outliers`: a few LayerNorm
+features 32x larger, the rows reading them 32x smaller, float32 bits unchanged), the case
+SmoothQuant exists for. A method that
 `calibrate` refuses prints as `n/a` with its message, a failure as `ERROR`. Targets follow.
 
 Digits: a small ResNet (`nn.Conv` 3 x 3 residual blocks) on scikit-learn's 8 x 8 digits:
@@ -77,6 +80,42 @@ ROWS = [
     ("W8A8 RTN", "rtn", "int8", dtypes.PerAxis(), "int8"),
     ("W8A8 SmoothQuant", "smoothquant", "int8", dtypes.PerAxis(), "int8"),
 ]
+
+
+# W8A8 again on the same model given outlier channels (see `with_outliers`)
+OUTLIER_ROWS = [
+    ("float32 + outliers", None, None, None, None),
+    ("W8A8 RTN + outliers", "rtn", "int8", dtypes.PerAxis(), "int8"),
+    ("W8A8 SQ + outliers", "smoothquant", "int8", dtypes.PerAxis(), "int8"),
+]
+OUTLIER_FACTOR = 32.0  # a power of two: the reparametrised model computes the same numbers
+OUTLIER_CHANNELS = 4
+
+
+def with_outliers(params, cfg: Config):
+    """The same function with activation outliers, as large language models grow them.
+
+    In every block, `OUTLIER_CHANNELS` features of each LayerNorm's output are made
+    `OUTLIER_FACTOR` times larger (its scale and bias) and the rows of the Dense
+    kernels reading them (q, k, v after the first norm; the MLP's first layer after
+    the second) are divided by the same factor. A power of two times a float32 and
+    divided back is exact, so float32 logits are bit for bit the original's; only
+    an int8 quantization of the activations sees the outliers.
+    """
+    rng = np.random.default_rng(cfg.seed + 2)
+    tree = jax.tree.map(np.array, params)  # a copy to edit
+    for layer in range(cfg.layers):
+        block = tree["params"][f"Block_{layer}"]
+        for norm, readers in (
+            ("LayerNorm_0", ("Dense_0", "Dense_1", "Dense_2")),
+            ("LayerNorm_1", ("Dense_4",)),
+        ):
+            idx = rng.choice(cfg.width, OUTLIER_CHANNELS, replace=False)
+            for leaf in ("scale", "bias"):
+                block[norm][leaf][idx] *= np.float32(OUTLIER_FACTOR)
+            for dense in readers:
+                block[dense]["kernel"][idx, :] /= np.float32(OUTLIER_FACTOR)
+    return jax.tree.map(jnp.asarray, tree)
 
 
 def stdlib_bytes() -> np.ndarray:
@@ -266,6 +305,15 @@ def text_rows(cfg: Config, args) -> dict[str, tuple]:
         q, took = convert(f, params, batches, method, fmt, scaling)
         results[row] = (None if q is None else evaluate(f, q, xy, contract), took)
         print_row(row, *results[row], results["float32"][0])
+    print(
+        f"the same model with {OUTLIER_CHANNELS} outlier channels x{OUTLIER_FACTOR:g} after "
+        "each LayerNorm (an exact reparametrisation; loss against float32 + outliers):"
+    )
+    loud = with_outliers(params, cfg)
+    for row, method, fmt, scaling, contract in OUTLIER_ROWS:
+        q, took = convert(f, loud, batches, method, fmt, scaling)
+        results[row] = (None if q is None else evaluate(f, q, xy, contract), took)
+        print_row(row, *results[row], results["float32 + outliers"][0])
     return results
 
 
@@ -282,9 +330,9 @@ def print_row(row, bits, took, base) -> None:
     print(f"{row:<22} {bits.mean():>8.4f} {loss:>+8.4f} {se:>7.4f} {secs:>8}", flush=True)
 
 
-def half_check(results, row, base_row) -> str:
+def half_check(results, row, base_row, reference="float32") -> str:
     """Does `row` lose at most half of what `base_row` loses? Paired over the windows."""
-    f32, bits, base = results["float32"][0], results[row][0], results[base_row][0]
+    f32, bits, base = results[reference][0], results[row][0], results[base_row][0]
     if bits is None or base is None:
         return f"n.a. ({row if bits is None else base_row} did not run)"
     base_loss, base_se = mean_2se(base - f32)
@@ -306,6 +354,10 @@ def print_checks(results, cfg: Config) -> None:
         print(f"  {row} loses <= half of RTN int4: {half_check(results, row, 'RTN int4 g128')}")
     sq = half_check(results, "W8A8 SmoothQuant", "W8A8 RTN")
     print(f"  W8A8 SmoothQuant loses <= half of W8A8 RTN: {sq}")
+    sq = half_check(results, "W8A8 SQ + outliers", "W8A8 RTN + outliers", "float32 + outliers")
+    print(f"  with outlier channels, the same: {sq}")
+    same = np.array_equal(results["float32"][0], results["float32 + outliers"][0])
+    print(f"  float32 with outliers computes the same bits per byte: {same}")
     for row in ("GPTQ int4 g128", "AWQ int4 g128", "W8A8 SmoothQuant"):
         took = results[row][1]
         if results[row][0] is None:
