@@ -95,14 +95,16 @@ def test_sigint_at_many_moments(source, tmp_path, target):
         args += ["--max-shard-size", "10MB"]
     # an uninterrupted run's length: the shorter of two, as a busy machine makes
     # a first run slow and the moments would then fall after the commit
-    durations = []
+    durations, outputs = [], []
     for _ in range(2):
         code, _, err, seconds = convert(args, None, str(src))
         assert code == 0, err
         durations.append(seconds)
+        outputs.append(digest(dst))
         if target == "in-place":
             shutil.copy(source, src)
     duration = min(durations)
+    assert outputs[0] == outputs[1]  # a conversion writes the same bytes every time
     assert precision.load(dst if target != "sharded" else next(dst.glob("*-00001-of-*")))
     if target == "in-place":
         shutil.copy(source, src)
@@ -125,6 +127,7 @@ def test_sigint_at_many_moments(source, tmp_path, target):
             assert leftovers(tmp_path, {"in.safetensors"}) == []  # nothing written, no temp
         else:  # the signal came after the commit: a complete output
             assert code == 0, err
+            assert digest(dst) == outputs[0]  # the uninterrupted run's bytes
             if target == "in-place":
                 assert precision.load(src)["layer.0.weight"].format.name == "int8"
                 shutil.copy(source, src)
@@ -198,31 +201,44 @@ MOMENTS_MS = (
 def test_sigint_in_the_first_half_second_never_prints_our_traceback(tmp_path, entry):
     # From its first line the entry point records Ctrl-C; what is left before it is the
     # interpreter's own start (site, and an editable install's import hook), whose
-    # traceback names none of our files. After it: exit 130 with one line, or 0 done.
+    # traceback names none of our files. Each outcome is pinned to what it leaves:
+    # exit 130 prints one line and writes nothing; exit 0 wrote the output an
+    # uninterrupted run writes, byte for byte; an interpreter stopped before our first
+    # line (killed by the signal, or its own traceback) wrote nothing either.
     script = os.path.join(os.path.dirname(sys.executable), "precision")
     if entry == "console-script" and not os.path.exists(script):
         pytest.skip("no console script next to this interpreter")
     command = [script] if entry == "console-script" else [sys.executable, "-m", "precision"]
     src, dst = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
     safetensors.numpy.save_file({"w": np.ones((256, 256), np.float32)}, str(src))
+    argv = [*command, "convert", str(src), "-o", str(dst), "--to", "int8"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    uninterrupted = digest(dst)
+    np.testing.assert_array_equal(precision.load(str(dst), as_arrays=True)["w"], 1.0)
+    dst.unlink()
     outcomes = []
     for ms in MOMENTS_MS:
-        proc = subprocess.Popen(
-            [*command, "convert", str(src), "-o", str(dst), "--to", "int8", "--overwrite"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(ms / 1000)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-        outcomes.append((ms, proc.returncode))
+        out, err = proc.communicate(timeout=120)
+        code = proc.returncode
+        outcomes.append((ms, code))
         ours = ("_precision_cli", f"{os.sep}precision{os.sep}", f"bin{os.sep}precision")
         assert not ("Traceback" in err and any(o in err for o in ours)), (ms, err)
-        if proc.returncode == 130:
+        if code == 130:  # stopped by the command: one line, nothing written
             assert err.strip() == "precision: interrupted; nothing was written", (ms, err)
-        if "Traceback" not in err and proc.returncode not in (-signal.SIGINT, 130):
-            assert proc.returncode == 0, (ms, err)
-        assert leftovers(tmp_path, {"in.safetensors", "out.safetensors"}) == []
+            assert not dst.exists(), ms
+        elif code == 0:  # the signal came after the commit: the complete output
+            assert err == "", (ms, err)
+            assert digest(dst) == uninterrupted, ms
+            dst.unlink()
+        else:  # stopped before our first line ran: by the signal, or the interpreter's
+            # own KeyboardInterrupt (its traceback, which names none of our files)
+            assert code == -signal.SIGINT or "KeyboardInterrupt" in err, (ms, code, err)
+            assert out == "", (ms, out)
+            assert not dst.exists(), ms
+        assert leftovers(tmp_path, {"in.safetensors"}) == [], ms
     # the late moments all reach the command: stopped, or finished
     assert all(code in (0, 130) for ms, code in outcomes if ms >= 300), outcomes
