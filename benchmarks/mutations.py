@@ -39,14 +39,19 @@ class Mutation(NamedTuple):
 
 
 MUTATIONS = (
+    # -- a format's rounding flipped to truncation ----------------------------------------
     Mutation(
         "float16-truncates",
-        "float16's bit rounding truncates instead of rounding to nearest-even",
+        "float16's bit rounding (dtypes) truncates instead of rounding to nearest-even",
         "dtypes/_rounding.py",
-        "        add = jnp.where(dc > 0, half - U(1) + lsb, zero)\n",
-        "        add = jnp.where(dc > 0, half - U(1) + lsb, zero)\n"
-        "        add = zero if grid.mantissa_bits == 10 else add\n",
-        ("tests/dtypes/test_float_rounding.py", "tests/dtypes/test_oracle_rounding.py"),
+        "    add = _increment(rounding, src, dc, low, half, lsb, negative, zero, bits)\n",
+        "    add = _increment(rounding, src, dc, low, half, lsb, negative, zero, bits)\n"
+        "    add = zero if (grid.mantissa_bits, grid.emin) == (10, -14) else add\n",
+        (
+            "tests/dtypes/test_float_rounding.py",
+            "tests/dtypes/test_oracle_rounding.py",
+            "tests/precision/test_mixing.py",
+        ),
     ),
     Mutation(
         "int-codes-truncated",
@@ -57,6 +62,16 @@ MUTATIONS = (
         ("tests/dtypes/test_int_quantization.py",),
     ),
     Mutation(
+        "bfloat16-ops-truncate",
+        "`apply` rounds op results onto bfloat16 and tf32 by truncation (reduce_precision)",
+        "precision/_storage.py",
+        "    return jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=mantissa_bits)\n",
+        "    low = jnp.uint32((1 << (23 - mantissa_bits)) - 1)\n"
+        "    bits = jax.lax.bitcast_convert_type(x, jnp.uint32) & ~low\n"
+        "    return jax.lax.bitcast_convert_type(bits, jnp.float32)\n",
+        ("tests/precision/test_apply.py", "tests/precision/test_autodiff.py"),
+    ),
+    Mutation(
         "fp8-not-saturated",
         "scaled float8 encodes skip the clip that saturates at the format's max",
         "dtypes/_float_codec.py",
@@ -64,6 +79,7 @@ MUTATIONS = (
         "from_float32(y, native)",
         ("tests/dtypes/test_scaled_encodings.py", "tests/dtypes/test_mx_nvfp4.py"),
     ),
+    # -- an op's re-rounding dropped -------------------------------------------------------
     Mutation(
         "add-not-rounded",
         "`apply`'s rule leaves the result of `add` off the compute format's grid",
@@ -74,12 +90,64 @@ MUTATIONS = (
         ("tests/precision/test_apply.py", "tests/precision/test_compute_rules.py"),
     ),
     Mutation(
+        "dot-not-rounded",
+        "a float contraction's float32 sums are not rounded onto the compute format",
+        "precision/_compute/_contractions.py",
+        "        return rounded_outputs(op, [out], state)\n",
+        "        return [(out, state)]\n",
+        ("tests/precision/test_apply.py",),
+    ),
+    Mutation(
+        "reduce-sum-not-rounded",
+        "`reduce_sum` keeps its float32 sum, as if it only moved elements",
+        "precision/_compute/_rules.py",
+        "        elif op in MOVES or (op in GRID_PRESERVING",
+        "        elif op in MOVES or op == 'reduce_sum' or (op in GRID_PRESERVING",
+        ("tests/precision/test_autodiff.py", "tests/precision/test_apply.py"),
+    ),
+    Mutation(
+        "inputs-not-brought-to-format",
+        "decoded storage and raw values meet a compute format unrounded (declared compute)",
+        "precision/_compute/_rules.py",
+        "            out.append(round_nearest(fmt, jnp.asarray(v)))\n",
+        "            out.append(jnp.asarray(v))\n",
+        ("tests/precision/test_mixing.py",),
+    ),
+    Mutation(
         "int-dot-drops-a-scale",
         "the exact integer dot forgets the right operand's scale",
         "precision/_compute/_contractions.py",
         "(acc.astype(jnp.float32) * sa * sb)",
         "(acc.astype(jnp.float32) * sa)",
         ("tests/precision/test_contract.py", "tests/precision/test_int_contraction_scalings.py"),
+    ),
+    # -- refusals, the command line --------------------------------------------------------
+    Mutation(
+        "non-finite-accepted",
+        "eager encodes into scaled formats take NaN and inf (check and encode alike)",
+        "dtypes/_arguments.py",
+        "    if np.isfinite(values).all():\n        return\n",
+        "    return\n",
+        ("tests/dtypes/test_check.py",),
+    ),
+    Mutation(
+        "plot-best-first",
+        "`report --plot` draws the best SQNR on top instead of the worst",
+        "precision/_cli/_report.py",
+        'worst = sorted(changed, key=lambda r: r["sqnr_db"])',
+        'worst = sorted(changed, key=lambda r: -r["sqnr_db"])',
+        ("tests/precision/test_cli.py::test_report_table_and_plot",),
+    ),
+    Mutation(
+        "interrupt-exits-0",
+        "Ctrl-C stops `convert` with its message but exit status 0",
+        "precision/_cli/_main.py",
+        "            os._exit(130)\n",
+        "            os._exit(0)\n",
+        (
+            "tests/precision/test_cli_interrupt.py"
+            "::test_sigint_in_the_first_half_second_never_prints_our_traceback",
+        ),
     ),
 )
 
@@ -110,7 +178,10 @@ def run(m: Mutation, workers: str) -> tuple[bool, list[str], float]:
             raise SystemExit(f"{m.name}: the text to change is not found once in {m.file}")
         with open(path, "w") as f:
             f.write(source.replace(m.old, m.new))
-        env = dict(os.environ, PYTHONPATH=tmp, PYTHONDONTWRITEBYTECODE="1")
+        # Bytecode is written into the copy (deleted afterwards): without it every command
+        # a CLI test starts compiles the package again, which widens the moments before
+        # the entry point's first line that the interrupt tests measure.
+        env = dict(os.environ, PYTHONPATH=tmp)
         cmd = [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider",
                "--maxfail=25", "-n", workers, *m.tests]  # fmt: skip
         start = time.perf_counter()
