@@ -32,10 +32,11 @@ if TYPE_CHECKING:
     from ._format import Format as Format
     from ._from_codes import from_codes as from_codes
     from ._int import IntFormat as IntFormat
-    from ._named import ENCODING_ALIASES as ENCODING_ALIASES
-    from ._named import ENCODINGS as ENCODINGS
     from ._registry import ALIASES as ALIASES
+    from ._registry import ENCODING_ALIASES as ENCODING_ALIASES
+    from ._registry import ENCODINGS as ENCODINGS
     from ._registry import FORMATS as FORMATS
+    from ._registry import REGISTRY as REGISTRY
     from ._registry import bfloat16 as bfloat16
     from ._registry import float8_e4m3fn as float8_e4m3fn
     from ._registry import float8_e5m2 as float8_e5m2
@@ -72,10 +73,11 @@ _HOME = {
     "Format": "_format",
     "from_codes": "_from_codes",
     "IntFormat": "_int",
-    "ENCODINGS": "_named",
-    "ENCODING_ALIASES": "_named",
     "ALIASES": "_registry",
+    "ENCODINGS": "_registry",
+    "ENCODING_ALIASES": "_registry",
     "FORMATS": "_registry",
+    "REGISTRY": "_registry",
     "bfloat16": "_registry",
     "float8_e4m3fn": "_registry",
     "float8_e5m2": "_registry",
@@ -102,6 +104,7 @@ __all__ = [
     "ENCODINGS",
     "ENCODING_ALIASES",
     "FORMATS",
+    "REGISTRY",
     "ROUNDING_MODES",
     "SCALE_FORMATS",
     "AsymmetricIntFormat",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "FormatError",
+    "FormatTypeError",
     "NonFiniteError",
     "PrecisionError",
     "PrecisionTypeError",
@@ -45,6 +46,15 @@ class FormatError(PrecisionError, ValueError):
 class PrecisionTypeError(PrecisionError, TypeError):
     """A value of the wrong kind: complex, string or object arrays, a scaling
     that is not a `Scaling`, a format that is neither a name nor a `Format`."""
+
+
+class FormatTypeError(FormatError, PrecisionTypeError):
+    """A format argument that is neither a name nor a `Format` (`dtypes.get(3)`).
+
+    Both a `FormatError`, as every bad format argument is, and a
+    `PrecisionTypeError` (a `TypeError`), as every value of the wrong kind is,
+    so either `except` catches it.
+    """
 
 
 class RoundingError(PrecisionError, ValueError):

@@ -1,7 +1,16 @@
-"""The built-in formats and the one registry that resolves names and aliases.
+"""The one registry: every built-in format and named encoding, its aliases, and `get`.
 
-Formats are data: this table drives `get`, the docs' format table and the
-test parameters, so a new format is one new row.
+Each built-in format is one row of `_ENTRIES`: the format, the public table
+that lists it (`FORMATS`, the element formats, or `ENCODINGS`, the named
+encodings) and the other spellings people type for it. Every table `dtypes`
+publishes is a read-only view of those rows: `REGISTRY` (all of them),
+`FORMATS`, `ENCODINGS`, `ALIASES` and `ENCODING_ALIASES`. A new built-in
+format is one new row.
+
+`get` is the one resolver of format names: `precision` calls it wherever a
+format may be given by name (a Tensor's conversion, `apply(compute=)`,
+`Policy`, `Contract`), so a bad name or a value of the wrong type raises the
+same error, with the same message, everywhere.
 """
 
 from __future__ import annotations
@@ -10,15 +19,23 @@ import difflib
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any, Literal, NamedTuple
 
-from ._errors import FormatError, PrecisionTypeError
+from . import _named
+from ._asymmetric import uint4, uint8
+from ._codebook import nf4
+from ._e8m0 import float8_e8m0fnu
+from ._errors import FormatError, FormatTypeError
 from ._float import FloatFormat
 from ._format import Format
 from ._int import IntFormat
 
 __all__ = [
     "ALIASES",
+    "ENCODINGS",
+    "ENCODING_ALIASES",
     "FORMATS",
+    "REGISTRY",
     "bfloat16",
     "float8_e4m3fn",
     "float8_e5m2",
@@ -56,64 +73,97 @@ int2 = IntFormat(2)
 int1 = IntFormat(1)
 """int1: binary ±1 codes (sign, 0 maps to +1), eight per byte, scale mean(|x|) per group."""
 
-FORMATS: Mapping[str, Format] = MappingProxyType(
-    {
-        f.name: f
-        for f in (
-            float64,
-            float32,
-            bfloat16,
-            float16,
-            tf32,
-            float8_e4m3fn,
-            float8_e5m2,
-            int8,
-            int4,
-            int2,
-            int1,
-        )
-    }
+
+class _Entry(NamedTuple):
+    """One row of the registry."""
+
+    format: Format
+    table: Literal["FORMATS", "ENCODINGS"]  # the public view that lists it
+    aliases: tuple[str, ...] = ()  # other spellings, lower case
+
+
+_ENTRIES = (
+    _Entry(float64, "FORMATS", ("f64", "fp64", "double")),
+    _Entry(float32, "FORMATS", ("f32", "fp32", "single")),
+    _Entry(bfloat16, "FORMATS", ("bf16",)),
+    _Entry(float16, "FORMATS", ("f16", "fp16", "half")),
+    _Entry(tf32, "FORMATS", ("tensorfloat32",)),
+    _Entry(float8_e4m3fn, "FORMATS", ("e4m3", "e4m3fn", "fp8", "fp8_e4m3")),
+    _Entry(float8_e5m2, "FORMATS", ("e5m2", "fp8_e5m2")),
+    _Entry(int8, "FORMATS"),
+    _Entry(int4, "FORMATS"),
+    _Entry(int2, "FORMATS"),
+    _Entry(int1, "FORMATS", ("binary",)),
+    _Entry(_named.float4_e2m1fn, "ENCODINGS", ("e2m1",)),
+    _Entry(_named.float6_e2m3fn, "ENCODINGS"),
+    _Entry(_named.float6_e3m2fn, "ENCODINGS"),
+    _Entry(_named.float8_e4m3, "ENCODINGS"),
+    _Entry(_named.float8_e3m4, "ENCODINGS"),
+    _Entry(float8_e8m0fnu, "ENCODINGS", ("e8m0",)),
+    _Entry(_named.mxfp8_e4m3, "ENCODINGS", ("mxfp8",)),
+    _Entry(_named.mxfp8_e5m2, "ENCODINGS"),
+    _Entry(_named.mxfp6_e3m2, "ENCODINGS"),
+    _Entry(_named.mxfp6_e2m3, "ENCODINGS"),
+    _Entry(_named.mxfp4, "ENCODINGS"),
+    _Entry(_named.mxint8, "ENCODINGS"),
+    _Entry(_named.nvfp4, "ENCODINGS"),
+    _Entry(nf4, "ENCODINGS"),
+    _Entry(uint8, "ENCODINGS"),
+    _Entry(uint4, "ENCODINGS"),
 )
-"""Every built-in format, by canonical name, in table order (a read-only view)."""
+
+REGISTRY: Mapping[str, Format] = MappingProxyType({e.format.name: e.format for e in _ENTRIES})
+"""Every built-in format and named encoding by canonical name, `FORMATS` first, then
+`ENCODINGS`, in table order (a read-only view). `get` resolves each name here."""
+
+_ALIASES: Mapping[str, str] = MappingProxyType(
+    {alias: e.format.name for e in _ENTRIES for alias in e.aliases}
+)
+
+FORMATS: Mapping[str, Format] = MappingProxyType(
+    {e.format.name: e.format for e in _ENTRIES if e.table == "FORMATS"}
+)
+"""Every built-in element format, by canonical name, in table order (a read-only view).
+
+The rows of `REGISTRY` that are not named encodings (`ENCODINGS`)."""
+
+ENCODINGS: Mapping[str, Format] = MappingProxyType(
+    {e.format.name: e.format for e in _ENTRIES if e.table == "ENCODINGS"}
+)
+"""Named encodings beyond `FORMATS`: ml_dtypes layouts, E8M0, MX/NVFP4, NF4, uint8/uint4.
+
+The rows of `REGISTRY` that `FORMATS` does not list (a read-only view); see `_named`
+for what each is."""
 
 ALIASES: Mapping[str, str] = MappingProxyType(
-    {
-        "f64": "float64",
-        "fp64": "float64",
-        "double": "float64",
-        "f32": "float32",
-        "fp32": "float32",
-        "single": "float32",
-        "bf16": "bfloat16",
-        "f16": "float16",
-        "fp16": "float16",
-        "half": "float16",
-        "tensorfloat32": "tf32",
-        "e4m3": "float8_e4m3fn",
-        "e4m3fn": "float8_e4m3fn",
-        "fp8": "float8_e4m3fn",
-        "fp8_e4m3": "float8_e4m3fn",
-        "e5m2": "float8_e5m2",
-        "fp8_e5m2": "float8_e5m2",
-        "binary": "int1",
-    }
+    {alias: name for alias, name in _ALIASES.items() if name in FORMATS}
 )
-"""Other spellings people type, mapped to canonical names (matched case-insensitively;
-a read-only view)."""
+"""Other spellings people type for `FORMATS`, mapped to canonical names (matched
+case-insensitively; a read-only view of the registry's one alias table)."""
+
+ENCODING_ALIASES: Mapping[str, str] = MappingProxyType(
+    {alias: name for alias, name in _ALIASES.items() if name in ENCODINGS}
+)
+"""Other spellings of `ENCODINGS` names (matched case-insensitively; a read-only view
+of the registry's one alias table)."""
 
 
 def get(name: str | Format) -> Format:
     """The format called `name` (canonical name or alias, any case).
 
-    A `Format` is returned as it is, so APIs can accept either. Every
-    format's own `.name` resolves to an equal format: the layout names
-    `float{bits}_e{e}m{m}` with the suffixes `fn` / `fn_nan` / `fn_nonan`
-    and `_sat` (see `FloatFormat`), and `_sat` after any float format's name.
+    A `Format` is returned as it is, so APIs can accept either. Every name of
+    `REGISTRY` resolves, with every alias of `ALIASES` and
+    `ENCODING_ALIASES`; so does every format's own `.name`: the layout names
+    `float{bits}_e{e}m{m}` with the suffixes `fn` / `fn_nan` / `fn_nonan` and
+    `_sat` (see `FloatFormat`), and `_sat` after any unscaled float format's
+    name. This is the one resolver: `precision` resolves every format
+    argument through it, so each bad argument gets the same error everywhere.
 
     Raises:
         FormatError: `name` is not a known format; the message lists them
             (a `ValueError`).
-        PrecisionTypeError: `name` is neither a string nor a Format (a `TypeError`).
+        PrecisionTypeError: `name` is neither a string nor a Format (a
+            `TypeError`; also a `FormatError`, as every bad format argument is).
 
     Examples:
         >>> get("bf16") is bfloat16
@@ -124,32 +174,23 @@ def get(name: str | Format) -> Format:
         (True, 28.0)
         >>> get("bfloat16_sat") == FloatFormat(8, 7, saturate=True)
         True
+        >>> get("MXFP4") is REGISTRY["mxfp4"]
+        True
     """
     if isinstance(name, Format):
         return name
     if not isinstance(name, str):
-        raise PrecisionTypeError(
+        raise FormatTypeError(
             f"a format is a name like 'bfloat16' or a dtypes.Format, got {type(name).__name__} "
-            f"{name!r}"
+            f"{name!r:.80}"
         )
     key = name.strip().lower().replace("-", "_")
-    key = ALIASES.get(key, key)
-    try:
-        return FORMATS[key]
-    except KeyError:
-        pass
-    from ._named import ENCODING_ALIASES, ENCODINGS
-
-    encoding = ENCODINGS.get(ENCODING_ALIASES.get(key, key))
-    if encoding is not None:
-        return encoding
-    fmt = _from_layout_name(key)
+    fmt = REGISTRY.get(_ALIASES.get(key, key)) or _from_layout_name(key)
     if fmt is not None:
         return fmt
-    known = ", ".join([*FORMATS, *ENCODINGS])
-    aliases = ", ".join(ALIASES)
-    names = [*FORMATS, *ENCODINGS, *ALIASES]
-    close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+    known = ", ".join(REGISTRY)
+    aliases = ", ".join(_ALIASES)
+    close = difflib.get_close_matches(key, [*REGISTRY, *_ALIASES], n=3, cutoff=0.6)
     guess = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
     raise FormatError(
         f"unknown format {name!r}{guess}; known formats: {known} (aliases: {aliases}), or build "
@@ -163,8 +204,8 @@ _LAYOUT_NAME = re.compile(r"float(\d+)_e(\d+)m(\d+)(fn|fn_nan|fn_nonan)?")
 def _from_layout_name(key: str) -> Format | None:
     """The float format a derived name such as `float6_e3m2fn_sat` describes, or None."""
     if key.endswith("_sat"):
-        base = FORMATS.get(ALIASES.get(key[:-4], key[:-4])) or _from_layout_name(key[:-4])
-        if isinstance(base, FloatFormat) and not base.saturate:
+        base: Any = REGISTRY.get(_ALIASES.get(key[:-4], key[:-4])) or _from_layout_name(key[:-4])
+        if isinstance(base, FloatFormat) and not base.saturate and base.scaling is None:
             return FloatFormat(
                 base.exponent_bits,
                 base.mantissa_bits,

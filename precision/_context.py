@@ -9,8 +9,6 @@ from typing import Any, Literal, TypeAlias
 
 import dtypes
 
-from ._errors import FormatError
-
 __all__ = ["FormatLike", "default_format", "get_default_format", "resolve_format"]
 
 FormatLike: TypeAlias = (
@@ -61,21 +59,17 @@ def _context() -> Any:
 def resolve_format(fmt: str | dtypes.Format) -> dtypes.Format:
     """A `dtypes.Format` from a format object or any registered name or alias.
 
+    Exactly `dtypes.get`, the one resolver: every format argument of
+    `precision` (a Tensor's conversion, `apply(compute=)`, `Policy`,
+    `Contract`, the tree functions) comes through here, so a bad one is
+    refused with the same error and message wherever it is given.
+
     Raises:
-        FormatError: the name is not registered, or `fmt` is neither a name
-            nor a format (the message lists the known names).
+        FormatError: the name is not registered (the message lists the known
+            names), or `fmt` is neither a name nor a format (then also a
+            `TypeError`).
     """
-    if isinstance(fmt, dtypes.Format):
-        return fmt
-    if isinstance(fmt, str):
-        try:
-            return dtypes.get(fmt)
-        except ValueError as err:
-            raise FormatError(str(err)) from None
-    raise FormatError(
-        f"expected a format name such as 'bfloat16' or a dtypes.Format, got "
-        f"{type(fmt).__name__} {fmt!r}; known names: {', '.join(dtypes.FORMATS)}"
-    )
+    return dtypes.get(fmt)
 
 
 def get_default_format() -> dtypes.Format:

@@ -29,6 +29,7 @@ DTYPES_ALL = [
     "ENCODINGS",
     "ENCODING_ALIASES",
     "FORMATS",
+    "REGISTRY",
     "ROUNDING_MODES",
     "SCALE_FORMATS",
     "AsymmetricIntFormat",

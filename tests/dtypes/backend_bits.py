@@ -102,7 +102,7 @@ def cases(quick: bool = False, ci: bool = False) -> list[tuple[str, Any, tuple[s
     import dtypes
 
     out: list[tuple[str, Any, tuple[str, ...]]] = []
-    names = [n for n in (*dtypes.FORMATS, *dtypes.ENCODINGS) if n != "float64"]
+    names = [n for n in dtypes.REGISTRY if n != "float64"]
     modes = ("nearest_even", "toward_zero", "stochastic") if quick else ALL_MODES
     for name in names:
         out.append((name, None, modes))

@@ -66,6 +66,31 @@ def test_every_registered_alias_resolves():
         assert dtypes.get(alias) is dtypes.FORMATS[name]
 
 
+def test_one_registry_holds_the_formats_and_the_named_encodings():
+    registry = dtypes.REGISTRY
+    assert list(registry) == [*dtypes.FORMATS, *dtypes.ENCODINGS]
+    assert dict(registry) == {**dtypes.FORMATS, **dtypes.ENCODINGS}
+    assert {"mxfp4", "nvfp4", "nf4", "uint4", "float8_e8m0fnu"} <= set(registry)
+    for name, fmt in registry.items():
+        assert fmt.name == name
+        assert dtypes.get(name) is fmt
+    # one alias table: no alias is given twice or shadows a canonical name
+    aliases = {**dtypes.ALIASES, **dtypes.ENCODING_ALIASES}
+    assert len(aliases) == len(dtypes.ALIASES) + len(dtypes.ENCODING_ALIASES)
+    assert not set(aliases) & set(registry)
+    for alias, name in dtypes.ENCODING_ALIASES.items():
+        assert dtypes.get(alias) is dtypes.ENCODINGS[name]
+    with pytest.raises(TypeError):
+        registry["bf16x"] = dtypes.bfloat16  # read-only
+
+
+@pytest.mark.parametrize("name", ["mxfp4_sat", "nvfp4_sat", "nf4_sat", "e8m0_sat"])
+def test_sat_names_a_saturating_unscaled_float_only(name):
+    with pytest.raises(dtypes.FormatError, match="known formats"):
+        dtypes.get(name)
+    assert dtypes.get("e2m1_sat") == FloatFormat(2, 1, finite=True, saturate=True)
+
+
 def test_get_passes_formats_through():
     custom = FloatFormat(3, 2)
     assert dtypes.get(custom) is custom
