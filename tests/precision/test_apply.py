@@ -336,7 +336,9 @@ def _init(key, sizes):
     params = []
     for i, (m, n) in enumerate(itertools.pairwise(sizes)):
         k = jax.random.fold_in(key, i)
-        params.append((jax.random.normal(k, (m, n)) / np.sqrt(m), jnp.zeros(n)))
+        # biases that are not zero: `x @ w + 0` would be on the grid with or without a rounding
+        b = jax.random.normal(jax.random.fold_in(k, 1), (n,)) * 0.1
+        params.append((jax.random.normal(k, (m, n)) / np.sqrt(m), b))
     return params
 
 
