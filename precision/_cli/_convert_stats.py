@@ -51,12 +51,14 @@ class _Stats:
 
 
 def _energy(x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(max |x|, Σ(x/max)², Σ((x-y)/max)²) over the finite values of x (traced)."""
+    """(m, Σ(x/m)², Σ((x-y)/m)²) over the finite values of x (traced), m their max |x|
+    but at most 2**126: 1/m stays normal (a subnormal one, flushed to 0 on XLA:CPU,
+    dropped a block whose absmax is above 2**126 from the statistics)."""
     import jax.numpy as jnp
 
     finite = jnp.isfinite(x)
     ax = jnp.where(finite, jnp.abs(x), jnp.float32(0))
-    m = jnp.max(ax, initial=0.0)
+    m = jnp.minimum(jnp.max(ax, initial=0.0), jnp.float32(2.0**126))
     inv = jnp.where(m > 0, 1 / jnp.where(m > 0, m, 1), jnp.float32(1))
     xs = jnp.where(finite, x * inv, jnp.float32(0))
     d = jnp.where(finite, (x - y) * inv, jnp.float32(0))

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import dtypes
 import precision
+from precision._cli import _convert as _cli_convert
 from precision._cli import _convert_engine as _cli_engine
 from precision._cli import _convert_modes as _cli_modes
 from precision._cli import _convert_stats as _cli_stats
@@ -88,6 +89,8 @@ def test_each_absmax_gives_the_library_bytes(tmp_path, monkeypatch, absmax):
         "_int_blocks",
         lambda self, plan, *a: numpy_path.append(plan.leaf.name) or run(self, plan, *a),
     )
+    sqnr = {}
+    monkeypatch.setattr(_cli_convert, "_report_sqnr", lambda s, args: sqnr.update(s))
     rng = np.random.default_rng(5)
     x = np.clip(rng.standard_normal((61, 83)), -1, 1).astype(np.float32) * np.float32(absmax)
     x[0, 0] = np.float32(absmax)
@@ -109,3 +112,9 @@ def test_each_absmax_gives_the_library_bytes(tmp_path, monkeypatch, absmax):
         want_codes, want_scale = library(np.asarray(value, np.float32))
         np.testing.assert_array_equal(np.asarray(enc.data), want_codes)
         assert np.asarray(enc.scale, np.float32).reshape(-1).tobytes() == want_scale.tobytes()
+        x64, y64 = np.float64(value), np.asarray(loaded[name].numpy(), np.float64)
+        # (not for all zeros, nor for values around float32's subnormals, which the
+        # compiled statistics read as 0 on XLA:CPU)
+        if np.max(np.abs(x64)) >= BELOW:
+            expected = 10 * np.log10(np.sum(x64 * x64) / np.sum((x64 - y64) ** 2))
+            assert sqnr[name] == pytest.approx(expected, abs=1e-3), name
