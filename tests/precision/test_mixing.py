@@ -46,7 +46,7 @@ OPS = {
 }
 
 
-@pytest.mark.parametrize(("left", "right"), list(itertools.permutations(COMPUTE, 2)), ids="-".join)
+@pytest.mark.parametrize(("left", "right"), list(itertools.permutations(COMPUTE, 2)))
 def test_every_ordered_pair_of_compute_formats_raises(left, right):
     a, b = _tensor(left), _tensor(right)
     for op_name, op in OPS.items():
@@ -67,7 +67,7 @@ PAIRS_NEEDING_A_DECLARATION = [
 ]
 
 
-@pytest.mark.parametrize(("left", "right"), PAIRS_NEEDING_A_DECLARATION, ids="-".join)
+@pytest.mark.parametrize(("left", "right"), PAIRS_NEEDING_A_DECLARATION)
 def test_storage_into_a_narrower_compute_format_needs_a_declaration(left, right):
     a, b = _tensor(left), _tensor(right)
     narrow = left if dtypes.get(left).kind == "float" else right
@@ -95,7 +95,7 @@ EXACT_PAIRS = [
 ]
 
 
-@pytest.mark.parametrize(("left", "right"), EXACT_PAIRS, ids="-".join)
+@pytest.mark.parametrize(("left", "right"), EXACT_PAIRS)
 def test_storage_meets_float32_and_other_storage_in_float32(left, right):
     a, b = _tensor(left), _tensor(right)
     da, db = np.asarray(a), np.asarray(b)  # the decoded values, exactly
