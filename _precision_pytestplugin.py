@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 _MARKER_HELP = (
-    "formats(*names, kinds=('float', 'int'), min_bits=1, max_bits=64): run a test that takes "
-    "the `fmt` fixture over only these formats (precision.testing)"
+    "formats(*names, kinds=None, min_bits=1, max_bits=64): run a test that takes the `fmt` "
+    "fixture over only these formats; kinds are Format.kind values ('float', 'int', 'uint', "
+    "'codebook', 'scale'), all when None (precision.testing)"
 )
 
 
@@ -43,10 +44,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 # function-scoped fixtures in @given tests (they are not reset between inputs).
 @pytest.fixture(scope="session")
 def fmt(request: pytest.FixtureRequest) -> Any:
-    """Each registered `dtypes` format in turn (narrow with `@pytest.mark.formats(...)`).
+    """Each entry of `dtypes.REGISTRY` in turn (narrow with `@pytest.mark.formats(...)`).
 
-    A test that takes `fmt` is collected once per format, with the format's
-    name as its id: `test_round[bfloat16]`, `test_round[int4]`, ...
+    A test that takes `fmt` is collected once per format or named encoding,
+    with its name as its id: `test_round[bfloat16]`, `test_round[int4]`,
+    `test_round[mxfp4]`, `test_round[nf4]`, ...
     """
     return request.param
 

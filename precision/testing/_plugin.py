@@ -6,9 +6,11 @@ installing `precision` never imports JAX into another project's test
 session before its `conftest.py` has configured JAX. Its hooks and fixtures
 call into this module only when a collected test asks for `fmt` or `run`.
 
-- A test that takes an argument named `fmt` runs once per registered format
-  (ids are the format names; float64 only when `jax_enable_x64` is on, since
-  it cannot encode without it). `@pytest.mark.formats(...)` narrows the set.
+- A test that takes an argument named `fmt` runs once per entry of
+  `dtypes.REGISTRY`, element formats and named encodings alike (ids are the
+  format names; float64 only when `jax_enable_x64` is on, since it cannot
+  encode without it). `@pytest.mark.formats(...)` narrows the set, by name,
+  kind (`Format.kind`) or bits.
 - `run(f, *args)` calls `f` eagerly and under `jax.jit` and checks the two
   results agree bit for bit.
 """
@@ -49,17 +51,28 @@ def _parametrized(metafunc: pytest.Metafunc, name: str) -> bool:
 
 def selected_formats(
     *names: Any,
-    kinds: str | tuple[str, ...] = ("float", "int"),
+    kinds: str | tuple[str, ...] | None = None,
     min_bits: int = 1,
     max_bits: int = 64,
 ) -> list[Any]:
-    """The registry formats a `formats` marker with these arguments selects."""
+    """The registry formats a `formats` marker with these arguments selects.
+
+    Without names, every entry of `dtypes.REGISTRY` (element formats and
+    named encodings alike; float64 only with `jax_enable_x64`); `kinds`
+    (each a `Format.kind`: "float", "int", "uint", "codebook", "scale";
+    all of them when None) and the bit range narrow the set.
+    """
     import dtypes
 
-    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
-    bad = [k for k in kinds if k not in ("float", "int")]
+    known = tuple(dict.fromkeys(f.kind for f in dtypes.REGISTRY.values()))
+    kinds = known if kinds is None else (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    bad = [k for k in kinds if k not in known]
     if bad:
-        raise MarkerError(f"@pytest.mark.formats(kinds={kinds!r}): each kind is 'float' or 'int'")
+        storage = ", ".join(repr(k) for k in known if k not in ("float", "int"))
+        raise MarkerError(
+            f"@pytest.mark.formats(kinds={kinds!r}): each kind is 'float' or 'int', or one of "
+            f"the storage kinds {storage} (a Format's `kind`)"
+        )
     if names:
         pool = [dtypes.get(n) for n in names]
     else:
@@ -67,12 +80,13 @@ def selected_formats(
 
         # float64 encodes only with 64-bit JAX; without it, name it explicitly.
         x64 = jax.config.read("jax_enable_x64")
-        pool = [f for f in dtypes.FORMATS.values() if x64 or f.bits <= 32]
+        pool = [f for f in dtypes.REGISTRY.values() if x64 or f.bits <= 32]
     chosen = [f for f in pool if f.kind in kinds and min_bits <= f.bits <= max_bits]
     if not chosen:
+        shown = "all" if kinds == known else repr(kinds)
         raise MarkerError(
             f"@pytest.mark.formats({', '.join(map(repr, names))}{', ' if names else ''}"
-            f"kinds={kinds!r}, min_bits={min_bits}, max_bits={max_bits}) selects no format"
+            f"kinds={shown}, min_bits={min_bits}, max_bits={max_bits}) selects no format"
         )
     return chosen
 

@@ -189,7 +189,9 @@ def scalings(
     Draws `None` (unscaled; only for float formats or `fmt=None`),
     `PerTensor()`, `PerAxis(axis)` and `PerBlock(size, axis)`, each with or
     without `power_of_two`. Float formats with float32's exponent range
-    (bfloat16, tf32, float32, float64) are never scaled: only `None`.
+    (bfloat16, tf32, float32, float64) are never scaled: only `None`; nor is
+    a scale format (E8M0). Code books and zero-point integers get absmax
+    scales only (no `power_of_two`, scales held at float32 or 16 bits).
     Shrinks toward `None` (floats) or `PerTensor()`.
 
     Args:
@@ -229,9 +231,13 @@ def scalings(
             f"{type(scale_formats).__name__} {scale_formats!r:.60}; pass e.g. "
             "scale_formats=('float32',)"
         )
-    # int1's scale is a mean, which has no power-of-two variant.
-    binary = isinstance(fmt, IntFormat) and fmt.binary
-    pairs = _scale_pairs(fmt, binary, scale_formats)
+    # int1's scale is a mean, code books and zero points map each group onto their
+    # codes exactly: none has a power-of-two variant.
+    absmax_only = isinstance(fmt, IntFormat) and fmt.binary
+    absmax_only = absmax_only or (fmt is not None and fmt.kind in ("codebook", "uint"))
+    pairs = _scale_pairs(fmt, absmax_only, scale_formats)
+    if fmt is not None and fmt.kind == "scale":
+        return st.none()  # a scale format takes no scaling of its own
     branches: list[st.SearchStrategy[Any]] = []
     if fmt is None or isinstance(fmt, FloatFormat):
         branches.append(st.none())
@@ -249,7 +255,7 @@ def scalings(
 
 
 def _scale_pairs(
-    fmt: Format | None, binary: bool, scale_formats: Sequence[str]
+    fmt: Format | None, absmax_only: bool, scale_formats: Sequence[str]
 ) -> st.SearchStrategy[tuple[bool, str]]:
     """(power_of_two, scale_format) pairs valid for `fmt`, simplest first."""
     unknown = [f for f in scale_formats if f not in dtypes.SCALE_FORMATS]
@@ -261,9 +267,9 @@ def _scale_pairs(
     pairs = []
     for name in scale_formats:
         for p in (False, True):
-            if p and binary:
+            if p and absmax_only:
                 continue
-            if name == "float8_e8m0fnu" and (not p or binary):
+            if name == "float8_e8m0fnu" and (not p or absmax_only):
                 continue
             if name == "float8_e4m3fn" and (p or (fmt is not None and fmt.kind != "float")):
                 continue

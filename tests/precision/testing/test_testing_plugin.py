@@ -29,6 +29,7 @@ SEEN: set[str] = set()
 def test_fmt_is_each_registered_format(fmt, request):
     assert request.node.callspec.id == fmt.name
     assert dtypes.get(fmt.name) == fmt
+    assert dtypes.REGISTRY[fmt.name] is fmt  # named encodings included
 
 
 @pytest.mark.formats(kinds="int")
@@ -57,12 +58,24 @@ def test_fmt_works_with_given_and_run(fmt, run, data):
 
 def test_selected_formats():
     names = [f.name for f in selected_formats()]
-    assert "float64" not in names  # this suite runs without jax_enable_x64
+    # every entry of the registry, element formats and named encodings alike, but float64:
+    # this suite runs without jax_enable_x64
+    assert names == [n for n in dtypes.REGISTRY if n != "float64"]
+    assert {"mxfp4", "nvfp4", "nf4", "uint4", "float8_e8m0fnu"} <= set(names)
     assert [f.name for f in selected_formats(kinds="float", min_bits=8, max_bits=16)] == [
         "bfloat16",
         "float16",
         "float8_e4m3fn",
         "float8_e5m2",
+        "float8_e4m3",
+        "float8_e3m4",
+        "mxfp8_e4m3",
+        "mxfp8_e5m2",
+    ]
+    assert [f.name for f in selected_formats(kinds=("codebook", "uint"))] == [
+        "nf4",
+        "uint8",
+        "uint4",
     ]
     assert [f.name for f in selected_formats("float64")] == ["float64"]
     with pytest.raises(ValueError, match="selects no format"):
@@ -143,9 +156,10 @@ def test_a_users_suite_gets_fmt_from_the_installed_plugin(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     passed = {line.split("::")[-1] for line in result.stdout.splitlines() if "PASSED" in line}
     ids = {p.split()[0] for p in passed}
-    assert {f"test_every_format[{name}]" for name in ("bfloat16", "int4", "int1")} <= ids
+    every = ("bfloat16", "int4", "int1", "mxfp4", "nvfp4", "nf4", "uint4", "float8_e8m0fnu")
+    assert {f"test_every_format[{name}]" for name in every} <= ids
     assert "test_every_format[float64]" not in ids
-    assert {"test_float8[float8_e4m3fn]", "test_float8[float8_e5m2]"} <= ids
+    assert {"test_float8[float8_e4m3fn]", "test_float8[float8_e5m2]", "test_float8[mxfp4]"} <= ids
     assert not any(i.startswith("test_float8[bfloat16") for i in ids)
     assert "test_no_fmt_no_parametrization" in ids
     assert "test_own_fmt" in ids  # a conftest's own `fmt` fixture wins, unparametrized
