@@ -32,7 +32,7 @@ from ._errors import FormatError
 from ._format import Format, packed_nbytes, shape_of
 from ._scaling import PerTensor, Scaling, scale_nbytes
 
-__all__ = ["AsymmetricIntFormat", "uint4", "uint8"]
+__all__ = ["CALIBRATIONS", "AsymmetricIntFormat", "uint4", "uint8"]
 
 CALIBRATIONS = ("minmax", "absmax")
 

@@ -40,7 +40,7 @@ from ._errors import FormatError, PrecisionTypeError
 from ._format import Format, packed_nbytes, shape_of
 from ._scaling import PerBlock, PerTensor, Scaling, scale_nbytes
 
-__all__ = ["CodebookFormat", "nf4"]
+__all__ = ["NF4_VALUES", "CodebookFormat", "nf4"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,12 +31,14 @@ from ._inputs import any_equal_now, as_float_array, check_finite, is_tracer
 from ._scaling import Scaling
 
 __all__ = [
+    "RoundWithMask",
     "check_decodable",
     "check_storage",
     "dequantize",
     "pack_encoded",
     "prepare_storage",
     "storage_round",
+    "storage_scaling",
     "straight_through_round",
     "unpack_codes",
 ]

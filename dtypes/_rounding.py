@@ -27,7 +27,7 @@ from jax import lax
 
 from ._errors import RoundingError
 
-__all__ = ["Grid", "random_bits", "round_float", "round_integer"]
+__all__ = ["Grid", "compose_bits", "random_bits", "round_float", "round_integer"]
 
 
 class _Source(NamedTuple):

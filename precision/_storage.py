@@ -35,6 +35,7 @@ from ._jax_compat import is_differentiated
 __all__ = [
     "Role",
     "carries_gradient",
+    "compute_format",
     "decode_encoded",
     "decode_storage",
     "decoder",
