@@ -1,9 +1,9 @@
-"""encode / decode / round of `FloatFormat`s, in pure jnp.
+"""encode / decode / round / check of `FloatFormat`s, in pure jnp.
 
 Everything here runs eagerly and under `jit`, `vmap` and `grad`. The only
 host-side work is validation: the eager check that a scaled encoding gets
-finite input, and that a format without NaN gets no NaN. `FloatFormat`'s
-methods import this module on first use.
+finite input, and that a format without NaN gets no NaN. `Format`'s methods
+import this module on first use.
 """
 
 from __future__ import annotations

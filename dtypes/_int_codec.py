@@ -1,9 +1,9 @@
-"""encode / decode / round of `IntFormat`s (symmetric integer codes), in pure jnp.
+"""encode / decode / round / check of `IntFormat`s (symmetric integer codes), in jnp.
 
 Codes are `round(x / scale)` clipped to `[-qmax, qmax]`, with the group's
 scale from the absmax or power-of-two rule (`_group_scales.scales`); the
 binary int1 stores sign(x) with the group's mean |x| as its scale. Packed
-into bytes below 8 bits. `IntFormat`'s methods import this module on first use.
+into bytes below 8 bits. `Format`'s methods import this module on first use.
 """
 
 from __future__ import annotations
