@@ -167,6 +167,10 @@ def _copy(dst: str) -> None:
             shutil.copy2(os.path.join(ROOT, name), dst)
 
 
+class StaleMutation(Exception):
+    """The code a mutation changes has moved: update the mutation, it tested nothing."""
+
+
 def run(m: Mutation, workers: str) -> tuple[bool, list[str], float]:
     """(caught, failing test ids, seconds) of one mutation."""
     with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
@@ -175,7 +179,7 @@ def run(m: Mutation, workers: str) -> tuple[bool, list[str], float]:
         with open(path) as f:
             source = f.read()
         if source.count(m.old) != 1:
-            raise SystemExit(f"{m.name}: the text to change is not found once in {m.file}")
+            raise StaleMutation(f"the text to change is not found once in {m.file}")
         with open(path, "w") as f:
             f.write(source.replace(m.old, m.new))
         # Bytecode is written into the copy (deleted afterwards): without it every command
@@ -212,7 +216,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     survived = 0
     for m in chosen:
-        caught, failed, took = run(m, args.workers)
+        try:
+            caught, failed, took = run(m, args.workers)
+        except StaleMutation as exc:  # the others still run; the exit status says 1
+            survived += 1
+            print(f"{m.name}: NOT APPLIED, {exc} — {m.what}", flush=True)
+            continue
         survived += not caught
         verdict = f"caught by {len(failed)} test(s)" if caught else "SURVIVED (no test failed)"
         print(f"{m.name}: {verdict} in {took:.0f} s — {m.what}", flush=True)
