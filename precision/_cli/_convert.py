@@ -30,7 +30,7 @@ from ._arguments import _check_pair, _format, _scaling, resolve_preset
 # the tests reach these through this module
 from ._convert_engine import _Blocks as _Blocks
 from ._convert_engine import _Converter, _Engine
-from ._convert_modes import _HOW, _mode, _Plan
+from ._convert_modes import _HOW, _NUMPY_MODES, _mode, _Plan
 from ._convert_stats import _widened as _widened
 from ._files import DEFAULT_SHARD_BYTES, leaf_nbytes, write_shards
 from ._interrupts import deferred_interrupts, import_jax
@@ -237,7 +237,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                 + "; ".join(f"{n}: {r}" for r, n in reasons)
                 + "); check --include/--exclude/--keep/--scaling, or see --dry-run"
             )
-        if any(p.reason is None and p.mode not in ("cast", "intcast") for p in plans):
+        if any(p.reason is None and p.mode not in _NUMPY_MODES for p in plans):
             import_jax()  # (numpy casts need no JAX: they start in a fraction of the time)
         engine = _Engine(fmt, scaling, args.rounding, stats=not args.no_stats)
         total = sum(p.leaf.data_dtype.itemsize * math.prod(p.leaf.shape) for p in plans)

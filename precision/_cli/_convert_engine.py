@@ -30,7 +30,18 @@ from .._checkpoint._layout import Leaf
 from .._checkpoint._reader import Reader, aligned_empty
 from . import _convert_modes as _modes
 from ._convert_modes import _NUMPY_ABSMAX, _Plan, _raw
-from ._convert_stats import _cast_part, _energy, _in_parts, _int_part, _Part, _scratch, _Stats
+from ._convert_stats import (
+    _cast_part,
+    _energy,
+    _in_parts,
+    _int_part,
+    _int_rows_part,
+    _numpy_rows,
+    _Part,
+    _row_scales,
+    _scratch,
+    _Stats,
+)
 from ._interrupts import check_interrupt, import_jax
 from ._output import _DataError
 
@@ -300,11 +311,14 @@ class _Converter:
         target: np.dtype[Any],
         part: _Part,
         scratches: int,
+        unit: int = 1,
+        redo: Callable[[np.ndarray], tuple[np.ndarray, list[Any]] | None] | None = None,
     ) -> Iterator[np.ndarray]:
         """Each block as float32 `x` into a `target` array `y` (`x` itself for float32) by
-        `part(x, y, scratch, stats, p)` over parts `p` on worker threads (`scratch`: that
-        many float32 buffers like `x`, slot 0 the statistics'); their energies added up,
-        the tensor's SQNR kept."""
+        `part(x, y, scratch, stats, p)` over parts `p` of whole `unit`s on worker threads
+        (`scratch`: that many float32 buffers like `x`, slot 0 the statistics'); their
+        energies added up, the tensor's SQNR kept. `redo(x)`, asked after the parts,
+        may instead give the block's output and energies (the compiled encode's)."""
         stats = _Stats()
         for block in blocks:
             check_interrupt()
@@ -312,9 +326,12 @@ class _Converter:
             y = x if target == np.float32 else np.empty(x.shape, target)
             scratch = tuple(_scratch(x.size, slot) for slot in range(scratches))
             run = functools.partial(part, x, y, scratch, self.engine.stats)
-            for energy in _in_parts(run, x.size):
-                if energy is not None:
-                    stats.add(1.0, *energy)
+            energies = [(1.0, *e) for e in _in_parts(run, x.size, unit) if e is not None]
+            redone = redo(x) if redo is not None else None
+            if redone is not None:
+                y, energies = redone
+            for energy in energies:
+                stats.add(*energy)
             yield y.view(plan.out.data_dtype)
             self.progress.update(block.nbytes)
         if self.engine.stats:
@@ -326,7 +343,7 @@ class _Converter:
         total = math.prod(out.shape)
         g = _granule(plan)
         per_block = _block_values(total, g)
-        if plan.mode in ("rows", "columns"):
+        if plan.mode in ("rows", "columns", "introws"):
             shape: tuple[int, ...] = (per_block // math.prod(out.shape[1:]), *out.shape[1:])
         elif isinstance(scaling, dtypes.PerBlock):
             size = int(scaling.size)
@@ -334,6 +351,9 @@ class _Converter:
         else:
             shape = (per_block,)
         blocks = _Blocks(plan.reader, plan.leaf.name)
+        if plan.mode == "introws":
+            yield from self._int_row_blocks(plan, blocks.blocks(per_block), shape, extras)
+            return
         absmax: np.floating | np.ndarray | None = None
         if plan.mode in ("twopass", "twolevel", "intcast"):  # the absmax first (a maximum)
             absmax = np.float32(0)
@@ -395,6 +415,42 @@ class _Converter:
         encode = functools.partial(_int_part, (absmax, qmax))
         int8 = np.dtype(np.int8)
         yield from self._numpy_blocks(plan, blocks.blocks(_modes._BLOCK), int8, encode, scratches=2)
+
+    def _int_row_blocks(
+        self,
+        plan: _Plan,
+        blocks: Iterator[np.ndarray],
+        shape: tuple[int, ...],
+        extras: dict[str, list[np.ndarray]],
+    ) -> Iterator[np.ndarray]:
+        """Integer codes of one scale per row, in numpy blocks of whole rows (`shape`: a
+        full block's); a block holding a row whose absmax is neither 0 nor in
+        `_NUMPY_ABSMAX` is the compiled encode's, padded to `shape` (one program)."""
+        out = plan.out
+        assert out.format is not None
+        qmax, row = np.float32(out.format.max), math.prod(shape[1:])
+        top = np.empty(shape[0], np.float32)  # each row's absmax, filled by the parts
+
+        def redo(x: np.ndarray) -> tuple[np.ndarray, list[Any]] | None:
+            rows = x.size // row
+            if not np.all(np.isfinite(top[:rows])):
+                raise self._not_finite(plan)  # as the rows mode refuses them
+            if _numpy_rows(top[:rows]):
+                extras["scale"].append(_row_scales(top[:rows], qmax))
+                return None
+            import_jax()  # the library's special scales: its compiled encode
+            padded = np.zeros(math.prod(shape), np.float32)
+            padded[: x.size] = x
+            parts, _, energy = self.engine.block(padded.reshape(shape), out.scaling)
+            data, scale = parts[0], parts[1]
+            assert data is not None
+            assert scale is not None
+            extras["scale"].append(scale.reshape(-1)[:rows])
+            return data.reshape(-1)[: x.size], [] if energy is None else [energy]
+
+        part = functools.partial(_int_rows_part, (top, qmax, row))
+        int8 = np.dtype(np.int8)
+        yield from self._numpy_blocks(plan, blocks, int8, part, 2, row, redo)
 
     def _slab(self, plan: _Plan, blocks: _Blocks, per_block: int) -> np.ndarray:
         """One row, shaped like the tensor's rows, holding each per-axis group's absmax."""
@@ -459,7 +515,7 @@ def _granule(plan: _Plan) -> int:
     g = 8 if fmt.packed else 1
     if isinstance(out.scaling, dtypes.PerBlock):
         g = math.lcm(g, int(out.scaling.size))
-    if plan.mode in ("rows", "columns"):
+    if plan.mode in ("rows", "columns", "introws"):
         g = math.prod(out.shape[1:])
     return g
 

@@ -18,6 +18,11 @@ only one block of it:
   block holding it, which gives every block the whole tensor's float32
   tensor scale;
 * **rows** — per-axis scaling along the first axis: blocks of whole rows;
+* **introws** — int8 with one float32 scale per row (`PerAxis(0)`, the
+  default), nearest even: numpy blocks of whole rows, each row's absmax
+  read in its block (`_numpy_int` again), nothing compiled; a block holding
+  a row whose absmax is neither 0 nor in `_NUMPY_ABSMAX` is encoded as in
+  the rows mode;
 * **columns** — per-axis scaling along another axis: one pass for every
   group's absmax, then row blocks encoded with one more row holding them;
 * **cast** — unscaled nearest-even conversion into a format with an
@@ -49,6 +54,9 @@ from .._checkpoint._reader import Reader
 
 _BLOCK = 1 << 20  # values per block of a streamed conversion (4 MiB of float32)
 
+#: The modes that run in numpy: a conversion of nothing else imports no JAX.
+_NUMPY_MODES = ("cast", "intcast", "introws")
+
 # Input containers whose float32 value is their logical value (an exact cast).
 _RAW_FLOATS = {np.dtype(t) for t in ("float32", "float16", "bfloat16")} | {
     np.dtype(dtypes.float8_e4m3fn.container),
@@ -66,7 +74,7 @@ class _Plan:
     leaf: Leaf  # as stored in the input
     out: Leaf  # as written to the output
     reason: str | None  # why it is copied unchanged, or None when converted
-    mode: str = "copy"  # copy, cast, flat, twopass, twolevel, rows, columns, whole
+    mode: str = "copy"  # copy or a mode of the module docstring
     note: str = ""  # why the tensor is encoded whole
 
 
@@ -112,12 +120,15 @@ _NUMPY_ABSMAX = (2.0**-100, 2.0**100)
 
 
 def _numpy_int(fmt: dtypes.Format, scaling: dtypes.Scaling, rounding: str) -> bool:
-    """Whether a per-tensor integer encode may run in numpy (`_Converter._int_blocks`).
+    """Whether an integer encode with one scale per tensor or per row may run in numpy
+    (`_Converter._int_blocks`, `_Converter._int_row_blocks`).
 
     Its codes are `clip(rint(x * (qmax / absmax)), -qmax, qmax)` in float32,
     the scale `absmax / qmax`: correctly rounded IEEE operations, the same in
     numpy as in the library's compiled encode for an absmax in `_NUMPY_ABSMAX`
-    and nearest-even rounding (tests/precision/test_cli_numpy_int.py compares them).
+    and nearest-even rounding; an all-zero row has scale 1 and codes 0, as
+    the library's all-zero group (tests/precision/test_cli_numpy_int.py
+    compares them).
     """
     return (
         fmt.kind == "int"
@@ -131,11 +142,17 @@ def _numpy_int(fmt: dtypes.Format, scaling: dtypes.Scaling, rounding: str) -> bo
 
 
 def _int_codes(
-    x: np.ndarray, absmax: np.float32, qmax: np.float32, out: np.ndarray | None = None
+    x: np.ndarray, absmax: np.float32 | np.ndarray, qmax: np.float32, out: np.ndarray | None = None
 ) -> np.ndarray:
-    """Integer codes `clip(rint(x * (qmax / absmax)), -qmax, qmax)` of float32 `x`, whose
-    tensor's absmax lies in `_NUMPY_ABSMAX`, as float32 (in `out` if given)."""
-    y: np.ndarray = np.multiply(x, qmax / absmax, out=out)  # one reciprocal, as the library's
+    """Integer codes `clip(rint(x * (qmax / absmax)), -qmax, qmax)` of float32 `x` as
+    float32 (in `out` if given): `absmax` the tensor's, in `_NUMPY_ABSMAX`, or each
+    row's, shaped to broadcast against `x`, each in `_NUMPY_ABSMAX` or 0 (an
+    all-zero row: codes 0)."""
+    if np.ndim(absmax):  # one reciprocal per row, 0 for a zero row (as the library's)
+        inv = np.divide(qmax, absmax, out=np.zeros_like(absmax), where=absmax != 0)
+    else:
+        inv = qmax / absmax  # one reciprocal, as the library's
+    y: np.ndarray = np.multiply(x, inv, out=out)
     np.rint(y, out=y)  # halves to even
     np.clip(y, -qmax, qmax, out=y)
     return y
@@ -188,7 +205,7 @@ def _mode(plan: _Plan, rounding: str) -> tuple[str, str]:
     if isinstance(scaling, dtypes.PerAxis) and len(scaling.axes) > 1:
         return "whole", "scales along several axes"
     if isinstance(scaling, dtypes.PerAxis) and scaling.kept(ndim) == (0,) and ndim >= 2:
-        return "rows", ""
+        return ("introws" if _numpy_int(fmt, scaling, rounding) else "rows"), ""
     if isinstance(scaling, dtypes.PerAxis) and ndim >= 2 and not ranged:
         return "columns", ""
     return "whole", "groups across rows"
@@ -202,6 +219,7 @@ _HOW = {
     "intcast": "absmax pass, then numpy blocks",
     "twolevel": "absmax pass, then blocks",
     "rows": "streamed by rows",
+    "introws": "numpy blocks of rows",
     "columns": "group absmax pass, then rows",
     "whole": "whole tensor",
 }

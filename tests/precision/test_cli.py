@@ -902,11 +902,18 @@ def test_cast_statistics_widen_every_code_exactly(dtype):
 
 @pytest.mark.parametrize(
     ("to", "loads_jax"),
-    [("bf16", False), ("fp16", False), ("int8:per-tensor", False), ("int8", True), ("int4", True)],
+    [
+        ("bf16", False),
+        ("fp16", False),
+        ("int8:per-tensor", False),
+        ("int8", False),
+        ("int8:per-axis:0:fp16", True),
+        ("int4", True),
+    ],
 )
 def test_numpy_conversions_never_import_jax(checkpoint, tmp_path, to, loads_jax):
-    # Casts and int8 per tensor run in numpy: no JAX, a fraction of the start. A
-    # compiled encode (the default per-channel int8, per-block int4) imports it.
+    # Casts and int8 per tensor or per channel (the default) run in numpy: no JAX, a
+    # fraction of the start. A compiled encode (float16 scales, per-block int4) imports it.
     out = tmp_path / "out.safetensors"
     to, _, scaling = to.partition(":")
     flags = [to, "-q"] + (["--scaling", scaling] if scaling else [])
