@@ -225,12 +225,12 @@ def _time(fn: Callable[..., Any], *args: Any) -> float:
 
 
 def _steps(n: int) -> list[str]:
-    from dtypes import _float_codes, _group_scales, _packing
+    from dtypes import _custom_float_bits, _packing, _scale_rules
 
     lines = [f"\n## 4. encode steps, {n:,} values, time / astype(bfloat16)\n"]
     x = jnp.asarray(np.random.default_rng(1).standard_normal(n, np.float32))
     fp4, fp6 = dtypes.get("float4_e2m1fn"), dtypes.get("float6_e3m2fn")
-    codes4 = jax.jit(lambda v: _float_codes.nearest_codes(fp4, v))(x)
+    codes4 = jax.jit(lambda v: _custom_float_bits.nearest_codes(fp4, v))(x)
     magnitude = jnp.uint32(0x7FFFFFFF)
     steps: dict[str, tuple[Callable[..., Any], Any]] = {
         "astype(bfloat16)": (lambda v: v.astype(jnp.bfloat16), x),
@@ -244,7 +244,7 @@ def _steps(n: int) -> list[str]:
             x,
         ),
         "group_absmax per tensor": (
-            lambda v: _group_scales.group_absmax(v, dtypes.PerTensor()),
+            lambda v: _scale_rules.group_absmax(v, dtypes.PerTensor()),
             x,
         ),
         "textbook int8: round(x * c) to s8": (
@@ -252,7 +252,7 @@ def _steps(n: int) -> list[str]:
             x,
         ),
         "int8 per tensor encode (jit)": (lambda v: dtypes.int8.encode(v), x),
-        "fp4 codes (unpacked)": (lambda v: _float_codes.nearest_codes(fp4, v), x),
+        "fp4 codes (unpacked)": (lambda v: _custom_float_bits.nearest_codes(fp4, v), x),
         "fp4 pack of codes": (lambda c: _packing.pack(c, 4), codes4),
         "fp4 encode (jit)": (lambda v: fp4.encode(v), x),
         "fp6 encode (jit)": (lambda v: fp6.encode(v), x),

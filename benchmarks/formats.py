@@ -183,13 +183,15 @@ def int_rows(table, x, x_np, repeat) -> None:
 
 def unpacked_fp6(fmt: dtypes.FloatFormat) -> tuple[Callable, Callable]:
     """Encode to one uint8 code per value and decode it: fp6 as it was stored before packing."""
-    from dtypes import _float_codec, _float_codes
+    from dtypes import _custom_float_bits, _float_codec
 
     def encode(v: jax.Array) -> jax.Array:
-        return _float_codes.to_codes(fmt, _float_codec.round_values(fmt, v, "nearest_even", None))
+        return _custom_float_bits.to_codes(
+            fmt, _float_codec.round_values(fmt, v, "nearest_even", None)
+        )
 
     enc = jax.jit(encode)
-    dec = jax.jit(lambda c: _float_codes.from_codes(fmt, c))
+    dec = jax.jit(lambda c: _custom_float_bits.from_codes(fmt, c))
     return enc, dec
 
 

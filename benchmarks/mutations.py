@@ -125,7 +125,7 @@ MUTATIONS = (
     Mutation(
         "non-finite-accepted",
         "eager encodes into scaled formats take NaN and inf (check and encode alike)",
-        "dtypes/_arguments.py",
+        "dtypes/_argument_checks.py",
         "    if np.isfinite(values).all():\n        return\n",
         "    return\n",
         ("tests/dtypes/test_check.py",),

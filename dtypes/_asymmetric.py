@@ -27,7 +27,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._arguments import check_scaling_field
+from ._argument_checks import check_scaling_field
 from ._errors import FormatError
 from ._format import Format, packed_nbytes, shape_of
 from ._scaling import PerTensor, Scaling, scale_nbytes

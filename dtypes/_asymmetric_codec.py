@@ -16,12 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _codec, _packing, _scale_format
+from . import _codec, _packing, _scale_storage
 from ._encoded import Encoded
-from ._group_scales import TINY, flush_subnormals, times_reciprocal
 from ._ieee import divide, is_finite, is_nan, nan_where, select, times_pow2, times_scale
 from ._rounding import round_integer
 from ._rounding_modes import ROUNDING_MODES
+from ._scale_rules import TINY, flush_subnormals, times_reciprocal
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def _encode_jit(
     scale = select(big, divide(select(big, half_span, 0.0), qmax32) * 2, scale)
     scale = jnp.where(span == 0, jnp.float32(1), jnp.maximum(scale, TINY))
     scale = nan_where(bad, scale)
-    stored, _, inv, pre = _scale_format.narrow(xs, scaling, scale, scale, scale, fmt.qmax, 0)
+    stored, _, inv, pre = _scale_storage.narrow(xs, scaling, scale, scale, scale, fmt.qmax, 0)
     if scaling.scale_format == "float32":
         s32 = stored
         pre = jnp.where(s32 > np.float32(2.0**100), jnp.float32(2.0**-64), jnp.float32(1))
@@ -117,7 +117,7 @@ def _decode_jit(fmt: AsymmetricIntFormat, enc: Encoded, dtype: Any) -> jax.Array
     assert enc.scale is not None  # asymmetric codes always have scales and zero points
     assert enc.scaling is not None
     assert enc.zero_point is not None
-    scale = _scale_format.widen(enc.scale, None, enc.scaling, 0)
+    scale = _scale_storage.widen(enc.scale, None, enc.scaling, 0)
     zp = enc.zero_point.astype(jnp.float32)
     if shape:
         scale = enc.scaling.broadcast(scale, shape)

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ._arguments import check_scaling_field
+from ._argument_checks import check_scaling_field
 from ._errors import FormatError, PrecisionTypeError
 from ._format import Format, packed_nbytes, shape_of
 from ._scaling import PerBlock, PerTensor, Scaling, scale_nbytes

@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _codec, _packing, _scale_format
+from . import _codec, _packing, _scale_storage
 from ._encoded import Encoded
-from ._group_scales import flush_subnormals, scales, times_reciprocal
 from ._ieee import divide, times_scale
 from ._rounding_modes import CODEBOOK_ROUNDINGS
+from ._scale_rules import flush_subnormals, scales, times_reciprocal
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def _scaled(fmt: CodebookFormat, x: jax.Array, scaling: Scaling) -> tuple[jax.Ar
     """(flushed x times the group reciprocals, stored scales) for absmax scaling onto fmt.max."""
     x = flush_subnormals(x)
     scale, inv, pre = scales(x, scaling, fmt.max, 0)
-    stored, _, inv, pre = _scale_format.narrow(x, scaling, scale, inv, pre, fmt.max, 0)
+    stored, _, inv, pre = _scale_storage.narrow(x, scaling, scale, inv, pre, fmt.max, 0)
     return times_reciprocal(x, scaling, inv, pre), stored
 
 
@@ -122,7 +122,7 @@ def _decode_jit(fmt: CodebookFormat, enc: Encoded, dtype: Any) -> jax.Array:
     values = jnp.take(jnp.asarray(fmt._table()), codes, mode="clip")
     assert enc.scale is not None  # codebook codes are always scaled
     assert enc.scaling is not None
-    scale = _scale_format.widen(enc.scale, None, enc.scaling, 0)
+    scale = _scale_storage.widen(enc.scale, None, enc.scaling, 0)
     if enc.shape:
         scale = enc.scaling.broadcast(scale, enc.shape)
     return times_scale(values, scale).astype(dtype)

@@ -22,12 +22,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from . import _packing, _scale_format
+from . import _packing, _scale_storage
 from ._encoded import Encoded
+from ._encoder_inputs import any_equal_now, as_float_array, check_finite, is_tracer
 from ._errors import FormatError, PrecisionTypeError, RoundingError, ScalingError
 from ._format import Format
 from ._ieee import times_scale, to_float32
-from ._inputs import any_equal_now, as_float_array, check_finite, is_tracer
 from ._scaling import Scaling
 
 __all__ = [
@@ -177,7 +177,7 @@ def dequantize(codes: jax.Array, enc: Encoded, offset: int, dtype: Any) -> jax.A
         return to_float32(codes) if float32 else codes.astype(dtype)
     assert enc.scaling is not None  # a scale comes with its scaling
     shape = enc.shape
-    scale = _scale_format.widen(enc.scale, enc.tensor_scale, enc.scaling, offset)
+    scale = _scale_storage.widen(enc.scale, enc.tensor_scale, enc.scaling, offset)
     scale = scale if shape else scale.reshape(())
     if shape:
         scale = enc.scaling.broadcast(scale, shape)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import ml_dtypes
 import numpy as np
 
-from ._arguments import refuse_scale_format_arguments
+from ._argument_checks import refuse_scale_format_arguments
 from ._format import Format, shape_of
 from ._scaling import Scaling
 

@@ -17,10 +17,10 @@ import numpy as np
 from jax import lax
 
 from . import _codec
-from ._arguments import refuse_scale_format_arguments
+from ._argument_checks import refuse_scale_format_arguments
 from ._encoded import Encoded
+from ._encoder_inputs import as_float_array, is_tracer
 from ._errors import FormatError
-from ._inputs import as_float_array, is_tracer
 from ._scaling import Scaling
 
 if TYPE_CHECKING:

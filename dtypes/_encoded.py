@@ -135,7 +135,7 @@ class Encoded:
         """
         if self.scale is None or self.scaling is None:
             return None
-        from ._scale_format import widen  # JAX, on first use: `import dtypes` stays light
+        from ._scale_storage import widen  # JAX, on first use: `import dtypes` stays light
 
         offset = getattr(self.format, "top_exponent", 0)
         scales: jax.Array = widen(self.scale, self.tensor_scale, self.scaling, offset)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import ml_dtypes
 import numpy as np
 
-from ._arguments import as_dtype, check_scaling_field
+from ._argument_checks import as_dtype, check_scaling_field
 from ._errors import FormatError, PrecisionTypeError
 from ._format import Format
 from ._scaling import Scaling

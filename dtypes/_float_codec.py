@@ -16,13 +16,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _codec, _float_codes, _scale_format
+from . import _codec, _custom_float_bits, _scale_storage
 from ._encoded import Encoded
+from ._encoder_inputs import (
+    as_float_array,
+    check_finite,
+    is_tracer,
+    resolve_scaling,
+    special_values_now,
+)
 from ._errors import FormatError, NonFiniteError, ScalingError
-from ._group_scales import flush_subnormals, scales, times_reciprocal
 from ._ieee import from_float32, times_scale
-from ._inputs import as_float_array, check_finite, is_tracer, resolve_scaling, special_values_now
 from ._rounding import Grid, round_float
+from ._scale_rules import flush_subnormals, scales, times_reciprocal
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
@@ -208,7 +214,7 @@ def _encode_jit(
                 return Encoded(x.astype(fmt.container), None, fmt, None)
             return Encoded(from_float32(x, fmt.container), None, fmt, None)
         if rounding == "nearest_even" and fmt.container == np.uint8:
-            codes = _float_codes.nearest_codes(fmt, x)
+            codes = _custom_float_bits.nearest_codes(fmt, x)
             if codes is not None:
                 return (
                     _codec.pack_encoded(codes, None, fmt, None)
@@ -221,7 +227,7 @@ def _encode_jit(
     x = (x.reshape(1) if scalar else x).astype(jnp.float32)
     scale, inv, pre = scales(x, scaling, fmt.max, fmt.emax)
     # scales as stored in the scaling's scale format (float32, E8M0, e4m3 + tensor scale…)
-    scale, tensor_scale, inv, pre = _scale_format.narrow(
+    scale, tensor_scale, inv, pre = _scale_storage.narrow(
         flush_subnormals(x), scaling, scale, inv, pre, fmt.max, 0
     )
     y = times_reciprocal(flush_subnormals(x), scaling, inv, pre)
@@ -251,7 +257,7 @@ def _store(
         if values.dtype == jnp.float32:
             return Encoded(from_float32(values, fmt.container), scale, fmt, scaling)
         return Encoded(values.astype(fmt.container), scale, fmt, scaling)
-    codes = _float_codes.to_codes(fmt, values)
+    codes = _custom_float_bits.to_codes(fmt, values)
     if not fmt.packed:
         return Encoded(codes, scale, fmt, scaling)
     return _codec.pack_encoded(codes, scale, fmt, scaling)
@@ -268,7 +274,7 @@ def decode(fmt: FloatFormat, enc: Encoded, dtype: Any = np.float32) -> jax.Array
 def _decode_jit(fmt: FloatFormat, enc: Encoded, dtype: Any) -> jax.Array:
     values = _codec.unpack_codes(fmt, enc, signed=False)
     if fmt.container == np.uint8:
-        values = _float_codes.from_codes(fmt, values)
+        values = _custom_float_bits.from_codes(fmt, values)
     return _codec.dequantize(values, enc, 0, dtype)
 
 
@@ -288,10 +294,10 @@ def _round_with_mask(
     scalar = x.ndim == 0
     xf = (x.reshape(1) if scalar else x).astype(jnp.float32)
     scale, inv, pre = scales(xf, scaling, fmt.max, fmt.emax)
-    stored, tensor_scale, inv, pre = _scale_format.narrow(
+    stored, tensor_scale, inv, pre = _scale_storage.narrow(
         flush_subnormals(xf), scaling, scale, inv, pre, fmt.max, 0
     )
-    scale = _scale_format.widen(stored, tensor_scale, scaling, 0)
+    scale = _scale_storage.widen(stored, tensor_scale, scaling, 0)
     y = times_reciprocal(flush_subnormals(xf), scaling, inv, pre)
     q = round_values(fmt, y, rounding, key, saturate=True)
     out = times_scale(q, scaling.broadcast(scale, xf.shape))

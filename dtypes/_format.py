@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import numpy as np
 
-from ._arguments import as_dtype
+from ._argument_checks import as_dtype
 from ._errors import ShapeError
 from ._rounding_modes import check_rounding
 from ._scaling import Scaling, scale_nbytes

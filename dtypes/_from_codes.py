@@ -9,9 +9,9 @@ import numpy as np
 
 from ._codec import check_decodable, pack_encoded
 from ._encoded import Encoded
+from ._encoder_inputs import is_tracer
 from ._errors import FormatError, PrecisionTypeError
 from ._format import Format
-from ._inputs import is_tracer
 from ._packing import pack
 from ._registry import get
 from ._scaling import Scaling, scale_dtype

@@ -14,7 +14,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ._arguments import check_scaling_field, refuse_non_finite, refuse_scaling, resolve_scaling
+from ._argument_checks import (
+    check_scaling_field,
+    refuse_non_finite,
+    refuse_scaling,
+    resolve_scaling,
+)
 from ._errors import FormatError
 from ._format import Format
 from ._scaling import PerTensor, Scaling

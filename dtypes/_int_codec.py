@@ -1,7 +1,7 @@
 """encode / decode / round / check of `IntFormat`s (symmetric integer codes), in jnp.
 
 Codes are `round(x / scale)` clipped to `[-qmax, qmax]`, with the group's
-scale from the absmax or power-of-two rule (`_group_scales.scales`); the
+scale from the absmax or power-of-two rule (`_scale_rules.scales`); the
 binary int1 stores sign(x) with the group's mean |x| as its scale. Packed
 into bytes below 8 bits. `Format`'s methods import this module on first use.
 """
@@ -15,13 +15,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _codec, _scale_format
-from ._arguments import refuse_scaling
+from . import _codec, _scale_storage
+from ._argument_checks import refuse_scaling
 from ._encoded import Encoded
-from ._group_scales import flush_subnormals, mean_abs, scales, times_reciprocal
+from ._encoder_inputs import (
+    as_float_array,
+    check_finite,
+    is_tracer,
+    resolve_scaling,
+    special_values_now,
+)
 from ._ieee import times_scale, unsigned_zero
-from ._inputs import as_float_array, check_finite, is_tracer, resolve_scaling, special_values_now
 from ._rounding import round_integer
+from ._scale_rules import flush_subnormals, mean_abs, scales, times_reciprocal
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
@@ -76,11 +82,11 @@ def _int_codes(
         scale = mean_abs(x, scaling)
         # sign(x) with 0 mapping to +1; NaN input gives a NaN scale above.
         codes = jnp.where(x >= 0, jnp.float32(1), jnp.float32(-1))
-        scale, _, _, _ = _scale_format.narrow(x, scaling, scale, scale, scale, 1.0, 0)
+        scale, _, _, _ = _scale_storage.narrow(x, scaling, scale, scale, scale, 1.0, 0)
         return codes, scale, None, codes, None
     top_exponent = fmt.top_exponent
     scale, inv, pre = scales(x, scaling, fmt.qmax, top_exponent)
-    scale, tensor_scale, inv, pre = _scale_format.narrow(
+    scale, tensor_scale, inv, pre = _scale_storage.narrow(
         flush_subnormals(x), scaling, scale, inv, pre, fmt.qmax, top_exponent
     )
     y = times_reciprocal(flush_subnormals(x), scaling, inv, pre)
@@ -131,7 +137,7 @@ def _round_with_mask(
     scalar = x.ndim == 0
     xf = (x.reshape(1) if scalar else x).astype(jnp.float32)
     codes, stored, _, rounded, tensor_scale = _int_codes(fmt, xf, scaling, rounding, key)
-    scale = _scale_format.widen(stored, tensor_scale, scaling, fmt.top_exponent)
+    scale = _scale_storage.widen(stored, tensor_scale, scaling, fmt.top_exponent)
     out = times_scale(codes, scaling.broadcast(scale, xf.shape))
     if scaling.power_of_two and not fmt.binary:
         # Only power-of-two scales can push a code out of range: those

@@ -6,7 +6,7 @@ group) lives here too so that encode and decode share one definition of a
 "group"; it imports JAX when first called, so building a scaling (as the
 registry does at `import dtypes`) loads no JAX. The bytes a scaling's scales
 take (`scale_dtype`, `scale_nbytes`) are here as well; how scales are computed
-and stored is in `_group_scales` and `_scale_format`.
+and stored is in `_scale_rules` and `_scale_storage`.
 """
 
 from __future__ import annotations

@@ -164,11 +164,11 @@ def test_no_import_cycles(graph):
 # The modules that describe formats (the classes, their numbers, the registry,
 # scalings, rounding-mode names) import no JAX at module level, directly or
 # through another module: `import dtypes` and `dtypes.get(name).max` stay cheap.
-# The codecs (`_*_codec`, `_group_scales`, `_rounding`, ...) import JAX, and the
-# format classes import them inside their methods, on first use.
+# The codecs (`_*_codec`, `_scale_rules`, `_rounding`, ...) import JAX; `Format`
+# imports its class's codec by name (importlib) on the first operation.
 JAX_FREE = (
     "dtypes",
-    "dtypes._arguments",
+    "dtypes._argument_checks",
     "dtypes._asymmetric",
     "dtypes._codebook",
     "dtypes._e8m0",
@@ -176,7 +176,7 @@ JAX_FREE = (
     "dtypes._float",
     "dtypes._format",
     "dtypes._int",
-    "dtypes._named",
+    "dtypes._encodings",
     "dtypes._registry",
     "dtypes._rounding_modes",
     "dtypes._scaling",

@@ -19,7 +19,7 @@ import pytest
 from backend_bits import adversarial
 
 import dtypes
-from dtypes import _group_scales
+from dtypes import _scale_rules
 
 SCALINGS = [
     dtypes.PerTensor(),
@@ -35,8 +35,8 @@ def test_both_forms_of_the_group_absmax_give_the_same_bits(scaling, monkeypatch)
     x = adversarial(1 << 16).reshape(-1, 64)
     got = {}
     for integer in (True, False):
-        monkeypatch.setattr(_group_scales, "_integer_max", lambda s, i=integer: i)
-        f = jax.jit(lambda v: _group_scales.group_absmax(v, scaling))
+        monkeypatch.setattr(_scale_rules, "_integer_max", lambda s, i=integer: i)
+        f = jax.jit(lambda v: _scale_rules.group_absmax(v, scaling))
         got[integer] = np.asarray(f(x)).view(np.uint32)
     np.testing.assert_array_equal(got[True], got[False])
     # and they are right: max |x| of each group (subnormal maxima read as 0), NaN where

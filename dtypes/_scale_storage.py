@@ -2,7 +2,7 @@
 
 A scaling names the format its scales are kept in (`Scaling.scale_format`):
 
-- `float32` (the default): the scale rules of `_group_scales.scales`, unchanged.
+- `float32` (the default): the scale rules of `_scale_rules.scales`, unchanged.
 - `float8_e8m0fnu` (E8M0, OCP MX): an unsigned 8-bit exponent, byte
   `k + 127` for `2**k`, 0xFF for NaN. Needs `power_of_two=True`, whose rule
   is the OCP MX v1.0 one: `scale = 2**(floor(log2(amax)) - emax_elem)`, so
@@ -80,7 +80,7 @@ def narrow(
     Args:
         x: the flushed float32 input (used by two-level scaling only).
         scaling: the scaling, naming the scale format.
-        scale, inv, pre: the float32 scale rule's output (`_group_scales.scales`).
+        scale, inv, pre: the float32 scale rule's output (`_scale_rules.scales`).
         top: the element format's largest value (`qmax` for integers).
         offset: log2 of the element's implicit scale folded into an E8M0 byte.
 

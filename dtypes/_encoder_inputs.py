@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._arguments import refuse_non_finite, resolve_scaling
+from ._argument_checks import refuse_non_finite, resolve_scaling
 from ._errors import NonFiniteError, PrecisionTypeError
 
 if TYPE_CHECKING:
