@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ._e8m0 import E8M0Format as E8M0Format
     from ._encoded import Encoded as Encoded
     from ._errors import FormatError as FormatError
+    from ._errors import FormatTypeError as FormatTypeError
     from ._errors import NonFiniteError as NonFiniteError
     from ._errors import PrecisionError as PrecisionError
     from ._errors import PrecisionTypeError as PrecisionTypeError
@@ -63,6 +64,7 @@ _HOME = {
     "E8M0Format": "_e8m0",
     "Encoded": "_encoded",
     "FormatError": "_errors",
+    "FormatTypeError": "_errors",
     "NonFiniteError": "_errors",
     "PrecisionError": "_errors",
     "PrecisionTypeError": "_errors",
@@ -114,6 +116,7 @@ __all__ = [
     "FloatFormat",
     "Format",
     "FormatError",
+    "FormatTypeError",
     "IntFormat",
     "NonFiniteError",
     "PerAxis",

@@ -217,10 +217,10 @@ class Policy:
                 return cls(params, compute, output)
             try:
                 fmt = resolve_format(text)
-            except FormatError:
+            except FormatError as err:
                 raise PolicyError(
-                    f"policy {source!r}: unknown name; expected {', '.join(_NAMED)}, a format "
-                    f"name ({', '.join(dtypes.FORMATS)}) or fields {expected_fields}"
+                    f"policy {source!r}: not a policy name ({', '.join(_NAMED)}), fields "
+                    f"{expected_fields}, or a format: {err}"
                 ) from None
             return cls(fmt, fmt, fmt)
         fields: dict[str, Any] = {}  # keyword arguments of Policy: formats by field name
@@ -242,11 +242,8 @@ class Policy:
                 raise PolicyError(f"policy {source!r}: field {name!r} given twice")
             try:
                 fields[name] = resolve_format(value)
-            except FormatError:
-                raise PolicyError(
-                    f"policy {source!r}: unknown format {value!r} for {name}; expected one of "
-                    f"{', '.join(dtypes.FORMATS)} or an alias ({', '.join(dtypes.ALIASES)})"
-                ) from None
+            except FormatError as err:
+                raise PolicyError(f"policy {source!r}, field {name}: {err}") from None
         return cls(**fields)
 
 

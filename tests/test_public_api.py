@@ -39,6 +39,7 @@ DTYPES_ALL = [
     "FloatFormat",
     "Format",
     "FormatError",
+    "FormatTypeError",
     "IntFormat",
     "NonFiniteError",
     "PerAxis",

@@ -46,10 +46,10 @@ def test_parse(text, expected):
     ("text", "match"),
     [
         ("", "empty policy.*mixed_bfloat16"),
-        ("mixed_bf16", "unknown name.*mixed_bfloat16, mixed_float16.*params=FORMAT"),
+        ("mixed_bf16", "not a policy name.*mixed_bfloat16, mixed_float16.*params=FORMAT"),
         ("weights=bf16", "unknown field 'weights'.*params, param, p, compute, c, output, o"),
-        ("compute=bf17", "unknown format 'bf17' for compute.*bfloat16"),
-        ("compute", "unknown name"),
+        ("compute=bf17", "field compute: unknown format 'bf17' .did you mean 'bf16'.*bfloat16"),
+        ("compute", "not a policy name"),
         ("compute=bf16,output", "cannot read 'output'.*KEY=FORMAT"),
         ("c=bf16=fp16", "cannot read"),
         ("c=bf16,compute=fp16", "field 'compute' given twice"),
