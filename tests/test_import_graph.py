@@ -3,7 +3,8 @@
 `precision` imports `dtypes` through its public names only (never a private
 `dtypes._module`), `dtypes` never imports `precision`, and within each
 package the imports form no cycle: module-level imports, and imports inside
-functions too, save the few edges of `LAZY_EDGES`, each with its reason.
+functions too. `LAZY_EDGES` is the allow-list for an import inside a function that
+closes a cycle, each with its reason; it is empty, and should stay so.
 Imports under `TYPE_CHECKING` do not count (they never run).
 The modules that describe formats import no JAX at module level, even
 indirectly (`tests/dtypes/test_import.py` checks the same at run time).
@@ -117,6 +118,8 @@ FULL_GRAPH = {name: _all_imports(name, path) for name, path in _modules().items(
 # Imports inside functions that close a cycle, each there for a reason; the graph
 # without them has no cycle. A format's methods importing its codec are not listed:
 # codecs import their format only under TYPE_CHECKING, so those close no cycle.
+# (importer, imported) -> why the import must wait for a call. Empty: Tensor's
+# operators, the last entry, are attached by `precision._attach` instead.
 LAZY_EDGES: dict[tuple[str, str], str] = {}
 
 
