@@ -261,8 +261,8 @@ class Format:
         if not self.packed:
             return shape
         if not shape:
-            return ((self.code_bits + 7) // 8,)
-        return (*shape[:-1], (shape[-1] * self.code_bits + 7) // 8)
+            return (packed_length(1, self.code_bits),)
+        return (*shape[:-1], packed_length(shape[-1], self.code_bits))
 
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
         """Exact bytes an encoding of `shape` holds, scales included.

@@ -103,8 +103,7 @@ class _Engine:
                     enc = fmt.encode(
                         jnp.concatenate([flat, top.reshape(1)]), scaling=scaling, rounding=rounding
                     )
-                    nbytes = n * fmt.code_bits // 8 if fmt.packed else n
-                    data = enc.data[:nbytes]
+                    data = enc.data[: fmt.data_shape((n,))[0]]
                     y = enc.decode(jnp.float32)[:n] if stats else None
                     scale = enc.scale
                 else:
