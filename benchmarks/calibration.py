@@ -19,7 +19,7 @@ Rows: float32; int4 in blocks of 128 inputs by round-to-nearest, GPTQ and AWQ (d
 use); int8 per output channel by round-to-nearest; W8A8 (`apply(..., contract="int8")`, int8
 activations per row) on round-to-nearest and on SmoothQuant int8 weights; then W8A8 again on
 the same model reparametrised to have activation outliers (`with_outliers`: a few LayerNorm
-features 32x larger, the rows reading them 32x smaller, float32 bits unchanged), the case
+features 128x larger, the rows reading them 128x smaller, float32 bits unchanged), the case
 SmoothQuant exists for. A method that
 `calibrate` refuses prints as `n/a` with its message, a failure as `ERROR`. Targets follow.
 
@@ -88,7 +88,9 @@ OUTLIER_ROWS = [
     ("W8A8 RTN + outliers", "rtn", "int8", dtypes.PerAxis(), "int8"),
     ("W8A8 SQ + outliers", "smoothquant", "int8", dtypes.PerAxis(), "int8"),
 ]
-OUTLIER_FACTOR = 32.0  # a power of two: the reparametrised model computes the same numbers
+# A power of two (the reparametrised model computes the same numbers), about the hundredfold
+# range of the outlier channels large language models grow; 32 here is within noise.
+OUTLIER_FACTOR = 128.0
 OUTLIER_CHANNELS = 4
 
 
