@@ -245,7 +245,8 @@ def _to_jax(arr: np.ndarray) -> jax.Array | np.ndarray:
 
 
 #: `load` moves the arrays of this many bytes, or of this many leaves, to the device
-#: in one call: one transfer per leaf cost ~0.4 ms, 26 s for 65,536 tiny tensors.
+#: in one call: one transfer per leaf made a file of many tiny tensors slow to load
+#: (docs/benchmarks.md, "Checkpoints of many small tensors").
 _BATCH_BYTES, _BATCH_LEAVES = 1 << 26, 4096
 
 
@@ -261,10 +262,11 @@ def _typed(leaf: Leaf, stored: Stored) -> Stored:
 
 
 #: Many small arrays of one shape and dtype go to the device `_JIT_ARGS` at a time through
-#: a jitted identity, whose compiled dispatch takes numpy arguments for ~12 us an array
-#: where `jax.device_put` spends ~80 us of Python on each (5 s for 65,536 tiny tensors).
-#: It compiles once per shape and dtype (~25 ms), so only a batch's groups of at least
-#: `_JIT_MIN` arrays of at most `_JIT_BYTES` each take it; the rest are moved in one call.
+#: a jitted identity, whose compiled dispatch takes numpy arguments in a fraction of the
+#: Python time `jax.device_put` spends on each (figures in docs/benchmarks.md, "Checkpoints
+#: of many small tensors"). It compiles once per shape and dtype, so only a batch's groups
+#: of at least `_JIT_MIN` arrays of at most `_JIT_BYTES` each take it; the rest are moved
+#: in one call.
 _JIT_ARGS, _JIT_MIN, _JIT_BYTES = 16, 512, 1 << 16
 _IDENTITY: list[Callable[..., tuple[Any, ...]]] = []
 

@@ -159,8 +159,7 @@ def _in_parts(fn: Callable[[slice], _T], n: int, unit: int = 1) -> list[_T]:
     each part a multiple of `unit` values (whole rows).
 
     numpy releases the GIL in its casts, ufuncs and dot products, so the parts
-    run at once (a float16 cast with its statistics: 1.4 instead of 2.6 ms per
-    2**20 values on two cores). Each part sets its own floating-point error
+    run at once, on as many cores as there are workers. Each part sets its own floating-point error
     state (numpy's is per thread). A SIGINT waits until every part is done
     (`deferring`): no worker is left writing into the block's buffers, or
     half started.

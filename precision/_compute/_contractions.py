@@ -18,9 +18,9 @@ each branch:
    most 12 significant bits are exact in float32, so both paths keep the
    contract: exact products, float32 accumulation). tf32 multiplies at
    HIGHEST precision. A float32 operand is rounded into the compute format at
-   the contraction, like a decode (ResNet-18 under bfloat16 compute: 50.6 MiB
-   of temporaries and 1.3x the bf16-cast model's time when XLA rounded every
-   weight first, 10.3 MiB and 1.04x at the contraction).
+   the contraction, like a decode: rounding every weight first held them all
+   at once and cost time (docs/benchmarks.md, "Models": ResNet-18 under
+   bfloat16 compute).
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@
 dot's dimension numbers, but a quantized contraction first quantizes the
 operand, and XLA fuses the transpose into that quantization instead: the
 absmax reductions and the writes of the codes then run strided over the whole
-weight, and the codes come out transposed. For the (50257, 768) logits
-projection of a GPT-2 on a 2-core CPU that was 1.2 s of a 1.5 s contraction
-(the `s8 x s8 -> s32` dot itself: 63 ms).
+weight, and the codes come out transposed: for the logits projection of a
+GPT-2 on a CPU most of the contraction's time, many times that of the `s8`
+dot itself (docs/benchmarks.md, "Predicted time").
 
 So the default rule records the result of a `transpose` as a `View` of its
 operand (`transposed`), and the quantized contraction takes the operand
