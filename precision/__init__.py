@@ -113,8 +113,9 @@ _HOME = {
     "apply_updates": "_updates",
 }
 
-# homes that compute nothing: handing out their names loads no JAX
-_PLAIN = frozenset({"_errors", "_keep", "_version"})
+# Homes whose names load no JAX when handed out (`load` and `save` import it when called,
+# and attach the operators to the Tensors they make themselves: `_checkpoint._leaves`).
+_PLAIN = frozenset({"_checkpoint", "_context", "_contract", "_errors", "_keep", "_version"})
 
 __all__ = [
     "DEFAULT_FLOAT32_OPS",

@@ -36,10 +36,9 @@ _TENSOR: list[type[Any]] = []  # the Tensor class, once imported
 def _tensor_type() -> type[Any] | None:
     if _TENSOR:
         return _TENSOR[0]
-    try:
-        from .._tensor import Tensor
-    except ImportError:  # the Tensor module is optional while it is being written
-        return None
+    from .. import _attach  # noqa: F401  (the Tensors `load` hands out have their operators)
+    from .._tensor import Tensor
+
     _TENSOR.append(Tensor)
     return Tensor
 

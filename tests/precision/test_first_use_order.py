@@ -174,3 +174,18 @@ def test_a_private_import_alone_says_how_to_get_the_operators():
     assert done.stdout.startswith("PrecisionError Tensor operator 'add' is not attached"), (
         done.stdout + done.stderr[-2000:]
     )
+
+
+def test_names_that_compute_nothing_load_no_jax():
+    # `precision load`, `convert --help` and friends start fast: these names are handed
+    # out without JAX (load attaches the operators itself when it makes Tensors).
+    names = ["load", "save", "Contract", "default_format", "KEEP", "PrecisionError"]
+    script = (
+        "import sys, precision\n"
+        f"for name in {names!r}:\n"
+        "    getattr(precision, name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
