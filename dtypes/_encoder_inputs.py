@@ -44,6 +44,17 @@ def as_float_array(x: Any) -> jax.Array:
             "parts separately (jnp.real(x), jnp.imag(x))"
         )
     if jnp.issubdtype(dtype, jnp.floating):  # ml_dtypes floats included
+        if (
+            isinstance(arr, np.ndarray)
+            and dtype == np.float64
+            and not jax.config.read("jax_enable_x64")
+        ):
+            # JAX narrows float64 to float32 here, as everywhere: a value beyond float32
+            # becomes inf (refused by scaled encodings, inf in an unscaled one, as its own
+            # rounding would give). Narrowed quietly, so numpy's overflow warning does not
+            # stand in for that refusal where warnings are errors.
+            with np.errstate(over="ignore"):
+                arr = arr.astype(np.float32)
         return jnp.asarray(arr)
     if jnp.issubdtype(dtype, jnp.integer) or dtype == np.bool_:
         return jnp.asarray(arr, jnp.float32)

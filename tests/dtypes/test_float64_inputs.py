@@ -51,3 +51,20 @@ def test_a_float32_tensor_refuses_float64_values_it_would_hold_as_inf(values):
 def test_float64_infinities_stay_infinities_in_a_float32_tensor():
     t = precision.Tensor(np.array([np.inf, -np.inf, 1.0]))
     assert t.numpy().tolist() == [np.inf, -np.inf, 1.0]
+
+
+@pytest.mark.parametrize("name", SCALED)
+def test_without_x64_the_refusal_is_ours_not_numpys_overflow_warning(name):
+    # JAX narrows float64 to float32 (1e300 becomes inf, which scaled encodings refuse);
+    # numpy's "overflow encountered in cast" warning used to come first, and under
+    # warnings-as-errors (this suite's setting) it replaced the refusal.
+    assert not jax.config.read("jax_enable_x64")
+    x = np.array([1.0, 1e300, 2.0, 3.0] * 8, np.float64)
+    with pytest.raises(dtypes.NonFiniteError):
+        dtypes.get(name).encode(x)
+
+
+def test_without_x64_an_unscaled_format_rounds_the_narrowed_value():
+    x = np.array([1e300, -1e300, 3.0, 1e-300], np.float64)
+    got = np.asarray(dtypes.bfloat16.encode(x).decode())
+    np.testing.assert_array_equal(got, np.array([np.inf, -np.inf, 3.0, 0.0], np.float32))
