@@ -313,15 +313,15 @@ def reduced_state(
     def update_fn(
         updates: Any, state: ReducedState, params: Any = None, **extra: Any
     ) -> tuple[Any, ReducedState]:
-        _check_update(updates, state, params)
-        _check_inner_state(state, params, inner, expected_states)
+        layout = _check_update(updates, state, params)
+        _check_inner_state(state, layout, inner, expected_states)
         new_updates, new_inner = inner.update(updates, decode(state.inner), params, **extra)
         return new_updates, ReducedState(encode(new_inner), state.params_layout)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _check_update(updates: Any, state: Any, params: Any) -> None:
+def _check_update(updates: Any, state: Any, params: Any) -> ParamsLayout | None:
     """What `update` is given, checked before the wrapped optimizer sees it."""
     if not isinstance(state, ReducedState):
         raise PrecisionTypeError(
@@ -340,14 +340,14 @@ def _check_update(updates: Any, state: Any, params: Any) -> None:
         layout.check(updates, "updates")
         if params is not None:
             layout.check(params, "params")
+    return layout
 
 
-def _check_inner_state(state: ReducedState, params: Any, inner: Any, known: dict[Any, Any]) -> None:
+def _check_inner_state(
+    state: ReducedState, layout: ParamsLayout | None, inner: Any, known: dict[Any, Any]
+) -> None:
     """Refuse a `ReducedState` made by another optimizer's init (an Adam state given to
     an SGD's update fails inside optax with `AttributeError: ... 'trace'`)."""
-    layout = state.params_layout
-    if layout is None and params is not None:
-        layout = ParamsLayout.of(params)
     if layout is None:
         return
     key = (layout.treedef, layout.shapes)

@@ -354,10 +354,7 @@ def materialize(leaf: Leaf, stored: Stored, as_arrays: bool) -> Any:
     enc = encoded(leaf, stored)
     if as_arrays:
         return enc.decode(dtype)
-    tensor_type = _tensor_type()
-    if tensor_type is None:  # pragma: no cover - only while the Tensor module is missing
-        return enc
-    return tensor_type.from_encoded(enc, dtype=dtype)
+    return _tensor_type().from_encoded(enc, dtype=dtype)
 
 
 # --------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from ._names import check_limits, check_names, path_name
 _TENSOR: list[type[Any]] = []  # the Tensor class, once imported
 
 
-def _tensor_type() -> type[Any] | None:
+def _tensor_type() -> type[Any]:
     if _TENSOR:
         return _TENSOR[0]
     from .. import _attach  # noqa: F401  (the Tensors `load` hands out have their operators)
@@ -62,13 +62,13 @@ def _path_entry(entry: Any, tree_util: Any) -> tuple[str, Any]:
 
 
 def _describe(
-    path: tuple[tuple[str, Any], ...], leaf: Any, tensor_type: type[Any] | None
+    path: tuple[tuple[str, Any], ...], leaf: Any, tensor_type: type[Any]
 ) -> tuple[Leaf, list[np.ndarray]]:
     """A leaf's storage description and its arrays (data first)."""
     import jax
 
     name = path_name(path)
-    if tensor_type is not None and isinstance(leaf, tensor_type):
+    if isinstance(leaf, tensor_type):
         enc, dtype = leaf.encoded, np.dtype(leaf.dtype)
     elif isinstance(leaf, dtypes.Encoded):
         enc, dtype = leaf, np.dtype(np.float32)
@@ -135,7 +135,7 @@ def flatten(tree: Any) -> list[tuple[Leaf, list[np.ndarray]]]:
     from jax import tree_util
 
     encoded = dtypes.Encoded
-    leaf_types = (encoded,) if tensor_type is None else (encoded, tensor_type)
+    leaf_types = (encoded, tensor_type)
     pairs = tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, leaf_types))[0]
     out = [
         _describe(tuple(_path_entry(e, tree_util) for e in path), leaf, tensor_type)
