@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ._contract import Contract as Contract
     from ._contract import ContractLike as ContractLike
     from ._errors import CalibrationError as CalibrationError
+    from ._errors import CalibrationWarning as CalibrationWarning
     from ._errors import CheckpointError as CheckpointError
     from ._errors import DeviceMismatchError as DeviceMismatchError
     from ._errors import ExplainError as ExplainError
@@ -77,6 +78,7 @@ _HOME = {
     "Contract": "_contract",
     "ContractLike": "_contract",
     "CalibrationError": "_errors",
+    "CalibrationWarning": "_errors",
     "CheckpointError": "_errors",
     "DeviceMismatchError": "_errors",
     "ExplainError": "_errors",
@@ -121,6 +123,7 @@ __all__ = [
     "DEFAULT_FLOAT32_OPS",
     "KEEP",
     "CalibrationError",
+    "CalibrationWarning",
     "CheckpointError",
     "Contract",
     "ContractLike",

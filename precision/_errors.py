@@ -14,6 +14,7 @@ from dtypes import PrecisionError as PrecisionError
 
 __all__ = [
     "CalibrationError",
+    "CalibrationWarning",
     "CheckpointError",
     "DeviceMismatchError",
     "ExplainError",
@@ -67,6 +68,11 @@ class CalibrationError(PrecisionError, ValueError):
     """A calibration that cannot run as asked: no batches, batches `f` cannot take,
     a selection with no contraction to calibrate, non-finite activations. The
     message names the parameter (layer) or batch concerned and the fix."""
+
+
+class CalibrationWarning(UserWarning):
+    """`calibrate` left a weight in float: `f` contracts it in a way calibration does not
+    record (named with the reason), and the default selection met it."""
 
 
 class LossScaleError(PrecisionError, ValueError):

@@ -4,15 +4,15 @@ The batches are run through `f` once each (`_record`), adding up each
 contraction's input statistics per weight. AWQ and SmoothQuant then fold their
 per-channel scales into the normalizations and weights (`_smooth`); every
 selected weight is converted on the host, one at a time, by GPTQ (`_gptq`) or
-round-to-nearest, into a Tensor that `apply` and `save` take.
+round-to-nearest (`_convert`), into a Tensor that `apply` and `save` take.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -23,13 +23,13 @@ import numpy as np
 import dtypes
 
 from .._context import resolve_format
-from .._errors import CalibrationError
+from .._errors import CalibrationError, CalibrationWarning
 from .._tensor import Tensor
 from .._tree import Where, _path_str, _selector, is_floating, is_tensor
-from ._gptq import ScaleRule, gptq
+from ._convert import Site, convert, rtn_values
 from ._passes import accumulate, batches_of, chunks, survey
 from ._record import FoldKey, Found
-from ._smooth import awq_clip, awq_scales, fold_rows, smoothquant_scales
+from ._smooth import awq_scales, fold_rows, smoothquant_scales
 
 __all__ = ["METHODS", "calibrate"]
 
@@ -37,19 +37,6 @@ METHODS = ("gptq", "awq", "smoothquant", "rtn")
 """The calibration methods `calibrate` runs: GPTQ, AWQ, SmoothQuant, and
 round-to-nearest (what `to_reduced_precision` does, through the same
 selection, for comparison)."""
-
-
-@dataclasses.dataclass
-class _Site:
-    """One weight to convert: its leaf, contracted axes (the recorded features' order:
-    a matrix's input axis; a kernel's spatial axes, then its input channels), stacking
-    axes, statistics."""
-
-    path: str
-    axes: tuple[int, ...]
-    stacked: tuple[int, ...]
-    stats: dict[str, np.ndarray]
-    size: int  # bytes of its statistics
 
 
 def _check_method(method: Any, fmt: dtypes.Format) -> None:
@@ -65,140 +52,6 @@ def _check_method(method: Any, fmt: dtypes.Format) -> None:
         )
 
 
-def _aimed(
-    scaling: dtypes.Scaling, shape: tuple[int, ...], axes: tuple[int, ...], path: str
-) -> Any:
-    """`scaling` placed on a weight contracted over `axes`: blocks along its inputs
-    (the input channels of a kernel), one scale per output channel, or one per tensor."""
-    if isinstance(scaling, dtypes.PerBlock):
-        return dataclasses.replace(scaling, axis=axes[-1])
-    if isinstance(scaling, dtypes.PerTensor):
-        return scaling
-    outputs = [i for i in range(len(shape)) if i not in axes]
-    if len(outputs) != 1:
-        raise CalibrationError(
-            f"calibrate: {path} has shape {shape}: one scale per output channel needs a "
-            "single output axis; use scaling=dtypes.PerBlock(128) (blocks along the inputs)"
-        )
-    return dtypes.PerAxis(
-        outputs[0], power_of_two=scaling.power_of_two, scale_format=scaling.scale_format
-    )
-
-
-def _rule(fmt: dtypes.Format, scaling: dtypes.Scaling, per_tensor: bool) -> ScaleRule:
-    """The format's own scale (and zero point) for each row of a group, or one for all."""
-    two, fmt_name = scaling.power_of_two, scaling.scale_format
-    rows = dtypes.PerAxis(0, power_of_two=two, scale_format=fmt_name)
-    encoding = dtypes.PerTensor(power_of_two=two, scale_format=fmt_name) if per_tensor else rows
-    qmax = int(getattr(fmt, "qmax", 0))
-
-    def rule(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        enc = fmt.encode(jnp.asarray(cols, jnp.float32), scaling=encoding)
-        assert enc.scale is not None  # an integer encoding is scaled
-        n = cols.shape[0]
-        stored = jnp.broadcast_to(enc.scale.reshape(-1, 1), (n, 1))
-        if enc.zero_point is None:
-            one = dtypes.from_codes(np.ones((n, 1), np.int8), stored, fmt, rows)
-            zero = np.zeros(n)
-        else:
-            zp = np.broadcast_to(np.asarray(enc.zero_point).reshape(-1, 1), (n, 1))
-            step = np.where(zp < qmax, zp + 1, zp - 1).astype(np.int16)  # one code off zero
-            one = dtypes.from_codes(step, stored, fmt, rows, zero_point=zp.astype(np.int16))
-            zero = zp[:, 0].astype(np.float64)
-        unit = np.abs(np.asarray(one.decode(), np.float64))[:, 0]
-        return np.asarray(stored)[:, 0], unit, zero
-
-    return rule
-
-
-def _gptq_matrix(
-    w: np.ndarray,
-    axes: tuple[int, ...],
-    h: np.ndarray,
-    fmt: dtypes.Format,
-    scaling: Any,
-    opts: dict[str, Any],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(codes, stored scales, zero points) of one layer's weight `w`, in its own layout."""
-    tail = tuple(range(w.ndim - len(axes), w.ndim))
-    moved = np.moveaxis(w, axes, tail)  # (outputs..., contracted axes in K order)
-    kshape = moved.shape[w.ndim - len(axes) :]
-    k = int(np.prod(kshape))
-    mat = moved.reshape(-1, k)
-    per_tensor = isinstance(scaling, dtypes.PerTensor)
-    if isinstance(scaling, dtypes.PerBlock):
-        # blocks along the last contracted axis (input channels), for each position
-        # of the others (a kernel's window): contiguous runs of columns
-        c = kshape[-1]
-        size = max(1, min(scaling.size, c))
-        groups = [
-            (base + b, base + min(b + size, c))
-            for base in range(0, k, c)
-            for b in range(0, c, size)
-        ]
-    else:
-        groups = [(0, k)]
-    qmax = int(getattr(fmt, "qmax", 0))
-    codes, stored, zeros = gptq(
-        mat,
-        h,
-        levels=(0, qmax) if fmt.kind == "uint" else (-qmax, qmax),
-        groups=groups,
-        rule=_rule(fmt, scaling, per_tensor),
-        static=not isinstance(scaling, dtypes.PerBlock),
-        **opts,
-    )
-    codes = np.moveaxis(codes.reshape(moved.shape), tail, axes)
-    if per_tensor:
-        return codes, stored[:1, :1].reshape((1,) * w.ndim), zeros[:1, :1].reshape((1,) * w.ndim)
-    blocks = (*kshape[:-1], -1) if isinstance(scaling, dtypes.PerBlock) else (1,) * len(axes)
-
-    def back(per_group: np.ndarray) -> np.ndarray:
-        shaped = per_group.reshape((*moved.shape[: w.ndim - len(axes)], *blocks))
-        return np.moveaxis(shaped, tail, axes)
-
-    return codes, back(stored), back(zeros)
-
-
-def _convert_gptq(
-    leaf: Any, site: _Site, fmt: dtypes.Format, scaling: dtypes.Scaling, opts: dict[str, Any]
-) -> Tensor:
-    w = np.asarray(leaf, np.float32)
-    if len(site.stacked) > 1:
-        raise CalibrationError(
-            f"calibrate: {site.path} is indexed by {len(site.stacked)} nested scans; "
-            "calibrate weights stacked along one axis at most"
-        )
-    aimed = _aimed(scaling, w.shape, site.axes, site.path)
-    h = site.stats["h"]
-    if not site.stacked:
-        codes, scales, zeros = _gptq_matrix(w, site.axes, h, fmt, aimed, opts)
-    else:
-        if not isinstance(aimed, dtypes.PerBlock):
-            raise CalibrationError(
-                f"calibrate: {site.path} holds one layer per scan step; its scales must vary "
-                "per layer: use scaling=dtypes.PerBlock(128)"
-            )
-        s = site.stacked[0]
-        inner_axes = tuple(a - (a > s) for a in site.axes)
-        inner = dataclasses.replace(aimed, axis=inner_axes[-1])
-        parts = [
-            _gptq_matrix(np.take(w, i, axis=s), inner_axes, h[i], fmt, inner, opts)
-            for i in range(w.shape[s])
-        ]
-        codes = np.stack([c for c, _, _ in parts], axis=s)
-        scales = np.stack([sc for _, sc, _ in parts], axis=s)
-        zeros = np.stack([z for _, _, z in parts], axis=s)
-    zero_point = zeros if fmt.kind == "uint" else None
-    enc = dtypes.from_codes(codes, scales, fmt, aimed, zero_point=zero_point)
-    return Tensor.from_encoded(enc, np.asarray(leaf).dtype)
-
-
-def _convert_rtn(leaf: Any, site: _Site, fmt: dtypes.Format, scaling: dtypes.Scaling) -> Tensor:
-    aimed = _aimed(scaling, tuple(np.shape(leaf)), site.axes, site.path)
-    return Tensor(leaf).to_reduced_precision(fmt, scaling=aimed)
-
-
 def _refuse_tensors(flat: list[tuple[Any, Any]]) -> None:
     """Refuse parameters that are Tensors already: calibration starts from floats."""
     tensors = [_path_str(p) for p, leaf in flat if isinstance(leaf, Tensor)]
@@ -211,10 +64,10 @@ def _refuse_tensors(flat: list[tuple[Any, Any]]) -> None:
 
 def _sites(
     sizes: dict[tuple[int, tuple[int, ...], tuple[int, ...]], int], paths: list[str]
-) -> dict[int, _Site]:
-    """One `_Site` per contracted weight, from the recorded (leaf, axes, stacked) uses and
+) -> dict[int, Site]:
+    """One `Site` per contracted weight, from the recorded (leaf, axes, stacked) uses and
     the bytes of their statistics; a weight contracted over two sets of axes is refused."""
-    sites: dict[int, _Site] = {}
+    sites: dict[int, Site] = {}
     for (leaf, axes, stacked), size in sorted(sizes.items()):
         site = sites.get(leaf)
         if site is not None and (site.axes, site.stacked) != (axes, stacked):
@@ -222,22 +75,45 @@ def _sites(
                 f"calibrate: {paths[leaf]} is contracted over two different axes "
                 f"({site.axes} and {axes}); exclude it, or calibrate one use"
             )
-        sites[leaf] = _Site(paths[leaf], axes, stacked, {}, size)
+        sites[leaf] = Site(paths[leaf], axes, stacked, {}, size)
     return sites
 
 
 def _picked(
-    chosen: list[int], sites: dict[int, _Site], paths: list[str], *, explicit: bool
+    chosen: list[int],
+    sites: dict[int, Site],
+    paths: list[str],
+    skipped: dict[int, str],
+    *,
+    explicit: bool,
 ) -> set[int]:
     """The selected weights that have statistics; refused when an explicit selection
-    names a weight without them, or when none is left."""
-    missing = [paths[j] for j in chosen if j not in sites]
+    names a weight without them, or when none is left. A weight of the default
+    selection that `f` contracts in a way calibration does not record is left as it
+    is, with a `CalibrationWarning` naming it and the reason."""
+    missing = [j for j in chosen if j not in sites]
     if explicit and missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        j = missing[0]
+        why = (
+            f"f contracts it, but {skipped[j]}, which calibration does not record"
+            if j in skipped
+            else "f never contracts it with an activation (an embedding, a norm, a bias)"
+        )
         raise CalibrationError(
-            f"calibrate: {missing[0]}{more} is selected but f never contracts it with an "
-            "activation (an embedding, a norm, a bias, or a weight used inside cond/while): "
-            "nothing to calibrate it on; narrow `where` to the layers' weights"
+            f"calibrate: {paths[j]}{more} is selected but {why}: nothing to calibrate it "
+            "on; narrow `where` to the layers' weights (to_reduced_precision converts "
+            "the others by round-to-nearest)"
+        )
+    unrecorded = [j for j in missing if j in skipped]
+    if not explicit and unrecorded:
+        listed = "; ".join(f"{paths[j]} ({skipped[j]})" for j in unrecorded)
+        warnings.warn(
+            f"calibrate: left in float, because calibration does not record how f "
+            f"contracts them: {listed}. Convert them with to_reduced_precision "
+            "(round-to-nearest), or pass exclude= to say you mean it",
+            CalibrationWarning,
+            stacklevel=3,
         )
     picked = {j for j in chosen if j in sites}
     if not picked:
@@ -255,7 +131,7 @@ def _picked(
 
 
 def _folds(
-    method: str, found: Found, sites: dict[int, _Site], picked: set[int]
+    method: str, found: Found, sites: dict[int, Site], picked: set[int]
 ) -> dict[int, tuple[FoldKey, list[int]]]:
     """The foldings AWQ and SmoothQuant make (`_foldable`); none for the other methods."""
     if method not in ("awq", "smoothquant"):
@@ -308,7 +184,7 @@ def _fold(
         s, how = smoothquant_scales(stats["absmax"], ws, alpha), f"alpha {alpha}"
     else:
         mean = stats["abssum"] / max(float(stats["rows"]), 1.0)
-        rtn = functools.partial(_rtn_values, fmt=fmt, scaling=scaling)
+        rtn = functools.partial(rtn_values, fmt=fmt, scaling=scaling)
         s, chosen = awq_scales(stats["h"], mean, ws, rtn, grid)
         how = f"alpha {chosen:.2f} searched"
     for leaf, (w, axis) in zip(members, ws, strict=True):
@@ -325,25 +201,6 @@ def _fold(
     )
 
 
-def _convert(
-    method: str,
-    leaf: Any,
-    site: _Site,
-    fmt: dtypes.Format,
-    scaling: dtypes.Scaling,
-    opts: dict[str, Any],
-    scale: np.ndarray | None,
-    grid: int,
-) -> Tensor:
-    """One weight converted by `method`, from its (folded) values and recorded statistics."""
-    if method == "gptq":
-        return _convert_gptq(leaf, site, fmt, scaling, opts)
-    if method == "awq":
-        clipped = _clip_for_awq(leaf, site, scale, fmt, scaling, grid)
-        return _convert_rtn(clipped, site, fmt, scaling)
-    return _convert_rtn(leaf, site, fmt, scaling)
-
-
 def _assemble(
     treedef: Any, values: list[Any], work: list[Any], out: list[tuple[int, Tensor]]
 ) -> Any:
@@ -356,28 +213,6 @@ def _assemble(
     for i, tensor in out:
         result[i] = tensor
     return jax.tree_util.tree_unflatten(treedef, result)
-
-
-def _rtn_values(w: np.ndarray, axis: int, fmt: dtypes.Format, scaling: dtypes.Scaling) -> Any:
-    """`w` rounded to nearest as the conversion will round it (decoded values)."""
-    aimed = _aimed(scaling, w.shape, (axis,), "")
-    return np.asarray(Tensor(w).to_reduced_precision(fmt, scaling=aimed).numpy())
-
-
-def _clip_for_awq(
-    w: Any, site: _Site, scale: np.ndarray | None, fmt: dtypes.Format, scaling: Any, grid: int
-) -> Any:
-    """AWQ's clip search on one weight (a matrix scaled by `scale`, if folded)."""
-    if len(site.axes) != 1 or isinstance(scaling, dtypes.PerTensor):
-        return w  # one range per group and output: not for kernels or a tensor scale
-    w = np.asarray(w)
-    (axis,) = site.axes
-    h = site.stats["h"]
-    if scale is not None:  # the inputs this weight meets are x / s
-        h = h / np.outer(scale, scale)
-    group = scaling.size if isinstance(scaling, dtypes.PerBlock) else w.shape[axis]
-    rtn = functools.partial(_rtn_values, fmt=fmt, scaling=scaling)
-    return awq_clip(w, axis, h, max(1, min(group, w.shape[axis])), rtn, grid)
 
 
 def _format_and_scaling(
@@ -535,7 +370,7 @@ def calibrate(
     sizes = survey(f, leaves, rebuild, data, found)
     sites = _sites(sizes, paths)
     chosen = [j for j, i in enumerate(traced) if select(flat[i][0], flat[i][1])]
-    picked = _picked(chosen, sites, paths, explicit=where is not None)
+    picked = _picked(chosen, sites, paths, found.skipped, explicit=where is not None)
     folds = _folds(method, found, sites, picked)
     order = [j for j in found.order if j in picked]
     work = list(values)  # the parameters with every folding made so far
@@ -575,9 +410,7 @@ def calibrate(
         for j in chunk:
             start = time.perf_counter()
             i, site = traced[j], sites[j]
-            out.append(
-                (i, _convert(method, work[i], site, fmt, scaling, opts, scaled.get(j), grid))
-            )
+            out.append((i, convert(method, work[i], site, fmt, scaling, opts, scaled.get(j), grid)))
             site.stats = {}  # one chunk's statistics held at a time
             done += 1
             if progress:

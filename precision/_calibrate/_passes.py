@@ -77,6 +77,14 @@ def accumulate(
                 old["absmax"] = np.maximum(old["absmax"], new["absmax"])
         if progress:
             print(f"calibrate: {what}batch {b + 1}/{len(batches)} recorded", file=sys.stderr)
+    for key, total in totals.items():
+        if not np.all(total["rows"] > 0):
+            raise CalibrationError(
+                f"calibrate: {paths[key[0]]} met no activation in the {len(batches)} "
+                "batch(es): it is read in a cond branch that none of them took, or in a "
+                "while loop that ran no iteration, so there is nothing to calibrate it on; "
+                "add batches that reach it, or leave it out (exclude=...)"
+            )
     return totals
 
 
@@ -110,7 +118,10 @@ def survey(
         return jax.eval_shape(recorder, xs, batch)
 
     shapes = _call(shapes_only, leaves, batches, 0)
-    return {key: 8 * (int(np.prod(s.h.shape)) + 3 * s.h.shape[-1]) for key, s in shapes.items()}
+    return {
+        key: 8 * (int(np.prod(s.h.shape)) + 3 * int(np.prod(s.absmax.shape)))
+        for key, s in shapes.items()
+    }
 
 
 def chunks(order: list[int], sizes: dict[int, int], budget: int) -> list[list[int]]:

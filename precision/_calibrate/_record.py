@@ -13,9 +13,22 @@ whose kernel is a parameter: the input patches, `K` = window x channels):
 - `absmax`, `abssum`: per input channel (AWQ, SmoothQuant),
 - `rows` and `bad`, the number of rows and of non-finite values seen.
 
+A weight contracted over several axes (Flax's `DenseGeneral`, the output
+projection of its attention) is recorded with `K` = the product of their
+lengths. A grouped or depthwise convolution (`feature_group_count` G) gets
+statistics per group, with G in front: each group's outputs read only their
+own input channels.
+
 Layers under `scan` are recorded per iteration: a weight scanned as `xs`
 (stacked layers) gets statistics with the stacked length in front; a weight
-that every iteration reads (a loop constant) gets their sum.
+that every iteration reads (a loop constant) gets their sum. Inside `cond`
+every branch runs and only the taken branch's statistics and outputs count;
+inside `while` the statistics are carried through the loop and summed over the
+iterations that ran.
+
+A contraction that reads a weight in a way none of this covers (batched by the
+contraction, both operands weights, a contracted axis made by a reshape) is
+noted in `Found.skipped` with the reason, so that `calibrate` can say so.
 
 Alongside, found while tracing (`Found`): which sites read the same folded
 normalization output (`_affine`), whether folding a scale into it is safe,
@@ -24,8 +37,8 @@ and how many contractions read each weight.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import itertools
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -61,6 +74,7 @@ class Found:
     ndims: list[int] = dataclasses.field(default_factory=list)
     order: list[int] = dataclasses.field(default_factory=list)  # leaves, first use first
     wanted: frozenset[int] | None = None  # record these leaves' statistics only
+    skipped: dict[int, str] = dataclasses.field(default_factory=dict)  # leaf: why not
 
     def reset(self, ndims: list[int]) -> None:
         """Forget an earlier trace (a new batch shape traces again); keep `wanted`."""
@@ -68,7 +82,12 @@ class Found:
         self.unsafe.clear()
         self.uses.clear()
         self.order.clear()
+        self.skipped.clear()
         self.ndims = ndims
+
+    def skip(self, leaf: int, why: str) -> None:
+        """Note a contraction reading `leaf` that is not recorded, and why."""
+        self.skipped.setdefault(leaf, why)
 
     def met(self, leaf: int) -> bool:
         """Note a contraction reading `leaf`; whether to record its statistics."""
@@ -100,9 +119,13 @@ class Origin(NamedTuple):
     leaf: int
     axes: tuple[int | None, ...]
     stacked: tuple[tuple[int, int], ...]
+    via: str | None = None  # a slice or reshape the walk does not follow (axes all None)
 
 
-_scan_ids = itertools.count()
+# equations that pick part of a weight or mix its axes: the result is still that
+# weight's values, but not axis for axis (`w[i]` of a stack, `w.reshape(-1, n)`).
+# Not `gather`: a lookup by token (an embedding) makes an activation.
+_RESHAPED = frozenset({"dynamic_slice", "slice", "reshape"})
 
 
 def _conv_rows(eqn: Any, x: jax.Array, spatial: tuple[int, ...]) -> jax.Array:
@@ -125,9 +148,25 @@ def _conv_rows(eqn: Any, x: jax.Array, spatial: tuple[int, ...]) -> jax.Array:
     return jnp.swapaxes(rows, 1, 2).reshape(rows.shape[0], -1)
 
 
-def _site_stats(x: jax.Array, axis: int) -> Stats:
-    k = x.shape[axis]
-    return _row_stats(jnp.moveaxis(x, axis, -1).reshape(-1, k))
+def _site_stats(x: jax.Array, axes: tuple[int, ...]) -> Stats:
+    """Statistics of `x`'s rows over its contracted `axes` (the last fastest)."""
+    k = int(np.prod([x.shape[a] for a in axes]))
+    tail = tuple(range(x.ndim - len(axes), x.ndim))
+    return _row_stats(jnp.moveaxis(x, axes, tail).reshape(-1, k))
+
+
+def _group_stats(rows: jax.Array, positions: int, groups: int) -> Stats:
+    """Per-group statistics (G in front) of a grouped convolution's patches, whose
+    features are (window positions, channels) with channels fastest."""
+    n, features = rows.shape
+    per = rows.reshape(n, positions, groups, features // (positions * groups))
+    per = jnp.moveaxis(per, 2, 0).reshape(groups, n, -1)
+    return jax.vmap(_row_stats)(per)
+
+
+def _masked(s: Stats, keep: Any) -> Stats:
+    """`s` where `keep` holds, zero statistics elsewhere (a branch not taken)."""
+    return Stats(*(jnp.where(keep, v, jnp.zeros_like(v)) for v in s))
 
 
 def _row_stats(rows: jax.Array) -> Stats:
@@ -158,6 +197,13 @@ def _add(stats: dict[Any, Stats], key: Any, new: Stats) -> None:
         )
 
 
+def _unfollowed(o: Origin) -> str:
+    """Why a weight's contracted axes are not its own axes."""
+    if o.via is not None:
+        return f"it reaches its contraction through `{o.via}` (a part or a reshape of it)"
+    return "an axis it is contracted over is broadcast, not one of its own"
+
+
 def _dot(
     eqn: Any,
     origins: list[Origin | None],
@@ -171,17 +217,32 @@ def _dot(
     folded = [False, False]
     for w, x, cw, cx, bw in ((0, 1, lc, rc, lb), (1, 0, rc, lc, rb)):
         o = origins[w]
-        if o is None or origins[x] is not None or len(cw) != 1 or bw:
+        if o is None or not cw:
             continue
-        axis = o.axes[cw[0]]
-        if axis is None:
+        axes = tuple(o.axes[c] for c in cw)
+        other = origins[x]
+        why = (
+            "both operands of its contraction are parameters"
+            if other is not None and other.via is None
+            else "its contraction batches over one of its axes"
+            if bw
+            else _unfollowed(o)
+            if any(a is None for a in axes)
+            else None
+        )
+        if why is not None:
+            found.skip(o.leaf, why)
             continue
-        key = (o.leaf, (axis,), o.stacked)
+        # features in the weight's own axis order (its last contracted axis fastest),
+        # whichever order the contraction lists them in
+        pairs = sorted(zip(axes, cx, strict=True))
+        axes = tuple(a for a, _ in pairs)
+        key = (o.leaf, axes, o.stacked)
         if found.met(o.leaf):
-            _add(stats, key, _site_stats(vals[x], cx[0]))
+            _add(stats, key, _site_stats(vals[x], tuple(c for _, c in pairs)))
         t = tags[x]
-        if t is not None and t.axis == cx[0] and not o.stacked:
-            site = (o.leaf, (axis,), ())
+        if len(cw) == 1 and t is not None and t.axis == cx[0] and not o.stacked:
+            site = (o.leaf, axes, ())
             found.folds.setdefault((t.scale, t.bias), set()).add(site)
             folded[x] = True
     found.refuse([t for t, ok in zip(tags, folded, strict=True) if not ok])
@@ -194,21 +255,33 @@ def _conv(
     stats: dict[Any, Stats],
     found: Found,
 ) -> None:
-    """Record the input patches of a convolution whose kernel is a weight."""
+    """Record the input patches of a convolution whose kernel is a weight (per group,
+    for a grouped or depthwise one)."""
     p = eqn.params
     o = origins[1]
-    if o is None or origins[0] is not None:
+    if o is None:
         return
-    if p["feature_group_count"] != 1 or p["batch_group_count"] != 1:
-        return  # grouped / depthwise kernels: not one matrix
     rhs = p["dimension_numbers"].rhs_spec  # (out, in, spatial...) axes of the kernel
     axes = tuple(o.axes[a] for a in (*rhs[2:], rhs[1]))
-    if any(a is None for a in axes):
+    why = (
+        "its input is a parameter too"
+        if origins[0] is not None and origins[0].via is None
+        else "its convolution groups the batch (batch_group_count)"
+        if p["batch_group_count"] != 1
+        else _unfollowed(o)
+        if any(a is None for a in axes)
+        else None
+    )
+    if why is not None:
+        found.skip(o.leaf, why)
         return
     spatial = tuple(int(eqn.invars[1].aval.shape[a]) for a in rhs[2:])
     if found.met(o.leaf):
         key = (o.leaf, axes, o.stacked)
-        _add(stats, key, _row_stats(_conv_rows(eqn, vals[0], spatial)))
+        rows = _conv_rows(eqn, vals[0], spatial)
+        groups = int(p["feature_group_count"])
+        new = _row_stats(rows) if groups == 1 else _group_stats(rows, int(np.prod(spatial)), groups)
+        _add(stats, key, new)
 
 
 def _walk(
@@ -242,6 +315,12 @@ def _walk(
         elif eqn.primitive is compat.SCAN:
             found.refuse(tgs)
             outs = _scan(eqn, vals, orgs, stats, found)
+        elif eqn.primitive is compat.COND:
+            found.refuse(tgs)
+            outs = _cond(eqn, vals, orgs, stats, found)
+        elif eqn.primitive is compat.WHILE:
+            found.refuse(tgs)
+            outs = _while(eqn, vals, orgs, stats, found)
         else:
             if name == "dot_general":
                 _dot(eqn, orgs, tgs, vals, stats, found)
@@ -261,6 +340,9 @@ def _walk(
                 elif o is not None and name in ("broadcast_in_dim", "reshape", "squeeze"):
                     axes = carry_axes(eqn, o.axes)
                     out_orgs = [None if axes is None else o._replace(axes=axes)]
+                if o is not None and out_orgs == [None] and name in _RESHAPED:
+                    ndim = len(eqn.outvars[0].aval.shape)
+                    out_orgs = [o._replace(axes=(None,) * ndim, via=o.via or name)]
             outs = compat.bind_eqn(eqn, *vals)
         for var, out, o, t in zip(eqn.outvars, outs, out_orgs, out_tags, strict=True):
             env[var] = (out, o, t)
@@ -273,7 +355,7 @@ def _scan(
 ) -> list[Any]:
     p = eqn.params
     nc, nk = compat.scan_counts(p)
-    me = next(_scan_ids)
+    me = id(eqn)  # the same in every walk of this jaxpr (`_while` walks a body twice)
     x_orgs: list[Origin | None] = []
     for o in orgs[nc + nk :]:
         if o is None or o.axes[0] is None:
@@ -322,6 +404,66 @@ def _scan(
                 ),
             )
     return [*final, *ys]
+
+
+def _cond(
+    eqn: Any, vals: list[Any], orgs: list[Origin | None], stats: dict[Any, Stats], found: Found
+) -> list[Any]:
+    """Run every branch on the operands; keep the taken branch's outputs and statistics."""
+    index, ops, op_orgs = vals[0], vals[1:], orgs[1:]
+    results = []
+    for b, branch in enumerate(eqn.params["branches"]):
+        inner, inner_consts = compat.closed(branch)
+        local: dict[Any, Stats] = {}
+        outs, _, _ = _walk(inner, inner_consts, ops, op_orgs, [None] * len(ops), local, found)
+        for key, s in local.items():
+            _add(stats, key, _masked(s, index == b))
+        results.append(outs)
+    return [lax.select_n(index, *cases) for cases in zip(*results, strict=True)]
+
+
+def _while(
+    eqn: Any, vals: list[Any], orgs: list[Origin | None], stats: dict[Any, Stats], found: Found
+) -> list[Any]:
+    """Run the loop with each iteration's statistics added to a carried total."""
+    p = eqn.params
+    nc, nb = compat.while_counts(p)
+    cond_consts, body_consts, init = vals[:nc], vals[nc : nc + nb], vals[nc + nb :]
+    body_orgs = [*orgs[nc : nc + nb], *([None] * len(init))]
+    body, body_inner = compat.closed(p["body_jaxpr"])
+    test, test_inner = compat.closed(p["cond_jaxpr"])
+    n_in = nb + len(init)
+
+    def one(carry: list[Any], seen: Found) -> tuple[list[Any], dict[Any, Stats]]:
+        local: dict[Any, Stats] = {}
+        outs, _, _ = _walk(
+            body, body_inner, [*body_consts, *carry], body_orgs, [None] * n_in, local, seen
+        )
+        return outs, local
+
+    # what one iteration records (traced on a copy, so uses are counted once)
+    _, shapes = jax.eval_shape(lambda c: one(c, copy.deepcopy(found)), list(init))
+    zero = {k: Stats(*(jnp.zeros(v.shape, v.dtype) for v in s)) for k, s in shapes.items()}
+
+    def keep_going(state: tuple[list[Any], Any]) -> Any:
+        carry = state[0]
+        n = len(cond_consts) + len(carry)
+        outs, _, _ = _walk(
+            test, test_inner, [*cond_consts, *carry], [None] * n, [None] * n, {}, found
+        )
+        return outs[0]
+
+    def step(state: tuple[list[Any], Any]) -> tuple[list[Any], Any]:
+        outs, local = one(state[0], found)
+        total = dict(state[1])
+        for key, s in local.items():
+            _add(total, key, s)
+        return outs, total
+
+    final, totals = lax.while_loop(keep_going, step, (list(init), zero))
+    for key, s in totals.items():
+        _add(stats, key, s)
+    return list(final)
 
 
 def record(

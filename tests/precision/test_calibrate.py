@@ -7,66 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gptq_reference import patches as _patches
+from gptq_reference import reference_gptq as _reference_gptq
 
 import dtypes
 import precision
 from precision._calibrate._record import Found, record
-
-QMAX = 7  # int4
-
-
-def _reference_gptq(w, h, group, damp, act_order=False, zero_points=False):
-    """GPTQ written out plainly from the paper, one column at a time, no blocks:
-    returns the dequantized weights (rows = outputs, columns = inputs). With
-    `zero_points`, uint4 codes: each group's scale and zero point follow the
-    documented min-max rule of dtypes' asymmetric formats."""
-    w = w.astype(np.float64).copy()
-    h = h.astype(np.float64).copy()
-    n = w.shape[1]
-    for j in range(n):
-        if h[j, j] == 0:
-            h[j, j] = 1.0
-            w[:, j] = 0.0
-
-    def scale(block):
-        block = block.astype(np.float32)
-        if zero_points:
-            lo = np.minimum(block.min(axis=1), 0)
-            hi = np.maximum(block.max(axis=1), 0)
-            s = ((hi - lo) / np.float32(15)).astype(np.float32)
-            s = np.where(hi == lo, np.float32(1), s)
-            inv = np.float32(1) / s
-            zp = np.clip(np.rint(-lo * inv), 0, 15)
-            return s.astype(np.float64), zp.astype(np.float64)
-        absmax = np.max(np.abs(block), axis=1)
-        s = (absmax / np.float32(QMAX)).astype(np.float32)
-        return np.where(absmax == 0, np.float32(1), s).astype(np.float64), 0.0
-
-    scales = {}
-    if act_order:
-        for g in range(0, n, group):
-            scales[g // group] = scale(w[:, g : g + group])
-        order = sorted(range(n), key=lambda j: (-h[j, j], j))
-    else:
-        order = list(range(n))
-    w = w[:, order]
-    h = h[np.ix_(order, order)]
-    h = h + damp * np.mean(np.diag(h)) * np.eye(n)
-    hinv = np.linalg.inv(h)
-    u = np.linalg.cholesky(hinv).T  # hinv = u.T @ u, u upper triangular
-    q = np.zeros_like(w)
-    for k in range(n):
-        j = order[k]
-        if not act_order and j % group == 0:
-            scales[j // group] = scale(w[:, k : k + group])
-        s, z = scales[j // group]
-        lo, hi = (0, 15) if zero_points else (-QMAX, QMAX)
-        q[:, k] = (np.clip(np.rint(w[:, k] / s) + z, lo, hi) - z) * s
-        e = (w[:, k] - q[:, k]) / u[k, k]
-        w[:, k + 1 :] -= np.outer(e, u[k, k + 1 :])
-    out = np.zeros_like(q)
-    out[:, order] = q
-    return out
 
 
 def _batches(rng, n, rows, k):
@@ -110,19 +56,6 @@ def test_gptq_on_one_layer_equals_the_published_algorithm_code_for_code(
     want = _reference_gptq(w.T, x.T @ x, group, 0.01, act_order, fmt == "uint4").T
     assert q.scaling == dtypes.PerBlock(group, axis=0)
     np.testing.assert_array_equal(q.numpy(), want.astype(np.float32))
-
-
-def _patches(x, k):
-    """3x3 'SAME' input patches of NHWC `x`, as rows of (dy, dx, channel) features."""
-    n, hgt, wid, _ = x.shape
-    pad = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
-    rows = [
-        pad[b, i : i + k, j : j + k, :].reshape(-1)
-        for b in range(n)
-        for i in range(hgt)
-        for j in range(wid)
-    ]
-    return np.array(rows, np.float64)
 
 
 def test_gptq_on_a_convolution_equals_the_published_algorithm_on_its_patches():
@@ -438,15 +371,15 @@ def _init(model, x, seed):
 
 @pytest.mark.parametrize("method", ["awq", "smoothquant"])
 def test_folded_scales_leave_the_float32_function_unchanged(method, monkeypatch):
-    from precision._calibrate import _calibrate
+    from precision._calibrate import _convert
 
     model = _Block.make()
     rng = np.random.default_rng(8)
     batches = _batches_3d(rng)
     params = _init(model, batches[0], 0)
     # stop before rounding (and AWQ's clipping): the folded float32 weights come back
-    monkeypatch.setattr(_calibrate, "_convert_rtn", lambda leaf, *args: leaf)
-    monkeypatch.setattr(_calibrate, "_clip_for_awq", lambda leaf, *args: leaf)
+    monkeypatch.setattr(_convert, "_convert_rtn", lambda leaf, *args: leaf)
+    monkeypatch.setattr(_convert, "_clip_for_awq", lambda leaf, *args: leaf)
     folded = precision.calibrate(model.apply, params, batches, method=method)
     for x in batches:
         want, got = model.apply(params, x), model.apply(folded, x)
