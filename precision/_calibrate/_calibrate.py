@@ -215,6 +215,18 @@ def _assemble(
     return jax.tree_util.tree_unflatten(treedef, result)
 
 
+def _stages(order: list[int], reads: dict[int, int]) -> list[list[int]]:
+    """`order` split where the input changes: consecutive weights that read the same
+    activation (a block's query, key and value) are one stage."""
+    out: list[list[int]] = []
+    for j in order:
+        if out and reads.get(j) == reads.get(out[-1][-1]):
+            out[-1].append(j)
+        else:
+            out.append([j])
+    return out
+
+
 def _format_and_scaling(
     method: Any, format: str | dtypes.Format | None, scaling: Any
 ) -> tuple[dtypes.Format, dtypes.Scaling]:
@@ -268,6 +280,7 @@ def calibrate(
     alpha: float = 0.5,
     grid: int = 20,
     stats_memory: int = 1 << 30,
+    sequential: bool = False,
     progress: bool | None = None,
 ) -> Any:
     """Convert the weights of `params` to `format`, calibrated on real activations.
@@ -323,6 +336,12 @@ def calibrate(
         grid: the number of AWQ exponents tried (0, 1/grid, ...).
         stats_memory: bytes of input statistics held at once (default 1 GiB):
             the batches run once per group of weights whose statistics fit.
+        sequential: GPTQ on the inputs of the model as converted so far:
+            the batches run once per stage (the weights that read the same
+            input, such as a block's query, key and value), each recorded
+            with every earlier stage's weights already rounded, so a layer
+            compensates the errors of the layers before it. Slower (one pass
+            per stage); layers stacked under `scan` are recorded together.
         progress: print a line per batch and per weight to stderr (default:
             when stderr is a terminal).
 
@@ -349,6 +368,11 @@ def calibrate(
     fmt, scaling = _format_and_scaling(method, format, scaling)
     _check_numbers(damp, block_size, grid, alpha)
     budget = _check_budget(stats_memory)
+    if sequential and method != "gptq":
+        raise CalibrationError(
+            f"calibrate: sequential=True is GPTQ's (each layer compensates the rounding "
+            f"before it), not {method}'s: use method='gptq', or sequential=False"
+        )
     progress = sys.stderr.isatty() if progress is None else bool(progress)
     select = _selector(where, exclude)
     flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_tensor)
@@ -377,14 +401,17 @@ def calibrate(
     scaled: dict[int, np.ndarray] = {}  # AWQ's per-input scales of each folded weight
     out: list[Any] = []
     done = 0
-    for chunk in chunks(order, {j: sites[j].size for j in order}, budget):
+    current = list(leaves)  # what the passes run: with `sequential`, weights as converted
+    sized = {j: sites[j].size for j in order}
+    stages = _stages(order, found.reads) if sequential else [order]
+    for chunk in (c for stage in stages for c in chunks(stage, sized, budget)):
         found.wanted = frozenset(chunk)
         what = (
             f"weights {done + 1}-{done + len(chunk)} of {len(order)}: "
             if done or len(chunk) < len(order)
             else ""
         )
-        totals = accumulate(f, leaves, rebuild, data, paths, progress, found, what)
+        totals = accumulate(f, current, rebuild, data, paths, progress, found, what)
         for (leaf, _, _), stats in totals.items():
             sites[leaf].stats = stats
         for j in chunk:
@@ -410,7 +437,10 @@ def calibrate(
         for j in chunk:
             start = time.perf_counter()
             i, site = traced[j], sites[j]
-            out.append((i, convert(method, work[i], site, fmt, scaling, opts, scaled.get(j), grid)))
+            tensor = convert(method, work[i], site, fmt, scaling, opts, scaled.get(j), grid)
+            out.append((i, tensor))
+            if sequential:  # later stages read this weight as rounded
+                current[j] = np.asarray(tensor.numpy()).astype(np.asarray(leaves[j]).dtype)
             site.stats = {}  # one chunk's statistics held at a time
             done += 1
             if progress:

@@ -75,6 +75,7 @@ class Found:
     order: list[int] = dataclasses.field(default_factory=list)  # leaves, first use first
     wanted: frozenset[int] | None = None  # record these leaves' statistics only
     skipped: dict[int, str] = dataclasses.field(default_factory=dict)  # leaf: why not
+    reads: dict[int, int] = dataclasses.field(default_factory=dict)  # leaf: its input's id
 
     def reset(self, ndims: list[int]) -> None:
         """Forget an earlier trace (a new batch shape traces again); keep `wanted`."""
@@ -83,6 +84,7 @@ class Found:
         self.uses.clear()
         self.order.clear()
         self.skipped.clear()
+        self.reads.clear()
         self.ndims = ndims
 
     def skip(self, leaf: int, why: str) -> None:
@@ -238,6 +240,7 @@ def _dot(
         pairs = sorted(zip(axes, cx, strict=True))
         axes = tuple(a for a, _ in pairs)
         key = (o.leaf, axes, o.stacked)
+        found.reads.setdefault(o.leaf, id(eqn.invars[x]))
         if found.met(o.leaf):
             _add(stats, key, _site_stats(vals[x], tuple(c for _, c in pairs)))
         t = tags[x]
@@ -276,6 +279,7 @@ def _conv(
         found.skip(o.leaf, why)
         return
     spatial = tuple(int(eqn.invars[1].aval.shape[a]) for a in rhs[2:])
+    found.reads.setdefault(o.leaf, id(eqn.invars[0]))
     if found.met(o.leaf):
         key = (o.leaf, axes, o.stacked)
         rows = _conv_rows(eqn, vals[0], spatial)

@@ -171,3 +171,48 @@ def test_a_weight_read_in_a_way_calibration_does_not_record_is_named_not_skipped
     assert not isinstance(q["stack"], precision.Tensor)
     with pytest.raises(precision.CalibrationError, match="batches over one of its axes"):
         precision.calibrate(f, params, batches, where="per_head", progress=False)
+
+
+def test_sequential_gptq_calibrates_each_layer_on_the_rounded_layers_before_it():
+    rng = np.random.default_rng(10)
+    params = {
+        "w1": rng.normal(size=(16, 16)).astype(np.float32),
+        "w2": rng.normal(size=(16, 8)).astype(np.float32),
+    }
+
+    def mlp(p, x):
+        return jax.nn.relu(x @ p["w1"]) @ p["w2"]
+
+    scaling = dtypes.PerBlock(8)
+    batches = [_ints(rng, (12, 16)) for _ in range(3)]
+    seq = _calibrate(mlp, params, batches, scaling, sequential=True)
+    plain = _calibrate(mlp, params, batches, scaling)
+    np.testing.assert_array_equal(seq["w1"].numpy(), plain["w1"].numpy())  # the first layer
+    # the second layer: GPTQ (tested code for code above) on what the rounded first
+    # layer hands it, computed by plain JAX on the decoded weights
+    q1 = jnp.asarray(seq["w1"].numpy())
+    inputs = [np.asarray(jax.jit(lambda x: jax.nn.relu(x @ q1))(x)) for x in batches]
+    second = _calibrate(lambda p, y: y @ p["w2"], {"w2": params["w2"]}, inputs, scaling)
+    np.testing.assert_array_equal(seq["w2"].numpy(), second["w2"].numpy())
+    assert not np.array_equal(seq["w2"].numpy(), plain["w2"].numpy())
+    with pytest.raises(precision.CalibrationError, match="sequential=True is GPTQ's"):
+        precision.calibrate(mlp, params, batches, method="awq", sequential=True)
+
+
+def test_sequential_passes_once_per_stage_of_weights_that_read_the_same_input(capsys):
+    rng = np.random.default_rng(11)
+    params = {n: rng.normal(size=(16, 16)).astype(np.float32) for n in "qkvo"}
+
+    def attention(p, x):
+        q, k, v = (x @ p[n] for n in "qkv")
+        return jax.nn.softmax(q @ k.T / 4) @ v @ p["o"]
+
+    batches = [rng.normal(size=(8, 16)).astype(np.float32) for _ in range(2)]
+    precision.calibrate(
+        attention, params, batches, scaling=dtypes.PerBlock(8), sequential=True, progress=True
+    )
+    passes = [line for line in capsys.readouterr().err.splitlines() if "batch 2/2" in line]
+    assert [line.split(":")[1].strip() for line in passes] == [
+        "weights 1-3 of 4",  # query, key and value read x: one pass
+        "weights 4-4 of 4",  # the output projection reads what the rounded three made
+    ]
