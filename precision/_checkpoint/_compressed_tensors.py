@@ -14,8 +14,10 @@ with `"quant_method": "compressed-tensors"`. Each quantized weight `M.weight` (a
 
 A value is its code times the scale of its group. The groups (`strategy`): `tensor`,
 one scale of shape (1,); `channel`, one per row, (rows, 1); `group`, `group_size`
-consecutive values of a row, (rows, ceil(cols / group_size)): a shorter last group
-has its own scale. Scales are F32, BF16 or F16.
+consecutive values of a row, (rows, cols / group_size). Scales are F32, BF16 or F16.
+`group_size` must divide the rows: the compressed-tensors package refuses to decompress
+a shorter last group (written here, it is refused before converting; read, another
+writer's shorter last group has its own scale).
 
 These coincide with this library's symmetric encodings (`IntFormat` with `PerTensor`,
 `PerAxis(0)` or `PerBlock(g)`, scales in float32, bfloat16 or float16; float8_e4m3fn
@@ -149,7 +151,7 @@ def refusal(name: str, fmt: Format, scaling: Scaling | None, shape: tuple[int, .
                 "scale where this library multiplies by a tensor scale: not the same values); "
                 "use --to mxfp4"
             )
-        return None
+        return _partial_group(where, scaling, shape, "--to int4 --scaling per-axis:0")
     if isinstance(fmt, IntFormat) and not fmt.binary and fmt.bits in _PACKED_BITS:
         pass
     elif _e4m3fn(fmt):
@@ -167,6 +169,24 @@ def refusal(name: str, fmt: Format, scaling: Scaling | None, shape: tuple[int, .
         return (
             f"{where}: the layout's scales are per tensor, per row (per-axis:0) or per "
             "block of a row (per-block:SIZE); use --scaling per-axis:0 or per-block:128"
+        )
+    return _partial_group(
+        where, scaling, shape, "a block size that divides the rows, --scaling per-axis:0"
+    )
+
+
+def _partial_group(
+    where: str, scaling: Scaling, shape: tuple[int, ...], instead: str
+) -> str | None:
+    """Why blocks of `scaling` that do not divide a row cannot be written, or None.
+
+    The layout's `group` strategy has rows of whole groups: the compressed-tensors package
+    refuses to decompress a shorter last group.
+    """
+    if isinstance(scaling, PerBlock) and shape[1] % int(scaling.size):
+        return (
+            f"{where}: the layout's groups divide each row (the compressed-tensors package "
+            f"refuses a shorter last group); use {instead}, or keep these tensors (--exclude)"
         )
     return None
 
@@ -345,8 +365,8 @@ def _scaling(weights: dict[str, Any], scale: np.ndarray, shape: tuple[int, ...])
     if strategy == "channel" and scale.shape == (shape[0], 1):
         return PerAxis(0, scale_format=scale_format)
     if strategy == "group" and isinstance(group, int) and group > 0:
-        # a last group shorter than the others has its own scale (the layout's groups
-        # are ceil(cols / group_size), as this library's padded blocks)
+        # another writer's last group shorter than the others has its own scale (the
+        # scales are ceil(cols / group_size) a row, as this library's padded blocks)
         if scale.shape == (shape[0], -(-shape[1] // group)):
             return PerBlock(group, scale_format=scale_format)
     raise CheckpointError(

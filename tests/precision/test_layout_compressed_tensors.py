@@ -203,7 +203,7 @@ PADDED = [  # 102 values a row: the last word of each row is padded
     ["--to", "int2", "--scaling", "per-tensor"],
     ["--to", "int4", "--scaling", "per-axis:0"],
     ["--to", "int8", "--scaling", "per-axis:0:fp16"],
-    ["--to", "int4", "--scaling", "per-block:64:bf16"],  # a last group of 38 values
+    ["--to", "int4", "--scaling", "per-block:34:bf16"],  # three groups a row
 ]
 
 
@@ -290,10 +290,11 @@ def test_a_quantized_model_directory_is_read_only_through_its_config(tmp_path):
         (["--to", "bf16"], ["holds int8, int4 and int2", "--to int8"]),
         (["--to", "int4", "--scaling", "per-axis:1"], ["per row", "--scaling per-axis:0"]),
         (["--to", "int8", "--scaling", "per-block:32:pow2:e8m0"], ["float8_e8m0fnu", ":bf16"]),
+        (["--to", "int4", "--scaling", "per-block:64"], ["divide each row", "per-axis:0"]),
         (["--to", "float8_e4m3fn"], ["a scale with every weight", "per-axis:0"]),
         (["--to", "int4", "--keep", "none"], ["'layer.bias'", "2-D weights of Linear", "--keep"]),
     ],
-    ids=["nvfp4", "bf16", "columns", "e8m0-scales", "unscaled", "bias"],
+    ids=["nvfp4", "bf16", "columns", "e8m0-scales", "partial-group", "unscaled", "bias"],
 )
 def test_what_the_layout_cannot_hold_is_refused_before_converting(tmp_path, capsys, flags, words):
     model(tmp_path / "in")
@@ -305,6 +306,16 @@ def test_what_the_layout_cannot_hold_is_refused_before_converting(tmp_path, caps
     for word in words:
         assert word in err
     assert not out.exists()
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+def test_mxfp4_rows_of_partial_blocks_are_refused(tmp_path, capsys):
+    model(tmp_path / "in", (5, 102))  # 3 blocks of 32 and 6 values a row
+    argv = ["convert", str(tmp_path / "in"), "-o", str(tmp_path / "ct"), "--to", "mxfp4"]
+    assert main([*argv, "--layout", "compressed-tensors", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "divide each row" in err
+    assert "--to int4 --scaling per-axis:0" in err
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
