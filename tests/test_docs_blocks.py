@@ -30,9 +30,9 @@ Setup commands (a virtual environment made or activated, `pip install`, `apt-get
 README's setup line.
 
 Shell commands run with bash, one by one, in a temporary directory per page that holds
-`docs/`, `benchmarks/` and `examples/` (links to this clone's), like a clone's root; a
-page's commands share it, so `python docs/make_checkpoint.py gpt2` on docs/cli.md makes the
-checkpoint its later commands convert. `PRECISION_DOCS_SMALL=1`, which the script
+`docs/`, `benchmarks/`, `examples/` and `tests/` (links to this clone's), like a clone's
+root; a page's commands share it, so `python docs/make_checkpoint.py gpt2` on docs/cli.md
+makes the checkpoint its later commands convert. `PRECISION_DOCS_SMALL=1`, which the script
 honours, makes that checkpoint small (two layers, 64 wide): the commands are the page's,
 and take seconds. `DOCS_TEST_HEAVY=1` runs the heavy blocks and the full GPT-2 size.
 """
@@ -58,7 +58,7 @@ PAGES = [
 ]
 HEAVY = os.environ.get("DOCS_TEST_HEAVY") == "1"
 EIGHT_DEVICES = ["docs/cli.md"]  # pages whose python blocks also run on 8 host devices
-LINKED = ["docs", "benchmarks", "examples"]  # what a shell command may name from the root
+LINKED = ["docs", "benchmarks", "examples", "tests"]  # what a shell command may name
 PYTHON = {"python"}
 SHELL = {"console", "bash", "sh", "shell"}
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<info>.*)$")
