@@ -16,12 +16,14 @@ its standard error (paired over the windows), and the seconds `calibrate` took (
 and its compilation included). Calibration batches are random windows of the training split.
 
 Rows: float32; int4 in blocks of 128 inputs by round-to-nearest, GPTQ and AWQ (decoded at
-use); int8 per output channel by round-to-nearest; W8A8 (`apply(..., contract="int8")`, int8
-activations per row) on round-to-nearest and on SmoothQuant int8 weights; then W8A8 again on
-the same model reparametrised to have activation outliers (`with_outliers`: a few LayerNorm
-features 128x larger, the rows reading them 128x smaller, float32 bits unchanged), the case
-SmoothQuant exists for. A method that
-`calibrate` refuses prints as `n/a` with its message, a failure as `ERROR`. Targets follow.
+use), with Qwix's round-to-nearest and GPTQ beside ours (see `qwix_int4`; skipped with a note
+when qwix is not installed: `pip install -e ".[peers]"`); int8 per output channel by
+round-to-nearest; W8A8 (`apply(..., contract="int8")`, int8 activations per row) on
+round-to-nearest and on SmoothQuant int8 weights; then W8A8 again on the same model
+reparametrised to have activation outliers (`with_outliers`: a few LayerNorm features 128x
+larger, the rows reading them 128x smaller, float32 bits unchanged), the case
+SmoothQuant exists for. A method that `calibrate` refuses prints as `n/a` with its message, a
+failure as `ERROR`. Targets follow, and our int4 rows against Qwix's, paired over the windows.
 
 Digits: a small ResNet (`nn.Conv` 3 x 3 residual blocks) on scikit-learn's 8 x 8 digits:
 held-out accuracy and cross-entropy in float32, RTN int4 and GPTQ int4 (blocks along each
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import math
 import os
 import pathlib
@@ -74,7 +77,9 @@ class Config:
 ROWS = [
     ("float32", None, None, None, None),
     ("RTN int4 g128", "rtn", "int4", dtypes.PerBlock(128), None),
+    ("Qwix RTN int4 g128", "qwix-rtn", "int4", dtypes.PerBlock(128), None),
     ("GPTQ int4 g128", "gptq", "int4", dtypes.PerBlock(128), None),
+    ("Qwix GPTQ int4 g128", "qwix-gptq", "int4", dtypes.PerBlock(128), None),
     ("AWQ int4 g128", "awq", "int4", dtypes.PerBlock(128), None),
     ("RTN int8 per-channel", "rtn", "int8", dtypes.PerAxis(), None),
     ("W8A8 RTN", "rtn", "int8", dtypes.PerAxis(), "int8"),
@@ -273,9 +278,66 @@ def convert(f, params, batches, method, fmt, scaling):
     return q, time.perf_counter() - start
 
 
-def evaluate(f, params, xy, contract=None, chunk=32) -> np.ndarray:
-    """Bits per byte of each window, `f` run under `precision.apply`."""
-    run = precision.apply(f, contract=contract)
+def qwix_int4(cfg: Config, params, batches, xy, method: str, block: int):
+    """Qwix's int4 weights on the same model: (bits per window, seconds) or (None, why).
+
+    The same Dense kernels as `calibrate` selects (every `nn.Dense`; the attention
+    `einsum`s read no weight), int4 in tiles of `block` inputs (`tile_size`; the whole
+    input axis where it is narrower, as `PerBlock` does), absmax scales. "qwix-gptq"
+    records the Hessians with `GptqCalibrationProvider` (one jitted `apply` per batch, as
+    Qwix's tests drive it) and converts with `qwix.contrib.gptq.quantize_params` (GPTQ
+    block 128, damping 0.01, as ours); "qwix-rtn" is `qwix.quantize_params` alone. The
+    converted tree runs through Qwix's own `PtqProvider` model. The seconds count what
+    ours do: from the float32 parameters to the converted ones, tracing and compilation
+    included. What differs from ours: Qwix's int4 scale is `absmax / 7.5` with codes -8..7
+    (ours `absmax / 7`, codes -7..7), and its GPTQ runs in float32 JAX, eagerly, column by
+    column (ours in float64 numpy).
+    """
+    try:
+        import qwix
+        from qwix.contrib import gptq
+    except ImportError as err:
+        return None, f"skipped (qwix is not installed: pip install -e '.[peers]'; {err})"
+    model = model_of(cfg)
+    start = time.perf_counter()
+    try:
+        params = jax.tree.map(jnp.asarray, params)  # Qwix takes jax arrays, not numpy's
+        tiles: dict[int, list[str]] = {}
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+            names = [str(getattr(k, "key", k)) for k in path]
+            if names[-1] == "kernel" and leaf.ndim == 2:
+                tiles.setdefault(min(block, leaf.shape[0]), []).append("/".join(names[1:-1]))
+        rule = gptq.GptqRule if method == "qwix-gptq" else qwix.QuantizationRule
+        rules = [
+            rule(module_path="|".join(paths), weight_qtype=jnp.int4, tile_size=tile)
+            for tile, paths in tiles.items()
+        ]
+        ptq = qwix.quantize_model(model, qwix.PtqProvider(rules))
+        abstract = jax.eval_shape(ptq.init, jax.random.key(0), batches[0])["params"]
+        if method == "qwix-gptq":
+            recorder = qwix.quantize_model(model, gptq.GptqCalibrationProvider(rules))
+            record = jax.jit(lambda v, x: recorder.apply(v, x, mutable="quant_stats")[1])
+            variables = dict(params)
+            for batch in batches:
+                variables.update(record(variables, batch))
+            q = gptq.quantize_params(
+                params["params"],
+                abstract,
+                variables["quant_stats"],
+                gptq_block_size=128,
+                gptq_damping_factor=0.01,
+            )
+        else:
+            q = qwix.quantize_params(params["params"], abstract)
+        jax.block_until_ready(q)
+    except Exception as err:  # a peer's failure is a row's note, not the benchmark's end
+        return None, f"ERROR ({type(err).__name__}: {(str(err) or '-').splitlines()[0]})"
+    took = time.perf_counter() - start
+    return evaluate(ptq.apply, {"params": q}, xy), took
+
+
+def evaluate(run, params, xy, chunk=32) -> np.ndarray:
+    """Bits per byte of each window, the model run as `run(params, tokens)`."""
     per_window = jax.jit(lambda p, x, y: nats(precision.to_full_precision(run(p, x)), y))
     parts = [
         per_window(params, xy[i : i + chunk, :-1], xy[i : i + chunk, 1:])
@@ -304,8 +366,13 @@ def text_rows(cfg: Config, args) -> dict[str, tuple]:
     print(f"{'row':<22} {'bit/B':>8} {'loss':>8} {'2 se':>7} {'calib s':>8}")
     results: dict[str, tuple] = {}
     for row, method, fmt, scaling, contract in ROWS:
-        q, took = convert(f, params, batches, method, fmt, scaling)
-        results[row] = (None if q is None else evaluate(f, q, xy, contract), took)
+        if method is not None and method.startswith("qwix-"):
+            assert isinstance(scaling, dtypes.PerBlock)
+            results[row] = qwix_int4(cfg, params, batches, xy, method, scaling.size)
+        else:
+            q, took = convert(f, params, batches, method, fmt, scaling)
+            run = precision.apply(f, contract=contract)
+            results[row] = (None if q is None else evaluate(run, q, xy), took)
         print_row(row, *results[row], results["float32"][0])
     print(
         f"the same model with {OUTLIER_CHANNELS} outlier channels x{OUTLIER_FACTOR:g} after "
@@ -314,7 +381,8 @@ def text_rows(cfg: Config, args) -> dict[str, tuple]:
     loud = with_outliers(params, cfg)
     for row, method, fmt, scaling, contract in OUTLIER_ROWS:
         q, took = convert(f, loud, batches, method, fmt, scaling)
-        results[row] = (None if q is None else evaluate(f, q, xy, contract), took)
+        run = precision.apply(f, contract=contract)
+        results[row] = (None if q is None else evaluate(run, q, xy), took)
         print_row(row, *results[row], results["float32 + outliers"][0])
     return results
 
@@ -350,10 +418,23 @@ def half_check(results, row, base_row, reference="float32") -> str:
     )
 
 
+def side_by_side(results, ours: str, theirs: str) -> str:
+    """Our row's bits per byte minus Qwix's, paired over the windows, and both times."""
+    (a, a_s), (b, b_s) = results[f"{ours} int4 g128"], results[f"Qwix {theirs} int4 g128"]
+    if a is None or b is None:
+        return "n.a. (a row did not run)"
+    diff, se = mean_2se(a - b)
+    return f"{diff:+.4f} ± {se:.4f} bit/B; calibration {a_s:.1f} s vs {b_s:.1f} s"
+
+
 def print_checks(results, cfg: Config) -> None:
     print("\ntargets:")
     for row in ("GPTQ int4 g128", "AWQ int4 g128"):
         print(f"  {row} loses <= half of RTN int4: {half_check(results, row, 'RTN int4 g128')}")
+    qwix_rtn = half_check(results, "Qwix GPTQ int4 g128", "Qwix RTN int4 g128")
+    print(f"  Qwix GPTQ int4 g128 loses <= half of Qwix RTN int4: {qwix_rtn}")
+    for ours, theirs in (("RTN", "RTN"), ("GPTQ", "GPTQ")):
+        print(f"  {ours} int4 g128 - Qwix {theirs}: {side_by_side(results, ours, theirs)}")
     sq = half_check(results, "W8A8 SmoothQuant", "W8A8 RTN")
     print(f"  W8A8 SmoothQuant loses <= half of W8A8 RTN: {sq}")
     sq = half_check(results, "W8A8 SQ + outliers", "W8A8 RTN + outliers", "float32 + outliers")
@@ -436,6 +517,13 @@ def digits(epochs: int, block: int) -> None:
         print(f"{row:<22} {acc:>8.4f} {ce:>8.4f} {'-' if took is None else f'{took:.1f}':>8}")
 
 
+def version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 layers, d 64, 20 s of training")
@@ -461,7 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
         f"python {platform.python_version()}, jax {jax.__version__} ({jax.default_backend()}), "
-        f"precision {precision.__version__}; load {os.getloadavg()[0]:.1f}"
+        f"precision {precision.__version__}, flax {version('flax')}, qwix {version('qwix')}; "
+        f"load {os.getloadavg()[0]:.1f}"
     )
     print(f"model: {cfg}")
     results = text_rows(cfg, args)
