@@ -18,24 +18,17 @@ import warnings
 
 import numpy as np
 import pytest
+from checks import assert_covers, registry
 
 import dtypes
 
-FORMATS = [
-    "bfloat16",
-    "float8_e4m3fn",
-    "float6_e3m2fn",
-    "int8",
-    "int4",
-    "int1",
-    "nf4",
-    "uint8",
-    "uint4",
-    "float8_e8m0fnu",
-    "mxfp4",
-    "mxint8",
-    "nvfp4",
-]
+
+def checkable(f) -> bool:
+    """Every registry entry but float64, which encodes only with 64-bit JAX."""
+    return f.bits <= 32
+
+
+FORMATS = [f.name for f in registry(checkable)]
 SCALINGS = [
     None,
     dtypes.PerTensor(),
@@ -59,36 +52,52 @@ INPUTS = {
 }
 
 
-# The documented rules (docs/formats.md: "Scaling", "Scale formats", E8M0, the
-# error table; docs/reliability.md), as sets of names rather than code paths.
+# The documented rules (docs/formats.md: "Overflow and saturation", "Scaling", "Scale
+# formats", "Code books and asymmetric integers", E8M0, the error table;
+# docs/reliability.md), on what a format is (kind, layout) rather than on code paths.
 _NON_FINITE = {"nan", "inf", "half-inf", "float64 beyond float32"}
 _INF = _NON_FINITE - {"nan"}
 _NEGATIVE = {"scalar", "odd"}  # -1.5; linspace(-3, 3)
-_ALWAYS_SCALED = {"int8", "int4", "int1", "nf4", "uint8", "uint4", "mxfp4", "mxint8", "nvfp4"}
-_INTEGER_ELEMENTS = {"int8", "int4", "int1", "nf4", "uint8", "uint4", "mxint8"}
-# int1's scale is a mean, nf4's and the zero-point formats' map a group onto the codes
-# exactly: none has a power-of-two rule or an E8M0/e4m3 scale.
-_NO_POWER_OF_TWO = {"int1", "nf4", "uint8", "uint4"}
+
+
+def _always_scaled(fmt) -> bool:
+    """Integers, zero-point integers and code books scale every group; a float layout only
+    when asked, or when it carries a scaling (MX, NVFP4)."""
+    return fmt.kind in ("int", "uint", "codebook") or getattr(fmt, "scaling", None) is not None
+
+
+def _integer_elements(fmt) -> bool:
+    return fmt.kind in ("int", "uint", "codebook")
+
+
+def _no_power_of_two(fmt) -> bool:
+    """int1's scale is a mean, a code book's and a zero-point format's map a group onto the
+    codes exactly: none has a power-of-two rule (nor so an E8M0 scale)."""
+    return fmt.kind in ("uint", "codebook") or getattr(fmt, "binary", False)
 
 
 def _expected(name: str, scaling, label: str) -> str:
     """What `encode` must do with input `label`, from the documentation alone."""
-    if name in ("bfloat16", "float8_e8m0fnu"):  # a compute format; a scale format
+    fmt = dtypes.get(name)
+    if fmt.kind == "scale":  # E8M0 takes no scaling; it holds positive powers of two and NaN
         if scaling is not None:
-            return "ScalingError"  # neither takes a scaling
-        if name == "bfloat16":
-            return "ok"  # NaN and inf are bfloat16 values
-        # E8M0 holds positive powers of two and NaN: no code for zero, negatives, inf
-        return "FormatError" if label in _INF | _NEGATIVE else "ok"
-    if scaling is not None:  # the scaling itself is refused before any value is read
-        if scaling.power_of_two and name in _NO_POWER_OF_TWO:
             return "ScalingError"
-        if scaling.scale_format == "float8_e4m3fn" and name in _INTEGER_ELEMENTS:
+        return "FormatError" if label in _INF | _NEGATIVE else "ok"
+    # a float layout with float32's exponent range gains nothing from a scale, and refuses one
+    if fmt.kind == "float" and fmt.exponent_bits == 8 and scaling is not None:
+        return "ScalingError"
+    if scaling is not None:  # the scaling itself is refused before any value is read
+        if scaling.power_of_two and _no_power_of_two(fmt):
+            return "ScalingError"
+        if scaling.scale_format == "float8_e4m3fn" and _integer_elements(fmt):
             return "ScalingError"  # two-level NVFP4 scales are for float elements
-    scaled = scaling is not None or name in _ALWAYS_SCALED
-    if label in _NON_FINITE and (scaled or name == "float6_e3m2fn"):
-        return "NonFiniteError"  # no NaN/inf into a scale, nor into a format without them
-    return "ok"  # float8_e4m3fn unscaled has a NaN code, and inf becomes it
+    if label not in _NON_FINITE:
+        return "ok"
+    if scaling is not None or _always_scaled(fmt):
+        return "NonFiniteError"  # no NaN/inf into a scale
+    if not fmt.nan and not (label in _INF and fmt.saturate):
+        return "NonFiniteError"  # nor into a layout without NaN (inf: unless it saturates)
+    return "ok"  # a NaN code takes NaN, and inf where there is no inf
 
 
 def _outcome(call, x, scaling) -> str:
@@ -104,15 +113,32 @@ def _outcome(call, x, scaling) -> str:
     return "ok"
 
 
-# int8, uint8 and float6_e3m2fn take the code paths of int4, uint4 and float8_e4m3fn
-# (another top value, another packing): with every scaling under the hunt profile
-# (tests/conftest.py), with their default and two others in CI.
-_SHARED_PATH = ("int8", "uint8", "float6_e3m2fn")
+def _path(fmt) -> tuple:
+    """What decides an entry's code path here: its class, kind, scale (its own scaling's
+    scale format), whether it takes a scaling at all, and int1's mean."""
+    own = getattr(fmt, "scaling", None)
+    refuses = fmt.kind == "scale" or (fmt.kind == "float" and fmt.exponent_bits == 8)
+    return (
+        type(fmt).__name__,
+        fmt.kind,
+        own and own.scale_format,
+        refuses,
+        getattr(fmt, "binary", False),
+    )
+
+
+# Entries that share a path differ in top value, packing and NaN/inf codes (which every
+# scaling sees the same): in CI the narrowest of each path takes every scaling, and the
+# others their own scaling (None); under the hunt profile (tests/conftest.py) every
+# entry takes every scaling.
 _HUNT = os.environ.get("HYPOTHESIS_PROFILE") == "hunt"
+_NARROWEST = {}
+for _f in sorted(registry(checkable), key=lambda f: f.bits):
+    _NARROWEST.setdefault(_path(_f), _f.name)
 _CASES = [
     (name, scaling)
     for name, scaling in itertools.product(FORMATS, SCALINGS)
-    if _HUNT or name not in _SHARED_PATH or scaling in (SCALINGS[0], SCALINGS[2], SCALINGS[6])
+    if _HUNT or scaling is None or _NARROWEST[_path(dtypes.get(name))] == name
 ]
 
 
@@ -126,7 +152,18 @@ def test_check_raises_what_encode_raises(name, scaling):
         assert encoded == _expected(name, scaling, label), (label, encoded)
 
 
-@pytest.mark.parametrize("name", ["float8_e4m3fn", "int8", "int4", "mxfp4", "nvfp4", "nf4"])
+def takes_scalings(f) -> bool:
+    """An entry that takes a scaling (not E8M0, nor a float with float32's exponents)."""
+    return checkable(f) and not _path(f)[3]
+
+
+# in CI the narrowest of each path, as above; every entry under hunt
+_SCALAR_FORMATS = [
+    f.name for f in registry(takes_scalings) if _HUNT or _NARROWEST[_path(f)] == f.name
+]
+
+
+@pytest.mark.parametrize("name", _SCALAR_FORMATS)
 @pytest.mark.parametrize("scaling", [None, dtypes.PerTensor(), dtypes.PerAxis(0)])
 def test_a_scalar_is_one_group_of_one(name, scaling):
     """A 0-d value encodes as the one-element array does: same value, decode == round."""
@@ -139,7 +176,12 @@ def test_a_scalar_is_one_group_of_one(name, scaling):
         assert float(fmt.round(v, scaling=scaling)) == float(enc.decode())
 
 
-@pytest.mark.parametrize("name", ["int8", "int4", "int1"])
+def plain_int(f) -> bool:
+    """Integer formats scaled per tensor by default (their refusals' words are pinned)."""
+    return f.kind == "int" and f.scaling is None
+
+
+@pytest.mark.parametrize("name", [f.name for f in registry(plain_int)])
 def test_checks_without_jax_say_what_encode_says(name):
     # float16/float32 numpy arrays are checked without JAX: the same words as encode's
     fmt = dtypes.get(name)
@@ -166,3 +208,20 @@ def test_checks_without_jax_say_what_encode_says(name):
                 ), said
             else:
                 assert said[0] == "ok", said
+
+
+def test_the_per_format_tests_run_over_every_registry_entry_their_rule_admits():
+    assert_covers(test_check_raises_what_encode_raises, checkable, "name")
+    # in CI every path of the registry takes every scaling through its narrowest entry
+    for name in set(_NARROWEST.values()):
+        assert [s for n, s in _CASES if n == name] == SCALINGS, name
+    assert_covers(test_checks_without_jax_say_what_encode_says, plain_int, "name")
+    if _HUNT:
+        assert_covers(test_a_scalar_is_one_group_of_one, takes_scalings, "name")
+    else:
+        narrowest = set(_NARROWEST.values())
+        assert_covers(
+            test_a_scalar_is_one_group_of_one,
+            lambda f: takes_scalings(f) and f.name in narrowest,
+            "name",
+        )

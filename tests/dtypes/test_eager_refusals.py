@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from checks import reduced_float, registry
 
 import dtypes
 from dtypes import FloatFormat, PerAxis, PerBlock, PerTensor, _float_codec
@@ -21,19 +22,26 @@ from dtypes import FloatFormat, PerAxis, PerBlock, PerTensor, _float_codec
 N = 8192
 POSITIONS = (0, 4097, N - 1)
 
+
+def without_nan(f) -> bool:
+    """An unscaled float layout with no NaN code that does not saturate: NaN and inf have
+    no code to go to (a saturating one clamps inf, tested below)."""
+    return reduced_float(f) and not f.nan and not f.saturate
+
+
+def always_scaled(f) -> bool:
+    """An entry that scales every group unasked: every kind but the float layouts (which
+    scale only when asked: the cases added below) and the E8M0 scale format (which stores
+    NaN itself), and a float layout carrying a scaling of its own (MX, NVFP4)."""
+    if f.kind == "float":
+        return f.scaling is not None
+    return f.kind != "scale"
+
+
 # formats without NaN, unscaled: NaN refused, inf refused unless saturating
-UNSCALED = {
-    "float4_e2m1fn": dtypes.ENCODINGS["float4_e2m1fn"],
-    "float6_e2m3fn": dtypes.ENCODINGS["float6_e2m3fn"],
-    "float6_e3m2fn": dtypes.ENCODINGS["float6_e3m2fn"],
-    "e3m2 finite": FloatFormat(3, 2, finite=True),
-}
-# scaled float encodings: a group holding NaN or inf is refused
-SCALED = {
-    name: (fmt, None)
-    for name, fmt in dtypes.ENCODINGS.items()
-    if getattr(fmt, "scaling", None) is not None
-}
+UNSCALED = {f.name: f for f in registry(without_nan)}
+# scaled encodings: a group holding NaN or inf is refused
+SCALED = {f.name: (f, None) for f in registry(always_scaled)}
 SCALED |= {
     "e4m3fn per tensor": (dtypes.float8_e4m3fn, PerTensor()),
     "e4m3fn per row": (dtypes.float8_e4m3fn, PerAxis(0)),
@@ -104,3 +112,10 @@ def test_the_accelerators_in_kernel_search_refuses_the_same(name, monkeypatch):
     np.testing.assert_array_equal(
         np.asarray(fmt.encode(x).data), np.asarray(jax.jit(fmt.encode)(x).data)
     )
+
+
+def test_the_per_format_tests_run_over_every_registry_entry_their_rule_admits():
+    ran = [dtypes.get(n) for n in UNSCALED]
+    assert ran == registry(without_nan)
+    ran = [fmt for fmt, scaling in SCALED.values() if scaling is None]
+    assert ran == registry(always_scaled)

@@ -9,20 +9,23 @@ and saturate, having no infinity).
 import functools
 
 import jax
-import ml_dtypes
 import numpy as np
 import pytest
+from checks import assert_covers, reduced_float, registry, same_named_type
 from hypothesis import given
 from hypothesis import strategies as st
 
 import dtypes
 from dtypes import FloatFormat
 
-OCP_SMALL = [
-    pytest.param(FloatFormat(2, 1, finite=True), ml_dtypes.float4_e2m1fn, id="e2m1fn"),
-    pytest.param(FloatFormat(2, 3, finite=True), ml_dtypes.float6_e2m3fn, id="e2m3fn"),
-    pytest.param(FloatFormat(3, 2, finite=True), ml_dtypes.float6_e3m2fn, id="e3m2fn"),
-]
+
+def packed_ml_layout(f) -> bool:
+    """A reduced float narrower than a byte that ml_dtypes implements under its name (the
+    OCP fp4/fp6 element types): wider ones are compared in test_float_rounding.py."""
+    return reduced_float(f) and f.bits < 8 and same_named_type(f) is not None
+
+
+OCP_SMALL = [pytest.param(f, same_named_type(f), id=f.name) for f in registry(packed_ml_layout)]
 
 
 @pytest.mark.parametrize(("fmt", "native"), OCP_SMALL)
@@ -77,6 +80,15 @@ def test_encode_matches_ml_dtypes_on_random_floats(fmt, native, values):
 @functools.cache
 def _jitted_round_trip(fmt):
     return jax.jit(lambda a: fmt.encode(a).decode())
+
+
+def test_the_per_format_tests_run_over_every_registry_entry_their_rule_admits():
+    for test in (
+        test_every_code_decodes_like_ml_dtypes,
+        test_encode_matches_ml_dtypes_on_midpoints_and_beyond,
+        test_encode_matches_ml_dtypes_on_random_floats,
+    ):
+        assert_covers(test, packed_ml_layout)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 31, 32, 33])

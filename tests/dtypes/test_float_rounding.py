@@ -18,12 +18,17 @@ from checks import (
     ALL_FLOATS,
     ML_DTYPES,
     REGISTRY_FLOATS,
+    assert_covers,
     assert_same_floats,
     bits32,
     cached_input_set,
     cached_reference,
     encodable_inputs,
     fid,
+    fills_its_bytes,
+    reduced_float,
+    registry,
+    same_named_type,
 )
 from reference import MODES, code_values, grid, layout_of, max_value, pack, round_float
 
@@ -217,15 +222,16 @@ def test_finfo_attributes_match_ml_dtypes(fmt):
 
 @pytest.mark.parametrize("fmt", REGISTRY_FLOATS, ids=fid)
 def test_registry_float_containers(fmt):
-    expected = {
-        "bfloat16": ml_dtypes.bfloat16,
-        "float16": np.float16,
-        "tf32": np.float32,
-        "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
-        "float8_e5m2": ml_dtypes.float8_e5m2,
-    }[fmt.name]
-    assert fmt.container == np.dtype(expected)
-    assert not fmt.packed
+    """Storage: the numpy/ml_dtypes type of the format's name where that type fills its
+    bytes; below 8 bits, codes packed into uint8; otherwise float32 values (tf32)."""
+    if fills_its_bytes(fmt):
+        expected, packed = np.dtype(same_named_type(fmt)), False
+    elif fmt.bits < 8:
+        expected, packed = np.dtype(np.uint8), True
+    else:
+        expected, packed = np.dtype(np.float32), False
+    assert fmt.container == expected
+    assert fmt.packed == packed
     assert not fmt.is_full_precision
 
 
@@ -247,15 +253,8 @@ def test_full_precision_formats():
 
 # -- stochastic rounding ------------------------------------------------------
 
-STOCHASTIC_FORMATS = [
-    dtypes.bfloat16,
-    dtypes.tf32,
-    dtypes.float16,
-    dtypes.float8_e4m3fn,
-    dtypes.float8_e5m2,
-    FloatFormat(2, 1, finite=True),
-    FloatFormat(3, 2),
-]
+# every reduced float of the registry, and an IEEE-style custom layout
+STOCHASTIC_FORMATS = [*REGISTRY_FLOATS, FloatFormat(3, 2)]
 
 
 def _between_neighbours(fmt, n: int, seed: int) -> np.ndarray:
@@ -326,12 +325,39 @@ def test_stochastic_is_deterministic_per_key_and_exact_values_stay(fmt, eager_an
     assert_same_floats(a[exact], xs[exact], xs[exact], f"{fmt.name} stochastic on grid values")
 
 
-@pytest.mark.parametrize("fmt", [dtypes.bfloat16, dtypes.float8_e4m3fn, dtypes.int8], ids=fid)
+def takes_stochastic(f) -> bool:
+    """Every entry but E8M0, which rounds to nearest only (a scale format), and float64,
+    which encodes only with 64-bit JAX."""
+    return f.kind != "scale" and f.bits <= 32
+
+
+@pytest.mark.parametrize("fmt", registry(takes_stochastic), ids=fid)
 def test_stochastic_without_key_is_refused(fmt):
     with pytest.raises(ValueError, match="key"):
-        fmt.encode(jnp.ones(3), rounding="stochastic")
+        fmt.encode(jnp.ones(64), rounding="stochastic")
     with pytest.raises(ValueError, match="key"):
-        fmt.round(jnp.ones(3), rounding="stochastic")
+        fmt.round(jnp.ones(64), rounding="stochastic")
+
+
+def test_the_per_format_tests_run_over_every_registry_entry_their_rule_admits():
+    for test in (
+        test_decode_of_every_code_equals_the_bit_field_definition,
+        test_round_matches_grid_search_reference,
+        test_encode_decode_matches_grid_search_reference,
+        test_finfo_attributes_match_the_enumerated_grid,
+        test_registry_float_containers,
+        test_stochastic_is_a_neighbour_with_the_right_frequency,
+        test_stochastic_frequency_within_one_tensor,
+        test_stochastic_is_deterministic_per_key_and_exact_values_stay,
+    ):
+        assert_covers(test, reduced_float)
+    for test in (
+        test_encode_is_bit_identical_to_ml_dtypes,
+        test_decode_of_every_code_equals_ml_dtypes,
+        test_finfo_attributes_match_ml_dtypes,
+    ):
+        assert_covers(test, fills_its_bytes)
+    assert_covers(test_stochastic_without_key_is_refused, takes_stochastic)
 
 
 def test_unknown_rounding_mode_lists_the_modes():

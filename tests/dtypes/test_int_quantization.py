@@ -8,13 +8,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from checks import fid
+from checks import assert_covers, fid, params_of, registry
 from reference import int_quantize, pack, unpack
 
 import dtypes
 from dtypes import Encoded, PerAxis, PerBlock, PerTensor
 
-INTS = [f for f in dtypes.FORMATS.values() if f.kind == "int"]
+
+def plain_int(f) -> bool:
+    """Symmetric integer elements under the scalings these tests name: an entry carrying a
+    scaling of its own (mxint8, OCP MX) follows that rule in test_mx_nvfp4.py, and under
+    another scaling it is its element format; zero-point ("uint") and code-book kinds
+    have their own references (test_asymmetric.py, test_codebook.py)."""
+    return f.kind == "int" and f.scaling is None
+
+
+INTS = registry(plain_int)
 MULTIBIT = [f for f in INTS if not f.binary]
 PACKED = [f for f in INTS if f.packed]
 DETERMINISTIC = ("nearest_even", "nearest_away", "toward_zero", "up", "down")
@@ -297,17 +306,9 @@ def test_nbytes_equals_bytes_held(fmt, shape, scaling):
     assert enc.nbytes == _held_bytes(enc) == fmt.nbytes(shape, scaling)
 
 
-@pytest.mark.parametrize(
-    ("fmt", "data_bytes"),
-    [
-        (dtypes.int8, 1024 * 1024),
-        (dtypes.int4, 512 * 1024),
-        (dtypes.int2, 256 * 1024),
-        (dtypes.int1, 128 * 1024),
-    ],
-    ids=lambda v: getattr(v, "name", str(v)),
-)
-def test_megapixel_footprint(fmt, data_bytes):
+@pytest.mark.parametrize("fmt", INTS, ids=fid)
+def test_megapixel_footprint(fmt):
+    data_bytes = 1024 * 1024 * fmt.bits // 8  # packed densely
     x = jnp.asarray(np.random.default_rng(0).standard_normal((1024, 1024), np.float32))
     enc = fmt.encode(x)
     assert enc.nbytes == data_bytes + 4  # one float32 scale
@@ -316,12 +317,7 @@ def test_megapixel_footprint(fmt, data_bytes):
     assert fmt.nbytes((1024, 1024), PerAxis(0)) == data_bytes + 4 * 1024
 
 
-@pytest.mark.parametrize(
-    "fmt",
-    [*INTS, dtypes.bfloat16, dtypes.float8_e4m3fn, dtypes.FloatFormat(2, 1, finite=True)],
-    ids=fid,
-)
-def test_empty_tensors_encode(fmt):
+def test_empty_tensors_encode(fmt):  # every registry entry, by the plugin's `fmt`
     x = np.zeros((0, 5), np.float32)
     enc = fmt.encode(x)
     assert enc.shape == (0, 5)
@@ -380,6 +376,31 @@ def test_subnormal_inputs_count_as_zero_on_every_backend(fmt, eager_and_jit):
     ref_codes, _ = int_quantize(mixed, fmt.qmax, binary=fmt.binary)
     np.testing.assert_array_equal(codes, ref_codes)
     assert ref_codes[0] == codes[0] == (1 if fmt.binary else 0)
+
+
+def test_the_per_format_tests_run_over_every_registry_entry_their_rule_admits():
+    for test in (
+        test_codes_and_scales_match_numpy_reference,
+        test_several_axes_match_numpy_reference,
+        test_stochastic_codes_are_floor_or_ceil_and_unbiased,
+        test_stochastic_same_key_same_codes,
+        test_scalar_round_trip,
+        test_megapixel_footprint,
+        test_subnormal_inputs_count_as_zero_on_every_backend,
+    ):
+        assert_covers(test, plain_int)
+    for test in (
+        test_scales_are_bit_exact_absmax_over_qmax,
+        test_every_deterministic_mode_matches_numpy_reference,
+        test_nearest_error_is_at_most_half_a_scale,
+        test_all_zero_group_gets_scale_one_and_code_zero,
+        test_absmax_at_float32_max_decodes_finite,
+        test_tiny_groups_get_the_smallest_normal_scale,
+    ):
+        assert_covers(test, lambda f: plain_int(f) and not f.binary)  # int1: a mean, no zero
+    for test in (test_pack_matches_reference_for_every_code_and_odd_lengths,):
+        assert_covers(test, lambda f: plain_int(f) and f.packed)
+    assert not params_of(test_empty_tensors_encode)  # the plugin's every entry
 
 
 def test_power_of_two_scale_at_the_top_of_float32():

@@ -23,12 +23,14 @@ use ml_dtypes for the element casts.
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from checks import assert_covers, params_of, reduced_float, registry, same_named_type
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -38,15 +40,57 @@ from dtypes._packing import unpack
 
 ENC = dtypes.ENCODINGS
 
+# -- the registry's entries, by rule -------------------------------------------
+
+
+def byte_ml_layout(f) -> bool:
+    """A reduced float of at most 8 bits that ml_dtypes implements under its name (one code
+    a byte here; the 16-bit types are compared code by code in test_float_rounding.py)."""
+    return reduced_float(f) and f.bits <= 8 and same_named_type(f) is not None
+
+
+def scale_format(f) -> bool:
+    """A scale format stored on its own (E8M0): exponent-only bytes."""
+    return f.kind == "scale"
+
+
+def mx(f) -> bool:
+    """An OCP MX encoding: elements under power-of-two E8M0 scales per block."""
+    s = getattr(f, "scaling", None)
+    return s is not None and s.power_of_two and s.scale_format == "float8_e8m0fnu"
+
+
+def mx_float(f) -> bool:
+    """An MX encoding of float elements (MXINT8's integer elements: `mx_int`)."""
+    return mx(f) and f.kind == "float"
+
+
+def mx_int(f) -> bool:
+    """An MX encoding of integer elements (two's complement, an implicit 2**-(bits-2))."""
+    return mx(f) and f.kind == "int"
+
+
+def two_level(f) -> bool:
+    """NVIDIA's two-level recipe: e4m3 block scales under one float32 tensor scale."""
+    s = getattr(f, "scaling", None)
+    return s is not None and s.scale_format == "float8_e4m3fn"
+
+
+def element_type(fmt):
+    """ml_dtypes' type of a scaled encoding's element layout, by the OCP names
+    (`float{bits}_e{e}m{m}`, `fn` when finite: MX's e4m3 is the finite e4m3fn)."""
+    e, m = fmt.exponent_bits, fmt.mantissa_bits
+    return getattr(ml_dtypes, f"float{fmt.bits}_e{e}m{m}{'fn' if fmt.finite else ''}")
+
+
+def emax_of(native) -> int:
+    """The exponent of the element type's largest value (OCP's emax_elem), from ml_dtypes."""
+    return math.frexp(float(ml_dtypes.finfo(native).max))[1] - 1
+
+
 # -- ml_dtypes layouts --------------------------------------------------------
 
-ML_LAYOUTS = [
-    ("float4_e2m1fn", ml_dtypes.float4_e2m1fn),
-    ("float6_e2m3fn", ml_dtypes.float6_e2m3fn),
-    ("float6_e3m2fn", ml_dtypes.float6_e3m2fn),
-    ("float8_e4m3", ml_dtypes.float8_e4m3),
-    ("float8_e3m4", ml_dtypes.float8_e3m4),
-]
+ML_LAYOUTS = [(f.name, same_named_type(f)) for f in registry(byte_ml_layout)]
 
 
 def _grid(native) -> np.ndarray:
@@ -108,9 +152,9 @@ def _pack_ref(codes: np.ndarray, bits: int) -> np.ndarray:
     return np.packbits(stream.reshape(-1), bitorder="little")
 
 
-def test_e8m0_matches_ml_dtypes(eager_and_jit):
-    fmt = dtypes.get("float8_e8m0fnu")
-    assert fmt is dtypes.get("e8m0")
+@pytest.mark.parametrize("fmt", registry(scale_format), ids=lambda f: f.name)
+def test_e8m0_matches_ml_dtypes(fmt, eager_and_jit):
+    assert dtypes.get("e8m0") is dtypes.get("float8_e8m0fnu")
     k = np.arange(-126, 128, dtype=np.float64)
     p = 2.0**k
     x = np.concatenate(
@@ -119,12 +163,13 @@ def test_e8m0_matches_ml_dtypes(eager_and_jit):
     x = x[np.isfinite(x.astype(np.float64)) | np.isnan(x) | np.isinf(x)]
     if eager_and_jit is not jax.jit:  # eagerly, values without a code are refused
         x = x[(x > 0) & (x < 1.5 * 2.0**127) | np.isnan(x)]
-    expected = x.astype(ml_dtypes.float8_e8m0fnu)
+    native = same_named_type(fmt)
+    expected = x.astype(native)
     enc = eager_and_jit(fmt.encode)(x)
-    assert enc.data.dtype == ml_dtypes.float8_e8m0fnu
+    assert enc.data.dtype == native
     np.testing.assert_array_equal(np.asarray(enc.data).view(np.uint8), expected.view(np.uint8))
     # every byte decodes to its power of two (2**-127 needs float64 to be kept)
-    codes = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    codes = np.arange(256, dtype=np.uint8).view(native)
     got = np.asarray(fmt.decode(dtypes.Encoded(jnp.asarray(codes), None, fmt, None)))
     want = codes.astype(np.float32)
     np.testing.assert_array_equal(got[1:255], want[1:255])
@@ -134,13 +179,7 @@ def test_e8m0_matches_ml_dtypes(eager_and_jit):
 
 # -- OCP MX -------------------------------------------------------------------
 
-MX = {
-    "mxfp8_e4m3": (ml_dtypes.float8_e4m3fn, 8),
-    "mxfp8_e5m2": (ml_dtypes.float8_e5m2, 15),
-    "mxfp6_e3m2": (ml_dtypes.float6_e3m2fn, 4),
-    "mxfp6_e2m3": (ml_dtypes.float6_e2m3fn, 2),
-    "mxfp4": (ml_dtypes.float4_e2m1fn, 2),
-}
+MX_FLOATS = registry(mx_float)
 
 
 def mx_reference(x: np.ndarray, native, emax_elem: int) -> tuple[np.ndarray, np.ndarray]:
@@ -179,12 +218,13 @@ def _codes(enc) -> np.ndarray:
     return np.asarray(enc.data).view(np.uint8)
 
 
-@pytest.mark.parametrize("name", list(MX))
-def test_mx_codes_and_e8m0_bytes_follow_the_ocp_rules(name, eager_and_jit):
-    fmt = ENC[name]
-    native, emax_elem = MX[name]
+@pytest.mark.parametrize("fmt", MX_FLOATS, ids=lambda f: f.name)
+def test_mx_codes_and_e8m0_bytes_follow_the_ocp_rules(fmt, eager_and_jit):
+    native = element_type(fmt)
+    emax_elem = emax_of(native)
     assert fmt.emax == emax_elem
-    x = _mx_data(len(name))
+    assert fmt.scaling.size == 32
+    x = _mx_data(len(fmt.name))
     enc = eager_and_jit(fmt.encode)(x)
     assert enc.scale.dtype == ml_dtypes.float8_e8m0fnu
     codes, scale_bytes = mx_reference(x, native, emax_elem)
@@ -201,9 +241,8 @@ def _element_values(codes: np.ndarray, native) -> np.ndarray:
     return codes.astype(np.uint8).view(native).astype(np.float64)
 
 
-@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4", "mxint8"])
-def test_mx_block_with_nan_gets_scale_0xff(name):
-    fmt = ENC[name]
+@pytest.mark.parametrize("fmt", registry(mx), ids=lambda f: f.name)
+def test_mx_block_with_nan_gets_scale_0xff(fmt):
     x = _mx_data(3)
     x[4, 40] = np.nan
     enc = jax.jit(fmt.encode)(x)  # eagerly, NaN is refused (NonFiniteError)
@@ -217,20 +256,22 @@ def test_mx_block_with_nan_gets_scale_0xff(name):
         fmt.encode(x)
 
 
-def test_mxint8_follows_the_ocp_rules(eager_and_jit):
-    fmt = dtypes.get("mxint8")
+@pytest.mark.parametrize("fmt", registry(mx_int), ids=lambda f: f.name)
+def test_mxint8_follows_the_ocp_rules(fmt, eager_and_jit):
+    frac = fmt.bits - 2  # MXINT8: code / 2**6
+    top = 2 ** (fmt.bits - 1) - 1  # symmetric: ±127
     x = _mx_data(11)
     enc = eager_and_jit(fmt.encode)(x)
     blocks = x.astype(np.float64).reshape(6, 3, 32)
     amax = np.abs(blocks).max(-1)
     e = np.frexp(np.where(amax > 0, amax, 1.0))[1] - 1
     # emax_elem = 0 for INT8; an all-zero block keeps code scale 1 (X = 2**6, byte 133)
-    shared = np.where(amax > 0, e, 6)
+    shared = np.where(amax > 0, e, frac)
     np.testing.assert_array_equal(np.asarray(enc.scale).view(np.uint8), shared + 127)
     # elements: V / X on the 2**-6 grid, nearest-even, within ±127/64 (symmetric)
-    q = np.clip(np.round(blocks / np.ldexp(1.0, shared)[..., None] * 64), -127, 127)
+    q = np.clip(np.round(blocks / np.ldexp(1.0, shared)[..., None] * 2**frac), -top, top)
     np.testing.assert_array_equal(np.asarray(enc.data), q.reshape(x.shape).astype(np.int8))
-    want = q * np.ldexp(1.0, shared - 6)[..., None]
+    want = q * np.ldexp(1.0, shared - frac)[..., None]
     np.testing.assert_array_equal(
         np.asarray(enc.decode()), want.reshape(x.shape).astype(np.float32)
     )
@@ -239,23 +280,31 @@ def test_mxint8_follows_the_ocp_rules(eager_and_jit):
 # -- NVFP4 --------------------------------------------------------------------
 
 
-def nvfp4_reference(x: np.ndarray):
-    """(e2m1 codes, e4m3 scales, float32 tensor scale, decoded values) of float32 `x`."""
+def nvfp4_reference(x: np.ndarray, fmt):
+    """(element codes, e4m3 scales, float32 tensor scale, decoded values) of float32 `x`.
+
+    NVFP4's numbers come from the element type (`top`: 6 for e2m1) and e4m3 (448), both
+    read from ml_dtypes, and the block size of `fmt`'s scaling (16).
+    """
     f32 = np.float32
+    native = element_type(fmt)
+    top = f32(ml_dtypes.finfo(native).max)
+    s_max = f32(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
+    size = fmt.scaling.size
     # scaled encodings read float32 subnormal inputs as (signed) zero (docs/formats.md)
     x = np.where(np.abs(x) < f32(2.0**-126), x * f32(0), x).astype(f32)
     amax_t = f32(np.abs(x).max())
     with np.errstate(over="ignore"):
-        g = f32(1) if amax_t == 0 else f32(f32(448.0 * 6.0) / amax_t)  # tensor encoding scale
+        g = f32(1) if amax_t == 0 else f32(f32(s_max * top) / amax_t)  # tensor encoding scale
     g = min(g, f32(2.0**126))  # refinement: the tensor scale 1/g is a normal float32
-    blocks = x.reshape(*x.shape[:-1], -1, 16)
+    blocks = x.reshape(*x.shape[:-1], -1, size)
     amax_b = np.abs(blocks).max(-1).astype(f32)
     # the block's decoding scale, to 24 significant bits even below 2**-126 (refinement),
     # times g rounded once (an exact float64 product)
-    shift = np.where(amax_b < f32(6 * 2.0**-126), f32(2.0**24), f32(1))
-    dec_b = ((amax_b * shift) / f32(6)).astype(f32)
+    shift = np.where(amax_b < top * f32(2.0**-126), f32(2.0**24), f32(1))
+    dec_b = ((amax_b * shift) / top).astype(f32)
     q = (dec_b.astype(np.float64) * np.float64(g) / shift).astype(f32)
-    s8 = np.minimum(q, f32(448)).astype(ml_dtypes.float8_e4m3fn)
+    s8 = np.minimum(q, s_max).astype(ml_dtypes.float8_e4m3fn)
     s32 = s8.astype(f32)
     # refinement: a nonzero block scale times the tensor scale is at least 2**-126 (the
     # smallest e4m3 value that keeps it so, found on the enumerated e4m3 grid)
@@ -268,28 +317,35 @@ def nvfp4_reference(x: np.ndarray):
     with np.errstate(divide="ignore"):
         enc_b = np.where(s32 > 0, (g / np.where(s32 > 0, s32, f32(1))).astype(f32), f32(0))
     y = (blocks * enc_b[..., None]).astype(f32)
-    y = np.clip(y, -6, 6)
-    codes = y.astype(ml_dtypes.float4_e2m1fn)
+    y = np.clip(y, -top, top)
+    codes = y.astype(native)
     tensor_scale = f32(f32(1) / g)
     per_block = (s32 * tensor_scale).astype(f32)
     values = (codes.astype(f32) * per_block[..., None]).astype(f32)
     return (
-        (codes.view(np.uint8) & 0xF).reshape(x.shape),
+        (codes.view(np.uint8) & ((1 << fmt.bits) - 1)).reshape(x.shape),
         s8,
         tensor_scale,
         values.reshape(x.shape),
     )
 
 
+TWO_LEVEL = registry(two_level)
+
+
+@pytest.mark.parametrize("fmt", TWO_LEVEL, ids=lambda f: f.name)
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_nvfp4_follows_the_published_recipe(seed, eager_and_jit):
-    fmt = dtypes.get("nvfp4")
+def test_nvfp4_follows_the_published_recipe(fmt, seed, eager_and_jit):
+    size = fmt.scaling.size
     rng = np.random.default_rng(seed)
-    x = (rng.standard_normal((4, 4, 16)) * np.exp2(rng.integers(-6, 6, (4, 4, 1)))).reshape(4, 64)
-    x[0, :16] = 0.0
+    x = rng.standard_normal((4, 64 // size, size)) * np.exp2(
+        rng.integers(-6, 6, (4, 64 // size, 1))
+    )
+    x = x.reshape(4, 64)
+    x[0, :size] = 0.0
     x = x.astype(np.float32)
     enc = eager_and_jit(fmt.encode)(x)
-    codes, s8, tensor_scale, values = nvfp4_reference(x)
+    codes, s8, tensor_scale, values = nvfp4_reference(x, fmt)
     assert enc.scale.dtype == ml_dtypes.float8_e4m3fn
     assert enc.tensor_scale.dtype == np.float32
     assert enc.tensor_scale.shape == ()
@@ -300,16 +356,17 @@ def test_nvfp4_follows_the_published_recipe(seed, eager_and_jit):
     np.testing.assert_array_equal(np.asarray(eager_and_jit(fmt.round)(x)), values)
 
 
+@pytest.mark.parametrize("fmt", TWO_LEVEL, ids=lambda f: f.name)
 @pytest.mark.parametrize("magnitude", [1e-36, 1e-37, 3e-35, 1e-33, 1e-30, 1e30])
-def test_nvfp4_tiny_and_huge_tensors_keep_normal_scales(magnitude, eager_and_jit):
+def test_nvfp4_tiny_and_huge_tensors_keep_normal_scales(fmt, magnitude, eager_and_jit):
     """A tensor whose absmax is near the bottom of float32 keeps its values (its scales are
     normal float32 numbers, as everywhere in dtypes), bit for bit as the reference."""
-    fmt = dtypes.get("nvfp4")
+    size = fmt.scaling.size
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((4, 64)) * magnitude).astype(np.float32)
-    x[1, 16:32] *= np.float32(2.0**-10)  # a block far below the others
+    x[1, size : 2 * size] *= np.float32(2.0**-10)  # a block far below the others
     enc = eager_and_jit(fmt.encode)(x)
-    codes, s8, tensor_scale, values = nvfp4_reference(x)
+    codes, s8, tensor_scale, values = nvfp4_reference(x, fmt)
     assert np.float32(enc.tensor_scale) == tensor_scale >= np.float32(2.0**-126)
     np.testing.assert_array_equal(np.asarray(enc.scale).view(np.uint8), s8.view(np.uint8))
     np.testing.assert_array_equal(_codes(enc), codes)
@@ -320,8 +377,9 @@ def test_nvfp4_tiny_and_huge_tensors_keep_normal_scales(magnitude, eager_and_jit
     assert np.all(np.abs(values[big] - x[big]) <= 0.5 * np.abs(x[big]))
 
 
-def test_nvfp4_all_zero_tensor():
-    enc = dtypes.get("nvfp4").encode(np.zeros((2, 16), np.float32))
+@pytest.mark.parametrize("fmt", TWO_LEVEL, ids=lambda f: f.name)
+def test_nvfp4_all_zero_tensor(fmt):
+    enc = fmt.encode(np.zeros((2, fmt.scaling.size), np.float32))
     assert float(enc.tensor_scale) == 1.0
     np.testing.assert_array_equal(np.asarray(enc.decode()), 0.0)
 
@@ -342,6 +400,7 @@ N = math.prod(SHAPE)
         (ENC["mxfp6_e2m3"], None, 6.25, 0),
         (ENC["mxint8"], None, 8.25, 0),
         (ENC["nvfp4"], None, 4.5, 4),
+        (ENC["nf4"], None, 4.5, 0),  # a float32 absmax per 64
         (dtypes.int4, PerBlock(128, scale_format="bfloat16"), 4.125, 0),
         (dtypes.int4, PerBlock(128, scale_format="float16"), 4.125, 0),
         (dtypes.int4, PerBlock(128), 4.25, 0),
@@ -350,16 +409,30 @@ N = math.prod(SHAPE)
     ids=lambda v: getattr(v, "name", None),
 )
 def test_bytes_per_value(fmt, scaling, bits_per_value, extra_bytes):
+    # (the table is the published footprints; test_bytes_of_every_composition_are_listed
+    # keeps a row for every registry entry carrying a scaling)
     assert fmt.nbytes(SHAPE, scaling) == N * bits_per_value / 8 + extra_bytes
     x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
     assert fmt.encode(x, scaling=scaling).nbytes == fmt.nbytes(SHAPE, scaling)
 
 
+def test_bytes_of_every_composition_are_listed():
+    listed = {f.name for f in params_of(test_bytes_per_value)}
+    owned = [f.name for f in dtypes.REGISTRY.values() if getattr(f, "scaling", None)]
+    assert [n for n in owned if n not in listed] == []
+
+
 # -- scale formats ------------------------------------------------------------
 
 
+def multibit_int(f) -> bool:
+    """Integer elements scaled by absmax/qmax (int1's mean has no such scale; an encoding
+    with a scaling of its own has its rule above)."""
+    return f.kind == "int" and f.scaling is None and not f.binary
+
+
 @pytest.mark.parametrize("scale_format", ["bfloat16", "float16"])
-@pytest.mark.parametrize("fmt", [dtypes.int4, dtypes.int8], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", registry(multibit_int), ids=lambda f: f.name)
 def test_narrow_scales_are_rounded_then_used(fmt, scale_format, eager_and_jit):
     native = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[scale_format]
     x = np.random.default_rng(5).standard_normal((3, 256)).astype(np.float32)
@@ -378,9 +451,30 @@ def test_narrow_scales_are_rounded_then_used(fmt, scale_format, eager_and_jit):
     np.testing.assert_array_equal(np.asarray(fmt.round(x, scaling=scaling)), want)
 
 
+def takes_power_of_two_blocks(f) -> bool:
+    """An unscaled entry that takes power-of-two block scales: floats below float32's
+    exponent range and multi-bit integers (int1's mean, code books and zero points have
+    no power-of-two rule; E8M0 takes no scaling)."""
+    if f.kind == "float":
+        return f.scaling is None and f.exponent_bits < 8
+    return multibit_int(f)
+
+
+def _e8m0_scaled() -> list:
+    """`takes_power_of_two_blocks` entries; outside the hunt profile the narrowest of each
+    element kind and packing (the E8M0 byte sees the scale, never the element grid)."""
+    chosen = registry(takes_power_of_two_blocks)
+    if os.environ.get("HYPOTHESIS_PROFILE") == "hunt":
+        return chosen
+    first: dict = {}
+    for f in sorted(chosen, key=lambda f: f.bits):
+        first.setdefault((f.kind, f.packed), f)
+    return [f for f in chosen if f in first.values()]
+
+
 def test_e8m0_scales_change_bytes_not_values():
     x = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
-    for fmt in (dtypes.float8_e4m3fn, dtypes.int8, dtypes.int4):
+    for fmt in _e8m0_scaled():
         wide = fmt.encode(x, scaling=PerBlock(32, power_of_two=True))
         narrow = fmt.encode(x, scaling=PerBlock(32, power_of_two=True, scale_format="e8m0"))
         np.testing.assert_array_equal(np.asarray(wide.decode()), np.asarray(narrow.decode()))
@@ -455,3 +549,23 @@ def test_named_formats_are_drawn():
 
     collect()
     assert seen & set(dtypes.ENCODINGS)
+
+
+def test_the_per_format_tests_run_over_every_registry_entry_their_rule_admits():
+    assert [dtypes.get(n) for n, _ in ML_LAYOUTS] == registry(byte_ml_layout)
+    assert_covers(test_e8m0_matches_ml_dtypes, scale_format)
+    assert_covers(test_mx_codes_and_e8m0_bytes_follow_the_ocp_rules, mx_float)
+    assert_covers(test_mx_block_with_nan_gets_scale_0xff, mx)
+    assert_covers(test_mxint8_follows_the_ocp_rules, mx_int)
+    for test in (
+        test_nvfp4_follows_the_published_recipe,
+        test_nvfp4_tiny_and_huge_tensors_keep_normal_scales,
+        test_nvfp4_all_zero_tensor,
+    ):
+        assert_covers(test, two_level)
+    assert_covers(test_narrow_scales_are_rounded_then_used, multibit_int)
+    # every scaled encoding of the registry is an MX or a two-level one, or a code book
+    # (test_codebook.py), or carries no scaling of its own
+    for f in dtypes.REGISTRY.values():
+        if getattr(f, "scaling", None) is not None:
+            assert mx(f) or two_level(f) or f.kind == "codebook", f.name

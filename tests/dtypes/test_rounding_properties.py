@@ -1,18 +1,28 @@
 """Hypothesis properties of rounding, on data from `precision.testing` strategies.
 
-Each format gets one jitted function that rounds a 64-element draw in every
-mode, so a test compiles once per format, not once per example.
+Each format gets one jitted function that rounds a draw in every mode, so a test
+compiles once per format, not once per example. The formats are the registry's,
+chosen by the rules below (`checks.registry`).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from checks import REGISTRY_FLOATS, assert_same_floats, fid
+from checks import (
+    REGISTRY_FLOATS,
+    assert_covers,
+    assert_same_floats,
+    examples,
+    fid,
+    reduced_float,
+    registry,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,15 +32,27 @@ from precision.testing import arrays, keys
 
 MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down")
 SYMMETRIC = ("nearest_even", "nearest_away", "toward_zero")
-# the registry's reduced floats, plus an IEEE-style, a no-NaN and a saturating custom layout
-FLOATS = [
-    *REGISTRY_FLOATS,
-    FloatFormat(3, 2),
-    FloatFormat(2, 1, finite=True),
-    FloatFormat(4, 3, finite=True, saturate=True),
-]
-INTS = [f for f in dtypes.FORMATS.values() if f.kind == "int"]
+# the registry's reduced floats (no-NaN fp4/fp6 among them), an IEEE-style and a
+# saturating custom layout
+FLOATS = [*REGISTRY_FLOATS, FloatFormat(3, 2), FloatFormat(4, 3, finite=True, saturate=True)]
 N = 32
+
+
+def symmetric_int(f) -> bool:
+    """Integer codes symmetric about zero under an absmax scale (mxint8's per block of 32):
+    the zero-point ("uint") and code-book kinds keep no such grid."""
+    return f.kind == "int"
+
+
+def scaled_storage(f) -> bool:
+    """Every entry whose rounding is not an unscaled float grid's (those are FLOATS above,
+    where storage is one of the properties): integers, scaled floats, zero-point integers,
+    code books, E8M0. float32/float64 store their input as it is."""
+    return not reduced_float(f) and not f.is_full_precision
+
+
+INTS = registry(symmetric_int)
+SCALED = registry(scaled_storage)
 
 
 @functools.cache
@@ -63,9 +85,12 @@ def _data(fmt):
 
 
 @pytest.mark.parametrize("fmt", FLOATS, ids=fid)
-@given(data=st.data())
-def test_rounding_properties(fmt, data):
+def test_rounding_properties(fmt):
     """Idempotence, monotonicity, bracketing, sign symmetry and decode(encode(x)) == round(x)."""
+    examples(fmt)(given(data=st.data())(_rounding_properties))(fmt)
+
+
+def _rounding_properties(fmt, data):
     x = data.draw(_data(fmt))
     key = data.draw(keys())
     # sorted by numpy: XLA's CPU sort compares float32 subnormals as zero
@@ -130,20 +155,85 @@ def rounder(fmt):
     return jax.jit(f)
 
 
-@pytest.mark.parametrize("fmt", INTS, ids=fid)
-@given(data=st.data())
-def test_int_decode_of_encode_is_round(fmt, data):
-    x = data.draw(arrays(fmt, shape=N, allow_nan=False, allow_infinity=False))
-    key = data.draw(keys())
-    out = _np(rounder(fmt)(x, key))
-    for mode in (*MODES, "stochastic"):
-        np.testing.assert_array_equal(out["e:" + mode], out[mode], err_msg=mode)
+# A code book rounds to nearest or stochastically, E8M0 to nearest only (docs/formats.md).
+_MODES_OF_KIND = {"codebook": ("nearest_even", "stochastic"), "scale": ("nearest_even",)}
+_HUNT = os.environ.get("HYPOTHESIS_PROFILE") == "hunt"
+
+
+def _modes(fmt) -> tuple[str, ...]:
+    """Every mode `fmt` takes; outside the hunt profile only the first, unless `fmt` is a
+    symmetric integer format without a scaling of its own. A format's cost here is the
+    compile of its program of every mode (a dozen kernels; several seconds for uint8 or
+    nvfp4), and the directed modes of the others are checked against references of their
+    own (the exact oracle for MX in test_oracle_rounding.py, test_asymmetric.py, ...)."""
+    modes = _MODES_OF_KIND.get(fmt.kind, (*MODES, "stochastic"))
+    if _HUNT or (symmetric_int(fmt) and fmt.scaling is None):
+        return modes
+    return modes[:1]
+
+
+def _keeps_its_scale(fmt) -> bool:
+    """Whether a rounded block gets back the scale it had, so rounding twice is exact: a
+    power-of-two scale (MX), a code book's absmax (kept by its code ±1), no scale (E8M0).
+    A float32 scale re-derived from a rounded block (absmax/qmax, NVFP4's two levels, a
+    zero point) may move by an ulp."""
+    scaling = fmt.default_scaling()
+    return scaling is None or scaling.power_of_two or fmt.kind == "codebook"
+
+
+def _length(fmt) -> int:
+    scaling = fmt.default_scaling()
+    return 2 * scaling.size if isinstance(scaling, dtypes.PerBlock) else N  # two whole blocks
+
+
+@functools.cache
+def stored(fmt):
+    """jit(x, neg, key) -> round and decode(encode) in `_modes(fmt)`, with round twice where
+    the scale is kept and round(-x) for scaled floats."""
+
+    def f(x, neg, key):
+        out = {}
+        for m in _modes(fmt):
+            k = key if m == "stochastic" else None
+            out[f"r:{m}"] = r = fmt.round(x, rounding=m, key=k)
+            out[f"e:{m}"] = fmt.encode(x, rounding=m, key=k).decode()
+            if _keeps_its_scale(fmt):
+                out[f"rr:{m}"] = fmt.round(r, rounding=m, key=k)
+            if fmt.kind == "float" and m in SYMMETRIC:
+                out[f"n:{m}"] = fmt.round(neg, rounding=m, key=k)
+        return out
+
+    return jax.jit(f)
+
+
+@pytest.mark.parametrize("fmt", SCALED, ids=fid)
+def test_storage_holds_the_rounded_value(fmt):
+    """decode(encode(x)) == round(x) in every mode the format takes; rounding twice changes
+    nothing where the scale is kept; scaled floats round -x to -round(x)."""
+    examples(fmt)(given(data=st.data())(_storage_holds_the_rounded_value))(fmt)
+
+
+def _storage_holds_the_rounded_value(fmt, data):
+    # `arrays` models float and integer grids; the other kinds take any float32 data
+    like = fmt if fmt.kind in ("float", "int") else dtypes.float32
+    x = data.draw(arrays(like, shape=_length(fmt), allow_nan=False, allow_infinity=False))
+    out = _np(stored(fmt)(x, -x, data.draw(keys())))
+    name = fmt.name
+    for m in _modes(fmt):
+        assert_same_floats(out[f"e:{m}"], out[f"r:{m}"], x, f"{name} {m} stored")
+        if f"rr:{m}" in out:
+            assert_same_floats(out[f"rr:{m}"], out[f"r:{m}"], x, f"{name} {m} twice")
+        if f"n:{m}" in out:  # a block's scale is that of |x|
+            assert_same_floats(out[f"n:{m}"], -out[f"r:{m}"], x, f"{name} {m}(-x)")
 
 
 @pytest.mark.parametrize("fmt", INTS, ids=fid)
-@given(data=st.data())
-def test_int_rounding_twice_changes_nothing(fmt, data):
+def test_int_rounding_twice_changes_nothing(fmt):
     """A rounded tensor is on its own grid: its absmax is ±qmax * scale."""
+    examples(fmt)(given(data=st.data())(_int_rounding_twice_changes_nothing))(fmt)
+
+
+def _int_rounding_twice_changes_nothing(fmt, data):
     x = data.draw(arrays(fmt, shape=N, allow_nan=False, allow_infinity=False))
     once = _np(rounder(fmt)(x, jax.random.key(0)))
     # (directed modes are not idempotent here: the re-derived scale may differ by an
@@ -153,6 +243,17 @@ def test_int_rounding_twice_changes_nothing(fmt, data):
         # int1's scale is a float32 mean of |x|: its sum may move by a few ulps
         rtol = 1e-6 if fmt.binary else 2e-7
         np.testing.assert_allclose(twice, once[mode], rtol=rtol, atol=0, err_msg=mode)
+
+
+def test_the_per_format_tests_run_over_every_registry_entry_their_rule_admits():
+    assert_covers(test_rounding_properties, reduced_float)
+    assert_covers(test_int_rounding_twice_changes_nothing, symmetric_int)
+    assert_covers(test_storage_holds_the_rounded_value, scaled_storage)
+    # between them, every entry but float32/float64 (which store their input) is taken
+    taken = {f.name for f in [*FLOATS, *SCALED]}
+    assert [n for n, f in dtypes.REGISTRY.items() if n not in taken] == [
+        n for n, f in dtypes.REGISTRY.items() if f.is_full_precision
+    ]
 
 
 def test_strategies_come_from_precision_testing():
