@@ -11,6 +11,10 @@ it, ±0, ±inf and NaN.
 Stochastic rounding is checked for membership: the result is the oracle's
 value toward zero or the one away from it, never anything else (its
 statistics are tested in `test_stochastic_statistics.py`).
+
+The formats are the registry's float layouts (and custom ones), and its OCP MX
+encodings: a block's element is the exact quotient of a value by the block's
+power-of-two scale, which the oracle rounds like any other number.
 """
 
 from __future__ import annotations
@@ -24,10 +28,18 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from checks import ALL_FLOATS, fid
+from checks import CUSTOM_FLOATS, assert_covers, examples, fid, registry
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import Spec, largest, round_exact, same, smallest_subnormal, stochastic_choices
+from oracle import (
+    NAN,
+    Spec,
+    largest,
+    round_exact,
+    same,
+    smallest_subnormal,
+    stochastic_choices,
+)
 from reference import Layout
 from reference import round_float as reference_round
 
@@ -38,25 +50,47 @@ F32_MAX = Fraction(float(np.finfo(np.float32).max))
 MODES = ("nearest_even", "nearest_away", "toward_zero", "up", "down")
 N = 48
 # Each example checks N values in six modes against Fractions: a quarter of the
-# profile's examples (dev 10, ci 50, hunt 250) keeps the file near a minute in CI.
+# profile's examples (dev 10, ci 25, hunt 250; for a named encoding a fifth of that, at
+# least 10: `checks.examples`) keeps the file near a minute in CI.
 EXAMPLES = settings(max_examples=max(10, settings.default.max_examples // 4))
 
-# every float format of the registry and of checks.py, plus saturating IEEE layouts
-# (saturation of ±inf on float32's own grid was once skipped)
+
+def exact_layout(f) -> bool:
+    """An unscaled float layout whose values are float64 values (e <= 8, float32 included):
+    the oracle reads results as float64. float64's own grid is not; a scaled encoding
+    takes `mx_scaled` below."""
+    return f.kind == "float" and f.scaling is None and f.exponent_bits <= 8
+
+
+def mx_scaled(f) -> bool:
+    """A float element grid under power-of-two block scales (OCP MX): each element is the
+    exact quotient of a value by its block's scale. NVFP4's scales are float32 products
+    (a recipe test_mx_nvfp4.py follows), which no exact quotient describes."""
+    if f.kind != "float":
+        return False
+    return isinstance(f.scaling, dtypes.PerBlock) and f.scaling.power_of_two
+
+
+# every exact float layout of the registry, the custom ones of checks.py, and saturating
+# IEEE layouts (saturation of ±inf on float32's own grid was once skipped)
+LAYOUTS = registry(exact_layout)
 FORMATS = [
-    f
-    for f in [
-        *ALL_FLOATS,
-        FloatFormat(8, 23, saturate=True),
-        FloatFormat(8, 7, saturate=True),
-        FloatFormat(5, 10, saturate=True),
-        FloatFormat(2, 3, finite=True, nan=True),
-        FloatFormat(4, 3, finite=True, nan=False),
-        FloatFormat(2, 1, finite=True, saturate=True),
-    ]
-    # unscaled layouts only (a registry entry may carry a default scaling)
-    if isinstance(f, FloatFormat) and f.exponent_bits <= 8 and f.default_scaling() is None
+    *LAYOUTS,
+    *[
+        f
+        for f in [
+            *CUSTOM_FLOATS,
+            FloatFormat(8, 23, saturate=True),
+            FloatFormat(8, 7, saturate=True),
+            FloatFormat(5, 10, saturate=True),
+            FloatFormat(2, 3, finite=True, nan=True),
+            FloatFormat(4, 3, finite=True, nan=False),
+            FloatFormat(2, 1, finite=True, saturate=True),
+        ]
+        if f not in LAYOUTS
+    ],
 ]
+MX = registry(mx_scaled)
 
 
 def spec_of(fmt) -> Spec:
@@ -156,9 +190,11 @@ def _check(fmt, x, got: np.ndarray, mode: str):
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=fid)
-@EXAMPLES
-@given(data=st.data())
-def test_every_mode_matches_the_exact_oracle(fmt, data):
+def test_every_mode_matches_the_exact_oracle(fmt):
+    examples(fmt, share=4)(given(data=st.data())(_every_mode_matches_the_exact_oracle))(fmt)
+
+
+def _every_mode_matches_the_exact_oracle(fmt, data):
     x = data.draw(values(fmt))
     seed = data.draw(st.integers(0, 2**32 - 1))
     out = {k: np.asarray(v, np.float32) for k, v in rounder(fmt)(x, jax.random.key(seed)).items()}
@@ -180,6 +216,104 @@ def test_eager_calls_match_the_exact_oracle(fmt, data):
     x = data.draw(values(fmt))
     for mode in MODES:
         _check(fmt, x, np.asarray(fmt.round(x, rounding=mode), np.float32), mode)
+
+
+# -- OCP MX blocks: the oracle rounds each element's exact quotient by the block scale ----
+
+F32_TINY = 2.0**-126  # float32's smallest normal
+
+
+def mx_exact(block: list[float], fmt, mode: str) -> list:
+    """The oracle's values of one block of a power-of-two block-scaled format, in `mode`
+    (for "stochastic": each element's list of allowed values).
+
+    docs/formats.md ("Scaling", "Scale formats", "Overflow and saturation"): float32
+    subnormal inputs read as zero; a block holding NaN or inf gets a NaN scale (under
+    jit); the scale is `X = 2**(floor(log2(amax)) - emax)` with `emax` the exponent of the
+    element's largest value, an all-zero block's scale is 1, and no scale is below 2**-126;
+    each element is `x / X` rounded onto the element grid, saturating at ±max; its value
+    is that times X.
+    """
+    if any(math.isnan(v) or math.isinf(v) for v in block):
+        return [[NAN] if mode == "stochastic" else NAN] * len(block)
+    block = [math.copysign(0.0, v) if abs(v) < F32_TINY else v for v in block]
+    spec = spec_of(fmt)._replace(saturate=True)  # scaled float encodings always saturate
+    amax = max(Fraction(abs(v)) for v in block)
+    k = 0 if amax == 0 else max(_exp(amax) - _exp(largest(spec)), -126)
+    scale = Fraction(2) ** k
+
+    def times_scale(r):
+        return r if r == NAN or isinstance(r, tuple) else r * scale  # signed zeros stay
+
+    out = []
+    for v in block:
+        q = v / 2.0**k  # exact: a power of two, far from float64's limits
+        if mode == "stochastic":
+            low, high, p = stochastic_choices(q, spec)
+            out.append([times_scale(low)] if p == 0 else [times_scale(low), times_scale(high)])
+        else:
+            out.append(times_scale(round_exact(q, spec, mode)))
+    return out
+
+
+def mx_values(fmt):
+    """Blocks of values near the element grid times a random power of two.
+
+    The first element of a block lies in the element's top binade (so the block's scale is
+    that power of two, where the grid's hard cases stay hard), the others are grid points,
+    ties, the overflow threshold and beyond (which raise the scale), random floats and
+    zeros; now and then a block holds NaN or inf.
+    """
+    spec = spec_of(fmt)
+    size = fmt.scaling.size
+    top = largest(spec)
+    anchors = [float(top), float(Fraction(2) ** _exp(top)), float(top * 3 / 4)]
+    element = st.one_of(
+        st.sampled_from([v for v in hard_cases(spec) if v <= 2.0**20]),  # (not float32's max)
+        _grid_point(spec),
+        st.floats(-(2.0**20), 2.0**20, width=32),
+        st.sampled_from([-0.0, 0.0]),
+    )
+
+    @st.composite
+    def block(draw):
+        k = draw(st.integers(-90, 90))
+        rest = draw(st.lists(element, min_size=size - 1, max_size=size - 1))
+        vals = [draw(st.sampled_from(anchors)), *rest]
+        signs = draw(st.lists(st.booleans(), min_size=size, max_size=size))
+        return [(-v if s else v) * 2.0**k for v, s in zip(vals, signs, strict=True)]
+
+    @st.composite
+    def blocks(draw):
+        out = draw(st.lists(block(), min_size=2, max_size=2))
+        if draw(st.integers(0, 9)) == 0:  # a non-finite value poisons its block only
+            out[1][draw(st.integers(0, size - 1))] = draw(st.sampled_from([math.nan, math.inf]))
+        return np.array([v for b in out for v in b], np.float32)
+
+    return blocks()
+
+
+@pytest.mark.parametrize("fmt", MX, ids=fid)
+def test_mx_blocks_match_the_exact_oracle(fmt):
+    examples(fmt, share=4)(given(data=st.data())(_mx_blocks_match_the_exact_oracle))(fmt)
+
+
+def _mx_blocks_match_the_exact_oracle(fmt, data):
+    x = data.draw(mx_values(fmt))
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    out = {k: np.asarray(v, np.float32) for k, v in rounder(fmt)(x, jax.random.key(seed)).items()}
+    size = fmt.scaling.size
+    blocks = [x[i : i + size].tolist() for i in range(0, x.size, size)]
+    for mode in (*MODES, "e:nearest_even", "stochastic"):
+        want = [w for b in blocks for w in mx_exact(b, fmt, mode.removeprefix("e:"))]
+        for v, a, w in zip(x.tolist(), out[mode].tolist(), want, strict=True):
+            ok = any(same(a, c) for c in w) if mode == "stochastic" else same(a, w)
+            assert ok, f"{fmt.name} {mode}({v!r}) = {a!r}, the oracle says {w} (block of {x})"
+
+
+def test_the_per_format_tests_run_over_every_registry_entry_their_rule_admits():
+    assert_covers(test_every_mode_matches_the_exact_oracle, exact_layout)
+    assert_covers(test_mx_blocks_match_the_exact_oracle, mx_scaled)
 
 
 # -- narrow input dtypes: no second rounding into the input's own type ------------
