@@ -21,15 +21,19 @@ from safetensors import safe_open
 import dtypes
 import precision
 from precision import CheckpointError, Tensor
+from precision.testing._plugin import selected_formats
 
 RNG = np.random.default_rng(20261122)
 X = RNG.standard_normal((6, 40)).astype(np.float32) * 3
 
-# Every built-in format (float64 needs 64-bit JAX) plus custom layouts: the
-# MXFP4 element type (packed 4-bit codes), an IEEE-style e4m3 (ml_dtypes'
-# float8_e4m3, which has no safetensors dtype), a 6-bit layout and a
-# saturating bfloat16 (stored by parameters, not by name).
-FORMATS = [f for name, f in dtypes.FORMATS.items() if name != "float64"] + [
+# Every entry of dtypes.REGISTRY, element formats and named encodings alike (float64
+# only with 64-bit JAX, as the `fmt` fixture chooses), plus custom layouts: the MXFP4
+# element type (packed 4-bit codes), an IEEE-style e4m3 (ml_dtypes' float8_e4m3, which
+# has no safetensors dtype), a 6-bit layout and a saturating bfloat16 (stored by
+# parameters, not by name).
+REGISTERED = selected_formats()
+FORMATS = [
+    *REGISTERED,
     dtypes.FloatFormat(2, 1, finite=True),
     dtypes.FloatFormat(4, 3),
     dtypes.FloatFormat(3, 2, finite=True),
@@ -67,15 +71,36 @@ def header(path) -> tuple[dict, int]:
         return json.loads(f.read(n)), n
 
 
-# Each format unscaled (its default) and with one of the scalings, in turn, so
-# every format and every scaling is covered without the full product.
+def takes_scalings(fmt: dtypes.Format) -> bool:
+    """Whether a format takes a scaling of the caller's: not a scale format (E8M0 is
+    itself the scales), not a float with float32's exponent range (scales cannot help)."""
+    return fmt.kind != "scale" and not (fmt.kind == "float" and fmt.emax >= 127)
+
+
+def values_for(fmt: dtypes.Format, x: np.ndarray) -> np.ndarray:
+    """`x`, or its magnitudes for a scale format (E8M0 holds positive powers of two only)."""
+    return np.abs(x) + 2.0**-8 if fmt.kind == "scale" else x
+
+
+# Each format with its default scaling (a named encoding's own, MX blocks, NVFP4's two
+# levels, zero points, code books), and each element format and custom layout that
+# takes scalings with one of them, in turn, so every format and every scaling is
+# covered without the full product (each case compiles an encode; the custom layouts
+# are also the element grids of the float4, float6 and e4m3 encodings). Where the
+# turn's scaling is one the format refuses (`Format.check` says so: int1 takes no
+# power-of-two scales), the next one it takes.
 _SCALED = list(SCALINGS.items())[1:]
-# Float formats with float32's exponent range take no scaling (dtypes refuses it).
-_SCALABLE = [f for f in FORMATS if f.kind == "int" or f.emax < 127]
-CASES = [pytest.param(f, None, id=f"{f.name}-default") for f in FORMATS] + [
-    pytest.param(f, _SCALED[i % len(_SCALED)][1], id=f"{f.name}-{_SCALED[i % len(_SCALED)][0]}")
-    for i, f in enumerate(_SCALABLE)
-]
+
+
+def _scaled_case(i: int, fmt: dtypes.Format):
+    for j in range(len(_SCALED)):
+        label, scaling = _SCALED[(i + j) % len(_SCALED)]
+        try:
+            fmt.check(values_for(fmt, X), scaling=scaling)
+        except dtypes.ScalingError:
+            continue
+        return pytest.param(fmt, scaling, id=f"{fmt.name}-{label}")
+    raise AssertionError(f"{fmt.name} takes none of the scalings {list(SCALINGS)[1:]}")
 
 
 def encoded_tensor(x, fmt, scaling=None, **kw) -> Tensor:
@@ -83,11 +108,38 @@ def encoded_tensor(x, fmt, scaling=None, **kw) -> Tensor:
     return Tensor.from_encoded(fmt.encode(x, scaling=scaling, **kw))
 
 
+_RESCALED = [f for f in FORMATS if takes_scalings(f) and f.name not in dtypes.ENCODINGS]
+CASES = [pytest.param(f, None, id=f"{f.name}-default") for f in FORMATS] + [
+    _scaled_case(i, f) for i, f in enumerate(_RESCALED)
+]
+
+
+def test_cases_cover_the_registry():
+    """Every registry entry (bar float64 without x64) round-trips with its default
+    scaling, every element format that takes scalings with one of them, and every
+    scaling is met."""
+    x64 = jax.config.read("jax_enable_x64")
+    every = {n for n, f in dtypes.REGISTRY.items() if x64 or f.bits <= 32}
+    assert {f"{n}-default" for n in every} <= {p.id for p in CASES}
+    scaled = {p.values[0].name for p in CASES if p.values[1] is not None}
+    assert scaled >= {n for n in every & set(dtypes.FORMATS) if takes_scalings(dtypes.get(n))}
+    met = {p.values[1] for p in CASES}
+    assert all(s in met for s in SCALINGS.values())
+
+
+@pytest.mark.parametrize(
+    "fmt", [f for f in REGISTERED if not takes_scalings(f)], ids=lambda f: f.name
+)
+def test_formats_that_take_no_scaling_refuse_one_by_name(fmt):
+    for scaling in SCALINGS.values():
+        if scaling is not None:
+            with pytest.raises(dtypes.ScalingError, match=fmt.name):
+                fmt.check(values_for(fmt, X), scaling=scaling)
+
+
 @pytest.mark.parametrize(("fmt", "scaling"), CASES)
 def test_round_trip_is_bit_exact(tmp_path, fmt, scaling):
-    if scaling is None and fmt.kind == "float" and fmt.packed:
-        scaling = dtypes.PerBlock(32, power_of_two=True)  # as MXFP4 uses it
-    t = encoded_tensor(X, fmt, scaling)
+    t = encoded_tensor(values_for(fmt, X), fmt, scaling)
     path = tmp_path / "t.safetensors"
     precision.save(path, {"w": t})
     loaded = precision.load(path)["w"]
@@ -106,17 +158,31 @@ def test_loaded_custom_float_tensor_values(tmp_path):
     np.testing.assert_array_equal(np.asarray(precision.load(tmp_path / "t.safetensors")), expected)
 
 
+SHAPES = [(), (1,), (7,), (3, 9), (2, 3, 17), (0, 5)]
+HUNT = os.environ.get("HYPOTHESIS_PROFILE") == "hunt"
+
+
+def _shapes(i: int) -> list[tuple[int, ...]]:
+    """Every shape under the hunt profile; else one in turn (each encode compiles once per
+    shape; each shape still meets four formats or more, of several kinds)."""
+    return SHAPES if HUNT else [SHAPES[i % len(SHAPES)]]
+
+
 @pytest.mark.parametrize(
-    "shape", [(), (1,), (7,), (3, 9), (2, 3, 17), (0, 5)], ids=lambda s: f"shape{s}"
+    ("fmt", "shapes"),
+    [pytest.param(f, _shapes(i), id=f.name) for i, f in enumerate(REGISTERED)],
 )
-@pytest.mark.parametrize("fmt", ["int4", "int1", "float8_e4m3fn", "bfloat16", "float32"])
-def test_round_trip_shapes(tmp_path, shape, fmt):
-    fmt = dtypes.get(fmt)
-    if fmt.kind == "int" and 0 in shape:
-        shape = (1, 5)  # dtypes cannot scale an empty tensor (no absmax)
-    t = encoded_tensor(RNG.standard_normal(shape).astype(np.float32), fmt)
-    precision.save(tmp_path / "s.safetensors", t)
-    assert_same_storage(t, precision.load(tmp_path / "s.safetensors"))
+def test_round_trip_shapes(tmp_path, fmt, shapes):
+    # a scalar, partial packed bytes and blocks, an empty tensor: in one file
+    tensors = [
+        encoded_tensor(values_for(fmt, RNG.standard_normal(shape).astype(np.float32)), fmt)
+        for shape in shapes
+    ]
+    precision.save(tmp_path / "s.safetensors", tensors)
+    loaded = precision.load(tmp_path / "s.safetensors")
+    for shape, t, back in zip(shapes, tensors, loaded, strict=True):
+        assert back.shape == shape
+        assert_same_storage(t, back)
 
 
 def test_stochastic_rounding_round_trip(tmp_path):
