@@ -41,6 +41,7 @@ INPUT = {
 }
 FLOATS = ["encoder.weight", "encoder.bias", "head.weight"]
 PYTHON = [sys.executable, "-m", "precision"]
+HUNT = os.environ.get("HYPOTHESIS_PROFILE") == "hunt"
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "precision")
 
 
@@ -187,8 +188,11 @@ def test_demo_missing_is_a_one_line_error(monkeypatch, capsys):
 
 
 def preset_scaling(fmt: dtypes.Format, shape: tuple[int, ...]):
-    """The documented default of --scaling: per-block 32 for integers of 4 bits or fewer,
-    per output channel (axis 0) for int8 and uint8 but per tensor for one axis."""
+    """The documented default of --scaling: a named encoding's own block scaling (MX,
+    NVFP4, NF4); else per-block 32 for integers of 4 bits or fewer, per output channel
+    (axis 0) for int8 and uint8 but per tensor for one axis."""
+    if isinstance(fmt.default_scaling(), dtypes.PerBlock):
+        return fmt.default_scaling()
     if fmt.kind in ("int", "uint") and fmt.bits <= 4:
         return dtypes.PerBlock(32)
     if fmt.kind in ("int", "uint"):
@@ -196,12 +200,15 @@ def preset_scaling(fmt: dtypes.Format, shape: tuple[int, ...]):
     return fmt.default_scaling()
 
 
-def check_converted(out, fmt: dtypes.Format) -> None:
+def check_converted(out, fmt: dtypes.Format, given=INPUT, converted=FLOATS) -> None:
     loaded = precision.load(out)
     for tensor in FLOATS:
-        x = np.asarray(INPUT[tensor], np.float32)
-        assert_encoded_like_library(loaded[tensor], x, fmt, preset_scaling(fmt, x.shape))
-    np.testing.assert_array_equal(loaded["position_ids"], INPUT["position_ids"])
+        x = np.asarray(given[tensor], np.float32)
+        if tensor in converted:
+            assert_encoded_like_library(loaded[tensor], x, fmt, preset_scaling(fmt, x.shape))
+        else:  # kept: the input's values
+            np.testing.assert_array_equal(np.asarray(loaded[tensor]), x)
+    np.testing.assert_array_equal(loaded["position_ids"], given["position_ids"])
 
 
 def test_convert_in_subprocesses(checkpoint, tmp_path):
@@ -219,13 +226,46 @@ def test_convert_in_subprocesses(checkpoint, tmp_path):
         check_converted(out, dtypes.get(name))
 
 
-@pytest.mark.parametrize("name", [n for n in dtypes.FORMATS if n != "float64"])
+# Every registry entry the command line writes: all but those wider than float32 (a
+# checkpoint holds float32 values at most; refused, test below).
+CONVERTIBLE = [name for name, f in dtypes.REGISTRY.items() if f.bits <= 32]
+WIDER = [name for name, f in dtypes.REGISTRY.items() if f.bits > 32]
+
+
+def test_convert_lists_cover_the_registry():
+    assert sorted(CONVERTIBLE + WIDER) == sorted(dtypes.REGISTRY)
+    assert all(dtypes.get(n).bits <= 32 for n in CONVERTIBLE)
+
+
+@pytest.mark.parametrize("name", CONVERTIBLE)
 def test_convert_to_every_format(checkpoint, tmp_path, capsys, name):
+    fmt, given, src = dtypes.get(name), INPUT, checkpoint
+    if fmt.kind == "scale":
+        # E8M0 holds positive powers of two only: it converts magnitudes (signed
+        # values are refused, test_data_errors_exit_1_with_one_line)
+        given = {k: np.abs(v) + v.dtype.type(2**-8) if k in FLOATS else v for k, v in INPUT.items()}
+        src = tmp_path / "positive.safetensors"
+        safetensors.numpy.save_file(given, str(src))
+    # A named encoding (dtypes.ENCODINGS) converts the 2-D float32 tensor (partial
+    # blocks, padded rows) and keeps the 1-D and bfloat16 ones: each tensor compiles
+    # programs of its own. All three under the hunt profile.
+    converted = FLOATS if name in dtypes.FORMATS or HUNT else FLOATS[:1]
     out = tmp_path / "out.safetensors"
-    argv = ["convert", str(checkpoint), "-o", str(out), "--to", name, "-q", "--keep", "none"]
+    keep = "|".join(re.escape(t) for t in FLOATS if t not in converted) or "none"
+    argv = ["convert", str(src), "-o", str(out), "--to", name, "-q", "--keep", keep]
     assert _cli.main(argv) == 0
-    assert f"converted 3 tensor(s) to {name}" in capsys.readouterr().out
-    check_converted(out, dtypes.get(name))
+    assert f"converted {len(converted)} tensor(s) to {name}" in capsys.readouterr().out
+    check_converted(out, fmt, given, converted)
+
+
+@pytest.mark.parametrize("name", WIDER)
+def test_convert_refuses_formats_wider_than_float32(checkpoint, tmp_path, capsys, name):
+    argv = ["convert", str(checkpoint), "-o", str(tmp_path / "out"), "--to", name]
+    assert _cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--to {name}: {name} is wider than the float32 values a checkpoint holds" in err
+    assert err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(
@@ -365,21 +405,54 @@ def test_block_conversion_gives_the_library_bytes(
             assert t.format.name in ("float32", "bfloat16", "float16"), name
 
 
-@pytest.mark.parametrize("fmt", ["bfloat16", "float16", "e4m3", "e5m2", "tf32"])
+SPECIALS = np.array(
+    [np.nan, np.inf, -np.inf, -0.0, 1e30, -1e30, 1e-45, 3e-39, 500, 65504, 7e4, 1.0], np.float32
+)
+# The registry's unscaled float formats narrower than float32: those with a NaN code
+# convert NaN and ±inf; those with neither inf nor NaN (float4_e2m1fn, float6_*) refuse
+# them, exit status 1.
+UNSCALED = [
+    f
+    for f in dtypes.REGISTRY.values()
+    if f.kind == "float" and f.default_scaling() is None and f.bits < 32
+]
+SPECIALS_KEPT = [f.name for f in UNSCALED if f.nan]
+SPECIALS_REFUSED = [f.name for f in UNSCALED if not f.nan]
+
+
+@pytest.mark.parametrize("fmt", SPECIALS_KEPT)
 def test_unscaled_conversion_of_special_values(tmp_path, capsys, fmt):
-    x = np.array(
-        [np.nan, np.inf, -np.inf, -0.0, 1e30, -1e30, 1e-45, 3e-39, 500, 65504, 7e4, 1.0],
-        np.float32,
-    )
+    x = SPECIALS
     src, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
     safetensors.numpy.save_file({"w": x}, str(src))
     assert _cli.main(["convert", str(src), "-o", str(out), "--to", fmt, "-q"]) == 0
     err = capsys.readouterr().err
     assert "RuntimeWarning" not in err  # numpy's overflow is the format's business
-    if fmt not in ("tf32", "bfloat16"):  # 1e30 overflows: the value is lost, SQNR says so
+    if dtypes.get(fmt).max < 1e30:  # 1e30 overflows: the value is lost, SQNR says so
         assert "w -inf dB" in err
     t = precision.load(out)["w"]
     assert_encoded_like_library(t, x, dtypes.get(fmt))
+
+
+@pytest.mark.parametrize("fmt", SPECIALS_REFUSED)
+def test_unscaled_conversion_refuses_specials_a_format_cannot_hold(tmp_path, capsys, fmt):
+    src, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    for special in (np.nan, np.inf):
+        safetensors.numpy.save_file({"w": np.array([special, 1.0], np.float32)}, str(src))
+        assert _cli.main(["convert", str(src), "-o", str(out), "--to", fmt, "-q"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("precision: error: tensor 'w'"), err
+        assert "neither inf nor NaN" in err
+        assert err.count("\n") == 1
+        assert not out.exists()
+
+
+def test_special_value_lists_cover_the_registry():
+    assert set(SPECIALS_KEPT) | set(SPECIALS_REFUSED) == {
+        n
+        for n, f in dtypes.REGISTRY.items()
+        if f.kind == "float" and f.default_scaling() is None and f.bits < 32
+    }
 
 
 def test_block_conversion_checks_the_crc(tmp_path, monkeypatch, capsys):

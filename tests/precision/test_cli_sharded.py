@@ -219,13 +219,23 @@ def test_version():
 
 
 def test_every_registry_format_is_reachable_by_name(tmp_path, capsys):
-    src = tmp_path / "m.safetensors"
-    safetensors.numpy.save_file({"w": RNG.standard_normal((4, 64)).astype(np.float32)}, str(src))
-    for name, fmt in dtypes.FORMATS.items():
+    w = RNG.standard_normal((4, 64)).astype(np.float32)
+    signed, positive = tmp_path / "m.safetensors", tmp_path / "p.safetensors"
+    safetensors.numpy.save_file({"w": w}, str(signed))
+    safetensors.numpy.save_file({"w": np.abs(w) + np.float32(2**-8)}, str(positive))
+    for name, fmt in dtypes.REGISTRY.items():  # element formats and named encodings
+        src = positive if fmt.kind == "scale" else signed  # E8M0 holds 2**k > 0 only
+        code = _cli.main(["convert", str(src), "--to", name, "--dry-run"])
+        said = capsys.readouterr()
+        if fmt.bits > 32:  # wider than float32: refused with a reason
+            assert code == 2, name
+            assert "wider than the float32 values" in said.err
+            continue
+        assert code == 0, (name, said.err)
+        assert f"would convert 1 tensor(s) to {name}" in said.out
+        if name in dtypes.ENCODINGS:
+            continue  # written for real by test_cli.py::test_convert_to_every_format
         out = tmp_path / f"{name}.safetensors"
         code = _cli.main(["convert", str(src), "-o", str(out), "--to", name, "-q"])
-        if fmt.bits > 32:
-            assert code == 2, name  # wider than float32: refused with a reason
-            continue
         assert code == 0, (name, capsys.readouterr().err)
         assert precision.load(out)["w"].format.name in (name, "float32"), name
