@@ -38,6 +38,12 @@ NATIVE = {
     "float16": np.float16,
     "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
     "float8_e5m2": ml_dtypes.float8_e5m2,
+    "float8_e4m3": ml_dtypes.float8_e4m3,
+    "float8_e3m4": ml_dtypes.float8_e3m4,
+    # no inf and no NaN: overflow and inf saturate to ±max, as docs/formats.md says
+    "float6_e2m3fn": ml_dtypes.float6_e2m3fn,
+    "float6_e3m2fn": ml_dtypes.float6_e3m2fn,
+    "float4_e2m1fn": ml_dtypes.float4_e2m1fn,
 }
 
 
