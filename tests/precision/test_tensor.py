@@ -15,6 +15,7 @@ import pytest
 import dtypes
 import precision
 from precision import Tensor
+from precision.testing._plugin import selected_formats
 
 X = np.array([[0.1, -2.5, 3.14159], [1e-3, 65504.0, -7.0]], np.float32)
 
@@ -399,14 +400,11 @@ def test_plain_jax_numpy_refuses_a_tensor_and_explicit_conversions_give_its_valu
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda a: jnp.asarray(a))(t)), logical)
 
 
-NAMED = sorted(dtypes.ENCODINGS)
-
-
-@pytest.mark.parametrize("name", NAMED)
-def test_every_encoding_round_trips_through_tensor_and_apply(name):
-    # Tensors hold every array of an encoding (NVFP4's tensor scale, zero
-    # points), so values, bytes and results equal the dtypes encoding's.
-    fmt = dtypes.get(name)
+def test_every_encoding_round_trips_through_tensor_and_apply(fmt):
+    # Every registry entry (the `fmt` fixture): Tensors hold every array of an
+    # encoding (NVFP4's tensor scale, zero points), so values, bytes and results
+    # equal the dtypes encoding's.
+    name = fmt.name
     x = np.linspace(-3, 3, 128, dtype=np.float32).reshape(2, 64)
     if fmt.kind == "scale":  # E8M0 holds positive powers of two only
         x = np.abs(x) + 0.25
@@ -453,7 +451,26 @@ def test_a_tree_map_to_other_leaves_prints_and_flattens(leaf):
     assert repr(again) == text
 
 
-@pytest.mark.parametrize("name", ["float4_e2m1fn", "float6_e3m2fn", "float6_e2m3fn"])
+def _unscaled_floats() -> list[dtypes.Format]:
+    return [f for f in selected_formats(kinds="float") if f.default_scaling() is None]
+
+
+# The unscaled float formats with neither inf nor NaN (a scaled encoding refuses every
+# non-finite value: its scale would be NaN).
+NO_INF_NOR_NAN = [f.name for f in _unscaled_floats() if not f.has_inf and not f.nan]
+
+
+def test_the_formats_refusing_inf_are_those_without_inf_or_nan():
+    refused = set()
+    for fmt in _unscaled_floats():
+        try:
+            Tensor(np.array([np.inf, 1.0], np.float32)).to_reduced_precision(fmt)
+        except dtypes.NonFiniteError:
+            refused.add(fmt.name)
+    assert refused == set(NO_INF_NOR_NAN)
+
+
+@pytest.mark.parametrize("name", NO_INF_NOR_NAN)
 def test_inf_into_a_format_without_inf_or_nan_is_refused_eagerly(name):
     """+inf became ±6 / ±28 silently through to_reduced_precision and trees."""
     x = np.array([np.inf, 1.0], np.float32)
