@@ -215,6 +215,16 @@ def _assemble(
     return jax.tree_util.tree_unflatten(treedef, result)
 
 
+def _pass_label(done: int, size: int, total: int) -> str:
+    """What a pass over the batches records, for the progress lines ("" for all at once)."""
+    return f"weights {done + 1}-{done + size} of {total}: " if done or size < total else ""
+
+
+def _say(progress: bool, line: str) -> None:
+    if progress:
+        print(f"calibrate: {line}", file=sys.stderr)
+
+
 def _stages(order: list[int], reads: dict[int, int]) -> list[list[int]]:
     """`order` split where the input changes: consecutive weights that read the same
     activation (a block's query, key and value) are one stage."""
@@ -406,11 +416,7 @@ def calibrate(
     stages = _stages(order, found.reads) if sequential else [order]
     for chunk in (c for stage in stages for c in chunks(stage, sized, budget)):
         found.wanted = frozenset(chunk)
-        what = (
-            f"weights {done + 1}-{done + len(chunk)} of {len(order)}: "
-            if done or len(chunk) < len(order)
-            else ""
-        )
+        what = _pass_label(done, len(chunk), len(order))
         totals = accumulate(f, current, rebuild, data, paths, progress, found, what)
         for (leaf, _, _), stats in totals.items():
             sites[leaf].stats = stats
@@ -432,8 +438,7 @@ def calibrate(
                     {m: sites[m].axes[0] for m in members},
                     scaled,
                 )
-                if progress:
-                    print(f"calibrate: {line}", file=sys.stderr)
+                _say(progress, line)
         for j in chunk:
             start = time.perf_counter()
             i, site = traced[j], sites[j]
@@ -443,10 +448,6 @@ def calibrate(
                 current[j] = np.asarray(tensor.numpy()).astype(np.asarray(leaves[j]).dtype)
             site.stats = {}  # one chunk's statistics held at a time
             done += 1
-            if progress:
-                took = time.perf_counter() - start
-                print(
-                    f"calibrate: [{done}/{len(order)}] {site.path} {method} {took:.2f} s",
-                    file=sys.stderr,
-                )
+            took = time.perf_counter() - start
+            _say(progress, f"[{done}/{len(order)}] {site.path} {method} {took:.2f} s")
     return _assemble(treedef, values, work, out)
