@@ -28,7 +28,7 @@ from ._encoder_inputs import any_equal_now, as_float_array, check_finite, is_tra
 from ._errors import FormatError, PrecisionTypeError, RoundingError, ScalingError
 from ._format import Format
 from ._ieee import times_scale, to_float32
-from ._scaling import Scaling
+from ._scaling import Scaling, two_level
 
 __all__ = [
     "RoundWithMask",
@@ -109,11 +109,43 @@ def check_decodable(fmt: Format, enc: Any, dtype: Any = np.float32) -> None:
                 f"a {fmt.name} encoding under {scaling} needs scales of shape {want}, got "
                 f"{'none' if got is None else got}; build it with {fmt.name}.encode(x)"
             )
+    _check_tensor_scale(fmt, enc)
     if fmt.kind == "uint" and enc.zero_point is None:
         raise FormatError(
             f"a {fmt.name} encoding needs its zero points; build it with {fmt.name}.encode(x)"
         )
     _check_values(fmt, enc)
+
+
+def _check_tensor_scale(fmt: Format, enc: Encoded) -> None:
+    """A two-level encoding holds its float32 tensor scale (one, or one per layer of a
+    stack: `tensor_scale_fits`); no other encoding holds one."""
+    ts, want = enc.tensor_scale, two_level(enc.scaling)
+    if ts is None and not want:
+        return
+    if ts is None or not want or enc.scaling is None:
+        raise FormatError(
+            f"a {fmt.name} encoding under {enc.scaling} "
+            + ("needs its float32 tensor scale, got none" if want else "holds no tensor scale")
+            + f"; build it with {fmt.name}.encode(x)"
+        )
+    if np.dtype(ts.dtype) != np.float32 or not enc.scaling.tensor_scale_fits(
+        tuple(ts.shape), enc.shape
+    ):
+        raise FormatError(
+            f"a {fmt.name} encoding of shape {enc.shape} needs a float32 tensor scale of shape "
+            f"() (or one per layer, as {tuple(enc.shape[:1]) + (1,) * (len(enc.shape) - 1)}), "
+            f"got {ts.dtype}{tuple(ts.shape)}; build it with {fmt.name}.encode(x)"
+        )
+    if not is_tracer(ts):
+        t = np.asarray(ts)
+        bad = (np.signbit(t) | (t == 0) | np.isinf(t)) & ~np.isnan(t)
+        if bad.any():
+            raise FormatError(
+                f"a {fmt.name} encoding holds a tensor scale no encoder writes (negative, zero "
+                f"or inf: {t.reshape(-1)[int(np.argmax(bad.reshape(-1)))]!r}); build it with "
+                f"{fmt.name}.encode(x)"
+            )
 
 
 def _check_float_dtype(fmt: Format, dtype: Any) -> None:

@@ -30,7 +30,9 @@ class Encoded:
         format: the `Format` the codes are in.
         scaling: the `Scaling` used, or None for an unscaled float encoding.
         tensor_scale: the float32 per-tensor scale of a two-level encoding
-            (NVFP4: e4m3 block scales times this), else None.
+            (NVFP4: e4m3 block scales times this), else None. Shape `()`; or,
+            for a stack encoded one layer at a time, one per layer, shaped to
+            broadcast over the scales (`(layers, 1, 1)`).
         zero_point: per-group zero points of an asymmetric integer encoding
             (uint8, shaped like `scale`), else None.
     """
@@ -73,6 +75,8 @@ class Encoded:
         fmt, scaling, last = aux
         if scaling is not None:  # (this runs for every result of every operation)
             scaling = cls.fitted_scaling(fmt, scaling, last, data, scale)
+        if tensor_scale is not None:
+            tensor_scale = cls.fitted_tensor_scale(tensor_scale, scale)
         return cls(
             data, scale, fmt, scaling, last, tensor_scale=tensor_scale, zero_point=zero_point
         )
@@ -93,6 +97,21 @@ class Encoded:
         if fmt.packed and shape:
             shape = shape[:-1] if last is None else (*shape[:-1], last)
         return scaling.refit(shape, groups)
+
+    @staticmethod
+    def fitted_tensor_scale(tensor_scale: Any, scale: Any) -> Any:
+        """A two-level tensor scale as it fits `scale` when a pytree is rebuilt.
+
+        Encoding each layer under `jax.vmap` gives one tensor scale per layer,
+        batched as `(layers,)`; it is held as `(layers, 1, 1)` so that it
+        broadcasts over the block scales (`tensor_scale_fits`).
+        """
+        ts, groups = getattr(tensor_scale, "shape", None), getattr(scale, "shape", None)
+        if not isinstance(ts, tuple) or not isinstance(groups, tuple):
+            return tensor_scale
+        if 0 < len(ts) < len(groups) and ts == groups[: len(ts)]:
+            return tensor_scale.reshape(ts + (1,) * (len(groups) - len(ts)))
+        return tensor_scale
 
     @property
     def packed_last(self) -> int | None:

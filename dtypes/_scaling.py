@@ -168,6 +168,26 @@ class Scaling:
             return self
         return _refitted(self, shape, scale_shape) or self
 
+    def tensor_scale_fits(self, ts_shape: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+        """Whether a two-level tensor scale of `ts_shape` fits an encoding of `shape`.
+
+        One float32 for the whole tensor (shape `()`), or, for a stack, one per
+        index of some axes: as many dims as the tensor, each 1 or the tensor's
+        own (a `(layers, rows, cols)` stack encoded one layer at a time under
+        `jax.vmap` holds `(layers, 1, 1)`), so it broadcasts over the scales.
+
+        Examples:
+            >>> nv = PerBlock(16, scale_format="float8_e4m3fn")
+            >>> nv.tensor_scale_fits((), (4, 8, 32)), nv.tensor_scale_fits((4, 1, 1), (4, 8, 32))
+            (True, True)
+            >>> nv.tensor_scale_fits((4,), (4, 8, 32))
+            False
+        """
+        if not ts_shape:
+            return True
+        pairs = zip(ts_shape, shape, strict=False)
+        return len(ts_shape) == len(shape) and all(t in (1, n) for t, n in pairs)
+
     def __str__(self) -> str:
         return self.describe()
 

@@ -2,7 +2,8 @@
 
 `jax.vmap` and `lax.scan` slice each array of a Tensor along the stacking
 axis. A stack whose scale is shared by every layer (`PerTensor()`,
-`PerAxis(-1)`) has one scale row for all of them, which JAX cannot slice.
+`PerAxis(-1)`, NVFP4's float32 tensor scale) has one scale row for all of
+them, which JAX cannot slice.
 `scales_per_layer` repeats that row once per layer: the codes are untouched,
 every value decodes to the same bits, and the scaling becomes the per-layer
 one (`PerAxis(0)`, `PerAxis((0, -1))`) that maps (docs/models.md, "Stacked
@@ -34,9 +35,11 @@ def scales_per_layer(tree: Any, axis: int = 0) -> Any:
         tree: a pytree holding stacked Tensors (a Tensor itself is a tree).
         axis: the stacking axis the tree will be mapped over.
 
+    A two-level encoding (NVFP4) has its float32 tensor scale repeated the
+    same way, shaped `(layers, 1, 1)`.
+
     Raises:
-        ScalingError: a two-level encoding (NVFP4: one float32 tensor scale for
-            the whole stack), or blocks that run along `axis`.
+        ScalingError: blocks that run along `axis`.
 
     Examples:
         >>> import numpy as np, dtypes, precision
@@ -61,14 +64,9 @@ def _per_layer(t: Tensor, axis: int) -> Tensor:
     if enc.scaling is None or not shape:
         return t  # unscaled, or nothing to stack
     where = _axis(axis, len(shape))
-    if enc.tensor_scale is not None:
-        raise dtypes.ScalingError(
-            f"scales_per_layer: this {enc.format.name} stack of shape {shape} keeps one "
-            "float32 tensor scale for every layer (a two-level encoding), which no repetition "
-            "makes per layer; encode each layer on its own instead: jax.vmap(lambda w: "
-            f"precision.Tensor(w).to_reduced_precision({enc.format.name!r}))(weights)"
-        )
-    if enc.scale is None or enc.scale.shape[where] == shape[where]:
+    ts = enc.tensor_scale
+    ts_per_layer = ts is None or (ts.ndim > 0 and ts.shape[where] == shape[where])
+    if enc.scale is None or (enc.scale.shape[where] == shape[where] and ts_per_layer):
         return t  # already a scale per layer
     if isinstance(enc.scaling, dtypes.PerBlock) and enc.scaling.axis % len(shape) == where:
         raise dtypes.ScalingError(
@@ -81,14 +79,16 @@ def _per_layer(t: Tensor, axis: int) -> Tensor:
     def repeat(a: jax.Array | None) -> jax.Array | None:
         if a is None:
             return None
-        wide = list(a.shape)
+        wide = list(a.reshape(a.shape or (1,) * len(shape)).shape)  # a tensor scale: ()
         wide[where] = layers
         return jnp.broadcast_to(a, tuple(wide))
 
-    scale, zero_point = repeat(enc.scale), repeat(enc.zero_point)
+    scale, ts, zero_point = (repeat(a) for a in (enc.scale, ts, enc.zero_point))
     last = shape[-1] if enc.format.packed else None
     scaling = dtypes.Encoded.fitted_scaling(enc.format, enc.scaling, last, enc.data, scale)
-    out = dtypes.Encoded(enc.data, scale, enc.format, scaling, last, zero_point=zero_point)
+    out = dtypes.Encoded(
+        enc.data, scale, enc.format, scaling, last, tensor_scale=ts, zero_point=zero_point
+    )
     return Tensor.from_encoded(out, t.dtype)
 
 

@@ -64,6 +64,14 @@ def _hand_built(**change: Any) -> dtypes.Encoded:
     return dtypes.Encoded(parts["data"], parts["scale"], enc.format, enc.scaling)
 
 
+def _hand_built_nvfp4(tensor_scale: Any, name: str = "nvfp4") -> dtypes.Encoded:
+    """A two-level (NVFP4) encoding of a (2, 3, 16) stack with its tensor scale replaced."""
+    enc = dtypes.get(name).encode(np.ones((2, 3, 16), np.float32))
+    return dtypes.Encoded(
+        enc.data, enc.scale, enc.format, enc.scaling, 16, tensor_scale=tensor_scale
+    )
+
+
 def _adam() -> Any:
     import optax
 
@@ -871,6 +879,30 @@ WRONG_CALLS = [
         ValueError,
         ["-128", "±127"],
         id="decode-code-past-range",
+    ),
+    pytest.param(
+        lambda tmp: _hand_built_nvfp4(None).decode(),
+        ValueError,
+        ["nvfp4", "needs its float32 tensor scale", "encode(x)"],
+        id="decode-missing-tensor-scale",
+    ),
+    pytest.param(
+        lambda tmp: _hand_built_nvfp4(jnp.ones(2)).decode(),
+        ValueError,
+        ["(2,)", "(2, 1, 1)", "encode(x)"],
+        id="decode-tensor-scale-shape",
+    ),
+    pytest.param(
+        lambda tmp: _hand_built_nvfp4(jnp.array([[[1.0]], [[-1.0]]])).decode(),
+        ValueError,
+        ["tensor scale", "-1.0"],
+        id="decode-negative-tensor-scale",
+    ),
+    pytest.param(
+        lambda tmp: _hand_built_nvfp4(jnp.float32(1), "mxfp4").decode(),
+        ValueError,
+        ["mxfp4", "holds no tensor scale"],
+        id="decode-tensor-scale-not-two-level",
     ),
     # -- the pytest plugin --------------------------------------------------------------
     pytest.param(

@@ -193,28 +193,33 @@ def _scan_slice(
 
     The stacking axis is 0; the scale follows when it varies along it (per
     axis 0 among others, or per block on another axis) and is a loop constant
-    otherwise; a tensor scale is a loop constant. Zero points are not sliced (None: the
-    stack is decoded whole).
+    otherwise; so does a two-level tensor scale (one per layer, or one for all). Zero
+    points are not sliced (None: the stack is decoded whole).
     """
     shape, scaling = enc.shape, enc.scaling
     if (len(shape) < 2 and enc.format.packed) or enc.zero_point is not None:
         return None
-    fmt, last, ts = enc.format, (shape[-1] if enc.format.packed else None), enc.tensor_scale
-
-    def make(data: Any, scale: Any, sc: dtypes.Scaling | None) -> dtypes.Encoded:
-        return dtypes.Encoded(data, scale, fmt, sc, last, tensor_scale=ts)
-
+    fmt, last = enc.format, (shape[-1] if enc.format.packed else None)
     if enc.scale is None:
-        return (enc.data,), lambda d: make(d, None, None)
+        return (enc.data,), lambda d: dtypes.Encoded(d, None, fmt, None, last)
     assert scaling is not None  # a scale comes with its scaling
-    scale = enc.scale.reshape(scaling.scale_shape(shape))
     fits, inner = squeezed_scaling(scaling, (0,), len(shape))
     if not fits:
         return None  # blocks along the stacking axis: decoded whole
-    if scale.shape[0] == 1:  # shared by every step: a loop constant
-        const = scale.reshape(scale.shape[1:])
-        return (enc.data,), lambda d: make(d, const, inner)
-    return (enc.data, scale), lambda d, s: make(d, s, inner)
+    # each of scale and tensor scale: scanned when it varies along the stack, else constant
+    parts = [enc.scale.reshape(scaling.scale_shape(shape)), enc.tensor_scale]
+    scanned = [p is not None and p.ndim > 0 and p.shape[0] != 1 for p in parts]
+    const = [
+        p if p is None or p.ndim == 0 or s else p.reshape(p.shape[1:])
+        for p, s in zip(parts, scanned, strict=True)
+    ]
+
+    def make(data: Any, *steps: Any) -> dtypes.Encoded:
+        it = iter(steps)
+        scale, ts = (next(it) if s else c for c, s in zip(const, scanned, strict=True))
+        return dtypes.Encoded(data, scale, fmt, inner, last, tensor_scale=ts)
+
+    return (enc.data, *(p for p, s in zip(parts, scanned, strict=True) if s)), make
 
 
 def _scan(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:

@@ -333,17 +333,17 @@ def tensor_scale_violation(leaf: Leaf, tensor_scale: np.ndarray) -> str | None:
     scale (448) times it times the largest element is finite.
     """
     fmt = leaf.format
-    if fmt is None or tensor_scale.dtype != np.float32 or tensor_scale.size != 1:
+    if fmt is None or tensor_scale.dtype != np.float32:
         return None  # the reader's dtype and shape checks refuse it
-    bits = int(tensor_scale.reshape(-1).view(np.uint32)[0])
-    value = float(tensor_scale.reshape(-1)[0])
-    if bits >> 31:
+    bits = tensor_scale.reshape(-1).view(np.uint32)  # one, or one per layer of a stack
+    if np.any(bits >> 31):
         return "has a negative tensor scale"
-    if bits >= 0x7F800000:
+    if np.any(bits >= 0x7F800000):
         return "has an infinite or NaN tensor scale (from non-finite input?)"
-    if bits < _TINY32:
+    if np.any(bits < _TINY32):
         return "has a zero or subnormal tensor scale (it is at least 2**-126)"
-    if value * E4M3_MAX * element_top(fmt) > _F32_MAX:
+    top = tensor_scale.reshape(-1).astype(np.float64) * E4M3_MAX * element_top(fmt)
+    if np.any(top > _F32_MAX):
         return "has a tensor scale so large that the largest block's values overflow float32"
     return None
 

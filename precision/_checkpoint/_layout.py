@@ -15,7 +15,9 @@ Versions: a file whose leaves all fit layout 1 (FloatFormat and IntFormat
 element formats, float32 scales) is written as version 1, which older
 readers read; anything else (scale formats, tensor scales, zero points,
 code books, compositions, E8M0) as version 2, whose leaves and scalings
-carry the extra fields. The reader reads both.
+carry the extra fields; a file holding a stack with a tensor scale per layer
+as version 3 (every leaf also gives `tensor_scale_shape`). The reader reads
+all three.
 
 This module holds what the reader (`_reader`) and the writer (`_io`) share:
 the safetensors dtype tables, the limits of a checkpoint, `Leaf` (one entry
@@ -105,8 +107,8 @@ MAX_JSON_TOKENS = 1 << 23
 
 METADATA_KEY = "precision"
 VERSION_KEY = "precision_version"  # a second marker: one damaged key cannot pass as foreign
-VERSION = 2  # the newest layout; a file is written at the lowest version that describes it
-VERSIONS = (1, 2)  # the layouts the reader reads
+VERSION = 3  # the newest layout; a file is written at the lowest version that describes it
+VERSIONS = (1, 2, 3)  # the layouts the reader reads
 SCALE_SUFFIX = ":scale"
 TENSOR_SCALE_SUFFIX = ":tensor_scale"
 ZERO_POINT_SUFFIX = ":zero_point"
@@ -197,6 +199,8 @@ class Leaf:
     scale: str | None = None
     tensor_scale: str | None = None
     zero_point: str | None = None
+    # a tensor scale per layer of a stack (layout 3), e.g. (layers, 1, 1); () for one
+    tensor_scale_shape: tuple[int, ...] = ()
 
     @classmethod
     def tensor(
@@ -207,6 +211,7 @@ class Leaf:
         shape: tuple[int, ...],
         fmt: Format,
         scaling: Scaling | None,
+        tensor_scale_shape: tuple[int, ...] = (),
     ) -> Leaf:
         """A tensor leaf with the arrays its encoding stores, named after `name`."""
         scaled = scaling is not None
@@ -221,6 +226,7 @@ class Leaf:
             name + SCALE_SUFFIX if scaled else None,
             name + TENSOR_SCALE_SUFFIX if two_level(scaling) else None,
             name + ZERO_POINT_SUFFIX if scaled and isinstance(fmt, AsymmetricIntFormat) else None,
+            tensor_scale_shape,
         )
 
     @property
@@ -267,6 +273,8 @@ class Leaf:
         fmt, scaling = self.format, self.scaling
         if fmt is None:
             return 1
+        if self.tensor_scale_shape:
+            return 3
         if not isinstance(fmt, FloatFormat | IntFormat) or fmt.scaling is not None:
             return 2
         if scaling is not None and scaling.scale_format != "float32":
@@ -291,7 +299,7 @@ class Leaf:
             assert scale_container is not None
             out.append((self.scale, file_dtype(scale_container), scale_shape))
         if self.tensor_scale is not None:
-            out.append((self.tensor_scale, np.dtype(np.float32), ()))
+            out.append((self.tensor_scale, np.dtype(np.float32), self.tensor_scale_shape))
         if self.zero_point is not None:
             assert scale_shape is not None  # zero points come with scales
             out.append((self.zero_point, np.dtype(np.uint8), scale_shape))
@@ -311,6 +319,9 @@ class Leaf:
         if version >= 2:
             out["tensor_scale"] = self.tensor_scale
             out["zero_point"] = self.zero_point
+        if version >= 3:
+            ts = self.tensor_scale_shape
+            out["tensor_scale_shape"] = None if self.tensor_scale is None else list(ts)
         return out
 
 

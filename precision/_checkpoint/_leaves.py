@@ -97,7 +97,8 @@ def _describe(
             f"{' and '.join(_LOGICAL)} Tensors; convert it with .astype('float32') first"
         )
     fmt = enc.format
-    spec = Leaf.tensor(name, path, dtype, tuple(enc.shape), fmt, enc.scaling)
+    ts_shape = () if enc.tensor_scale is None else tuple(enc.tensor_scale.shape)
+    spec = Leaf.tensor(name, path, dtype, tuple(enc.shape), fmt, enc.scaling, ts_shape)
     arrays = []
     for role, array in zip(
         ROLES, (enc.data, enc.scale, enc.tensor_scale, enc.zero_point), strict=True

@@ -71,6 +71,7 @@ _LEAF_KEYS = {
         | {"tensor_scale", "zero_point"}
     ),
 }
+_LEAF_KEYS[3] = _LEAF_KEYS[2] | {"tensor_scale_shape"}
 #: numpy's name of each safetensors dtype (`np.dtype.name` is slow Python).
 _STORED_DTYPE_NAMES = {key: dtype.name for key, dtype in _DTYPES.items()}
 #: A CRC-32 as the precision metadata writes it.
@@ -383,7 +384,7 @@ class Reader:
         return leaves, {k: int(v, 16) for k, v in crc.items()}
 
     def _leaf(self, item: Any) -> Leaf:
-        keys = _LEAF_KEYS[2] if self.version >= 2 else _LEAF_KEYS[1]
+        keys = _LEAF_KEYS[self.version]
         if not isinstance(item, dict) or item.keys() != keys:
             raise self.error(f"precision metadata: malformed leaf {item!r:.200}")
         name = item["name"]
@@ -431,6 +432,7 @@ class Reader:
             dtype = self._tensor_dtype(item, fmt, scaling, tuple(shape), bad)
         else:
             raise bad(f"unknown kind {kind!r:.100}")
+        ts_shape = self._tensor_scale_shape(item, scaling, tuple(shape), bad)
         leaf = Leaf(
             name,
             key_path,
@@ -441,9 +443,33 @@ class Reader:
             scaling,
             item["scale"],
             *extras,
+            ts_shape,
         )
         self._check_arrays(leaf, bad)
         return leaf
+
+    def _tensor_scale_shape(
+        self,
+        item: dict[str, Any],
+        scaling: Any,
+        shape: tuple[int, ...],
+        bad: Callable[[str], CheckpointError],
+    ) -> tuple[int, ...]:
+        """The shape of a leaf's tensor scale: `()`, or (layout 3) one per layer of a stack."""
+        given = item.get("tensor_scale_shape")
+        if given is None:
+            if self.version >= 3 and item.get("tensor_scale") is not None:
+                raise bad("its tensor scale needs a tensor_scale_shape (a list)")
+            return ()
+        if item.get("tensor_scale") is None:
+            raise bad(f"tensor_scale_shape {given!r:.100} without a tensor scale")
+        ok = isinstance(given, list) and all(type(d) is int for d in given)
+        if not ok or scaling is None or not scaling.tensor_scale_fits(tuple(given), shape):
+            raise bad(
+                f"tensor_scale_shape {given!r:.100} does not fit its shape {list(shape)} "
+                "([] or, per axis, 1 or the axis' length)"
+            )
+        return tuple(given)
 
     def _tensor_dtype(
         self,

@@ -109,6 +109,9 @@ def _cut(eqn: Any, enc: dtypes.Encoded, indices: list[Any]) -> dtypes.Encoded | 
     groups = None if sc is None or enc.scale is None else sc.scale_shape(shape)
     scale = None if groups is None or enc.scale is None else enc.scale.reshape(groups)
     zp = None if groups is None or enc.zero_point is None else enc.zero_point.reshape(groups)
+    # a tensor scale per layer of a stack (shape (layers, 1, 1)) is cut like the scales
+    ts = enc.tensor_scale
+    ts_axes = [] if ts is None or not ts.ndim else [a for a in range(n) if ts.shape[a] != 1]
     op, p = eqn.primitive.name, eqn.params
     if op == "squeeze":
         dims = tuple(d % n for d in p["dimensions"])
@@ -120,6 +123,7 @@ def _cut(eqn: Any, enc: dtypes.Encoded, indices: list[Any]) -> dtypes.Encoded | 
         data = lax.squeeze(enc.data, dims)
         scale = None if scale is None else lax.squeeze(scale, dims)
         zp = None if zp is None else lax.squeeze(zp, dims)
+        ts = ts if ts is None or not ts.ndim else lax.squeeze(ts, dims)
         new_shape = tuple(s for i, s in enumerate(shape) if i not in dims)
     else:
         if op == "slice":
@@ -151,6 +155,7 @@ def _cut(eqn: Any, enc: dtypes.Encoded, indices: list[Any]) -> dtypes.Encoded | 
             along = [a for a in cut_axes if groups[a] == shape[a] != 1]
             scale = None if scale is None else cut(scale, along)
             zp = None if zp is None else cut(zp, along)
+        ts = ts if not ts_axes else cut(ts, [a for a in cut_axes if a in ts_axes])
         scaling = sc
         if op == "slice":
             new_shape = tuple(len(range(start[a], limit[a], strides[a])) for a in range(n))
@@ -165,7 +170,7 @@ def _cut(eqn: Any, enc: dtypes.Encoded, indices: list[Any]) -> dtypes.Encoded | 
         enc.format,
         scaling,
         last,
-        tensor_scale=enc.tensor_scale,
+        tensor_scale=ts,
         zero_point=zp,
     )
 

@@ -382,11 +382,11 @@ def _leaf(doc, name):
 
 BAD_METADATA = {
     "unknown format": (lambda h, d: _leaf(d, "t0").update(format="float7"), "unknown format"),
-    "unknown version": (lambda h, d: d.update(version=3), "version 3 is not the version 1"),
+    "unknown version": (lambda h, d: d.update(version=4), "version 4 is not the version 1"),
     "version 2 marked 1": (lambda h, d: d.update(version=2), "version 2 is not the version 1"),
     "newer version": (
-        lambda h, d: (h["__metadata__"].update(precision_version="3"), d.update(version=3)),
-        "layout version 3, newer than this library reads (1, 2); upgrade precision",
+        lambda h, d: (h["__metadata__"].update(precision_version="4"), d.update(version=4)),
+        "layout version 4, newer than this library reads (1, 2, 3); upgrade precision",
     ),
     "format vs container": (
         lambda h, d: _leaf(d, "t0").update(format="int8"),
@@ -648,6 +648,49 @@ def test_impossible_encodings_are_refused(tmp_path, invariant_file, mutate_data,
     path = tmp_path / "forged.safetensors"
     reseal(invariant_file, path, mutate_data)
     with pytest.raises(CheckpointError, match=f"^{path}: tensor .*{re.escape(message)}"):
+        precision.load(path)
+
+
+@pytest.fixture(scope="module")
+def layered_file(tmp_path_factory):
+    """Layout 3: an NVFP4 stack with a tensor scale per layer, beside a plain NVFP4 one."""
+    w = RNG.standard_normal((3, 4, 32)).astype(np.float32)
+    nv = Tensor(w).to_reduced_precision("nvfp4")
+    path = tmp_path_factory.mktemp("v3") / "layered.safetensors"
+    precision.save(path, {"one": nv, "per": precision.scales_per_layer(nv)})
+    return path
+
+
+def _ts_shape(name, shape):
+    return lambda h, d: _leaf(d, name).update(tensor_scale_shape=shape)
+
+
+LAYERED = {
+    "shape of another rank": (_ts_shape("per", [3]), "does not fit its shape [3, 4, 32]"),
+    "shape of another length": (_ts_shape("per", [2, 1, 1]), "does not fit its shape"),
+    "shape not a list": (_ts_shape("per", "3,1,1"), "does not fit its shape"),
+    "shape of bools": (_ts_shape("per", [3, True, 1]), "does not fit its shape"),
+    "no shape for a tensor scale": (_ts_shape("one", None), "needs a tensor_scale_shape"),
+    "header disagrees": (_ts_shape("one", [3, 1, 1]), "'one:tensor_scale' is stored as F32[]"),
+    "key missing": (lambda h, d: _leaf(d, "per").pop("tensor_scale_shape"), "malformed leaf"),
+}
+
+
+@pytest.mark.parametrize(("mutate", "message"), LAYERED.values(), ids=LAYERED.keys())
+def test_a_tensor_scale_shape_that_does_not_fit_is_refused(tmp_path, layered_file, mutate, message):
+    path = tmp_path / "bad.safetensors"
+    rewrite(layered_file, path, mutate)
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        precision.load(path)
+
+
+def test_each_layer_tensor_scale_is_checked(tmp_path, layered_file):
+    back = precision.load(layered_file)
+    assert back["per"].encoded.tensor_scale.shape == (3, 1, 1)
+    assert back["one"].encoded.tensor_scale.shape == ()
+    path = tmp_path / "forged.safetensors"
+    reseal(layered_file, path, _set_f32("per:tensor_scale", 2, -1.0))  # the last layer's
+    with pytest.raises(CheckpointError, match="negative tensor scale"):
         precision.load(path)
 
 

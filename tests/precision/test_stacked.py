@@ -114,22 +114,8 @@ def test_the_lists_cover_the_registry():
     assert {(s, m) for _, s, m in cases if s is not None} == {
         (s, m) for s in PER_LAYER for m in MAPPED
     }
-    # a twin's own scaling is mapped, or its tensor scale is refused (below)
+    # a twin's own scaling is mapped, or its tensor scale made per layer (test_stacks.py)
     assert all(n in OWN_BLOCKS or two_level(dtypes.get(n)) for n in twins)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=(ValueError, IndexError),
-    reason="a stack under one tensor scale (NVFP4's second level) fails inside vmap/scan "
-    "with JAX's own error, not a precise refusal",
-)
-@pytest.mark.parametrize("name", [f.name for f in REGISTERED if two_level(f)])
-@pytest.mark.parametrize("mapped", MAPPED, ids=["vmap", "scan"])
-def test_a_stack_under_one_tensor_scale_is_refused_precisely(name, mapped):
-    t = Tensor(W).to_reduced_precision(name)
-    with pytest.raises(precision.PrecisionError, match="tensor scale"):
-        jax.jit(mapped)(t)
 
 
 @pytest.mark.parametrize("name", UNSCALABLE)
