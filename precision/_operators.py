@@ -10,12 +10,17 @@ hands out any name that computes (see `precision/__init__.py`).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
+from dtypes import PrecisionTypeError, ShapeError
+
 from ._errors import PrecisionError
 
-__all__ = ["IMPLEMENTATIONS", "binary", "method", "reduction", "reflected", "unary"]
+__all__ = ["IMPLEMENTATIONS", "binary", "check_axes", "method", "reduction", "reflected", "unary"]
 
 IMPLEMENTATIONS: dict[str, Callable[..., Any]] = {}
 """Operator name (`"add"`, reflected `"r:add"`, `"sum"`, ...) -> its applied function."""
@@ -32,10 +37,25 @@ def _implementation(name: str) -> Callable[..., Any]:
     return fn
 
 
+def _check_operand(name: str, other: Any) -> None:
+    """Refuse an operand no array function takes (a string, None, a list, a dict)."""
+    if isinstance(other, numbers.Number) or hasattr(other, "__jax_array__"):
+        return
+    if hasattr(other, "shape") and hasattr(other, "dtype"):  # arrays, tracers, Tensors
+        return
+    raise PrecisionTypeError(
+        f"a Tensor cannot be combined with {type(other).__name__} {other!r:.60} by "
+        f"`{name}`: the other operand must be a Tensor, an array or a number; convert it "
+        "first, e.g. jnp.asarray(values)"
+    )
+
+
 def binary(name: str) -> Callable[[Any, Any], Any]:
     """`self <op> other`."""
 
     def op(self: Any, other: Any) -> Any:
+        if type(other) is not type(self):
+            _check_operand(name, other)
         return _implementation(name)(self, other)
 
     op.__name__ = f"__{name}__"
@@ -46,6 +66,7 @@ def reflected(name: str) -> Callable[[Any, Any], Any]:
     """`other <op> self`."""
 
     def op(self: Any, other: Any) -> Any:
+        _check_operand(name, other)
         return _implementation("r:" + name)(self, other)
 
     op.__name__ = f"__r{name}__"
@@ -71,10 +92,36 @@ def method(name: str) -> Callable[..., Any]:
     return call
 
 
+def check_axes(axis: Any, ndim: int, what: str, *, several: bool = True) -> None:
+    """Refuse an `axis` argument that is not None, an int or (if `several`) a tuple of
+    distinct ints, each an axis of an `ndim`-d Tensor."""
+    axes = axis if several and isinstance(axis, tuple | list) else (axis,)
+    if axis is None:
+        return
+    if not all(isinstance(a, int | np.integer) and not isinstance(a, bool) for a in axes):
+        raise PrecisionTypeError(
+            f"{what}: axis must be None, an int{' or a tuple of ints' if several else ''}, got "
+            f"{type(axis).__name__} {axis!r:.60}; pass e.g. axis=0"
+        )
+    wrapped = [int(a) % ndim if -ndim <= int(a) < ndim else None for a in axes]
+    if None in wrapped or len(set(wrapped)) != len(wrapped):
+        raise ShapeError(
+            f"{what}: axis {axis!r} is not {'a set of distinct axes' if several else 'an axis'} "
+            f"of a {ndim}-d Tensor; give axes in [-{ndim}, {ndim - 1}]"
+        )
+
+
 def reduction(name: str) -> Callable[..., Any]:
     """`t.sum(axis=None, keepdims=False)` and its siblings."""
+    several = name not in ("argmax", "argmin")  # (they take one axis)
 
     def op(self: Any, axis: Any = None, keepdims: bool = False) -> Any:
+        check_axes(axis, len(self.shape), f"Tensor.{name}", several=several)
+        if not isinstance(keepdims, bool | np.bool_):
+            raise PrecisionTypeError(
+                f"Tensor.{name}: keepdims must be True or False, got "
+                f"{type(keepdims).__name__} {keepdims!r:.60}"
+            )
         return _implementation(name)(self, axis=axis, keepdims=keepdims)
 
     op.__name__ = name

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 import dtypes
+from dtypes import PrecisionTypeError
 
 from ._errors import DeviceMismatchError
 from ._jax_compat import is_tracer
@@ -171,6 +172,11 @@ def device_put(tree: Any, device_or_sharding: Any) -> Any:
         ) from None
     out = []
     for leaf, target in zip(flat, placements, strict=True):
+        if target is not None and not _is_placement(target):
+            raise PrecisionTypeError(
+                f"device_put: {target!r:.60} is not a device or sharding; pass one of "
+                "jax.devices() (e.g. jax.devices()[0]) or a jax.sharding.Sharding"
+            )
         if target is None:
             out.append(leaf)
         elif isinstance(leaf, Tensor):

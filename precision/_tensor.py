@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dtypes
-from dtypes import PrecisionTypeError
+from dtypes import PrecisionTypeError, ShapeError
 
 from . import _operators
 from ._context import get_default_format, resolve_format
@@ -229,7 +230,20 @@ class Tensor:
     @property
     def nbytes(self) -> int:
         """Bytes of storage really held: codes plus scales (and any zero points)."""
+        self.check_holds_arrays("nbytes")
         return self._encoded.nbytes
+
+    def check_holds_arrays(self, what: str) -> None:
+        """Refuse to count or store a Tensor whose leaves are not arrays: one made by a
+        `jax.tree.map` that put other things in (shapes, `ShapeDtypeStruct`s, None)."""
+        enc = self._encoded
+        for part in (enc.data, enc.scale, enc.tensor_scale, enc.zero_point):
+            if part is not None and not (hasattr(part, "shape") and hasattr(part, "dtype")):
+                raise PrecisionTypeError(
+                    f"{what}: this Tensor holds {type(part).__name__} {part!r:.40} where its "
+                    "arrays go (a tree made by jax.tree.map(f, params) holds what f returned); "
+                    "use it on the Tensors themselves, not on a tree derived from them"
+                )
 
     @property
     def is_reduced_precision(self) -> bool:
@@ -286,13 +300,23 @@ class Tensor:
 
     def item(self) -> float:
         """The single logical value as a Python float."""
+        self._one_value("item()")
         return float(self.numpy().item())
 
     def __float__(self) -> float:
-        return float(self.numpy())
+        self._one_value("float()")
+        return float(self.numpy().reshape(()))
 
     def __bool__(self) -> bool:
+        self._one_value("bool()")
         return bool(self.numpy())
+
+    def _one_value(self, what: str) -> None:
+        if math.prod(self.shape) != 1:
+            raise ShapeError(
+                f"{what} needs a Tensor of one value, got shape {self.shape}; take one with "
+                "t[i] first, or reduce it (t.sum(), t.max())"
+            )
 
     # -- conversions ------------------------------------------------------------
     def to_reduced_precision(
@@ -383,6 +407,11 @@ class Tensor:
         split like the data dimension it belongs to when it is as long as it,
         and replicated otherwise.
         """
+        if not isinstance(device_or_sharding, jax.Device | jax.sharding.Sharding):
+            raise PrecisionTypeError(
+                f"to_device: {device_or_sharding!r:.60} is not a device or sharding; pass one "
+                "of jax.devices() (e.g. jax.devices()[0]) or a jax.sharding.Sharding"
+            )
         enc = self._encoded
         data = jax.device_put(enc.data, device_or_sharding)
         put = functools.partial(_follow, device_or_sharding, enc.data)
@@ -480,8 +509,16 @@ class Tensor:
 
     def transpose(self, *axes: Any) -> Tensor:
         """Axes permuted (reversed when none are given)."""
-        if len(axes) == 1 and isinstance(axes[0], tuple | list):
-            axes = tuple(axes[0])
+        given = len(axes) == 1 and isinstance(axes[0], tuple | list)
+        axes = () if axes == (None,) else tuple(axes[0]) if given else axes
+        if axes or given:  # every axis once (numpy refuses anything else; JAX may not)
+            n = self.ndim
+            ints = all(isinstance(a, int | np.integer) and not isinstance(a, bool) for a in axes)
+            if not ints or sorted(int(a) % n if -n <= a < n else -1 for a in axes) != [*range(n)]:
+                raise ShapeError(
+                    f"Tensor.transpose: {axes!r:.60} is not a permutation of the {n} axes of a "
+                    f"Tensor of shape {self.shape}; pass each once, e.g. {tuple(range(n))[::-1]}"
+                )
         out: Tensor = _operators.method("transpose")(self, tuple(axes) if axes else None)
         return out
 

@@ -40,6 +40,11 @@ def logical_dtype(dtype: Any, given: Any) -> np.dtype[Any]:
     `given` get: float64 for float64 values under 64-bit JAX, float32 otherwise."""
     if dtype is None:
         return np.dtype(np.float64 if given == np.float64 and _x64() else np.float32)
+    if isinstance(dtype, np.generic | np.ndarray | int | float):  # a value, not a dtype
+        raise PrecisionTypeError(
+            f"dtype must be float32 or float64, got the value {dtype!r:.60}; pass "
+            "dtype=np.float32 (or 'float32')"
+        )
     try:
         dt: np.dtype[Any] = np.dtype(dtype)
     except TypeError:
@@ -116,7 +121,8 @@ def check_new_shape(new: tuple[Any, ...], shape: tuple[int, ...]) -> None:
 
 
 def check_static_index(key: Any, shape: tuple[int, ...]) -> None:
-    """Raise `IndexError` for a Python or numpy integer index outside its dimension."""
+    """Raise `IndexError` for an integer index (Python, numpy, or a concrete integer
+    array) outside its dimension."""
     parts = key if isinstance(key, tuple) else (key,)
     if any(p is Ellipsis for p in parts):
         at = next(i for i, p in enumerate(parts) if p is Ellipsis)
@@ -126,11 +132,26 @@ def check_static_index(key: Any, shape: tuple[int, ...]) -> None:
     for p in parts:
         if p is None:
             continue
-        if isinstance(p, int | np.integer) and not isinstance(p, bool) and dim < len(shape):
-            n = shape[dim]
-            if not -n <= int(p) < n:
-                raise TensorIndexError(
-                    f"index {int(p)} is out of bounds for axis {dim} with size {n} (a Tensor of "
-                    f"shape {shape}); JAX would clamp it silently, so it is refused"
-                )
+        if dim < len(shape):
+            _check_in_bounds(p, dim, shape)
         dim += 1
+
+
+def _check_in_bounds(p: Any, dim: int, shape: tuple[int, ...]) -> None:
+    """An integer index, or a concrete integer index array, within axis `dim`."""
+    n = shape[dim]
+    if isinstance(p, int | np.integer) and not isinstance(p, bool):
+        bad = None if -n <= int(p) < n else int(p)
+    elif isinstance(p, np.ndarray | jax.Array) and not is_tracer(p):
+        if not np.issubdtype(p.dtype, np.integer) or p.size == 0:
+            return
+        values = np.asarray(p)
+        outside = (values < -n) | (values >= n)
+        bad = int(values[outside].reshape(-1)[0]) if outside.any() else None
+    else:
+        return
+    if bad is not None:
+        raise TensorIndexError(
+            f"index {bad} is out of bounds for axis {dim} with size {n} (a Tensor of "
+            f"shape {shape}); JAX would clamp it silently, so it is refused"
+        )

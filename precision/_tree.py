@@ -111,6 +111,25 @@ def _warn_nothing_selected(flat: list[tuple[Any, Any]], where: Where, exclude: s
     )
 
 
+def _warn_nothing_excluded(
+    flat: list[tuple[Any, Any]], chosen: list[int], where: Where, exclude: str
+) -> None:
+    """An `exclude` that keeps nothing out of the selection is a typo too (`'kernal'`)."""
+    selected = _selector(where, None)
+    if sum(1 for path, leaf in flat if is_floating(leaf) and selected(path, leaf)) > len(chosen):
+        return
+    examples = ", ".join(_path_str(flat[i][0]) for i in chosen[:3]) + (
+        ", ..." if len(chosen) > 3 else ""
+    )
+    warnings.warn(
+        f"to_reduced_precision: exclude={exclude!r} matched none of the {len(chosen)} "
+        f"selected floating leaves ({examples}); all of them were converted. A regex is "
+        "searched in each path as printed here, e.g. exclude='bias'",
+        SelectionWarning,
+        stacklevel=3,
+    )
+
+
 def _compile(pattern: str, name: str) -> re.Pattern[str]:
     try:
         return re.compile(pattern)
@@ -198,6 +217,8 @@ def to_reduced_precision(
     chosen = [i for i, (path, leaf) in enumerate(flat) if is_floating(leaf) and select(path, leaf)]
     if not chosen and (where is not None or exclude is not None):
         _warn_nothing_selected(flat, where, exclude)
+    elif exclude is not None:
+        _warn_nothing_excluded(flat, chosen, where, exclude)
     keys = (
         list(jax.random.split(key, len(chosen)))
         if key is not None and chosen

@@ -72,6 +72,11 @@ def _hand_built_nvfp4(tensor_scale: Any, name: str = "nvfp4") -> dtypes.Encoded:
     )
 
 
+def _calibrate(**options: Any) -> Any:
+    w = {"w": jnp.ones((2, 32))}
+    return precision.calibrate(lambda p, x: x @ p["w"].T, w, [jnp.ones((2, 32))], **options)
+
+
 def _adam() -> Any:
     import optax
 
@@ -904,6 +909,114 @@ WRONG_CALLS = [
         ["mxfp4", "holds no tensor scale"],
         id="decode-tensor-scale-not-two-level",
     ),
+    # -- calibrate's yes/no options and numbers -----------------------------------------
+    *[
+        pytest.param(
+            lambda tmp, o=option, v=value: _calibrate(**{o: v}),
+            ValueError,
+            [option, repr(value)[:5], "True or False"],
+            id=f"calibrate-{option}-{type(value).__name__}",
+        )
+        for option, value in [("act_order", "no"), ("sequential", "no"), ("progress", NAN)]
+    ],
+    pytest.param(
+        lambda tmp: _calibrate(damp=True), ValueError, ["damp", "True"], id="calibrate-damp-bool"
+    ),
+    # -- what is not a path, a function, a flag ------------------------------------------
+    pytest.param(
+        lambda tmp: precision.load(None),
+        TypeError,
+        ["precision.load", "NoneType", "path"],
+        id="load-path-none",
+    ),
+    pytest.param(
+        lambda tmp: precision.save(None, {"a": np.ones(2)}),
+        TypeError,
+        ["precision.save", "NoneType", "path"],
+        id="save-path-none",
+    ),
+    pytest.param(
+        _save({"a": np.ones(2)}, overwrite=np.array([True, False])),
+        TypeError,
+        ["overwrite must be True or False", "ndarray"],
+        id="save-overwrite-array",
+    ),
+    pytest.param(
+        lambda tmp: precision.load(tmp, as_arrays=1),
+        TypeError,
+        ["as_arrays must be True or False", "int 1"],
+        id="load-as-arrays-int",
+    ),
+    pytest.param(
+        lambda tmp: precision.apply(None),
+        TypeError,
+        ["precision.apply needs the function", "NoneType"],
+        id="apply-not-callable",
+    ),
+    pytest.param(
+        lambda tmp: precision.explain("abc", jnp.ones(2)),
+        TypeError,
+        ["needs the function", "str 'abc'"],
+        id="explain-not-callable",
+    ),
+    # -- Tensor methods and operators -----------------------------------------------------
+    *[
+        pytest.param(
+            lambda tmp, c=call: c(precision.Tensor(SAMPLE)),
+            error,
+            says,
+            id=f"tensor-{label}",
+        )
+        for label, call, error, says in [
+            ("sum-axis-text", lambda t: t.sum(axis="a"), TypeError, ["axis", "str 'a'"]),
+            ("sum-axis-float", lambda t: t.sum(axis=1.5), TypeError, ["axis", "1.5"]),
+            ("sum-axis-past", lambda t: t.sum(axis=5), ValueError, ["axis 5", "[-2, 1]"]),
+            ("sum-axis-twice", lambda t: t.mean(axis=(0, 0)), ValueError, ["(0, 0)", "distinct"]),
+            ("sum-keepdims-text", lambda t: t.sum(keepdims="no"), TypeError, ["keepdims", "'no'"]),
+            ("argmax-axes", lambda t: t.argmax(axis=(0, 1)), TypeError, ["axis", "(0, 1)"]),
+            ("transpose-past", lambda t: t.transpose(0, 5), ValueError, ["(0, 5)", "(1, 0)"]),
+            ("transpose-empty", lambda t: t.transpose([]), ValueError, ["()", "permutation"]),
+            ("add-text", lambda t: t + "abc", TypeError, ["str 'abc'", "`add`"]),
+            ("radd-text", lambda t: "abc" + t, TypeError, ["str 'abc'", "`add`"]),
+            ("matmul-none", lambda t: t @ None, TypeError, ["NoneType", "`matmul`"]),
+            ("item-many", lambda t: t.item(), ValueError, ["item()", "(2, 32)", "t[i]"]),
+            ("float-many", lambda t: float(t), ValueError, ["float()", "(2, 32)"]),
+            ("bool-many", lambda t: bool(t), ValueError, ["bool()", "(2, 32)"]),
+            ("to-device-text", lambda t: t.to_device("cpu"), TypeError, ["'cpu'", "jax.devices()"]),
+            (
+                "device-put-text",
+                lambda t: precision.device_put({"w": t}, {"w": "cpu"}),
+                TypeError,
+                ["'cpu'", "jax.devices()"],
+            ),
+            ("index-array-past", lambda t: t[np.array([0, 100])], IndexError, ["index 100"]),
+            ("index-jax-past", lambda t: t[:, jnp.array(-33)], IndexError, ["index -33", "32"]),
+            (
+                "nbytes-of-shapes",
+                lambda t: jax.tree.map(lambda x: x.shape, t).nbytes,
+                TypeError,
+                ["tuple", "jax.tree.map"],
+            ),
+        ]
+    ],
+    pytest.param(
+        lambda tmp: precision.Tensor(SAMPLE, dtype=np.float32(1.5)),
+        TypeError,
+        ["the value", "1.5", "dtype=np.float32"],
+        id="tensor-dtype-value",
+    ),
+    pytest.param(
+        _save(jax.tree.map(lambda x: x.shape, {"w": precision.Tensor(np.ones(3, np.float32))})),
+        TypeError,
+        ["cannot save leaf 'w'", "tuple"],
+        id="save-tree-of-shapes",
+    ),
+    pytest.param(
+        lambda tmp: precision.testing.arrays("bfloat16", shape=2**63),
+        ValueError,
+        ["arrays()", "smaller shape"],
+        id="arrays-shape-huge",
+    ),
     # -- the pytest plugin --------------------------------------------------------------
     pytest.param(
         lambda tmp: selected_formats(kinds="complex"),
@@ -926,7 +1039,7 @@ def test_a_wrong_call_raises_a_precision_error_naming_value_and_fix(tmp_path, ca
         call(tmp_path)
     exc = info.value
     assert isinstance(exc, precision.PrecisionError), type(exc).__mro__
-    assert isinstance(exc, ValueError | TypeError), type(exc).__mro__
+    assert isinstance(exc, ValueError | TypeError | IndexError), type(exc).__mro__  # (numpy's)
     message = str(exc)
     missing = [s for s in says if s not in message]
     assert not missing, f"{type(exc).__name__}: {message!r} does not say {missing}"
@@ -959,6 +1072,27 @@ def test_values_that_once_came_back_wrong_are_now_right():
     # a lower bound above float32's subnormals was refused by hypothesis at the first draw
     assert float(np.min(_draw(precision.testing.arrays("bfloat16", min_value=2.5)))) >= 2.5
     assert float(_draw(precision.testing.values("bfloat16", max_value=-1.0))) <= -1.0
+    # a keepdims of "no" was read as True, and transpose([]) as a full transpose
+    t = precision.Tensor(SAMPLE)
+    assert t.sum(axis=1, keepdims=False).shape == (2,)
+    assert t.transpose(None).shape == t.T.shape == (32, 2)
+    # an index array past the end was clamped to the last value
+    assert np.asarray(t[np.array([0, -2])]).tolist() == SAMPLE[[0, -2]].tolist()
+
+
+def test_a_bytes_path_loads_and_saves(tmp_path):
+    path = os.fsencode(tmp_path / "b.safetensors")
+    precision.save(path, {"a": np.arange(3, dtype=np.float32)})
+    assert precision.load(path, as_arrays=True)["a"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_an_exclude_that_excludes_nothing_is_said(recwarn):
+    params = {"dense": {"kernel": np.ones((2, 2), np.float32), "bias": np.ones(2, np.float32)}}
+    with pytest.warns(SelectionWarning, match=r"exclude='kernal' matched none of the 2"):
+        out = precision.to_reduced_precision(params, "int8", exclude="kernal")
+    assert out["dense"]["kernel"].format.name == "int8"  # converted all the same
+    precision.to_reduced_precision(params, "int8", exclude="bias")
+    assert not [w for w in recwarn if issubclass(w.category, SelectionWarning)]
 
 
 # -- the sweep: every format method and Tensor entry point, every kind of bad value --------

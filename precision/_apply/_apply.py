@@ -425,6 +425,11 @@ def apply(
         >>> precision.apply(jnp.sum, compute="bfloat16")(w).format.name  # sums stay float32
         'float32'
     """
+    if not callable(f):
+        raise PrecisionTypeError(
+            f"precision.apply needs the function to run, got {type(f).__name__} {f!r:.60}; "
+            "pass e.g. precision.apply(model.apply) or precision.apply(lambda w, x: x @ w)"
+        )
     ctx = _context(compute, policy, contract, strict)
     cache: dict[Any, _Entry] = {}
     call = _cached_call(f, ctx, cache)

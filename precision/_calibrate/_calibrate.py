@@ -256,14 +256,25 @@ def _format_and_scaling(
 
 
 def _check_numbers(damp: Any, block_size: Any, grid: Any, alpha: Any) -> None:
-    """Refuse a numeric option of `calibrate` outside its range."""
-    if not (isinstance(damp, int | float) and 0 <= damp < 1e6 and np.isfinite(damp)):
+    """Refuse a numeric option of `calibrate` outside its range (a bool is no number)."""
+    number = lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+    if not (number(damp) and 0 <= damp < 1e6 and np.isfinite(damp)):
         raise CalibrationError(f"calibrate: damp must be a finite number ≥ 0, got {damp!r}")
     for name, n in (("block_size", block_size), ("grid", grid)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise CalibrationError(f"calibrate: {name} must be a positive int, got {n!r}")
-    if not (isinstance(alpha, int | float) and 0 <= alpha <= 1):
+    if not (number(alpha) and 0 <= alpha <= 1):
         raise CalibrationError(f"calibrate: alpha must be within [0, 1], got {alpha!r}")
+
+
+def _check_flags(**flags: Any) -> None:
+    """Refuse a yes/no option of `calibrate` that is not a bool (`"no"` is truthy)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool | np.bool_) and not (name == "progress" and value is None):
+            raise CalibrationError(
+                f"calibrate: {name} must be True or False, got {type(value).__name__} "
+                f"{value!r:.60}; pass {name}=True or {name}=False"
+            )
 
 
 def _check_budget(stats_memory: Any) -> int:
@@ -377,6 +388,7 @@ def calibrate(
     """
     fmt, scaling = _format_and_scaling(method, format, scaling)
     _check_numbers(damp, block_size, grid, alpha)
+    _check_flags(act_order=act_order, sequential=sequential, progress=progress)
     budget = _check_budget(stats_memory)
     if sequential and method != "gptq":
         raise CalibrationError(

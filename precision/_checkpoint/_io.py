@@ -418,6 +418,8 @@ def save(path: str | os.PathLike[str], tree: Any, *, overwrite: bool = False) ->
             f"precision.save takes the path first: save(path, tree); got a "
             f"{type(path).__name__} as the path and {os.fspath(tree)!r} as the tree"
         )
+    path = _path_argument("save", path)
+    _check_flag("overwrite", overwrite, SaveTypeError)
     with _collector_paused():
         described = flatten(tree)
         leaves = [spec for spec, _ in described]
@@ -479,6 +481,25 @@ def _tree(where: str, pairs: list[tuple[Leaf, Stored]], as_arrays: bool) -> Any:
         raise CheckpointError(f"{where}: the tensor names do not form a tree ({exc})") from None
 
 
+def _path_argument(verb: str, path: Any) -> str:
+    """`path` as a str: a str, a bytes path or an `os.PathLike`; anything else refused."""
+    if isinstance(path, str | bytes | os.PathLike):
+        return os.fsdecode(os.fspath(path))
+    raise PrecisionTypeError(
+        f"precision.{verb} needs a file path (a str or pathlib.Path), got "
+        f"{type(path).__name__} {path!r:.60}; pass e.g. 'model.safetensors'"
+    )
+
+
+def _check_flag(name: str, value: Any, error: type[TypeError] = PrecisionTypeError) -> None:
+    if not isinstance(value, bool | np.bool_):
+        hint = " (a non-empty string is truthy)" if isinstance(value, str) else ""
+        raise error(
+            f"{name} must be True or False, got {type(value).__name__} {value!r:.60}{hint}; "
+            f"pass {name}=True or {name}=False"
+        )
+
+
 def load(path: str | os.PathLike[str], *, as_arrays: bool = False) -> Any:
     """Load a checkpoint written by `save`, any safetensors file, or the layouts
     `precision convert --layout` writes for other tools (compressed-tensors, GGUF).
@@ -515,12 +536,8 @@ def load(path: str | os.PathLike[str], *, as_arrays: bool = False) -> Any:
         >>> precision.load(path, as_arrays=True)["layers"][0].tolist()
         [1.5, 2.0]
     """
-    if not isinstance(as_arrays, bool | np.bool_):
-        raise PrecisionTypeError(
-            f"as_arrays must be True or False, got {type(as_arrays).__name__} {as_arrays!r} "
-            "(a non-empty string is truthy); pass as_arrays=True for logical arrays"
-        )
-    path = os.fspath(path)
+    _check_flag("as_arrays", as_arrays)
+    path = _path_argument("load", path)
     if _gguf.is_gguf(path):
         with _collector_paused():
             return _tree(path, _gguf.read(path), as_arrays)

@@ -69,6 +69,7 @@ def _describe(
 
     name = path_name(path)
     if isinstance(leaf, tensor_type):
+        leaf.check_holds_arrays(f"cannot save leaf {name!r}")
         enc, dtype = leaf.encoded, np.dtype(leaf.dtype)
     elif isinstance(leaf, dtypes.Encoded):
         enc, dtype = leaf, np.dtype(np.float32)

@@ -113,6 +113,9 @@ class _ScalingText:
         return dtypes.PerBlock(self.number, power_of_two=self.pow2, scale_format=scale_format)
 
 
+_MAX_DIMS = 64  # numpy's limit on an array's axes
+
+
 def _scale_format(word: str, text: str) -> str:
     """The scale format `word` names (a name or alias of one of dtypes.SCALE_FORMATS)."""
     try:
@@ -151,6 +154,11 @@ def _scaling(text: str | None, fmt: dtypes.Format) -> dtypes.Scaling | None:
             return dtypes.PerBlock(32) if fmt.bits <= 4 else dtypes.PerAxis(0)
         return default
     spec = _ScalingText.parse(text)
+    if spec.kind == "per-axis" and not -_MAX_DIMS <= (spec.number or 0) < _MAX_DIMS:
+        raise _UsageError(
+            f"--scaling {text}: axis {spec.number} is past every tensor's axes (an array has "
+            f"at most {_MAX_DIMS}); give an axis of the tensors, e.g. per-axis:0 or per-axis:-1"
+        )
     if spec.scales is not None:
         scale_format = _scale_format(spec.scales, text)
     else:

@@ -45,6 +45,7 @@ from .._tensor import Tensor, logical_values
 from .._tree import to_full_precision, to_reduced_precision, tree_nbytes
 from .._updates import apply_updates
 from ._demo_data import Dataset, load_data
+from ._output import seed_argument
 
 __all__ = [
     "LAYERS",
@@ -528,7 +529,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"comma-separated modes, or 'all' (default): {', '.join(MODES)}",
     )
     p.add_argument("--epochs", type=int, default=30, help="epochs per mode (default 30)")
-    p.add_argument("--seed", type=int, default=0, help="seed of init, batches, rounding")
+    p.add_argument("--seed", type=seed_argument, default=0, help="seed of init, batches, rounding")
     p.add_argument("--data", metavar="PATH.npz", help="MNIST-layout .npz instead of digits")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
     p.add_argument("--steps", type=int, help="at most this many steps per epoch (quick runs)")
@@ -562,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
         # Checked before training, so a long run is not lost at the end.
         parser.error(f"--json {args.json}: its directory does not exist")
+    if args.json and os.path.lexists(args.json) and not os.path.isfile(args.json):
+        parser.error(f"--json {args.json}: it exists and is not a regular file; name a file")
     try:
         dataset = load_data(args.data)
     except (OSError, ValueError) as e:

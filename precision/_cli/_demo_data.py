@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+import zipfile
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -47,14 +48,8 @@ def load_data(path: str | None = None, *, split_seed: int = 0) -> Dataset:
         n_train = int(0.8 * len(x))
         tr, te = order[:n_train], order[n_train:]
         return Dataset(x[tr], y[tr], x[te], y[te], "digits (scikit-learn, 8x8)")
-    with np.load(path) as f:
-        missing = [k for k in _NPZ_KEYS if k not in f.files]
-        if missing:
-            raise ValueError(
-                f"{path}: missing array(s) {', '.join(missing)}; an MNIST-layout .npz holds "
-                f"{', '.join(_NPZ_KEYS)} (found: {', '.join(f.files) or 'nothing'})"
-            )
-        arrays = {k: f[k] for k in _NPZ_KEYS}
+    with open(path, "rb") as file:  # (closed even where numpy's reader fails)
+        arrays = _npz_arrays(file, path)
     for split in ("train", "test"):
         xs, ys = arrays[f"x_{split}"], arrays[f"y_{split}"]
         if xs.ndim != 3 or xs.shape[0] == 0:
@@ -89,3 +84,25 @@ def load_data(path: str | None = None, *, split_seed: int = 0) -> Dataset:
         arrays["y_test"].astype(np.int32),
         f"{os.path.basename(path)} ({h}x{w})",
     )
+
+
+def _npz_arrays(file: Any, path: str) -> dict[str, np.ndarray]:
+    """The MNIST-layout arrays of an open `.npz` archive, or a ValueError naming `path`."""
+    try:
+        archive = np.load(file, allow_pickle=False)
+    except (ValueError, EOFError, zipfile.BadZipFile):  # numpy's message speaks of pickles
+        raise ValueError(
+            f"{path}: not an .npz archive (an MNIST-layout .npz is expected)"
+        ) from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(
+            f"{path}: a single .npy array, not an .npz archive of {', '.join(_NPZ_KEYS)}"
+        )
+    with archive as f:
+        missing = [k for k in _NPZ_KEYS if k not in f.files]
+        if missing:
+            raise ValueError(
+                f"{path}: missing array(s) {', '.join(missing)}; an MNIST-layout .npz holds "
+                f"{', '.join(_NPZ_KEYS)} (found: {', '.join(f.files) or 'nothing'})"
+            )
+        return {k: f[k] for k in _NPZ_KEYS}

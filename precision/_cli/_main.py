@@ -25,7 +25,7 @@ import textwrap
 from typing import Any, NoReturn
 
 from ._interrupts import check_interrupt, deferring, interrupt_handler
-from ._output import PROG, _DataError, _MissingDependency, _table, _UsageError
+from ._output import PROG, _DataError, _MissingDependency, _table, _UsageError, seed_argument
 from ._presets import PRESETS, preset_help
 
 __all__ = ["main"]
@@ -76,21 +76,6 @@ def _regex_arg(text: str) -> re.Pattern[str]:
         return re.compile(text, re.IGNORECASE)
     except re.error as exc:
         raise argparse.ArgumentTypeError(f"bad regular expression {text!r}: {exc}") from None
-
-
-_SEED_LIMIT = 2**63
-
-
-def _seed_arg(text: str) -> int:
-    try:
-        seed = int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad seed {text!r}; give an integer") from None
-    if not 0 <= seed < _SEED_LIMIT:
-        raise argparse.ArgumentTypeError(
-            f"seed {text} is out of range; give an integer from 0 to 2**63 - 1"
-        )
-    return seed
 
 
 def _size_arg(text: str) -> int:
@@ -268,7 +253,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--seed",
-        type=_seed_arg,
+        type=seed_argument,
         default=0,
         help="random seed of --rounding stochastic (0 to 2**63 - 1; default 0)",
     )

@@ -8,12 +8,28 @@ terminal.
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 import sys
 from typing import Any
 
 PROG = "precision"
+
+_SEED_LIMIT = 2**63
+
+
+def seed_argument(text: str) -> int:
+    """An argparse `type=` for `--seed`: an integer in [0, 2**63)."""
+    try:
+        seed = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad seed {text!r}; give an integer") from None
+    if not 0 <= seed < _SEED_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"seed {text} is out of range; give an integer from 0 to 2**63 - 1"
+        )
+    return seed
 
 
 class _DataError(Exception):

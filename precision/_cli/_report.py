@@ -129,18 +129,20 @@ class _Accumulator:
             sqnr = -math.inf
         else:
             sqnr = 10 * math.log10(self.signal / self.noise)
+        lost = math.inf if self.broken else None  # a value turned NaN or inf: unbounded
         return {
             "size": self.size,
             "nonfinite": self.nonfinite,
             "nonfinite_changed": self.broken,
             "changed": self.changed,
-            "max_abs_error": self.max_abs,
-            "mean_abs_error": self.sum_abs / n if n else 0.0,
-            "max_rel_error": self.max_rel,
-            "mean_rel_error": self.sum_rel / n if n else 0.0,
-            "max_error_over_absmax": self.max_abs / self.absmax if self.absmax else 0.0,
+            "max_abs_error": lost or self.max_abs,
+            "mean_abs_error": lost or (self.sum_abs / n if n else 0.0),
+            "max_rel_error": lost or self.max_rel,
+            "mean_rel_error": lost or (self.sum_rel / n if n else 0.0),
+            "max_error_over_absmax": lost or (self.max_abs / self.absmax if self.absmax else 0.0),
             "sqnr_db": sqnr,
-            "exact_fraction": self.exact / n if n else 1.0,
+            # the values that changed into NaN or inf count as not exact
+            "exact_fraction": self.exact / (n + self.broken) if n + self.broken else 1.0,
         }
 
 

@@ -687,6 +687,10 @@ ENCODING_USAGE_ERRORS = {
         ["--to", "int4", "--scaling", "per-block:128:bf17"],
         "'bf17' is not a format; end --scaling with a scale format: float32 (f32)",
     ),
+    "per-axis past every axis": (
+        ["--to", "int8", "--scaling", "per-axis:-999"],
+        "axis -999 is past every tensor's axes",
+    ),
     "scaled bf16 with bf16 scales": (
         ["--to", "bf16", "--scaling", "per-tensor:bf16"],
         "--to bfloat16 with --scaling per-tensor:bf16",
@@ -821,6 +825,12 @@ def test_report_counts_nan_and_inf_and_a_lost_value_makes_sqnr_minus_inf(tmp_pat
     assert rows["kept"]["sqnr_db"] == math.inf
     assert (rows["lost"]["nonfinite"], rows["lost"]["nonfinite_changed"]) == (4, 3)
     assert rows["lost"]["sqnr_db"] == -math.inf
+    # a lost value is an unbounded error, never "max err 0" or "100% exact"
+    for key in ("max_abs_error", "mean_abs_error", "max_rel_error", "max_error_over_absmax"):
+        assert rows["lost"][key] == math.inf, key
+    assert rows["lost"]["exact_fraction"] == 60 / 63  # 63 compared; 3 lost
+    assert rows["kept"]["max_abs_error"] == 0
+    assert rows["kept"]["exact_fraction"] == 1.0
     assert _cli.main(["report", str(b), str(a), "--all"]) == 0
     out = capsys.readouterr().out
     table = {line.split()[0]: line for line in out.splitlines()[2:4]}

@@ -176,6 +176,17 @@ def test_npz_validation_names_the_problem(tmp_path, capsys, change, match):
     assert "precision demo:" in capsys.readouterr().err
 
 
+def test_a_file_that_is_no_npz_archive_is_named(tmp_path, capsys):
+    for name, content in [("text.npz", b"hello"), ("zip.npz", b"PK\x03\x04junk"), ("e.npz", b"")]:
+        path = tmp_path / name
+        path.write_bytes(content)
+        assert _demo.main(["--data", str(path), "--no-progress"]) == 2
+        assert f"{path}: not an .npz archive" in capsys.readouterr().err
+    np.save(tmp_path / "one.npy", np.ones(3))
+    assert _demo.main(["--data", str(tmp_path / "one.npy"), "--no-progress"]) == 2
+    assert "a single .npy array" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
@@ -184,6 +195,9 @@ def test_npz_validation_names_the_problem(tmp_path, capsys, change, match):
         (["--steps", "0"], "--steps must be at least 1"),
         (["--lr", "-1"], "--lr must be positive"),
         (["--json", "/nonexistent-dir/rows.json"], "directory does not exist"),
+        (["--json", "/"], "not a regular file"),
+        (["--seed", "-1"], "seed -1 is out of range"),
+        (["--seed", str(2**70)], "out of range; give an integer from 0 to 2..63 - 1"),
     ],
 )
 def test_bad_arguments_exit_with_usage(argv, match, capsys):

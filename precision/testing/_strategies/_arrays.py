@@ -48,7 +48,15 @@ def _shapes(
             f"arrays(): shape must be an int, a tuple of non-negative ints or a strategy of "
             f"tuples, got {type(shape).__name__} {shape!r:.60}; pass e.g. shape=(3, 5)"
         )
+    if math.prod(int(n) for n in sides) > _MAX_VALUES:
+        raise ShapeError(
+            f"arrays(): shape {tuple(sides)!r:.60} holds more than {_MAX_VALUES:,} values, "
+            "more than a test can draw; pass a smaller shape"
+        )
     return st.just(tuple(int(n) for n in sides))
+
+
+_MAX_VALUES = 2**24  # (hypothesis draws every value; its buffer runs out long before)
 
 
 def _fill(elements: st.SearchStrategy[Any], shape: tuple[int, ...]) -> st.SearchStrategy:
