@@ -143,6 +143,63 @@ def test_a_conversion_killed_between_its_renames_is_recovered_by_the_next(sharde
     assert set(before) == {p.name for p in sharded.iterdir()}
 
 
+# A child converting in place that SIGKILLs itself inside the commit: after the input is
+# renamed aside (the two-rename commit, where the atomic exchange is unavailable), or right
+# after the exchange (the old input not yet removed).
+KILLED_AT_COMMIT = """
+import os, signal, sys
+from precision._cli import _temp_directory as commit
+real_rename, real_exchange = os.rename, commit.rename_exchange
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+def rename(src, dst):
+    real_rename(src, dst)
+    if os.fspath(dst).endswith(".old"):
+        die()
+def exchange(a, b):
+    real_exchange(a, b) or sys.exit("no renameat2 here")
+    die()
+if sys.argv[1] == "aside":
+    commit.rename_exchange = lambda a, b: False
+    os.rename = rename
+else:
+    commit.rename_exchange = exchange
+from precision._cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("moment", ["aside", "exchanged"])
+def test_a_conversion_killed_inside_its_commit_is_recovered_by_the_next(sharded, moment):
+    before = {p.name: p.read_bytes() for p in sharded.iterdir()}
+    argv = ["convert", str(sharded), "-o", str(sharded), "--to", "int8", "--overwrite", "-q"]
+    child = subprocess.run(
+        [sys.executable, "-c", KILLED_AT_COMMIT, moment, *argv], capture_output=True, text=True
+    )
+    if "no renameat2" in child.stderr:
+        pytest.skip("this kernel has no renameat2(RENAME_EXCHANGE)")
+    assert child.returncode == -9, child.stderr  # killed where it meant to be
+    hidden = {p.suffix: p for p in sharded.parent.iterdir() if p.name.startswith(".")}
+    if moment == "aside":  # the input only under .old, the new output under .tmp
+        assert set(hidden) == {".old", ".tmp"}
+        assert not sharded.exists()
+        assert {p.name: p.read_bytes() for p in hidden[".old"].iterdir()} == before
+    else:  # the new output in place, the old input under .tmp
+        assert set(hidden) == {".tmp"}
+        assert {p.name: p.read_bytes() for p in hidden[".tmp"].iterdir()} == before
+        assert {p.name for p in sharded.iterdir()} == set(before)
+    rerun = subprocess.run([sys.executable, "-m", "precision", *argv[:-1]], capture_output=True,
+                           text=True)  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr
+    if moment == "aside":
+        assert f"restored {sharded} from {hidden['.old'].name}" in rerun.stderr
+    assert f"removed {hidden['.tmp'].name}" in rerun.stderr
+    assert [p for p in sharded.parent.iterdir() if p.name.startswith(".")] == []
+    loaded = precision.load(sharded, as_arrays=True)
+    np.testing.assert_allclose(loaded["w"], X["w"], atol=1 / 127)  # bf16, then int8
+    assert {p.name for p in sharded.iterdir()} == set(before)
+
+
 def test_leftovers_of_live_or_other_conversions_are_left_alone(sharded, capsys):
     alive = _leftover(sharded, os.getppid(), "tmp")
     other = sharded.parent / f".other{_leftover(sharded, _dead_pid(), 'tmp').name[6:]}"
