@@ -25,6 +25,23 @@ def test_a_group_spanning_all_of_float32_decodes_finite_and_saves(name, top, tmp
 
 
 @pytest.mark.parametrize("name", ["uint8", "uint4"])
+def test_convert_of_a_span_past_float32_writes_a_file_load_reads(name, tmp_path, capsys):
+    """The command line wrote such a file with exit status 0 and `load` refused it."""
+    import safetensors.numpy
+
+    from precision._cli import main
+
+    x = np.tile(np.array([3e38, -3e38, 1.0, 2.0], np.float32), (4, 8))
+    src, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    safetensors.numpy.save_file({"w": x}, str(src))
+    assert main(["convert", str(src), "-o", str(out), "--to", name, "-q"]) == 0
+    got = precision.load(out)["w"].numpy()
+    step = np.float64(6e38) / dtypes.get(name).qmax
+    assert np.all(np.isfinite(got))
+    assert np.all(np.abs(got.astype(np.float64) - x) <= step)
+
+
+@pytest.mark.parametrize("name", ["uint8", "uint4"])
 @pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 4)])
 def test_empty_arrays_encode(name, shape):
     t = precision.Tensor(np.zeros(shape, np.float32)).to_reduced_precision(name)

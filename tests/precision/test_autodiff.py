@@ -365,20 +365,35 @@ def test_differentiating_a_conversion_from_outside_its_trace_is_refused(fmt, sca
     np.testing.assert_array_equal(np.asarray(jax.jit(jax.grad(loss))(x)), np.ones((2, 2)))
 
 
-@pytest.mark.parametrize("name", ["mxfp4", "mxfp8_e4m3", "mxint8", "mxfp6_e2m3"])
-def test_grad_through_mx_conversions_is_the_clipped_straight_through(name):
+E8M0_BLOCKS = dtypes.PerBlock(32, power_of_two=True, scale_format="float8_e8m0fnu")
+
+
+@pytest.mark.parametrize(
+    ("name", "scaling"),
+    [
+        ("mxfp4", None),
+        ("mxfp8_e4m3", None),
+        ("mxint8", None),
+        ("mxfp6_e2m3", None),
+        ("int8", E8M0_BLOCKS),
+        ("float8_e4m3fn", E8M0_BLOCKS),
+    ],
+)
+def test_grad_through_mx_conversions_is_the_clipped_straight_through(name, scaling):
     """E8M0 scales once made the straight-through derivative multiply float32 by
-    float8_e8m0fnu (a TypePromotionError in every MX QAT step). The derivative must
-    equal `Format.round`'s, which masks the clipped codes by its own path."""
+    float8_e8m0fnu (a TypePromotionError in every MX QAT step, and with any E8M0
+    `PerBlock` of the caller's). The derivative must equal `Format.round`'s, which
+    masks the clipped codes by its own path."""
     fmt = dtypes.get(name)
     x = jnp.asarray(np.random.default_rng(3).normal(size=(6, 64)).astype(np.float32) * 3)
     w = jnp.broadcast_to(jnp.arange(64.0), (6, 64))
 
     def via_tensor(v):
-        return jnp.sum(jnp.asarray(Tensor(v).to_reduced_precision(name).to_full_precision()) * w)
+        t = Tensor(v).to_reduced_precision(name, scaling=scaling)
+        return jnp.sum(jnp.asarray(t.to_full_precision()) * w)
 
     got = jax.jit(jax.grad(via_tensor))(x)
-    want = jax.grad(lambda v: jnp.sum(fmt.round(v) * w))(x)
+    want = jax.grad(lambda v: jnp.sum(fmt.round(v, scaling=scaling) * w))(x)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert np.any(np.asarray(got) != 0)
 

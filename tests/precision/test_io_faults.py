@@ -147,6 +147,29 @@ def test_convert_failing_half_way_keeps_output_and_input(tmp_path, monkeypatch, 
     assert sorted(os.listdir(tmp_path)) == ["in.safetensors", "out.safetensors"]
 
 
+def test_a_full_disk_in_save_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+    dst = tmp_path / "model.safetensors"
+    precision.save(dst, {"old": np.ones(2, np.float32)})
+    before = sha256(dst)
+    monkeypatch.setattr(_io, "zlib", FailingCrc(2, OSError(errno.ENOSPC, "No space left")))
+    with pytest.raises(OSError, match=f"cannot write {dst}: the disk is full"):
+        precision.save(dst, {f"w{i}": np.ones((4, 16), np.float32) for i in range(4)},
+                       overwrite=True)  # fmt: skip
+    assert sha256(dst) == before
+    assert os.listdir(tmp_path) == ["model.safetensors"]
+
+
+def test_an_nvfp4_block_of_zeros_keeps_its_zero_scale_through_a_file(tmp_path):
+    x = np.linspace(-3, 3, 4 * 64, dtype=np.float32).reshape(4, 64)
+    x[1, 16:32] = 0.0  # one block of zeros: its e4m3 scale is 0, which the encoder writes
+    t = Tensor(x).to_reduced_precision("nvfp4")
+    assert float(np.asarray(t.encoded.scale, np.float32)[1, 1]) == 0.0
+    precision.save(tmp_path / "nv.safetensors", {"t": t})
+    back = precision.load(tmp_path / "nv.safetensors")["t"]
+    assert np.array_equal(back.numpy().view(np.uint32), t.numpy().view(np.uint32))
+    assert np.all(back.numpy()[1, 16:32] == 0)
+
+
 def _writing_fd(pid: int, directory: str) -> bool:
     """Whether process `pid` has a non-empty file open in `directory` (its temp output)."""
     try:
