@@ -11,6 +11,13 @@ Every class here is an immutable pytree: the changing numbers (`loss_scale`,
 `counter`) are children, the settings (`period`, `factor`, `min_loss_scale`)
 are static aux data, so all of them survive `jit`, `tree_map` and
 flatten/unflatten unchanged.
+
+Leaves are JAX values: with `jax_enable_x64` off, a numpy float64 or int64
+leaf (or a Python number) becomes 32-bit as anywhere in JAX. `scale`,
+`unscale` and `select_tree` refuse a concrete leaf that this would turn into
+another number (an integer past int32, a finite float past float32's range,
+which would become inf) rather than return it; `all_finite` judges concrete
+values in their own precision, so a float64 1e300 is finite.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._errors import LossScaleError, LossScaleTypeError
+from ._narrowing import X64_FIX, narrowing
 
 _F32_MAX = float(np.finfo(np.float32).max)
 
@@ -59,6 +67,8 @@ def _multiply(tree: Any, factor: jax.Array, what: str) -> Any:
                 f"cannot {what} a precision.Tensor leaf: loss scaling works on plain arrays "
                 "(the loss and the gradients); call jnp.asarray(t) or t.to_full_precision() first"
             )
+        if _concrete_inexact(x):
+            _refuse_narrowing(path, x, what)
         arr = _numeric_leaf(path, x, what)
         if not jnp.issubdtype(arr.dtype, jnp.inexact):
             return x
@@ -89,6 +99,21 @@ def _numeric_leaf(path: Any, x: Any, what: str) -> Any:
             "works on the loss and the gradients (float arrays): drop non-numeric leaves first"
         )
     return x
+
+
+def _concrete_inexact(x: Any) -> bool:
+    """A float or complex leaf that is a Python or numpy value, not a JAX one."""
+    if isinstance(x, float | complex):  # np.float64 and np.complex128 too
+        return True
+    return isinstance(x, np.ndarray | np.generic) and x.dtype.kind in "fc"
+
+
+def _refuse_narrowing(path: Any, x: Any, what: str, tree: str = "") -> None:
+    """Refuse a concrete leaf that JAX would turn into another number (see `_narrowing`)."""
+    problem = narrowing(x)
+    if problem is not None:
+        where = jax.tree_util.keystr(path) or "<root>"
+        raise LossScaleError(f"cannot {what} leaf {where}{tree}: it {problem}; {X64_FIX}")
 
 
 @jax.tree_util.register_pytree_node_class
@@ -286,7 +311,8 @@ class DynamicLossScale:
         # Never below the floor, and never up to it either: a scale that started
         # below `min_loss_scale` stays where it is rather than grow on an overflow.
         floor = jnp.minimum(self.loss_scale, jnp.float32(self.min_loss_scale))
-        shrunk = jnp.maximum(self.loss_scale / self.factor, floor)
+        # float32 factor: a Python int past int32 (factor=2**40) would not convert.
+        shrunk = jnp.maximum(self.loss_scale / jnp.float32(self.factor), floor)
         return self._replace(
             loss_scale=jnp.where(grads_finite, finite_scale, shrunk).astype(jnp.float32),
             counter=jnp.where(grads_finite, finite_counter, jnp.zeros_like(self.counter)),
@@ -431,7 +457,9 @@ def all_finite(tree: Any) -> jax.Array:
 
     Integer and bool leaves count as finite; Python floats and complex
     numbers are checked like arrays; a `precision.Tensor` is judged by its
-    logical values. An empty tree is finite. Jit-safe.
+    logical values. An empty tree is finite. Jit-safe. Concrete numpy arrays
+    and Python numbers are judged in their own precision: a float64 1e300 is
+    finite even where 32-bit JAX would hold it as inf.
 
     Raises:
         LossScaleTypeError: a leaf is not a number (text, an arbitrary object):
@@ -450,9 +478,14 @@ def all_finite(tree: Any) -> jax.Array:
             from ._tensor import logical_values
 
             leaf = logical_values(leaf)
-        leaf = _numeric_leaf(path, leaf, "check")
-        if jnp.issubdtype(leaf.dtype, jnp.inexact):
-            flags.append(jnp.all(jnp.isfinite(leaf)))
+        if _concrete_inexact(leaf):
+            # Concrete values are judged in their own precision, before JAX would
+            # narrow a float64 1e300 to a float32 inf (x64 off) and call it not finite.
+            flags.append(jnp.asarray(bool(np.all(np.isfinite(leaf)))))
+            continue
+        arr = _numeric_leaf(path, leaf, "check")
+        if jnp.issubdtype(arr.dtype, jnp.inexact):
+            flags.append(jnp.all(jnp.isfinite(arr)))
     if not flags:
         return jnp.asarray(True)
     return jnp.all(jnp.stack(flags))
@@ -470,9 +503,16 @@ def select_tree(pred: Any, on_true: Any, on_false: Any) -> Any:
     old)` would pick `new`, the very update a NaN should have skipped (and
     so would a non-zero count of finite values).
 
+    Values are selected exactly, never narrowed into other numbers: with
+    `jax_enable_x64` off, a concrete leaf that 32-bit JAX cannot hold (a
+    Python or numpy integer past int32, a finite float64 past float32's range)
+    is refused, naming the leaf; float64 values inside the range become
+    float32, as anywhere in JAX. Inside `jit` the leaves are already 32-bit.
+
     Raises:
         LossScaleError: (a `ValueError`) the trees differ in structure or in
-            a leaf's shape, or `pred` is not a scalar.
+            a leaf's shape, `pred` is not a scalar, or a leaf holds a value
+            32-bit JAX cannot hold (enable x64, or bring it into range).
         LossScaleTypeError: (a `TypeError`) `pred` is not a boolean, a pair of
             leaves differ in dtype, or a leaf is not a number.
 
@@ -491,6 +531,8 @@ def select_tree(pred: Any, on_true: Any, on_false: Any) -> Any:
         )
 
     def one(path: Any, a: Any, b: Any) -> jax.Array:
+        _refuse_narrowing(path, a, "select", " of on_true")
+        _refuse_narrowing(path, b, "select", " of on_false")
         a = jnp.asarray(_numeric_leaf(path, a, "select"))
         b = jnp.asarray(_numeric_leaf(path, b, "select"))
         if a.shape != b.shape:

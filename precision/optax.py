@@ -81,12 +81,13 @@ class ParamsLayout:
         leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_tensor)
         return cls(treedef, tuple(tuple(int(d) for d in np.shape(x)) for x in leaves))
 
-    def check(self, tree: Any, what: str) -> None:
-        """Refuse `tree` (`what`: "updates" or "params") unless it has this structure and shapes."""
+    def check(self, tree: Any, what: str, owner: str = "reduced_state") -> None:
+        """Refuse `tree` (`what`: "updates" or "params") unless it has this structure and
+        shapes; `owner` names the transformation in the message."""
         flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_tensor)
         if treedef != self.treedef:
             raise UpdateError(
-                f"reduced_state: {what} have the structure {treedef}, but the state was built "
+                f"{owner}: {what} have the structure {treedef}, but the state was built "
                 f"by tx.init(params) for params of structure {self.treedef}; {what} must have "
                 "the structure of those params (build a state for other params with "
                 "tx.init(params))"
@@ -99,7 +100,7 @@ class ParamsLayout:
         ]
         if wrong:
             raise UpdateError(
-                f"reduced_state: {'; '.join(wrong)} at tx.init(params); {what} must match those "
+                f"{owner}: {'; '.join(wrong)} at tx.init(params); {what} must match those "
                 "params exactly (the optimizer would broadcast them into its moments)"
             )
 
@@ -144,22 +145,23 @@ def _check_arguments(inner: Any, patterns: Any, scaling: Any) -> None:
         )
 
 
-def _check_arrays(tree: Any, what: str, call: str) -> None:
+def _check_arrays(tree: Any, what: str, call: str, owner: str = "reduced_state") -> None:
     """Refuse a tree that is not plain arrays (or numbers), naming every leaf that is not.
 
     Optax would fail deep inside with a builtin (text, objects, None), or
-    compute on a Tensor's codes and scales as if they were values."""
+    compute on a Tensor's codes and scales as if they were values. `owner`
+    names the transformation (`reduced_state`, `loss_scaling`) in the message."""
     meaning = "the gradients" if what == "updates" else "the model's parameters"
     if tree is None:
         raise PrecisionTypeError(
-            f"reduced_state: {call} takes {what} ({meaning}, a pytree of arrays), got None; "
+            f"{owner}: {call} takes {what} ({meaning}, a pytree of arrays), got None; "
             "pass e.g. {'w': jnp.zeros((3, 4))}"
         )
     flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_tensor)[0]
     tensors = [f"{_leaf_name(p) or '<root>'} in {x.format.name}" for p, x in flat if is_tensor(x)]
     if tensors:
         raise PrecisionTypeError(
-            f"reduced_state: {what} hold precision.Tensor leaves ({', '.join(tensors)}); the "
+            f"{owner}: {what} hold precision.Tensor leaves ({', '.join(tensors)}); the "
             f"wrapped optimizer computes on plain arrays: pass "
             f"precision.to_full_precision({what}) (keep reduced parameters across steps with "
             "precision.apply_updates)"
@@ -171,7 +173,7 @@ def _check_arrays(tree: Any, what: str, call: str) -> None:
     ]
     if others:
         raise PrecisionTypeError(
-            f"reduced_state: {'; '.join(others)}, not an array; {call} takes {what} "
+            f"{owner}: {'; '.join(others)}, not an array; {call} takes {what} "
             f"({meaning}) as a pytree of arrays"
         )
 
@@ -329,22 +331,32 @@ def _check_update(updates: Any, state: Any, params: Any) -> ParamsLayout | None:
             f"precision.optax.ReducedState), got {type(state).__name__} {state!r:.80}; pass "
             "state = tx.init(params) of this same tx, not the wrapped optimizer's own state"
         )
+    return _check_given(updates, state.params_layout, params, "reduced_state")
+
+
+def _check_given(
+    updates: Any, layout: ParamsLayout | None, params: Any, owner: str
+) -> ParamsLayout | None:
+    """Updates (and params, if given) are arrays shaped like the params of `tx.init`."""
     call = "tx.update(updates, state, params)"
-    _check_arrays(updates, "updates", call)
+    _check_arrays(updates, "updates", call, owner)
     if params is not None:
-        _check_arrays(params, "params", call)
-    layout = state.params_layout
+        _check_arrays(params, "params", call, owner)
     if layout is None and params is not None:
         layout = ParamsLayout.of(params)
     if layout is not None:
-        layout.check(updates, "updates")
+        layout.check(updates, "updates", owner)
         if params is not None:
-            layout.check(params, "params")
+            layout.check(params, "params", owner)
     return layout
 
 
 def _check_inner_state(
-    state: ReducedState, layout: ParamsLayout | None, inner: Any, known: dict[Any, Any]
+    state: Any,
+    layout: ParamsLayout | None,
+    inner: Any,
+    known: dict[Any, Any],
+    owner: str = "reduced_state",
 ) -> None:
     """Refuse a `ReducedState` made by another optimizer's init (an Adam state given to
     an SGD's update fails inside optax with `AttributeError: ... 'trace'`)."""
@@ -362,7 +374,7 @@ def _check_inner_state(
     found = jax.tree_util.tree_structure(state.inner, is_leaf=is_tensor)
     if found != expected:
         raise UpdateError(
-            f"reduced_state: the state holds {_state_kind(state.inner)}, but this "
+            f"{owner}: the state holds {_state_kind(state.inner)}, but this "
             f"transformation's wrapped optimizer keeps {_state_kind_of(expected)}: it was made "
             "by another optimizer's init; pass state = tx.init(params) of this same tx"
         )
@@ -383,10 +395,15 @@ _LOSS_SCALES = (DynamicLossScale, StaticLossScale, NoOpLossScale)
 
 class LossScalingState(NamedTuple):
     """The state of `loss_scaling(tx)`: the wrapped optimizer's state, and the loss
-    scale the next step's loss is multiplied by (`scale_loss(state, loss)`)."""
+    scale the next step's loss is multiplied by (`scale_loss(state, loss)`).
+
+    `params_layout` is the structure and shapes of the parameters `init` was
+    given (as in `ReducedState`): `update` refuses gradients that do not fit them.
+    """
 
     inner: Any
     loss_scale: DynamicLossScale | StaticLossScale | NoOpLossScale
+    params_layout: ParamsLayout | None = None
 
 
 def loss_scaling(inner: Any, loss_scale: Any = None) -> Any:
@@ -411,7 +428,14 @@ def loss_scaling(inner: Any, loss_scale: Any = None) -> Any:
         An `optax.GradientTransformation` whose state is a `LossScalingState`.
 
     Raises:
-        PrecisionTypeError: `inner` is not a transformation (no `init`/`update`).
+        PrecisionTypeError: `inner` is not a transformation (no `init`/`update`);
+            at `init` and `update`, params or gradients that are None or hold
+            leaves other than arrays (text, objects, Tensors), or a state that
+            is not this transformation's `LossScalingState` (the checks of
+            `reduced_state`).
+        UpdateError: at `update`, gradients (or params) whose structure or
+            leaf shapes differ from the params given to `init`, or a state
+            made by another optimizer's init.
         LossScaleTypeError: `loss_scale` is not one of the three loss scales.
 
     Examples:
@@ -442,9 +466,11 @@ def loss_scaling(inner: Any, loss_scale: Any = None) -> Any:
             "precision.DynamicLossScale(jnp.float32(2.0**15)), or leave it out for that default"
         )
     start = loss_scale
+    expected_states: dict[Any, Any] = {}  # params layout -> the inner state's structure
 
     def init_fn(params: Any) -> LossScalingState:
-        return LossScalingState(inner.init(params), start)
+        _check_arrays(params, "params", "tx.init(params)", "loss_scaling")
+        return LossScalingState(inner.init(params), start, ParamsLayout.of(params))
 
     def update_fn(
         grads: Any, state: LossScalingState, params: Any = None, **extra: Any
@@ -455,13 +481,16 @@ def loss_scaling(inner: Any, loss_scale: Any = None) -> Any:
                 f"(a precision.optax.LossScalingState), got {type(state).__name__} "
                 f"{state!r:.80}; pass state = tx.init(params) of this same tx"
             )
+        layout = _check_given(grads, state.params_layout, params, "loss_scaling")
+        _check_inner_state(state, layout, inner, expected_states, "loss_scaling")
         grads = state.loss_scale.unscale(grads)
         finite = all_finite(grads)
         updates, new_inner = inner.update(grads, state.inner, params, **extra)
         zeros = jax.tree_util.tree_map(jnp.zeros_like, updates)
         updates = select_tree(finite, updates, zeros)
         new_inner = select_tree(finite, new_inner, state.inner)
-        return updates, LossScalingState(new_inner, state.loss_scale.adjust(finite))
+        adjusted = state.loss_scale.adjust(finite)
+        return updates, LossScalingState(new_inner, adjusted, state.params_layout)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 

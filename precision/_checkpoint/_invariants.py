@@ -325,6 +325,27 @@ def scale_violation(leaf: Leaf, scale: np.ndarray) -> str | None:
     return None
 
 
+def tensor_scale_shape(
+    item: dict[str, Any], scaling: Any, shape: tuple[int, ...], version: int
+) -> tuple[int, ...] | str:
+    """The shape of a metadata leaf's tensor scale — `()`, or (layout 3) one per layer of
+    a stack — or why its `tensor_scale_shape` is none a writer gives."""
+    given = item.get("tensor_scale_shape")
+    if given is None:
+        if version >= 3 and item.get("tensor_scale") is not None:
+            return "its tensor scale needs a tensor_scale_shape (a list)"
+        return ()
+    if item.get("tensor_scale") is None:
+        return f"tensor_scale_shape {given!r:.100} without a tensor scale"
+    ok = isinstance(given, list) and all(type(d) is int for d in given)
+    if not ok or scaling is None or not scaling.tensor_scale_fits(tuple(given), shape):
+        return (
+            f"tensor_scale_shape {given!r:.100} does not fit its shape {list(shape)} "
+            "([] or, per axis, 1 or the axis' length)"
+        )
+    return tuple(given)
+
+
 def tensor_scale_violation(leaf: Leaf, tensor_scale: np.ndarray) -> str | None:
     """Why a two-level encoding's float32 tensor scale is none an encoder gives, or None.
 

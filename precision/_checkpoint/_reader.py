@@ -28,7 +28,7 @@ from dtypes import Format
 
 from .._errors import CheckpointError
 from ._file_checks import json_tokens, open_regular, parse_json, physical_memory
-from ._invariants import encoding_problem, violation
+from ._invariants import encoding_problem, tensor_scale_shape, violation
 from ._layout import (
     _DTYPE_NAMES,
     _DTYPES,
@@ -432,7 +432,9 @@ class Reader:
             dtype = self._tensor_dtype(item, fmt, scaling, tuple(shape), bad)
         else:
             raise bad(f"unknown kind {kind!r:.100}")
-        ts_shape = self._tensor_scale_shape(item, scaling, tuple(shape), bad)
+        ts_shape = tensor_scale_shape(item, scaling, tuple(shape), self.version)
+        if isinstance(ts_shape, str):
+            raise bad(ts_shape)
         leaf = Leaf(
             name,
             key_path,
@@ -447,29 +449,6 @@ class Reader:
         )
         self._check_arrays(leaf, bad)
         return leaf
-
-    def _tensor_scale_shape(
-        self,
-        item: dict[str, Any],
-        scaling: Any,
-        shape: tuple[int, ...],
-        bad: Callable[[str], CheckpointError],
-    ) -> tuple[int, ...]:
-        """The shape of a leaf's tensor scale: `()`, or (layout 3) one per layer of a stack."""
-        given = item.get("tensor_scale_shape")
-        if given is None:
-            if self.version >= 3 and item.get("tensor_scale") is not None:
-                raise bad("its tensor scale needs a tensor_scale_shape (a list)")
-            return ()
-        if item.get("tensor_scale") is None:
-            raise bad(f"tensor_scale_shape {given!r:.100} without a tensor scale")
-        ok = isinstance(given, list) and all(type(d) is int for d in given)
-        if not ok or scaling is None or not scaling.tensor_scale_fits(tuple(given), shape):
-            raise bad(
-                f"tensor_scale_shape {given!r:.100} does not fit its shape {list(shape)} "
-                "([] or, per axis, 1 or the axis' length)"
-            )
-        return tuple(given)
 
     def _tensor_dtype(
         self,
