@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "as_dtype",
+    "check_format_fields",
     "check_scaling_field",
     "refuse_non_finite",
     "refuse_scale_format_arguments",
@@ -36,7 +37,8 @@ def resolve_scaling(fmt: Format, scaling: Scaling | None) -> Scaling | None:
         return fmt.default_scaling()
     if not isinstance(scaling, Scaling):
         raise PrecisionTypeError(
-            f"scaling must be PerTensor(), PerAxis(axis) or PerBlock(size), got {scaling!r}"
+            f"scaling must be PerTensor(), PerAxis(axis), PerBlock(size) or None for {fmt.name}, "
+            f"got {type(scaling).__name__} {scaling!r:.60}; pass e.g. scaling=dtypes.PerTensor()"
         )
     return scaling
 
@@ -74,6 +76,34 @@ def check_scaling_field(fmt: object, scaling: object) -> None:
             f"{scaling!r}; pass e.g. scaling=dtypes.PerTensor(), dtypes.PerAxis(0) or "
             "dtypes.PerBlock(32)"
         )
+
+
+def check_format_fields(fmt: object, call: str, flags: tuple[str, ...] = ()) -> None:
+    """A format's bool `flags` (`nan` may also be None) and its `name` (a str, or None
+    for the derived one), refused at construction: a truthy string such as "no" would
+    otherwise build the opposite format. `call` is the constructor call the fix shows."""
+    for field in flags:
+        value = getattr(fmt, field)
+        if value is None and field == "nan":
+            continue
+        if not isinstance(value, bool | np.bool_):
+            allowed = "True, False or None" if field == "nan" else "True or False"
+            raise PrecisionTypeError(
+                f"{field} must be {allowed}, got {type(value).__name__} {value!r:.60}; "
+                f"pass {_with(call, f'{field}=True')}"
+            )
+        object.__setattr__(fmt, field, bool(value))
+    name = getattr(fmt, "name", None)
+    if name is not None and not isinstance(name, str):
+        raise PrecisionTypeError(
+            f"{type(fmt).__name__}(name=...) takes a str (or None for the derived name), got "
+            f"{type(name).__name__} {name!r:.60}; pass e.g. {_with(call, 'name=' + repr('mine'))}"
+        )
+
+
+def _with(call: str, argument: str) -> str:
+    """`call` ("FloatFormat(4, 3)", "E8M0Format()") with one more argument."""
+    return f"{call[:-1]}{'' if call.endswith('()') else ', '}{argument})"
 
 
 def refuse_non_finite(values: np.ndarray, fmt: Format) -> None:

@@ -27,10 +27,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from ._argument_checks import check_scaling_field
+from ._argument_checks import check_format_fields, check_scaling_field, resolve_scaling
 from ._errors import FormatError
-from ._format import Format, packed_nbytes, shape_of
-from ._scaling import PerTensor, Scaling, scale_nbytes
+from ._format import Format, packed_nbytes
+from ._scaling import PerTensor, Scaling, scale_nbytes, shape_of
 
 __all__ = ["CALIBRATIONS", "AsymmetricIntFormat", "uint4", "uint8"]
 
@@ -74,6 +74,7 @@ class AsymmetricIntFormat(Format):
             raise FormatError(
                 f"calibration={self.calibration!r} is not known; choose 'minmax' or 'absmax'"
             )
+        check_format_fields(self, f"AsymmetricIntFormat({self.bits})")
         if not self.name:
             suffix = "" if self.calibration == "minmax" else "_absmax"
             object.__setattr__(self, "name", f"uint{self.bits}{suffix}")
@@ -101,7 +102,8 @@ class AsymmetricIntFormat(Format):
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
         """Packed codes, scales at their format's width, and one byte per zero point."""
         shape = shape_of(shape)
-        scaling = self.default_scaling() if scaling is None else scaling
+        scaling = resolve_scaling(self, scaling)
+        assert scaling is not None  # a default scaling, always
         groups = math.prod(scaling.scale_shape(shape)) if shape else 1
         return packed_nbytes(shape, self.code_bits) + scale_nbytes(scaling, shape) + groups
 

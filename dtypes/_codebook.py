@@ -35,10 +35,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ._argument_checks import check_scaling_field
+from ._argument_checks import check_format_fields, check_scaling_field, resolve_scaling
 from ._errors import FormatError, PrecisionTypeError
-from ._format import Format, packed_nbytes, shape_of
-from ._scaling import PerBlock, PerTensor, Scaling, scale_nbytes
+from ._format import Format, packed_nbytes
+from ._scaling import PerBlock, PerTensor, Scaling, scale_nbytes, shape_of
 
 __all__ = ["NF4_VALUES", "CodebookFormat", "nf4"]
 
@@ -98,6 +98,7 @@ class CodebookFormat(Format):
         object.__setattr__(self, "values", tuple(float(v) for v in table32))
         if self.scaling is not None and not isinstance(self.scaling, Scaling):
             raise PrecisionTypeError(f"scaling must be a dtypes Scaling, got {self.scaling!r}")
+        check_format_fields(self, "CodebookFormat(values)")
         if not self.name:
             object.__setattr__(self, "name", f"codebook{len(self.values)}")
 
@@ -133,11 +134,15 @@ class CodebookFormat(Format):
     def nbytes(self, shape: tuple[int, ...], scaling: Scaling | None = None) -> int:
         """Packed codes plus the scales, at the scale format's width."""
         shape = shape_of(shape)
-        scaling = self.default_scaling() if scaling is None else scaling
+        scaling = resolve_scaling(self, scaling)
+        assert scaling is not None  # a default scaling, always
         return packed_nbytes(shape, self.code_bits) + scale_nbytes(scaling, shape)
 
     def __repr__(self) -> str:
         return f"CodebookFormat(<{len(self.values)} values>, name={self.name!r})"
+
+
+_TINY = np.float32(2.0**-126)  # float32's smallest normal
 
 
 @functools.lru_cache(maxsize=64)
@@ -157,6 +162,9 @@ def _thresholds(values: tuple[float, ...]) -> np.ndarray[Any, np.dtype[np.float3
             not upper_even and Fraction(float(np.nextafter(t, np.float32(np.inf)))) == mid
         ):
             t = np.nextafter(t, np.float32(np.inf))
+        if 0 < abs(t) < _TINY:  # a subnormal threshold, which XLA:CPU reads as zero:
+            # the one that splits normals and zeros alike (values compared are flushed)
+            t = np.float32(0.0) if t > 0 else np.float32(-_TINY)
         out.append(t)
     return np.asarray(out, np.float32)
 

@@ -59,7 +59,12 @@ def _scaled(fmt: CodebookFormat, x: jax.Array, scaling: Scaling) -> tuple[jax.Ar
 
 
 def nearest_index(fmt: CodebookFormat, y: jax.Array) -> jax.Array:
-    """Index of the nearest table entry (ties to the even index), as int32."""
+    """Index of the nearest table entry (ties to the even index), as int32.
+
+    A subnormal `y` counts as zero on every backend (flushed here, as XLA:CPU's
+    arithmetic reads it), and no threshold is subnormal (`_thresholds`).
+    """
+    y = flush_subnormals(y)
     t = fmt._thresholds()
     if t.size <= 32:
         count = jnp.zeros(y.shape, jnp.int32)

@@ -23,7 +23,8 @@ import ml_dtypes
 import numpy as np
 
 from . import _packing, _scale_storage
-from ._encoded import Encoded
+from ._argument_checks import resolve_scaling
+from ._encoded import Encoded, format_of
 from ._encoder_inputs import any_equal_now, as_float_array, check_finite, is_tracer
 from ._errors import FormatError, PrecisionTypeError, RoundingError, ScalingError
 from ._format import Format
@@ -82,11 +83,12 @@ def check_decodable(fmt: Format, enc: Any, dtype: Any = np.float32) -> None:
             f"decode expects an Encoded, got {type(enc).__name__}; build one with "
             f"{fmt.name}.encode(x)"
         )
-    if enc.format != fmt:
+    if format_of(enc) != fmt:
         raise FormatError(
             f"cannot decode a {enc.format.name} encoding as {fmt.name}; "
             f"call enc.decode() or {enc.format.name}.decode(enc)"
         )
+    _check_arrays(fmt, enc)
     if np.dtype(enc.data.dtype) != fmt.container:
         raise PrecisionTypeError(
             f"a {fmt.name} encoding holds {fmt.container} data, got {enc.data.dtype}; "
@@ -94,10 +96,21 @@ def check_decodable(fmt: Format, enc: Any, dtype: Any = np.float32) -> None:
         )
     _check_float_dtype(fmt, dtype)
     scaling = enc.scaling
+    if scaling is not None and not isinstance(scaling, Scaling):
+        raise PrecisionTypeError(
+            f"a {fmt.name} encoding's scaling is a Scaling or None, got {type(scaling).__name__} "
+            f"{scaling!r:.60}; build it with {fmt.name}.encode(x)"
+        )
     if scaling is None and fmt.default_scaling() is not None:
         raise FormatError(
             f"a {fmt.name} encoding needs its scaling, got scaling=None; build it with "
             f"{fmt.name}.encode(x)"
+        )
+    if scaling is None and enc.scale is not None:
+        raise FormatError(
+            f"an unscaled {fmt.name} encoding holds no scales, got scales of shape "
+            f"{tuple(enc.scale.shape)}; build it with {fmt.name}.encode(x), or pass the "
+            "scaling they belong to"
         )
     if scaling is not None:
         # a 0-d value is one group of one, whatever the scaling's axis
@@ -115,6 +128,17 @@ def check_decodable(fmt: Format, enc: Any, dtype: Any = np.float32) -> None:
             f"a {fmt.name} encoding needs its zero points; build it with {fmt.name}.encode(x)"
         )
     _check_values(fmt, enc)
+
+
+def _check_arrays(fmt: Format, enc: Encoded) -> None:
+    """Each array an encoding holds is an array (a hand-built one may hold anything)."""
+    arrays = ("data", "scale", "tensor_scale", "zero_point")
+    for name, value in zip(arrays, enc.tree_flatten()[0], strict=True):
+        if (value is not None or name == "data") and not isinstance(value, jax.Array | np.ndarray):
+            raise PrecisionTypeError(
+                f"a {fmt.name} encoding holds arrays, got {type(value).__name__} {value!r:.60} "
+                f"as its {name}; build it with {fmt.name}.encode(x) or dtypes.from_codes"
+            )
 
 
 def _check_tensor_scale(fmt: Format, enc: Encoded) -> None:
@@ -189,9 +213,9 @@ def _check_values(fmt: Format, enc: Encoded) -> None:
                 f"(negative, zero or inf; the first: {first!r}); build it with "
                 f"{fmt.name}.encode(x)"
             )
-    if fmt.kind == "int" and not fmt.packed and not is_tracer(enc.data):
+    if fmt.kind == "int" and fmt.code_bits > 1 and not is_tracer(enc.data):
         low = -(2 ** (fmt.code_bits - 1))
-        if fmt.code_bits > 1 and any_equal_now(enc.data, low):
+        if any_equal_now(enc.data, low, fmt.code_bits if fmt.packed else 8):
             raise FormatError(
                 f"a {fmt.name} encoding holds the code {low}, which symmetric encoders never "
                 f"write (codes are within ±{-low - 1}); build it with {fmt.name}.encode(x)"
@@ -264,7 +288,8 @@ def _storage_round(
     of their own; without this rule `round` would pass a zero gradient silently.
     """
     enc = fmt.encode(x, scaling=scaling, rounding=rounding, key=key)
-    return fmt.decode(enc, np.float32)
+    # float64 input gives float64 (`result_dtype`); the codes themselves hold no more
+    return fmt.decode(enc, fmt.result_dtype(x.dtype, scaling))
 
 
 @_storage_round.defjvp
@@ -304,11 +329,8 @@ def prepare_storage(
 
 def storage_scaling(fmt: Format, scaling: Scaling | None) -> Scaling:
     """The scaling of a code-book or zero-point encoding, checked (absmax scales only)."""
-    scaling = fmt.default_scaling() if scaling is None else scaling
-    if not isinstance(scaling, Scaling):
-        raise PrecisionTypeError(
-            f"scaling must be PerTensor(), PerAxis(axis) or PerBlock(size), got {scaling!r}"
-        )
+    scaling = resolve_scaling(fmt, scaling)
+    assert scaling is not None  # a storage encoding has a default scaling
     if scaling.scale_format in ("float8_e8m0fnu", "float8_e4m3fn"):
         raise ScalingError(
             f"{fmt.name} keeps absmax scales; store them as float32, bfloat16 or float16, "

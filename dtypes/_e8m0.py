@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 import ml_dtypes
 import numpy as np
 
-from ._argument_checks import refuse_scale_format_arguments
-from ._format import Format, shape_of
-from ._scaling import Scaling
+from ._argument_checks import check_format_fields, refuse_scale_format_arguments
+from ._format import Format
+from ._scaling import Scaling, shape_of
 
 __all__ = ["E8M0Format", "float8_e8m0fnu"]
 
@@ -45,6 +45,11 @@ class E8M0Format(Format):
     kind: ClassVar[str] = "scale"
     _codec: ClassVar[str] = "_e8m0_codec"
     bits: ClassVar[int] = 8
+
+    def __post_init__(self) -> None:
+        check_format_fields(self, "E8M0Format()")
+        if not self.name:
+            object.__setattr__(self, "name", "float8_e8m0fnu")
 
     @property
     def container(self) -> np.dtype[Any]:

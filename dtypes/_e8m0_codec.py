@@ -68,7 +68,32 @@ round = _codec.storage_round
 @functools.cache
 def _to_e8m0() -> Callable[[jax.Array], jax.Array]:
     """The jitted conversion into E8M0 bytes."""
-    return jax.jit(lambda x: x.astype(jnp.float8_e8m0fnu))
+    return jax.jit(
+        lambda x: _from_float64(x) if x.dtype == jnp.float64 else x.astype(jnp.float8_e8m0fnu)
+    )
+
+
+def _from_float64(x: jax.Array) -> jax.Array:
+    """E8M0 bytes of float64 `x` by the float32 rule, computed on the bits.
+
+    XLA's own float64 conversion turns a positive value below 2**-127 into NaN,
+    where every positive float32 below it (subnormals included) becomes 2**-127.
+    Here: the nearest power of two, a tie (a mantissa of exactly 1.5) going up;
+    anything positive below 2**-127 is 2**-127, and in the binade of 2**-127 itself
+    any value above it goes up to 2**-126, as ml_dtypes rounds float32's subnormals
+    (no mantissa bit of the byte to tie on there). Zero, negative values, inf and
+    values from 1.5 * 2**127 have no code and become NaN, as in float32.
+    """
+    bits = lax.bitcast_convert_type(x, jnp.uint64)
+    exponent = ((bits >> 52) & 0x7FF).astype(jnp.int32) - 1023  # unbiased; -1023: subnormal
+    mantissa = bits & jnp.uint64((1 << 52) - 1)
+    up = jnp.where(exponent == -127, mantissa != 0, mantissa >= jnp.uint64(1 << 51))
+    byte = jnp.clip(exponent + 127 + up.astype(jnp.int32), 0, 255)
+    # NaN, inf (the top exponent), zero and negative values, told from the bits: a
+    # comparison may read a subnormal as zero (XLA:CPU)
+    nan = (exponent == 1024) | ((bits << 1) == 0) | ((bits >> 63) != 0)
+    byte = jnp.where(nan, 255, byte).astype(jnp.uint8)
+    return lax.bitcast_convert_type(byte, jnp.float8_e8m0fnu)
 
 
 def _refuse_unrepresentable(x: jax.Array) -> None:

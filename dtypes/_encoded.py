@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
 
-if TYPE_CHECKING:
-    from ._format import Format
-    from ._scaling import Scaling
+from ._errors import FormatTypeError, PrecisionTypeError
+from ._format import Format
+from ._scaling import Scaling
 
-__all__ = ["Encoded"]
+__all__ = ["Encoded", "format_of"]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -91,12 +91,17 @@ class Encoded:
         the scaling: one layer of a `PerAxis(0)` stack is `PerTensor`
         (`Scaling.refit`). Leaves without shapes (JAX's placeholders) leave it as is.
         """
+        if not isinstance(fmt, Format) or not isinstance(scaling, Scaling | None):
+            raise PrecisionTypeError(
+                f"Encoded.fitted_scaling takes a Format and a Scaling (or None), got "
+                f"{type(fmt).__name__} and {type(scaling).__name__}"
+            )
         shape, groups = getattr(data, "shape", None), getattr(scale, "shape", None)
         if scaling is None or not isinstance(shape, tuple) or not isinstance(groups, tuple):
             return scaling
         if fmt.packed and shape:
             shape = shape[:-1] if last is None else (*shape[:-1], last)
-        return scaling.refit(shape, groups)
+        return scaling._refit(shape, groups)  # unchecked: an unflatten must never raise
 
     @staticmethod
     def fitted_tensor_scale(tensor_scale: Any, scale: Any) -> Any:
@@ -162,10 +167,23 @@ class Encoded:
 
     def decode(self, dtype: Any = np.float32) -> jax.Array:
         """Logical values (see `Format.decode`)."""
-        return self.format.decode(self, dtype)
+        return format_of(self).decode(self, dtype)
 
     def __repr__(self) -> str:
         scaling = f", scaling={self.scaling}" if self.scaling is not None else ""
-        return (
-            f"Encoded(shape={self.shape}, format={self.format.name}{scaling}, nbytes={self.nbytes})"
+        name = getattr(self.format, "name", self.format)
+        try:
+            held = f"shape={self.shape}, format={name}{scaling}, nbytes={self.nbytes}"
+        except (AttributeError, TypeError, ValueError):  # hand-built, holding non-arrays
+            held = f"data={type(self.data).__name__}, format={name!r:.60}{scaling}"
+        return f"Encoded({held})"
+
+
+def format_of(enc: Encoded) -> Format:
+    """`enc.format`, or a `FormatTypeError` where a hand-built encoding holds no `Format`."""
+    if not isinstance(enc.format, Format):
+        raise FormatTypeError(
+            f"an Encoded's format is a dtypes Format, got {type(enc.format).__name__} "
+            f"{enc.format!r:.60}; pass e.g. dtypes.get('int8'), or build it with fmt.encode(x)"
         )
+    return enc.format

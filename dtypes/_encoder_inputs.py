@@ -127,10 +127,21 @@ def _special_values(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.any(mag > jnp.uint32(0x7F800000)), jnp.any(mag == jnp.uint32(0x7F800000))
 
 
-def any_equal_now(x: jax.Array, value: int) -> bool:
+def any_equal_now(x: jax.Array, value: int, bits: int = 8) -> bool:
     """Whether concrete `x` holds `value`: read in place where it is in host memory, else
-    reduced on its device (no copy of the whole array to the host)."""
+    reduced on its device (no copy of the whole array to the host).
+
+    With `bits` < 8, `x` holds packed uint8 bytes, and each `bits`-wide field of them is
+    compared with the signed `value` (as its low `bits` bits: int4's -8 is 0b1000).
+    """
     if not isinstance(x, jax.Array) or all(d.platform == "cpu" for d in x.devices()):
-        return bool(np.any(np.asarray(x) == value))
+        return _any_field_equal(np, np.asarray(x), value, bits)
     with jax.ensure_compile_time_eval():
-        return bool(jnp.any(x == value))
+        return _any_field_equal(jnp, x, value, bits)
+
+
+def _any_field_equal(xp: Any, data: Any, value: int, bits: int) -> bool:
+    if bits >= 8:
+        return bool(xp.any(data == value))
+    mask = (1 << bits) - 1
+    return any(bool(xp.any(((data >> s) & mask) == (value & mask))) for s in range(0, 8, bits))

@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import ml_dtypes
 import numpy as np
 
-from ._argument_checks import as_dtype, check_scaling_field
+from ._argument_checks import (
+    as_dtype,
+    check_format_fields,
+    check_scaling_field,
+    resolve_scaling,
+)
 from ._errors import FormatError, PrecisionTypeError
 from ._format import Format
 from ._scaling import Scaling
@@ -97,6 +102,7 @@ class FloatFormat(Format):
                 f"FloatFormat({e}, {m}) is not supported: exponent_bits must be in 1..8 and "
                 "mantissa_bits in 0..23 (the layouts a float32 can hold exactly), or (11, 52)"
             )
+        check_format_fields(self, f"FloatFormat({e}, {m})", ("finite", "nan", "saturate"))
         nan = self.nan
         if nan is None:
             nan = (not self.finite) or (1 + e + m >= 8)
@@ -233,7 +239,8 @@ class FloatFormat(Format):
 
     def result_dtype(self, dtype: Any, scaling: Scaling | None = None) -> np.dtype[Any]:
         """The dtype `round` returns for input of `dtype` (see `Format.result_dtype`)."""
-        return _result_dtype(self, as_dtype(dtype, f"{self.name}.result_dtype"), scaling)
+        given = as_dtype(dtype, f"{self.name}.result_dtype")
+        return _result_dtype(self, given, resolve_scaling(self, scaling))
 
     def __repr__(self) -> str:
         args = [str(self.exponent_bits), str(self.mantissa_bits)]

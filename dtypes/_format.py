@@ -18,22 +18,20 @@ from __future__ import annotations
 import functools
 import importlib
 import math
-import numbers
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import numpy as np
 
-from ._argument_checks import as_dtype
-from ._errors import ShapeError
+from ._argument_checks import as_dtype, resolve_scaling
 from ._rounding_modes import check_rounding
-from ._scaling import Scaling, scale_nbytes
+from ._scaling import Scaling, scale_nbytes, shape_of
 
 if TYPE_CHECKING:
     import jax
 
     from ._encoded import Encoded
 
-__all__ = ["Codec", "Format", "packed_length", "packed_nbytes", "shape_of"]
+__all__ = ["Codec", "Format", "packed_length", "packed_nbytes"]
 
 
 class Codec(Protocol):
@@ -72,26 +70,6 @@ def packed_nbytes(shape: tuple[int, ...], bits: int) -> int:
     """Bytes of `bits`-wide codes of logical `shape`, packed along the last axis."""
     lead = math.prod(shape[:-1]) if shape else 1
     return lead * packed_length(shape[-1] if shape else 1, bits)
-
-
-def shape_of(shape: Any) -> tuple[int, ...]:
-    """`shape` as a tuple of Python ints, or a `ShapeError` saying what is wrong."""
-    try:
-        if isinstance(shape, str | bytes):
-            raise TypeError
-        dims = tuple(shape)
-    except TypeError:
-        raise ShapeError(
-            f"a shape is a tuple of non-negative ints, got {type(shape).__name__} {shape!r}; "
-            "pass e.g. (1024, 1024)"
-        ) from None
-    for d in dims:
-        if isinstance(d, bool | np.bool_) or not isinstance(d, numbers.Integral) or d < 0:
-            raise ShapeError(
-                f"a shape is a tuple of non-negative ints, got {dims!r} (the dimension {d!r} "
-                "is not); pass e.g. (1024, 1024)"
-            )
-    return tuple(int(d) for d in dims)
 
 
 class Format:
@@ -242,6 +220,7 @@ class Format:
             dtype('float32')
         """
         given = as_dtype(dtype, f"{self.name}.result_dtype")
+        resolve_scaling(self, scaling)
         if given == np.float64:
             return given
         return given if given == np.float32 else np.dtype(np.float32)
@@ -280,8 +259,7 @@ class Format:
         """
         # Python ints throughout: a numpy int64 product wraps past 2**63.
         shape = shape_of(shape)
-        if scaling is None:
-            scaling = self.default_scaling()
+        scaling = resolve_scaling(self, scaling)
         if self.packed:
             data = packed_nbytes(shape, self.code_bits)
         else:

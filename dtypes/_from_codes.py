@@ -64,14 +64,15 @@ def from_codes(
             f"{fmt.name} "
             + ("needs its zero points: pass zero_point=" if asymmetric else "has no zero points")
         )
-    codes, scale = jnp.asarray(codes), jnp.asarray(scale)
+    qmax = int(getattr(fmt, "qmax", 0))
+    low, high = (0, qmax) if asymmetric else (-qmax, qmax)
+    codes = _array(codes, f"{fmt.name} codes", f"integers within [{low}, {high}]")
+    scale = _array(scale, f"{fmt.name} scales", "numbers, e.g. np.array([[0.5]], np.float32)")
     want = np.dtype(scale_dtype(scaling))
     if np.dtype(scale.dtype) != want:
         raise PrecisionTypeError(
             f"{fmt.name} scales under {scaling} are held as {want}, got {scale.dtype}"
         )
-    qmax = int(getattr(fmt, "qmax", 0))
-    low, high = (0, qmax) if asymmetric else (-qmax, qmax)
     codes = _checked_ints(codes, low, high, f"{fmt.name} codes")
     if not asymmetric:
         codes = codes.astype(jnp.int8)
@@ -81,7 +82,10 @@ def from_codes(
             else Encoded(codes, scale, fmt, scaling)
         )
     else:
-        zp = _checked_ints(jnp.asarray(zero_point), low, high, f"{fmt.name} zero points")
+        what = f"{fmt.name} zero points"
+        zp = _checked_ints(
+            _array(zero_point, what, f"integers within [{low}, {high}]"), low, high, what
+        )
         codes = codes.astype(jnp.uint8)
         bits = fmt.code_bits
         data = codes if bits == 8 else pack(codes.reshape(codes.shape or (1,)), bits)
@@ -89,6 +93,17 @@ def from_codes(
         enc = Encoded(data, scale, fmt, scaling, last, zero_point=zp.astype(jnp.uint8))
     check_decodable(fmt, enc)
     return enc
+
+
+def _array(values: Any, what: str, expected: str) -> Any:
+    """`values` as a JAX array, or a `PrecisionTypeError` naming what was given."""
+    try:
+        return jnp.asarray(values)
+    except (TypeError, ValueError, OverflowError):  # a string, a ragged list, 2**63
+        raise PrecisionTypeError(
+            f"from_codes takes {what} as an array of {expected}, got {type(values).__name__} "
+            f"{values!r:.60}"
+        ) from None
 
 
 def _checked_ints(values: Any, low: int, high: int, what: str) -> Any:

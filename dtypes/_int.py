@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ._argument_checks import (
+    check_format_fields,
     check_scaling_field,
     refuse_non_finite,
     refuse_scaling,
@@ -61,6 +62,7 @@ class IntFormat(Format):
                 f"IntFormat({self.bits!r}) is not supported: bits must be 8, 4, 2 or 1; "
                 "pass e.g. IntFormat(8)"
             )
+        check_format_fields(self, f"IntFormat({self.bits})")
         if not self.name:
             object.__setattr__(self, "name", f"int{self.bits}")
 

@@ -31,6 +31,9 @@ only the nearest code, or one of the two around a value at random, has a meaning
 def check_rounding(rounding: str, key: Any) -> None:
     """Validate a rounding mode name and its key; raise `RoundingError` (a `ValueError`).
 
+    `stochastic` needs a key; any mode takes one (unused but for `stochastic`), and a
+    key given must be a JAX random key: a typed `jax.random.key` or raw uint32 words.
+
     Examples:
         >>> check_rounding("up", None)
         >>> check_rounding("stochastic", None)
@@ -47,10 +50,14 @@ def check_rounding(rounding: str, key: Any) -> None:
             "rounding='stochastic' needs a random key: pass key=jax.random.key(0) "
             "(split it between calls so each rounding draws fresh bits)"
         )
-    if rounding == "stochastic" and not _is_key(key):
+    # A key given is checked whatever the mode: one that only stochastic rounding reads
+    # would otherwise pass until the mode changes, and fail deep inside the rounding.
+    if key is not None and not _is_key(key):
+        needs = "needs a JAX random key" if rounding == "stochastic" else "takes a JAX random key"
         raise RoundingError(
-            f"rounding='stochastic' needs a JAX random key, got {type(key).__name__} "
-            f"{key!r:.60}: pass key=jax.random.key(0) (or jax.random.PRNGKey(0)), not a seed"
+            f"rounding={rounding!r} {needs}, got {type(key).__name__} {key!r:.60}: pass "
+            "key=jax.random.key(0) (or jax.random.PRNGKey(0)), not a seed"
+            + ("" if rounding == "stochastic" else ", or no key at all")
         )
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import ml_dtypes
 import numpy as np
 
-from ._errors import ScalingError
+from ._errors import PrecisionTypeError, ScalingError, ShapeError
 
 if TYPE_CHECKING:
     import jax
@@ -36,6 +36,7 @@ __all__ = [
     "Scaling",
     "scale_dtype",
     "scale_nbytes",
+    "shape_of",
     "two_level",
 ]
 
@@ -107,14 +108,67 @@ def _as_int(value: object, what: str, example: str) -> int:
     return int(value)
 
 
+def shape_of(shape: Any) -> tuple[int, ...]:
+    """`shape` as a tuple of Python ints, or a `ShapeError` saying what is wrong."""
+    try:
+        if isinstance(shape, str | bytes):
+            raise TypeError
+        dims = tuple(shape)
+    except TypeError:
+        raise ShapeError(
+            f"a shape is a tuple of non-negative ints, got {type(shape).__name__} {shape!r}; "
+            "pass e.g. (1024, 1024)"
+        ) from None
+    for d in dims:
+        if isinstance(d, bool | np.bool_) or not isinstance(d, numbers.Integral) or d < 0:
+            raise ShapeError(
+                f"a shape is a tuple of non-negative ints, got {dims!r} (the dimension {d!r} "
+                "is not); pass e.g. (1024, 1024)"
+            )
+    return tuple(int(d) for d in dims)
+
+
+def _array_shape(x: Any, what: str) -> tuple[int, ...]:
+    """The shape of array `x` (a JAX or numpy array, or a tracer), or a `PrecisionTypeError`."""
+    shape = getattr(x, "shape", None)
+    if not isinstance(shape, tuple) or not hasattr(x, "dtype"):
+        raise PrecisionTypeError(
+            f"{what} takes an array, got {type(x).__name__} {x!r:.60}; pass e.g. jnp.ones((4, 32))"
+        )
+    return shape
+
+
+def _group_input(x: Any, reduce: Any, what: str) -> tuple[int, ...]:
+    """The shape of `group_reduce`'s array, once it is a numeric array and `reduce` a
+    function."""
+    shape = _array_shape(x, what)
+    if np.dtype(x.dtype).kind in "OUS" or not callable(reduce):
+        bad = f"dtype {x.dtype}" if callable(reduce) else f"reduce={reduce!r:.40}"
+        raise PrecisionTypeError(
+            f"{what} takes a numeric array and a function reduce(array, axes), got {bad}; "
+            "pass e.g. (jnp.ones((4, 32)), lambda a, axes: jnp.max(a, axes, keepdims=True))"
+        )
+    return shape
+
+
+# XLA counts an array's bytes in 64 bits and aborts the process past that, so a
+# shape is refused before any array of it is asked for (8 bytes an element at most).
+_MAX_ELEMENTS = 2**60
+
+
 @dataclasses.dataclass(frozen=True)
 class Scaling:
-    """Base class of the scaling schemes (not instantiated directly)."""
+    """Base class of the scaling schemes: build `PerTensor`, `PerAxis` or `PerBlock`."""
 
     power_of_two: bool = dataclasses.field(default=False, kw_only=True)
     scale_format: str = dataclasses.field(default="float32", kw_only=True)
 
     def __post_init__(self) -> None:
+        if type(self) is Scaling:
+            raise ScalingError(
+                "Scaling is the base class of the scaling schemes and groups nothing itself; "
+                "pass PerTensor(), PerAxis(0) or PerBlock(32)"
+            )
         _check_scale_format(self)
         # Validated here, at construction, so a scaling that exists is one
         # every encoder, `save` and `load` accept alike.
@@ -141,10 +195,35 @@ class Scaling:
         """Expand a per-group array back to the logical `shape`."""
         import jax.numpy as jnp  # on first use: building a scaling loads no JAX
 
+        scale, shape = self._fitted_scale(scale, shape)
         return jnp.broadcast_to(scale, shape)
 
+    def _fitted_scale(self, scale: Any, shape: Any) -> tuple[jax.Array, tuple[int, ...]]:
+        """`broadcast`'s arguments checked: `scale` shaped `scale_shape(shape)` (one scale
+        may be held as any one-element array), and an array of `shape` XLA can make."""
+        shape = shape_of(shape)
+        got = _array_shape(scale, f"{type(self).__name__}.broadcast")
+        if math.prod(shape) >= _MAX_ELEMENTS:
+            raise ShapeError(
+                f"cannot broadcast scales to shape {shape}: {math.prod(shape)} elements, past the "
+                f"2**60 an array can hold; pass the shape of the tensor the scales belong to"
+            )
+        want = self.scale_shape(shape) if shape else ()
+        if got != want:
+            if math.prod(got) != 1 or math.prod(want) != 1:
+                raise ScalingError(
+                    f"{self} keeps scales of shape {want} for a tensor of shape {shape}, got "
+                    f"scales of shape {got}; pass scales shaped scaling.scale_shape(shape)"
+                )
+            scale = scale.reshape(want)
+        return scale, shape
+
     def validate(self, shape: tuple[int, ...]) -> None:
-        """Raise `ScalingError` (a `ValueError`) if this scaling cannot apply to `shape`."""
+        """Raise `ScalingError` (a `ValueError`) if this scaling cannot apply to `shape`.
+
+        A `shape` that is not a tuple of non-negative ints raises `ShapeError`.
+        """
+        shape_of(shape)
 
     def refit(self, shape: tuple[int, ...], scale_shape: tuple[int, ...]) -> Scaling:
         """The scaling that groups a tensor of `shape` whose scales have `scale_shape`.
@@ -158,7 +237,10 @@ class Scaling:
         whose scale count they match, the one before theirs first. Where no
         scaling fits, `self` (the encoding's own check then says why).
         """
-        shape, scale_shape = tuple(shape), tuple(scale_shape)
+        return self._refit(shape_of(shape), shape_of(scale_shape))
+
+    def _refit(self, shape: tuple[int, ...], scale_shape: tuple[int, ...]) -> Scaling:
+        """`refit` of shapes known to be tuples (`Encoded`'s unflatten: no checks there)."""
         try:
             if self.scale_shape(shape) == scale_shape:
                 return self
@@ -183,6 +265,7 @@ class Scaling:
             >>> nv.tensor_scale_fits((4,), (4, 8, 32))
             False
         """
+        ts_shape, shape = shape_of(ts_shape), shape_of(shape)
         if not ts_shape:
             return True
         pairs = zip(ts_shape, shape, strict=False)
@@ -205,10 +288,10 @@ class PerTensor(Scaling):
     """
 
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        return (1,) * len(shape)
+        return (1,) * len(shape_of(shape))
 
     def group_reduce(self, x: jax.Array, reduce: Reduce) -> jax.Array:
-        return reduce(x, tuple(range(x.ndim)))
+        return reduce(x, tuple(range(len(_group_input(x, reduce, "PerTensor.group_reduce")))))
 
     def describe(self) -> str:
         return "per-tensor" + (", power of two" if self.power_of_two else "") + _scale_note(self)
@@ -293,31 +376,37 @@ class PerAxis(Scaling):
 
     def kept(self, ndim: int) -> tuple[int, ...]:
         """The axes with a scale per index, in `[0, ndim)` and ascending."""
-        return tuple(sorted(a % ndim for a in self.axes))
+        n = _as_int(ndim, "PerAxis.kept's ndim", "PerAxis(0).kept(2)")
+        self._refuse_axes(n, f"a {n}-d tensor")
+        return tuple(sorted(a % n for a in self.axes))
 
     def validate(self, shape: tuple[int, ...]) -> None:
+        shape = shape_of(shape)
         _refuse_scalar(self, shape)
-        n = len(shape)
-        if not all(-n <= a < n for a in self.axes):
+        self._refuse_axes(len(shape), f"a tensor of shape {shape}")
+
+    def _refuse_axes(self, n: int, what: str) -> None:
+        if n < 1 or not all(-n <= a < n for a in self.axes):
             raise ScalingError(
-                f"PerAxis(axis={self.axis}) does not fit a tensor of shape {tuple(shape)}; "
-                f"choose axes in [-{n}, {n - 1}] or use PerTensor()"
+                f"PerAxis(axis={self.axis}) does not fit {what}; "
+                + (f"choose axes in [-{n}, {n - 1}] or use PerTensor()" if n else "use PerTensor()")
             )
         if len({a % n for a in self.axes}) != len(self.axes):
             raise ScalingError(
-                f"PerAxis(axis={self.axis}) names one axis of a {n}-d tensor twice "
-                f"(shape {tuple(shape)}); name each axis once"
+                f"PerAxis(axis={self.axis}) names one axis of {what} twice; name each axis once"
             )
 
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        self.validate(shape)
+        shape = shape_of(shape)
+        _refuse_scalar(self, shape)
         kept = self.kept(len(shape))
         return tuple(n if i in kept else 1 for i, n in enumerate(shape))
 
     def group_reduce(self, x: jax.Array, reduce: Reduce) -> jax.Array:
-        self.validate(x.shape)
-        kept = self.kept(x.ndim)
-        return reduce(x, tuple(i for i in range(x.ndim) if i not in kept))
+        shape = _group_input(x, reduce, "PerAxis.group_reduce")
+        self.validate(shape)
+        kept = self.kept(len(shape))
+        return reduce(x, tuple(i for i in range(len(shape)) if i not in kept))
 
     def describe(self) -> str:
         return (
@@ -364,6 +453,7 @@ class PerBlock(Scaling):
         return max(1, min(self.size, n))
 
     def validate(self, shape: tuple[int, ...]) -> None:
+        shape = shape_of(shape)
         _refuse_scalar(self, shape)
         if not -len(shape) <= self.axis < len(shape):
             raise ScalingError(
@@ -375,6 +465,7 @@ class PerBlock(Scaling):
         return self.axis % ndim
 
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        shape = shape_of(shape)
         self.validate(shape)
         a = self._axis(len(shape))
         # integer ceiling division: n / size in floats is inexact past 2**53
@@ -383,7 +474,7 @@ class PerBlock(Scaling):
     def group_reduce(self, x: jax.Array, reduce: Reduce) -> jax.Array:
         import jax.numpy as jnp  # on first use: building a scaling loads no JAX
 
-        self.validate(x.shape)
+        self.validate(_group_input(x, reduce, "PerBlock.group_reduce"))
         a = self._axis(x.ndim)
         n = x.shape[a]
         size = self._block(n)
@@ -404,6 +495,7 @@ class PerBlock(Scaling):
         import jax.numpy as jnp  # on first use: building a scaling loads no JAX
         from jax import lax
 
+        scale, shape = self._fitted_scale(scale, shape)
         # A reshape of a broadcast, not jnp.repeat: XLA fuses it into the
         # elementwise kernel as index arithmetic (repeat becomes a gather).
         a = self._axis(len(shape))
