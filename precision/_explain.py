@@ -30,8 +30,9 @@ from ._apply import apply
 from ._compute._notes import SCOPE, Note, recording
 from ._context import FormatLike
 from ._contract import ContractLike
-from ._errors import ExplainError
+from ._errors import ExplainError, PrecisionError
 from ._hlo import Dot, dots, kernels, output_bytes
+from ._operators import refusal
 from ._policy import PolicyLike
 from ._roofline import Rates, cost, rates, type_key
 from ._tensor import Tensor
@@ -226,7 +227,12 @@ def explain(
     call = _Call.of(args, kwargs)
     run = apply(f, compute=compute, policy=policy, contract=contract)  # a fresh cache
     with recording() as notes:
-        compiled = jax.jit(call.program(run)).lower(*call.dynamic()).compile()
+        try:
+            compiled = jax.jit(call.program(run)).lower(*call.dynamic()).compile()
+        except PrecisionError:
+            raise
+        except (TypeError, ValueError, OverflowError) as err:  # JAX refused, or f raised
+            raise refusal("explain: f", args, err) from err
     text = compiled.as_text() or ""  # read once: large for a real model
     found = dots(text, SCOPE)
     device = jax.devices()[0]

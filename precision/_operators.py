@@ -20,10 +20,52 @@ from dtypes import PrecisionTypeError, ShapeError
 
 from ._errors import PrecisionError
 
-__all__ = ["IMPLEMENTATIONS", "binary", "check_axes", "method", "reduction", "reflected", "unary"]
+__all__ = [
+    "IMPLEMENTATIONS",
+    "binary",
+    "check_axes",
+    "method",
+    "reduction",
+    "reflected",
+    "refusal",
+    "unary",
+]
 
 IMPLEMENTATIONS: dict[str, Callable[..., Any]] = {}
 """Operator name (`"add"`, reflected `"r:add"`, `"sum"`, ...) -> its applied function."""
+
+
+def _run(name: str, *args: Any, **kwargs: Any) -> Any:
+    """The implementation of `name` on `args`; JAX's refusal of the operands (shapes that
+    do not broadcast, a dtype the operation does not take, an int past int32) becomes
+    the `PrecisionError` subclass the rest of the library raises, naming the operands."""
+    try:
+        return _implementation(name)(*args, **kwargs)
+    except PrecisionError:
+        raise
+    except (TypeError, ValueError, OverflowError) as err:
+        raise refusal(f"Tensor `{name}`", args, err) from err
+
+
+def refusal(what: str, args: tuple[Any, ...], err: BaseException) -> PrecisionError:
+    """JAX's error `err` for `what` on `args`, as a `ShapeError` (shapes) or a
+    `PrecisionTypeError` (anything else), its first line kept."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    operands = ", ".join(_described(a) for a in args)
+    cls = ShapeError if "shape" in first.lower() else PrecisionTypeError
+    return cls(f"{what} cannot take {operands}: {first}")
+
+
+def _described(x: Any) -> str:
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    fmt = getattr(x, "format", None)
+    name = getattr(fmt, "name", fmt) if fmt is not None else dtype
+    article = "an" if str(name)[:1] in "aeiou" else "a"
+    if shape is not None and fmt is not None:
+        return f"{article} {name} Tensor of shape {tuple(shape)}"
+    if shape is not None and dtype is not None:
+        return f"{article} {name} array of shape {tuple(shape)}"
+    return f"{type(x).__name__} {x!r:.40}"
 
 
 def _implementation(name: str) -> Callable[..., Any]:
@@ -56,7 +98,7 @@ def binary(name: str) -> Callable[[Any, Any], Any]:
     def op(self: Any, other: Any) -> Any:
         if type(other) is not type(self):
             _check_operand(name, other)
-        return _implementation(name)(self, other)
+        return _run(name, self, other)
 
     op.__name__ = f"__{name}__"
     return op
@@ -67,7 +109,7 @@ def reflected(name: str) -> Callable[[Any, Any], Any]:
 
     def op(self: Any, other: Any) -> Any:
         _check_operand(name, other)
-        return _implementation("r:" + name)(self, other)
+        return _run("r:" + name, self, other)
 
     op.__name__ = f"__r{name}__"
     return op
@@ -77,7 +119,7 @@ def unary(name: str) -> Callable[[Any], Any]:
     """`<op> self`."""
 
     def op(self: Any) -> Any:
-        return _implementation(name)(self)
+        return _run(name, self)
 
     op.__name__ = f"__{name}__"
     return op
@@ -87,7 +129,7 @@ def method(name: str) -> Callable[..., Any]:
     """The implementation of `name`, called with the Tensor first."""
 
     def call(self: Any, *args: Any) -> Any:
-        return _implementation(name)(self, *args)
+        return _run(name, self, *args)
 
     return call
 
@@ -122,7 +164,7 @@ def reduction(name: str) -> Callable[..., Any]:
                 f"Tensor.{name}: keepdims must be True or False, got "
                 f"{type(keepdims).__name__} {keepdims!r:.60}"
             )
-        return _implementation(name)(self, axis=axis, keepdims=keepdims)
+        return _run(name, self, axis=axis, keepdims=keepdims)
 
     op.__name__ = name
     op.__doc__ = f"`jnp.{name}` over the logical values, under the precision rules."

@@ -14,12 +14,16 @@ Examples:
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
 
 from . import _attach  # noqa: F401  (Tensor's operators, for the Tensors returned)
 from ._apply import apply
+from ._errors import PrecisionError
+from ._operators import refusal
 
 _WRAPPED: dict[str, Any] = {}
 
@@ -38,8 +42,23 @@ def __getattr__(name: str) -> Any:
         ) from None
     if not callable(attr) or isinstance(attr, type):
         return attr
-    fn = _WRAPPED[name] = apply(attr)
+    fn = _WRAPPED[name] = _refusing(name, apply(attr))
     return fn
+
+
+def _refusing(name: str, applied: Callable[..., Any]) -> Callable[..., Any]:
+    """`applied`, with JAX's refusal of its arguments raised as the library's errors."""
+
+    @functools.wraps(applied)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return applied(*args, **kwargs)
+        except PrecisionError:
+            raise
+        except (TypeError, ValueError, OverflowError) as err:
+            raise refusal(f"precision.numpy.{name}", args, err) from err
+
+    return call
 
 
 def __dir__() -> list[str]:

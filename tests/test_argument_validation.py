@@ -25,6 +25,7 @@ import pytest
 
 import dtypes
 import precision
+import precision.numpy
 from precision import CheckpointError, DynamicLossScale, StaticLossScale, select_tree
 from precision._errors import (
     KitError,
@@ -70,6 +71,11 @@ def _hand_built_nvfp4(tensor_scale: Any, name: str = "nvfp4") -> dtypes.Encoded:
     return dtypes.Encoded(
         enc.data, enc.scale, enc.format, enc.scaling, 16, tensor_scale=tensor_scale
     )
+
+
+def _calibrate_batches(batches: Any) -> Any:
+    w = {"w": jnp.ones((2, 32))}
+    return precision.calibrate(lambda p, x: x @ p["w"].T, w, batches)
 
 
 def _calibrate(**options: Any) -> Any:
@@ -989,6 +995,20 @@ WRONG_CALLS = [
                 TypeError,
                 ["'cpu'", "jax.devices()"],
             ),
+            (
+                "add-shapes",
+                lambda t: t + np.ones((3, 5)),
+                ValueError,
+                ["Tensor `add`", "(2, 32)", "(3, 5)"],
+            ),
+            ("matmul-shapes", lambda t: t @ t, ValueError, ["Tensor `matmul`", "contracting"]),
+            ("add-huge-int", lambda t: t + 2**63, TypeError, ["Tensor `add`", "int 9223372"]),
+            (
+                "numpy-sin-text",
+                lambda t: precision.numpy.sin("abc"),
+                TypeError,
+                ["precision.numpy.sin", "str 'abc'"],
+            ),
             ("index-array-past", lambda t: t[np.array([0, 100])], IndexError, ["index 100"]),
             ("index-jax-past", lambda t: t[:, jnp.array(-33)], IndexError, ["index -33", "32"]),
             (
@@ -999,6 +1019,30 @@ WRONG_CALLS = [
             ),
         ]
     ],
+    pytest.param(
+        lambda tmp: precision.explain(lambda a: a @ a, np.ones((2, 3), np.float32)),
+        ValueError,
+        ["explain: f", "(2, 3)", "contracting"],
+        id="explain-f-refused",
+    ),
+    pytest.param(
+        lambda tmp: _calibrate_batches(np.float32(1)),
+        ValueError,
+        ["batches", "iterable"],
+        id="calibrate-batches-0d",
+    ),
+    pytest.param(
+        lambda tmp: dtypes.PerTensor().group_reduce(np.array(["a"]), jnp.max),
+        TypeError,
+        ["PerTensor.group_reduce", "numeric array"],
+        id="group-reduce-text",
+    ),
+    pytest.param(
+        lambda tmp: dtypes.PerTensor().group_reduce(np.ones(3), None),
+        TypeError,
+        ["reduce=None", "function"],
+        id="group-reduce-not-callable",
+    ),
     pytest.param(
         lambda tmp: precision.Tensor(SAMPLE, dtype=np.float32(1.5)),
         TypeError,

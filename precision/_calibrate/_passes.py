@@ -23,7 +23,13 @@ __all__ = ["accumulate", "batches_of", "chunks", "shapes_of", "survey"]
 
 
 def batches_of(batches: Any) -> list[Any]:
-    if batches is None or isinstance(batches, str | bytes) or not isinstance(batches, Iterable):
+    zero_d = getattr(batches, "ndim", None) == 0  # an array is iterable, but not a 0-d one
+    if (
+        batches is None
+        or isinstance(batches, str | bytes)
+        or not isinstance(batches, Iterable)
+        or zero_d
+    ):
         raise CalibrationError(
             f"calibrate: `batches` must be an iterable of inputs for f(params, batch), got "
             f"{type(batches).__name__}; pass e.g. [x1, x2, ...]"
