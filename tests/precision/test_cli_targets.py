@@ -156,12 +156,16 @@ def rename(src, dst):
     real_rename(src, dst)
     if os.fspath(dst).endswith(".old"):
         die()
+def interrupted(src, dst):
+    real_rename(src, dst)
+    if os.fspath(dst).endswith(".old"):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C between the two renames
 def exchange(a, b):
     real_exchange(a, b) or sys.exit("no renameat2 here")
     die()
-if sys.argv[1] == "aside":
+if sys.argv[1] in ("aside", "ctrl-c"):
     commit.rename_exchange = lambda a, b: False
-    os.rename = rename
+    os.rename = rename if sys.argv[1] == "aside" else interrupted
 else:
     commit.rename_exchange = exchange
 from precision._cli import main
@@ -198,6 +202,22 @@ def test_a_conversion_killed_inside_its_commit_is_recovered_by_the_next(sharded,
     loaded = precision.load(sharded, as_arrays=True)
     np.testing.assert_allclose(loaded["w"], X["w"], atol=1 / 127)  # bf16, then int8
     assert {p.name for p in sharded.iterdir()} == set(before)
+
+
+def test_ctrl_c_inside_the_commit_of_an_in_place_conversion_lets_it_finish(sharded):
+    """An interrupt between the two renames is held until the commit is whole: the
+    command finishes (status 0) and leaves the converted output, nothing beside it."""
+    before = {p.name for p in sharded.iterdir()}
+    argv = ["convert", str(sharded), "-o", str(sharded), "--to", "int8", "--overwrite", "-q"]
+    child = subprocess.run(
+        [sys.executable, "-c", KILLED_AT_COMMIT, "ctrl-c", *argv], capture_output=True, text=True
+    )
+    assert child.returncode == 0, child.stderr
+    assert "Traceback" not in child.stderr
+    assert [p for p in sharded.parent.iterdir() if p.name.startswith(".")] == []
+    assert {p.name for p in sharded.iterdir()} == before
+    loaded = precision.load(sharded)
+    assert loaded["w"].format.name == "int8"
 
 
 def test_leftovers_of_live_or_other_conversions_are_left_alone(sharded, capsys):
