@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import jax
 import pytest
@@ -78,3 +78,12 @@ def eager_and_jit(request) -> Callable[[Callable], Callable]:
     if request.param == "eager":
         return lambda f: f
     return jax.jit
+
+
+@pytest.fixture
+def x64() -> Iterator[None]:
+    """64-bit JAX for one test (`jax_enable_x64`), restored afterwards."""
+    before = jax.config.read("jax_enable_x64")
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", before)

@@ -590,20 +590,15 @@ for _m in (
     group(f"dtypes.Format.{_m}")(_format_method(_m))
 
 
+# the arrays a jitted call is swept with (its argument's kinds: specials, empty, 0-d, ints)
+JIT_ARRAYS = ("nanarr", "infarr", "empty", "zero-d", "int32arr", "boolarr", "f16arr", "hugef32")
+
+
 @group("dtypes.Format.jit")
 def _format_jit(ctx: Ctx) -> list[Case]:
     items = []
     for n, fmt in _formats():
-        for vn in (
-            "nanarr",
-            "infarr",
-            "empty",
-            "zero-d",
-            "int32arr",
-            "boolarr",
-            "f16arr",
-            "hugef32",
-        ):
+        for vn in JIT_ARRAYS:
             v = _arrays()[vn]
             items.append(
                 (
@@ -1117,17 +1112,7 @@ def _tensor_specials(ctx: Ctx) -> list[Case]:
 def _tensor_jit(ctx: Ctx) -> list[Case]:
     T = precision.Tensor
     items = []
-    for vn in (
-        "nanarr",
-        "infarr",
-        "empty",
-        "zero-d",
-        "int32arr",
-        "boolarr",
-        "f16arr",
-        "hugef32",
-        "int64huge",
-    ):
+    for vn in (*JIT_ARRAYS, "int64huge"):
         v = _arrays()[vn]
         for f in ["int8", "bfloat16", "mxfp4", "nf4", "uint4", "float8_e4m3fn", "float8_e8m0fnu"]:
 

@@ -384,14 +384,6 @@ def test_repr_of_a_hand_built_encoding_does_not_raise():
 # -- float64 input under x64 ----------------------------------------------------------
 
 
-@pytest.fixture
-def x64():
-    before = jax.config.read("jax_enable_x64")
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
-
-
 def _e8m0_exact(v: float) -> float:
     """The nearest power of two to `v` > 0, a tie (1.5 * 2**k) going up, within
     2**-127..2**127 (exact: frexp is exact on float64)."""

@@ -12,14 +12,6 @@ import precision
 SCALED = ["int8", "int4", "int2", "mxfp4", "mxint8", "nvfp4", "uint8", "nf4"]
 
 
-@pytest.fixture
-def x64():
-    before = jax.config.read("jax_enable_x64")
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
-
-
 @pytest.mark.parametrize("name", SCALED)
 @pytest.mark.parametrize("big", [1e300, -1e39, 3.5e38])
 def test_scaled_encodings_refuse_float64_values_past_float32_under_x64(x64, name, big):
