@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dtypes
@@ -64,6 +64,7 @@ def test_signed_codes_sign_extend(bits):
     np.testing.assert_array_equal(np.asarray(unpack(data, bits, codes.size)), codes)
 
 
+_EXAMPLES = settings().max_examples  # of the loaded profile (tests/conftest.py)
 _pack_jit = jax.jit(pack, static_argnums=1)
 _unpack_jit = jax.jit(unpack, static_argnums=(1, 2), static_argnames="signed")
 
@@ -74,6 +75,9 @@ _unpack_jit = jax.jit(unpack, static_argnums=(1, 2), static_argnames="signed")
     last=st.integers(1, 23),
     seed=st.integers(0, 2**32 - 1),
 )
+# each example compiles its shape's programs: at most 50 in CI (every width and last
+# length is still drawn), the whole profile when hunting
+@settings(max_examples=_EXAMPLES if _EXAMPLES > 100 else min(_EXAMPLES, 50))
 def test_packing_any_shape_matches_the_reference(bits, lead, last, seed):
     # odd last axes included: every length pads to whole bytes its own way
     shape = (*lead, last)
