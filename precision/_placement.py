@@ -14,11 +14,10 @@ import jax
 import numpy as np
 
 import dtypes
-from dtypes import PrecisionTypeError
 
 from ._errors import DeviceMismatchError
 from ._jax_compat import is_tracer
-from ._storage import replicated, scale_sharding
+from ._storage import check_placement, is_placement, replicated, scale_sharding
 from ._tensor import Tensor
 
 __all__ = ["check_devices", "device_put", "storage_shardings"]
@@ -55,10 +54,6 @@ def check_devices(leaves: Any) -> None:
                 f"{_describe_devices(b)}; nothing is moved implicitly, move one first, "
                 f"e.g. b.to_device(a.device)"
             )
-
-
-def _is_placement(x: Any) -> bool:
-    return isinstance(x, jax.Device | jax.sharding.Sharding)
 
 
 def _storage_sharding(t: Tensor, target: Any, where: str) -> tuple[Any, Any]:
@@ -156,7 +151,7 @@ def device_put(tree: Any, device_or_sharding: Any) -> Any:
         >>> device_put(tree, {"w": cpu, "n": None})["w"].device == cpu
         True
     """
-    if _is_placement(device_or_sharding) or device_or_sharding is None:
+    if is_placement(device_or_sharding) or device_or_sharding is None:
         targets = jax.tree_util.tree_map(
             lambda _: device_or_sharding, tree, is_leaf=lambda x: isinstance(x, Tensor)
         )
@@ -172,11 +167,8 @@ def device_put(tree: Any, device_or_sharding: Any) -> Any:
         ) from None
     out = []
     for leaf, target in zip(flat, placements, strict=True):
-        if target is not None and not _is_placement(target):
-            raise PrecisionTypeError(
-                f"device_put: {target!r:.60} is not a device or sharding; pass one of "
-                "jax.devices() (e.g. jax.devices()[0]) or a jax.sharding.Sharding"
-            )
+        if target is not None:
+            check_placement(target, "device_put")
         if target is None:
             out.append(leaf)
         elif isinstance(leaf, Tensor):

@@ -277,6 +277,20 @@ def decoder(dtype: Any) -> Callable[[dtypes.Encoded], jax.Array]:
 # -- where storage lives: the shardings of a Tensor's parts ------------------
 
 
+def is_placement(x: Any) -> bool:
+    """Whether `x` is where storage can go: a device or a sharding."""
+    return isinstance(x, jax.Device | jax.sharding.Sharding)
+
+
+def check_placement(target: Any, what: str) -> None:
+    """Refuse a placement that is not a device or sharding (a name such as "cpu")."""
+    if not is_placement(target):
+        raise dtypes.PrecisionTypeError(
+            f"{what}: {target!r:.60} is not a device or sharding; pass one of jax.devices() "
+            "(e.g. jax.devices()[0]) or a jax.sharding.Sharding"
+        )
+
+
 def replicated(target: Any) -> Any:
     """The replicated counterpart of a placement (itself for a single device)."""
     if isinstance(target, jax.sharding.NamedSharding):

@@ -21,6 +21,7 @@ from ._implicit import implicit_caller
 from ._jax_compat import is_tracer
 from ._storage import (
     carries_gradient,
+    check_placement,
     decoder,
     encoder,
     full_format,
@@ -407,11 +408,7 @@ class Tensor:
         split like the data dimension it belongs to when it is as long as it,
         and replicated otherwise.
         """
-        if not isinstance(device_or_sharding, jax.Device | jax.sharding.Sharding):
-            raise PrecisionTypeError(
-                f"to_device: {device_or_sharding!r:.60} is not a device or sharding; pass one "
-                "of jax.devices() (e.g. jax.devices()[0]) or a jax.sharding.Sharding"
-            )
+        check_placement(device_or_sharding, "to_device")
         enc = self._encoded
         data = jax.device_put(enc.data, device_or_sharding)
         put = functools.partial(_follow, device_or_sharding, enc.data)
