@@ -35,6 +35,7 @@ from ._jax_compat import is_differentiated
 __all__ = [
     "Role",
     "carries_gradient",
+    "check_placement",
     "compute_format",
     "decode_encoded",
     "decode_storage",
@@ -44,6 +45,7 @@ __all__ = [
     "full_format",
     "guarded_encoder",
     "is_float",
+    "is_placement",
     "needs_straight_through",
     "replicated",
     "role",
