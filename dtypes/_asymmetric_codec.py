@@ -8,7 +8,6 @@ first use. `round` and `check` are those every storage encoding shares
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -21,7 +20,7 @@ from ._encoded import Encoded
 from ._ieee import divide, is_finite, is_nan, nan_where, select, times_pow2, times_scale
 from ._rounding import round_integer
 from ._rounding_modes import ROUNDING_MODES
-from ._scale_rules import TINY, flush_subnormals, times_reciprocal
+from ._scale_rules import TINY, flush_subnormals, group_extreme, per_group, times_reciprocal
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
@@ -52,8 +51,39 @@ round = _codec.storage_round
 check = _codec.check_storage
 
 
-def _group(scaling: Scaling, x: jax.Array, reduce: Callable[..., jax.Array]) -> jax.Array:
-    return scaling.group_reduce(x, lambda a, axes: reduce(a, axis=axes, keepdims=True))
+def _extremes(
+    fmt: AsymmetricIntFormat, x: jax.Array, scaling: Scaling
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per group (lo, hi, bad): the least and largest of the flushed values with 0 among
+    them (minmax; -absmax and absmax otherwise), and whether the group holds NaN or
+    ±inf (its lo and hi are then 0).
+
+    Found as integer reductions of an order-preserving key of the bits, in one
+    reading of `x` each: a float max may drop NaN on XLA:CPU, and a separate
+    search for NaN and inf would read `x` once more. The key of a float is its
+    magnitude bits, negated for a negative one, and 0 for zeros and subnormals
+    (flushed, as everywhere); NaN and inf lie beyond the keys of every finite
+    value, on the side of their sign.
+    """
+    u = lax.bitcast_convert_type(lax.stop_gradient(x), jnp.uint32)
+    mag = u & jnp.uint32(0x7FFFFFFF)
+    mag = jnp.where(mag < jnp.uint32(0x00800000), jnp.uint32(0), mag)
+    inf = jnp.int32(0x7F800000)
+    if fmt.calibration == "minmax":
+        signed = mag.astype(jnp.int32)
+        key = jnp.where(u >= jnp.uint32(0x80000000), -signed, signed)
+        hi_key = group_extreme(key, scaling, jnp.max)
+        lo_key = group_extreme(key, scaling, jnp.min)
+        bad = (hi_key >= inf) | (lo_key <= -inf)
+    else:
+        hi_key = group_extreme(mag, scaling, jnp.max).astype(jnp.int32)
+        lo_key = -hi_key
+        bad = hi_key >= inf
+    hi_key = jnp.where(bad, 0, hi_key)
+    lo_key = jnp.where(bad, 0, lo_key)
+    hi = lax.bitcast_convert_type(hi_key, jnp.float32)
+    lo = -lax.bitcast_convert_type(-lo_key, jnp.float32)
+    return lo, hi, bad
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -61,18 +91,9 @@ def _encode_jit(
     fmt: AsymmetricIntFormat, scaling: Scaling, rounding: str, x: jax.Array, key: Any
 ) -> Encoded:
     scalar = x.ndim == 0
-    xs = flush_subnormals(x.reshape(1) if scalar else x)
-    xg = lax.stop_gradient(xs)
-    bad = _group(scaling, (~is_finite(xg)).astype(jnp.float32), jnp.sum) > 0
-    xg = select(is_finite(xg), xg, jnp.float32(0))  # no NaN or inf enters the arithmetic
-    # (`initial`: an empty group spans [0, 0], so it gets scale 1 like an all-zero one)
-    group_max = functools.partial(jnp.max, initial=0.0)
-    if fmt.calibration == "minmax":
-        hi = jnp.maximum(_group(scaling, xg, group_max), 0)  # zero padding keeps 0 in range
-        lo = jnp.minimum(_group(scaling, xg, functools.partial(jnp.min, initial=0.0)), 0)
-    else:
-        hi = _group(scaling, jnp.abs(xg), group_max)
-        lo = -hi
+    xs = x.reshape(1) if scalar else x
+    # (an empty group spans [0, 0], so it gets scale 1 like an all-zero one)
+    lo, hi, bad = _extremes(fmt, xs, scaling)
     # a subnormal span reads as 0 everywhere (XLA:CPU flushes it, GPUs keep it)
     span = flush_subnormals(hi - lo)
     qmax32 = np.float32(fmt.qmax)
@@ -87,14 +108,22 @@ def _encode_jit(
     scale = select(big, divide(select(big, half_span, 0.0), qmax32) * 2, scale)
     scale = jnp.where(span == 0, jnp.float32(1), jnp.maximum(scale, TINY))
     scale = nan_where(bad, scale)
-    stored, _, inv, pre = _scale_storage.narrow(xs, scaling, scale, scale, scale, fmt.qmax, 0)
+    # A scale is below 2**129 / qmax: from 8 codes up its reciprocal is a normal float32;
+    # uint2 and uint3 take it in two steps (`_scale_rules.scales`).
+    prescale = fmt.qmax < 8
+    ones = jnp.ones_like(scale) if prescale else None
+    stored, _, inv, pre = _scale_storage.narrow(xs, scaling, scale, scale, ones, fmt.qmax, 0)
     if scaling.scale_format == "float32":
         s32 = stored
-        pre = jnp.where(s32 > np.float32(2.0**100), jnp.float32(2.0**-64), jnp.float32(1))
-        inv = divide(jnp.float32(1), s32 * pre)
+        if prescale:
+            pre = jnp.where(s32 > np.float32(2.0**100), jnp.float32(2.0**-64), jnp.float32(1))
+            s32 = s32 * pre
+        inv = divide(jnp.float32(1), s32)
     inv = select(is_finite(inv) & ~bad, inv, jnp.float32(0))
-    zero_point = jnp.clip(jnp.round(-times_pow2(lo, pre) * inv), 0, fmt.qmax)
-    y = times_reciprocal(xs, scaling, inv, pre)
+    low = lo if pre is None else times_pow2(lo, pre)
+    zero_point = jnp.clip(jnp.round(-low * inv), 0, fmt.qmax)
+    inv, pre, zero_point = per_group(inv, pre, zero_point)
+    y = times_reciprocal(xs, scaling, inv, pre, rounding=rounding, signed_zero=False)
     rounded = round_integer(y, rounding, key)
     codes = jnp.clip(rounded + scaling.broadcast(zero_point, xs.shape), 0, fmt.qmax)
     codes = codes.astype(jnp.uint8)

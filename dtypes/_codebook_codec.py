@@ -50,12 +50,13 @@ round = _codec.storage_round
 check = _codec.check_storage
 
 
-def _scaled(fmt: CodebookFormat, x: jax.Array, scaling: Scaling) -> tuple[jax.Array, jax.Array]:
+def _scaled(
+    fmt: CodebookFormat, x: jax.Array, scaling: Scaling, rounding: str
+) -> tuple[jax.Array, jax.Array]:
     """(flushed x times the group reciprocals, stored scales) for absmax scaling onto fmt.max."""
-    x = flush_subnormals(x)
     scale, inv, pre = scales(x, scaling, fmt.max, 0)
     stored, _, inv, pre = _scale_storage.narrow(x, scaling, scale, inv, pre, fmt.max, 0)
-    return times_reciprocal(x, scaling, inv, pre), stored
+    return times_reciprocal(x, scaling, inv, pre, rounding=rounding, signed_zero=False), stored
 
 
 def nearest_index(fmt: CodebookFormat, y: jax.Array) -> jax.Array:
@@ -90,7 +91,7 @@ def _encode_jit(
 ) -> Encoded:
     scalar = x.ndim == 0
     xs = x.reshape(1) if scalar else x
-    y, stored = _scaled(fmt, xs, scaling)
+    y, stored = _scaled(fmt, xs, scaling, rounding)
     y = lax.stop_gradient(y)
     if rounding == "stochastic":
         idx = stochastic_index(fmt, y, key)

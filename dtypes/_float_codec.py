@@ -28,7 +28,7 @@ from ._encoder_inputs import (
 from ._errors import FormatError, NonFiniteError, ScalingError
 from ._ieee import from_float32, times_scale
 from ._rounding import Grid, round_float
-from ._scale_rules import flush_subnormals, scales, times_reciprocal
+from ._scale_rules import scales, times_reciprocal
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
@@ -227,10 +227,8 @@ def _encode_jit(
     x = (x.reshape(1) if scalar else x).astype(jnp.float32)
     scale, inv, pre = scales(x, scaling, fmt.max, fmt.emax)
     # scales as stored in the scaling's scale format (float32, E8M0, e4m3 + tensor scale…)
-    scale, tensor_scale, inv, pre = _scale_storage.narrow(
-        flush_subnormals(x), scaling, scale, inv, pre, fmt.max, 0
-    )
-    y = times_reciprocal(flush_subnormals(x), scaling, inv, pre)
+    scale, tensor_scale, inv, pre = _scale_storage.narrow(x, scaling, scale, inv, pre, fmt.max, 0)
+    y = times_reciprocal(x, scaling, inv, pre, rounding=rounding)
     if scalar:
         y, scale = y.reshape(()), scale.reshape(())
     # The scale is chosen so values fit; saturating keeps float fuzz at the
@@ -240,8 +238,10 @@ def _encode_jit(
         # fp8: XLA's convert into the container rounds to nearest-even exactly as
         # the bit rounding does (subnormals included; checked against it in the
         # tests), and the clip is the saturation: one fused op instead of dozens.
+        # `y` is finite (NaN and inf elements are 0 by now, `times_reciprocal`), so
+        # no NaN or inf needs writing as bits.
         top = np.float32(fmt.max)
-        enc = Encoded(from_float32(jnp.clip(y, -top, top), native), scale, fmt, scaling)
+        enc = Encoded(jnp.clip(y, -top, top).astype(native), scale, fmt, scaling)
         enc.tensor_scale = tensor_scale
         return enc
     enc = _store(fmt, round_values(fmt, y, rounding, key, saturate=True), scale, scaling)
@@ -294,11 +294,9 @@ def _round_with_mask(
     scalar = x.ndim == 0
     xf = (x.reshape(1) if scalar else x).astype(jnp.float32)
     scale, inv, pre = scales(xf, scaling, fmt.max, fmt.emax)
-    stored, tensor_scale, inv, pre = _scale_storage.narrow(
-        flush_subnormals(xf), scaling, scale, inv, pre, fmt.max, 0
-    )
+    stored, tensor_scale, inv, pre = _scale_storage.narrow(xf, scaling, scale, inv, pre, fmt.max, 0)
     scale = _scale_storage.widen(stored, tensor_scale, scaling, 0)
-    y = times_reciprocal(flush_subnormals(xf), scaling, inv, pre)
+    y = times_reciprocal(xf, scaling, inv, pre, rounding=rounding)
     q = round_values(fmt, y, rounding, key, saturate=True)
     out = times_scale(q, scaling.broadcast(scale, xf.shape))
     mask = (jnp.abs(y) <= fmt.max) if scaling.power_of_two else jnp.ones(xf.shape, bool)

@@ -90,12 +90,16 @@ def nan_where(cond: Any, x: Any) -> jax.Array:
     return from_bits(jnp.where(cond, jnp.uint32(_QUIET_NAN), _bits(x)))
 
 
-def times_scale(values: jax.Array, scale: jax.Array) -> jax.Array:
+def times_scale(values: jax.Array, scale: jax.Array, *, flush: bool = True) -> jax.Array:
     """`values * scale` (float32), NaN exactly where the scale is NaN, selected as bits
-    (a product with a NaN that flags assuming none may turn into anything)."""
+    (a product with a NaN that flags assuming none may turn into anything).
+
+    A subnormal product is flushed on the bits (XLA:CPU flushes it, GPUs keep it);
+    `flush=False` where none can be: integer values times normal scales.
+    """
     nan = is_nan(scale)
-    # a subnormal product is flushed on the bits (XLA:CPU flushes it, GPUs keep it)
-    return nan_where(nan, flush_subnormals(values * select(nan, jnp.float32(1), scale)))
+    product = values * select(nan, jnp.float32(1), scale)
+    return nan_where(nan, flush_subnormals(product) if flush else product)
 
 
 def unsigned_zero(x: jax.Array) -> jax.Array:
@@ -142,12 +146,22 @@ def _bits(x: Any) -> jax.Array:
 
 
 def divide(a: Any, b: Any) -> jax.Array:
-    """`a / b` in float32, correctly rounded (nearest even), by integer arithmetic.
+    """`a / b` in float32, correctly rounded (nearest even), on every backend.
 
     For finite `a` and finite, normal, nonzero `b` (every scale computation's case:
     callers set NaN groups aside first). A zero or subnormal `a`, or a quotient
     below the smallest normal, gives zero of the quotient's sign (as XLA:CPU
     flushes it); a quotient past float32's largest value gives inf.
+
+    The quotient of the significands is estimated by the backend's own float32
+    division (correctly rounded on XLA:CPU by default, a few ulps off on GPUs and
+    under fast-math flags), then corrected exactly in integers: with the dividend's
+    significand `A` in [B, 2B) and the divisor's `B`, the rounded significand is
+    the integer `Q` nearest `A * 2**23 / B`, and the remainder `A * 2**23 - Q * B`,
+    a few times `B` at most, is exact in the low 32 bits of both products. Two
+    rounds of correction reach the nearest `Q` from any estimate within 4 of it;
+    a remainder of exactly half of `B` is a tie, given to the even `Q`. No integer
+    division: a group's reciprocal costs a few dozen vectorised operations.
 
     Examples:
         >>> import numpy as np
@@ -155,28 +169,33 @@ def divide(a: Any, b: Any) -> jax.Array:
         True
     """
     ua, ub = jnp.broadcast_arrays(_bits(a), _bits(b))
-    u32 = jnp.uint32
+    u32, i32 = jnp.uint32, jnp.int32
     ea = (ua >> 23) & u32(0xFF)
     eb = (ub >> 23) & u32(0xFF)
     ma = (ua & u32(_FRACTION)) | u32(_HIDDEN)
     mb = (ub & u32(_FRACTION)) | u32(_HIDDEN)
     # Bring the dividend's significand into [mb, 2 mb): the quotient is then in [1, 2).
     short = ma < mb
-    ma = jnp.where(short, ma << 1, ma)
     # the biased exponent of the quotient, kept positive in uint32 (+ 256)
     exponent = ea + u32(127 + 256) - eb - short.astype(jnp.uint32)
-    # The leading quotient bit is 1; 24 more (23 fraction bits and a guard bit) come
-    # 8 at a time: the remainder is below mb < 2**24, so remainder << 8 fits 32 bits.
-    rem = ma - mb
-    q = jnp.ones_like(ma)
-    for _ in range(3):
-        shifted = rem << 8
-        digit = shifted // mb
-        q = (q << 8) | digit
-        rem = shifted - digit * mb
-    # round to nearest even on the guard bit, the remainder and the last bit
-    up = (q & 1) & ((rem != 0).astype(jnp.uint32) | ((q >> 1) & 1))
-    mant = (q >> 1) + up
+    # estimate: (ma / mb) * 2**23, or 2**24 when short; both significands are exact floats
+    ratio = ma.astype(jnp.float32) / mb.astype(jnp.float32)
+    estimate = ratio * jnp.where(short, jnp.float32(2.0**24), jnp.float32(2.0**23))
+    q = jnp.round(jnp.clip(estimate, 2.0**22, 2.0**25)).astype(i32)
+    # remainder (ma << (23 + short)) - q * mb, exact in wrapping 32-bit arithmetic
+    shifted = (ma << u32(23)) << short.astype(jnp.uint32)
+    rem = lax.bitcast_convert_type(shifted - q.astype(jnp.uint32) * mb, i32)
+    d = mb.astype(i32)
+    for _ in range(2):  # each round moves q by round(rem / d) while |rem| < 2.5 d
+        twice = 2 * rem
+        step = (twice > d).astype(i32) + (twice > 3 * d).astype(i32)
+        step = step - (twice < -d).astype(i32) - (twice < -3 * d).astype(i32)
+        q = q + step
+        rem = rem - step * d
+    # |rem| <= mb / 2 now; exactly half is a tie, settled towards the even q
+    tie_up = (2 * rem == d) & ((q & 1) == 1)
+    tie_down = (2 * rem == -d) & ((q & 1) == 1)
+    mant = (q + tie_up.astype(i32) - tie_down.astype(i32)).astype(jnp.uint32)
     carry = mant >> 24  # rounded up to 2**24: one more exponent
     exponent = exponent + carry
     mant = mant >> carry

@@ -87,10 +87,11 @@ def _int_codes(
     top_exponent = fmt.top_exponent
     scale, inv, pre = scales(x, scaling, fmt.qmax, top_exponent)
     scale, tensor_scale, inv, pre = _scale_storage.narrow(
-        flush_subnormals(x), scaling, scale, inv, pre, fmt.qmax, top_exponent
+        x, scaling, scale, inv, pre, fmt.qmax, top_exponent
     )
-    y = times_reciprocal(flush_subnormals(x), scaling, inv, pre)
+    y = times_reciprocal(x, scaling, inv, pre, rounding=rounding, signed_zero=False)
     rounded = round_integer(y, rounding, key)
+    # (no -0 code, even held as a float: see `unsigned_zero`)
     codes = unsigned_zero(jnp.clip(rounded, -fmt.qmax, fmt.qmax))
     return codes, scale, inv, rounded, tensor_scale
 
@@ -138,7 +139,8 @@ def _round_with_mask(
     xf = (x.reshape(1) if scalar else x).astype(jnp.float32)
     codes, stored, _, rounded, tensor_scale = _int_codes(fmt, xf, scaling, rounding, key)
     scale = _scale_storage.widen(stored, tensor_scale, scaling, fmt.top_exponent)
-    out = times_scale(codes, scaling.broadcast(scale, xf.shape))
+    # An integer code times a normal scale is never subnormal (|code| >= 1 or 0).
+    out = times_scale(codes, scaling.broadcast(scale, xf.shape), flush=False)
     if scaling.power_of_two and not fmt.binary:
         # Only power-of-two scales can push a code out of range: those
         # elements were clipped and pass no gradient (clipped STE).

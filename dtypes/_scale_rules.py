@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,11 +27,16 @@ from ._scaling import PerBlock, Scaling
 
 __all__ = [
     "TINY",
+    "Reduction",
     "floor_log2",
     "flush_subnormals",
     "group_absmax",
+    "group_extreme",
     "group_sizes",
+    "max_bits",
     "mean_abs",
+    "needs_prescale",
+    "per_group",
     "pow2",
     "scales",
     "times_reciprocal",
@@ -55,47 +62,115 @@ def pow2(k: jax.Array) -> jax.Array:
 
 
 def group_absmax(x: jax.Array, scaling: Scaling) -> jax.Array:
-    """Per-group max(|x|), NaN for a group that holds NaN or ±inf.
+    """Per-group max(|x|), NaN for a group that holds NaN or ±inf, 0 for a subnormal one.
 
-    For float32 one integer max over the magnitude bits does both: finite
+    For float32 one integer max over the magnitude bits does all three: finite
     magnitudes order as their bits do, and inf and NaN lie above every finite
     one, so the group's largest magnitude bits are its absmax, or say that it
     holds NaN or inf. An integer max drops nothing (XLA:CPU's vectorised float
-    max may drop NaN) and reads the input once (a separate `any(~isfinite)`
-    costs another pass over it).
+    max may drop NaN) and reads the input once: a separate search for NaN and
+    inf would cost a second pass over it. A subnormal absmax reads as 0, as a
+    backend that flushes subnormals sees it.
     """
     # Scales are treated as constants by autodiff (straight-through): the
     # gradient of decode(encode(x)) is 1, not the sensitivity of the
     # rounding error to the group's absmax.
     x = lax.stop_gradient(x)
-    # `initial=0` gives an empty group absmax 0, hence scale 1 like an all-zero group.
-    if x.dtype == jnp.float32 and _integer_max(scaling):
+    if x.dtype == jnp.float32:
         mag = lax.bitcast_convert_type(x, jnp.uint32) & jnp.uint32(0x7FFFFFFF)
-        top = scaling.group_reduce(
-            mag, lambda a, axes: jnp.max(a, axis=axes, keepdims=True, initial=jnp.uint32(0))
-        )
-        # a subnormal absmax reads as 0, as XLA:CPU's float max gives it
+        top = max_bits(mag, scaling)
         top = jnp.where(top < jnp.uint32(0x00800000), jnp.uint32(0), top)
         return nan_where(top >= jnp.uint32(0x7F800000), _ieee.from_bits(top))
+    # float64 under x64 (its own subnormals kept); `initial=0` gives an empty group
+    # absmax 0, hence scale 1 like an all-zero group
     absmax = scaling.group_reduce(
         jnp.abs(x), lambda a, axes: jnp.max(a, axis=axes, keepdims=True, initial=0.0)
     )
-    # (Read from the bits: flags that assume no NaN would fold `isfinite` to true.)
+    # (read from the bits of its float32 value: past float32's range is inf there)
     poison = scaling.group_reduce(
         ~is_finite(x.astype(jnp.float32)), lambda a, axes: jnp.any(a, axis=axes, keepdims=True)
     )
     return nan_where(poison, absmax.astype(jnp.float32)).astype(absmax.dtype)
 
 
-def _integer_max(scaling: Scaling) -> bool:
-    """Whether the integer max of `group_absmax` is the faster of its two (equal) forms.
+def max_bits(mag: jax.Array, scaling: Scaling) -> jax.Array:
+    """Per-group max of uint32 `mag` (0 for an empty group), shaped like the scales."""
+    return group_extreme(mag, scaling, jnp.max)
 
-    XLA:CPU vectorises a long float max but not an integer one (a per-tensor
-    max over 2**24 values: 4.8 ms float, 34 ms integer, plus 7 ms for the
-    separate `any`); over short groups such as blocks of 32 the single
-    integer pass is faster there too. Both give the same bits.
+
+def group_extreme(values: jax.Array, scaling: Scaling, reduce: Reduction) -> jax.Array:
+    """Per-group `reduce` (`jnp.max` or `jnp.min`) of integer `values` with 0 among them,
+    shaped like the scales.
+
+    The same integers on every backend; how the reduction is cut is the
+    platform's (`lax.platform_dependent`, so a program lowered for a GPU on a
+    CPU machine gets the GPU's form): XLA:CPU vectorises an integer reduction
+    over a short last axis but not over a long one or across rows, so there the
+    groups are reduced in stages of at most 32 consecutive elements
+    (`_staged`); elsewhere one reduction.
     """
-    return jax.default_backend() != "cpu" or isinstance(scaling, PerBlock)
+    zero = jnp.zeros((), values.dtype)
+
+    def direct(m: jax.Array) -> jax.Array:
+        return scaling.group_reduce(
+            m, lambda a, axes: reduce(a, axis=axes, keepdims=True, initial=zero)
+        )
+
+    def staged(m: jax.Array) -> jax.Array:
+        return scaling.group_reduce(m, functools.partial(_staged, reduce))
+
+    out: jax.Array = lax.platform_dependent(values, cpu=staged, default=direct)
+    return out
+
+
+Reduction = Callable[..., jax.Array]
+_STAGE_LAST = 32  # the longest last-axis reduction XLA:CPU vectorises well (64: 4x slower)
+_STAGE_INNER = 8  # rows reduced at a time across a kept last axis
+
+
+def _staged(reduce: Reduction, a: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """`reduce(a, axes, keepdims=True, initial=0)` of integer `a`, in stages XLA:CPU runs
+    fast: each stage reduces at most 32 consecutive elements of the last axis (or 8
+    rows across a kept last axis) and is materialized (`_materialized`): XLA would
+    otherwise fuse the stages back into one loop that recomputes each inner stage
+    for every element of the next. Zero padding changes nothing: 0 is among the
+    values reduced anyway."""
+    zero = jnp.zeros((), a.dtype)
+    out_shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
+    if a.size == 0 or not axes:
+        return reduce(a, axis=axes, keepdims=True, initial=zero)
+    left = sorted(axes)
+    while left:
+        last = a.ndim - 1
+        if left[-1] == last:
+            if a.shape[-1] <= _STAGE_LAST:
+                a = reduce(a, axis=-1, initial=zero)
+                left.pop()
+            else:
+                a = reduce(_cut(a, last, _STAGE_LAST), axis=-1)
+        else:
+            d = left[-1]
+            if a.shape[d] <= _STAGE_INNER:
+                a = reduce(a, axis=d, initial=zero)
+                left.pop()
+                left = [i if i < d else i - 1 for i in left]
+            else:
+                a = reduce(_cut(a, d, _STAGE_INNER), axis=d + 1)
+        if left:
+            a = _materialized(a)  # (XLA:CPU would fuse the next stage into this one)
+    return a.reshape(out_shape)
+
+
+def _cut(a: jax.Array, d: int, size: int) -> jax.Array:
+    """`a` with axis `d` zero-padded to a multiple of `size` and split into
+    (length / size, size) at `d`, `d + 1`."""
+    n = a.shape[d]
+    pad = -n % size
+    if pad:
+        widths = [(0, 0)] * a.ndim
+        widths[d] = (0, pad)
+        a = jnp.pad(a, widths)
+    return a.reshape((*a.shape[:d], (n + pad) // size, size, *a.shape[d + 1 :]))
 
 
 def _pairwise_sum(a: jax.Array, axes: tuple[int, ...]) -> jax.Array:
@@ -167,7 +242,7 @@ def flush_subnormals(x: jax.Array) -> jax.Array:
 
 def scales(
     x: jax.Array, scaling: Scaling, top: float, top_exponent: int
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+) -> tuple[jax.Array, jax.Array, jax.Array | None]:
     """Per-group (scale, reciprocal, prescale) so that `x * reciprocal` fits in [-top, top].
 
     Absmax scaling: `scale = absmax / top` and the reciprocal `top / absmax` is
@@ -182,21 +257,54 @@ def scales(
     flushed: a subnormal absmax is taken as 0, the absmax of the flushed
     group (reducing the raw `x` lets XLA fuse the flush into the encode
     instead of materializing a flushed copy of the whole tensor).
+
+    The prescale is None where no group can need one (`needs_prescale`): then
+    the reciprocal is `top / absmax` itself, and `x * reciprocal` is the same
+    number as `(x * 2**-64) * (top / (absmax * 2**-64))` wherever the latter
+    is taken.
     """
     absmax = group_absmax(x, scaling).astype(jnp.float32)
     # A group holding NaN or inf has a NaN absmax: it gets a NaN scale at the end,
     # and 0 meanwhile, so no NaN enters the arithmetic (see `_ieee`).
     bad = is_nan(absmax)
     absmax = select(bad | (absmax < TINY), jnp.float32(0), absmax)
-    pre = jnp.ones_like(absmax)
+    prescale = needs_prescale(scaling, top, top_exponent)
+    scale, inv, pre = _scales(absmax, scaling, np.float32(top), top_exponent, prescale=prescale)
+    zero = absmax == 0
+    scale = nan_where(bad, select(zero, jnp.float32(1), scale))
+    inv = select(zero | bad, jnp.float32(0), inv)
+    scale, inv, pre = per_group(scale, inv, pre)
+    return scale, inv, pre
+
+
+def needs_prescale(scaling: Scaling, top: float, top_exponent: int) -> bool:
+    """Whether some group's reciprocal could fall below float32's smallest normal.
+
+    Absmax scaling's reciprocal is `top / absmax` with absmax < 2**128: at least
+    `top * 2**-128`, normal for every top of 4 or more. The power-of-two rule's
+    is `2**-(floor(log2(absmax)) - top_exponent)`, at least `2**-(127 - top_exponent)`,
+    normal for every top exponent of 1 or more. Only the narrowest grids (int2,
+    code books onto [-1, 1], int1's exponent) take their reciprocal in two steps.
+    """
+    if scaling.power_of_two:
+        return top_exponent < 1
+    return top < 4
+
+
+def _scales(
+    absmax: jax.Array, scaling: Scaling, top32: np.float32, top_exponent: int, *, prescale: bool
+) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """`scales`' rule on a finite, flushed absmax: (scale, reciprocal, prescale or None)."""
+    pre = None
     if scaling.power_of_two:
         k = jnp.maximum(floor_log2(absmax) - top_exponent, -126)
+        if not prescale:
+            return pow2(k), pow2(-k), None
         # for k > 64 the reciprocal 2**-k is taken in two exact steps (2**-64 first)
         big = k > 64
-        pre = jnp.where(big, jnp.float32(2.0**-64), pre)
+        pre = jnp.where(big, jnp.float32(2.0**-64), jnp.float32(1))
         scale, inv = pow2(k), pow2(jnp.where(big, 64 - k, -k))
     else:
-        top32 = np.float32(top)
         scale = divide(absmax, top32)
         # Near float32's top, qmax * fl(absmax / qmax) can round past max:
         # take the scale one ulp lower there, so every code decodes finite.
@@ -205,16 +313,16 @@ def scales(
         # For absmax beyond 2**100 the reciprocal top / absmax would be a
         # subnormal, which XLA on CPU flushes to zero: divide x and absmax by
         # 2**64 first (exact), which gives the very same codes.
-        big = absmax > np.float32(2.0**100)
-        pre = jnp.where(big, jnp.float32(2.0**-64), pre)
-        inv = divide(top32, absmax * pre)
+        if prescale:
+            big = absmax > np.float32(2.0**100)
+            pre = jnp.where(big, jnp.float32(2.0**-64), jnp.float32(1))
+            inv = divide(top32, absmax * pre)
+        else:
+            inv = divide(top32, absmax)
         # absmax / top below the smallest normal (the comparison is exact)
-        tiny = absmax < np.float32(top) * TINY
+        tiny = absmax < top32 * TINY
         scale = jnp.where(tiny, TINY, scale)
         inv = jnp.where(tiny, jnp.float32(2.0**126), inv)
-    zero = absmax == 0
-    scale = nan_where(bad, select(zero, jnp.float32(1), scale))
-    inv = select(zero | bad, jnp.float32(0), inv)
     return scale, inv, pre
 
 
@@ -231,29 +339,101 @@ def _overflows_times(top: np.float32) -> np.float32:
     return s
 
 
-def times_reciprocal(x: jax.Array, scaling: Scaling, inv: jax.Array, pre: jax.Array) -> jax.Array:
+def times_reciprocal(
+    x: jax.Array,
+    scaling: Scaling,
+    inv: jax.Array,
+    pre: jax.Array | None,
+    *,
+    rounding: str,
+    signed_zero: bool = True,
+) -> jax.Array:
     """x * (top / absmax) per group, as `(x * pre) * inv` (see `scales`).
+
+    `x` is flushed here, in the same pass (its subnormals become zero of their
+    sign, or +0 where `signed_zero` is False: integer and code-book codes have
+    no sign of zero), and NaN and ±inf elements, whose group's reciprocal is 0,
+    give +0, selected as bits: their codes are then the same on every backend
+    (a NaN's conversion to an integer code is the backend's choice).
 
     A product below float32's smallest normal is flushed to zero by XLA on
     CPU and kept as a subnormal on GPUs, which would make `up` round a
     positive value to code 0 on one and 1 on the other (and `down` a negative
-    one). Every such product is replaced by ±2**-126, on every backend (the
+    one). Under a rounding mode that can round such a value away from zero,
+    every such product is replaced by ±2**-126, on every backend (the
     comparisons are exact whether or not the hardware flushes): it has the
     sign and the non-zeroness of the exact product and, like it, lies far
     below half of every scaled format's smallest step, so every rounding mode
-    decides as it would on the exact value.
+    decides as it would on the exact value. The nearest modes round it to zero
+    either way, so they skip the test.
+
+    `inv` and `pre` come from `scales` or `_scale_storage.narrow`, computed once
+    per group (`per_group`).
     """
     inv_b = scaling.broadcast(inv, x.shape)
-    # NaN and ±inf elements (their group's scale is NaN, its reciprocal 0) give 0,
-    # selected as bits: their codes are then the same on every backend (a NaN's
-    # conversion to an integer code is the backend's choice).
-    x = _ieee.select(is_finite(x), x, jnp.float32(0)) if x.dtype == jnp.float32 else x
     if x.dtype == jnp.float32:
-        y = _ieee.times_pow2(x, scaling.broadcast(pre, x.shape)) * inv_b
-    else:
-        y = (x * scaling.broadcast(pre, x.shape)) * inv_b
+        x = _finite_normal(x, signed_zero=signed_zero)
+        prescaled = x if pre is None else _ieee.times_pow2(x, scaling.broadcast(pre, x.shape))
+    else:  # float64 under x64
+        x = flush_subnormals(x)
+        prescaled = x if pre is None else x * scaling.broadcast(pre, x.shape)
+    y = prescaled * inv_b
+    if rounding in ("nearest_even", "nearest_away"):
+        return y
     lost = (y < TINY) & (y > -TINY) & (x != 0) & (inv_b > 0)
     return jnp.where(lost, jnp.where(x > 0, TINY, -TINY), y)
+
+
+def per_group(*values: Any) -> Any:
+    """`values` (per-group arrays, or None), each computed once before an elementwise
+    pass reads it per element.
+
+    XLA:CPU fuses a cheap per-group computation into the elementwise kernel that
+    broadcasts it, and so repeats it for every element of the group: the integer
+    long division of a reciprocal (`_ieee.divide`) then costs more than all the
+    rest of an encode. Integer division is cheap by XLA's measure, and an
+    optimization barrier does not survive to XLA:CPU's fusion pass, but a
+    reduce-window is never fused into a consumer that reads its elements many
+    times: on a CPU each array passes through an identity reduce-window (the max
+    of its bits and a zero). Other platforms fuse as they see fit. One value for
+    the whole tensor is left alone: a loop computes it once anyway.
+    """
+    out = tuple(v if v is None or v.size <= 1 else _once(v) for v in values)
+    return out if len(out) != 1 else out[0]
+
+
+def _once(v: jax.Array) -> jax.Array:
+    def identity(a: jax.Array) -> jax.Array:
+        return a
+
+    out: jax.Array = lax.platform_dependent(v, cpu=_materialized, default=identity)
+    return out
+
+
+def _materialized(a: jax.Array) -> jax.Array:
+    """`a` itself, through an identity reduce-window (the max of each element's bits and
+    a zero): XLA:CPU fuses neither a reduce-window into its consumers nor its operand
+    into it, so `a` is computed once, into a buffer of its own. (An optimization
+    barrier does not last until XLA:CPU's fusion pass.)"""
+    uint = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[a.dtype.itemsize]
+    bits = lax.bitcast_convert_type(a, uint)[..., None]
+    padded = jnp.pad(bits, [(0, 0)] * (bits.ndim - 1) + [(0, 1)])
+    window = (1,) * (bits.ndim - 1) + (2,)
+    out = lax.reduce_window(padded, uint(0), lax.max, window, window, "VALID")
+    return lax.bitcast_convert_type(out[..., 0], a.dtype)
+
+
+def _finite_normal(x: jax.Array, *, signed_zero: bool) -> jax.Array:
+    """float32 `x` with subnormals flushed (to zero of their sign, or to +0) and NaN
+    and ±inf replaced by +0, from the bits: one test of the exponent field, which
+    is in [1, 254] exactly for the normal finite values."""
+    u = lax.bitcast_convert_type(x, jnp.uint32)
+    exponent = u & jnp.uint32(0x7F800000)
+    normal = (exponent - jnp.uint32(0x00800000)) < jnp.uint32(0x7F000000)  # (wraps below)
+    other = jnp.uint32(0)
+    if signed_zero:
+        other = jnp.where(exponent == jnp.uint32(0), u & jnp.uint32(0x80000000), other)
+    return _ieee.from_bits(jnp.where(normal, u, other))
 
 
 def group_sizes(scaling: Scaling, shape: tuple[int, ...]) -> jnp.ndarray:

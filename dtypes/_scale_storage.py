@@ -49,6 +49,7 @@ import numpy as np
 from jax import lax
 
 from ._ieee import divide, from_float32, is_finite, is_nan, nan_where, select, to_float32
+from ._scale_rules import group_absmax, per_group
 from ._scaling import Scaling, scale_dtype
 
 __all__ = ["narrow", "widen"]
@@ -57,35 +58,27 @@ _E4M3_MAX = 448.0
 _TINY = np.float32(2.0**-126)
 
 
-def _group_max(x: jax.Array, scaling: Scaling) -> jax.Array:
-    """Per-group absmax of flushed float32 `x`, NaN where the group holds NaN."""
-    a = jnp.abs(lax.stop_gradient(x))
-    amax = scaling.group_reduce(a, lambda v, ax: jnp.max(v, axis=ax, keepdims=True, initial=0.0))
-    # (XLA's vectorised max may drop NaN: find them separately, from the bits)
-    nans = scaling.group_reduce(is_nan(a), lambda v, ax: jnp.any(v, axis=ax, keepdims=True))
-    return nan_where(nans, amax.astype(jnp.float32))
-
-
 def narrow(
     x: jax.Array,
     scaling: Scaling,
     scale: jax.Array,
     inv: jax.Array,
-    pre: jax.Array,
+    pre: jax.Array | None,
     top: float,
     offset: int,
-) -> tuple[jax.Array, jax.Array | None, jax.Array, jax.Array]:
+) -> tuple[jax.Array, jax.Array | None, jax.Array, jax.Array | None]:
     """Scales as stored, and the reciprocal the codes are computed with.
 
     Args:
-        x: the flushed float32 input (used by two-level scaling only).
+        x: the float32 input (used by two-level scaling only; need not be flushed).
         scaling: the scaling, naming the scale format.
-        scale, inv, pre: the float32 scale rule's output (`_scale_rules.scales`).
+        scale, inv, pre: the float32 scale rule's output (`_scale_rules.scales`; `pre`
+            is None where no reciprocal can need one).
         top: the element format's largest value (`qmax` for integers).
         offset: log2 of the element's implicit scale folded into an E8M0 byte.
 
     Returns:
-        (stored scales, float32 tensor scale or None, reciprocal, prescale).
+        (stored scales, float32 tensor scale or None, reciprocal, prescale or None).
     """
     fmt = scaling.scale_format
     if fmt == "float32":
@@ -102,22 +95,29 @@ def narrow(
     dtype = scale_dtype(scaling)
     info = ml_dtypes.finfo(dtype)
     lo = np.float32(info.smallest_subnormal if fmt == "float16" else _TINY)
-    # a NaN group's scale is written as bits (a GPU's conversion writes another NaN)
-    stored = from_float32(jnp.clip(scale, lo, np.float32(info.max)), dtype)
+    # A NaN group's scale is written as bits (a GPU's conversion writes another NaN),
+    # set aside while clipping (flags that assume no NaN clip it to the top).
+    nan = is_nan(scale)
+    clipped = jnp.clip(select(nan, jnp.float32(1), scale), lo, np.float32(info.max))
+    stored = from_float32(nan_where(nan, clipped), dtype)
     s32 = to_float32(stored)
-    big = s32 > np.float32(2.0**100)  # keep the reciprocal a normal float32
-    pre = jnp.where(big, jnp.float32(2.0**-64), jnp.float32(1))
     finite = is_finite(s32)
     s32 = select(finite, s32, jnp.float32(1))  # no NaN enters the arithmetic
-    inv = select(finite, divide(jnp.float32(1), s32 * pre), jnp.float32(0))
+    if pre is not None:
+        big = s32 > np.float32(2.0**100)  # keep the reciprocal a normal float32
+        pre = jnp.where(big, jnp.float32(2.0**-64), jnp.float32(1))
+        s32 = s32 * pre
+    # (without a prescale the stored scale is below 2**126: its reciprocal is normal)
+    inv = select(finite, divide(jnp.float32(1), s32), jnp.float32(0))
+    inv, pre = per_group(inv, pre)
     return stored, None, inv, pre
 
 
 def _two_level(
     x: jax.Array, scaling: Scaling, top: float
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    amax_b = _group_max(x, scaling)
-    # NaN blocks poison the tensor scale (inf, read as such, too); the arithmetic
+) -> tuple[jax.Array, jax.Array, jax.Array, None]:
+    amax_b = group_absmax(x, scaling)
+    # NaN and inf blocks poison the tensor scale; the arithmetic
     # below sees 0 in their place, and the NaN is selected at the end (`_ieee`).
     block_nan = is_nan(amax_b)
     amax_b = select(block_nan, jnp.float32(0), amax_b)
@@ -151,7 +151,8 @@ def _two_level(
     inv = select((s32 > 0) & ~block_nan & ~poisoned, inv, jnp.float32(0))
     stored = _nan_e4m3_where(block_nan | poisoned, stored)
     tensor_scale = nan_where(poisoned, divide(jnp.float32(1), g)).reshape(())
-    return stored, tensor_scale, inv, jnp.ones_like(inv)
+    stored, inv = per_group(stored, inv)
+    return stored, tensor_scale, inv, None
 
 
 def _nan_e4m3_where(cond: jax.Array, stored: jax.Array) -> jax.Array:

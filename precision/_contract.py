@@ -84,6 +84,14 @@ class Contract:
             channel for weights) or "mx" (blocks of 32 along the contracted
             axis, E8M0 scales). None: "rowwise" for integer formats,
             "tensorwise" for float8.
+        fast_accumulation: whether the forward fp8 dots may use the GPU's
+            fast fp8 accumulation (cuBLASLt's, which XLA enables for an fp8
+            dot of DEFAULT precision; what Flax's and Transformer Engine's fp8
+            recipes use forward). Each forward fp8 dot states its precision,
+            so a `jax.default_matmul_precision("highest")` around the call
+            does not turn it off; False asks for HIGHEST instead. XLA:CPU
+            accumulates exactly in float32 either way; gradient dots are
+            float32 (see docs/training.md).
 
     Raises:
         FormatError: a format that is not a narrow integer or float format,
@@ -101,8 +109,14 @@ class Contract:
     forward: Any
     backward: Any = None
     scaling: Scaling | None = None
+    fast_accumulation: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.fast_accumulation, bool):
+            raise ContractTypeError(
+                f"Contract fast_accumulation must be True or False, got "
+                f"{type(self.fast_accumulation).__name__} {self.fast_accumulation!r}"
+            )
         fwd = _operand_format(self.forward, "forward")
         bwd = None if self.backward is None else _operand_format(self.backward, "backward")
         scaling = self.scaling

@@ -72,16 +72,26 @@ def _native_container(op: str, fmt: dtypes.Format) -> np.dtype | None:
     return native
 
 
-def _native_path(op: str, fmt: dtypes.Format) -> np.dtype | None:
-    """The container to hand XLA's contraction directly, if the format has one and it is fast."""
-    native = _native_container(op, fmt)
-    if (
-        native is not None
-        and jax.default_backend() == "cpu"
-        and (op != "dot_general" or native.name not in _cpu_native_formats())
-    ):
-        return None  # (XLA's bfloat16 convolutions on CPU are no faster than float32's)
-    return native
+def _cpu_container(op: str, native: np.dtype | None) -> np.dtype | None:
+    """The container XLA:CPU contracts a compute format's operands in: float32 (None)
+    unless bfloat16 dots are opted in (XLA's bfloat16 convolutions on CPU are no faster
+    than float32's)."""
+    if native is not None and op == "dot_general" and native.name in _cpu_native_formats():
+        return native
+    return None
+
+
+def _float_contraction(eqn: Any, vals: list[Val], state: Any, native: np.dtype | None) -> jax.Array:
+    """The contraction of `vals` in their compute format, its operands in `native` (with
+    float32 sums) or in float32 (None), made where they are used."""
+    a, b = operands_at_use(vals, state, native)
+    params = dict(eqn.params)
+    if native is not None:
+        params["preferred_element_type"] = eqn.outvars[0].aval.dtype
+    elif state.format == dtypes.tf32:
+        params["precision"] = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
+    out: jax.Array = eqn.primitive.bind(a, b, **params)
+    return out
 
 
 def contraction_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
@@ -111,15 +121,20 @@ def _contraction(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
                     f"{stored_b.enc.format.name} codes, int32 sums, one rescale"
                 )
                 return rounded_outputs(op, [exact], state)
-        native = _native_path(op, state.format)
-        settle(_float_path(vals, state, native))
-        a, b = operands_at_use([(a, sa), (b, sb)], state, native)
-        params = dict(eqn.params)
-        if native is not None:
-            params["preferred_element_type"] = eqn.outvars[0].aval.dtype
-        elif state.format == dtypes.tf32:
-            params["precision"] = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
-        out = eqn.primitive.bind(a, b, **params)
+        # Narrow containers go to the dot where the backend has fast kernels for them:
+        # decided by the platform the program is lowered for, not the machine tracing it.
+        native = _native_container(op, state.format)
+        on_cpu = _cpu_container(op, native)
+        here = on_cpu if jax.default_backend() == "cpu" else native  # (explain's words only)
+        settle(_float_path(vals, state, here))
+        pair = [(a, sa), (b, sb)]
+        if on_cpu == native:
+            out = _float_contraction(eqn, pair, state, native)
+        else:
+            out = lax.platform_dependent(
+                cpu=lambda: _float_contraction(eqn, pair, state, on_cpu),
+                default=lambda: _float_contraction(eqn, pair, state, native),
+            )
         return rounded_outputs(op, [out], state)
 
 

@@ -55,6 +55,7 @@ from typing import Any, TypeGuard
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 import dtypes
 
@@ -374,6 +375,7 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
         integer,
         _Side(la, moved_a, same_a, _packed_last(own_a), a.dtype),
         _Side(lb, moved_b, same_b, _packed_last(own_b), b.dtype),
+        spec.fast_accumulation,
     )
     out = _straight_through(plan)(a, b, (ext_a, ext_b, own_a, own_b))
     return rounded_outputs(op, [out], state)
@@ -421,6 +423,7 @@ class _Plan:
     integer: bool
     a: _Side
     b: _Side
+    fast_accumulation: bool = True
 
     def bind_f32(self, x: jax.Array, y: jax.Array) -> jax.Array:
         """The contraction of float operands, accumulated in float32."""
@@ -465,6 +468,11 @@ class _Plan:
             acc_type = np.dtype(np.int32) if self.fmt.kind == "int" else np.dtype(np.float32)
             (ca, ka), (cb, kb) = qa, qb
             iparams = {**params, "preferred_element_type": acc_type}
+            if self.fmt.kind != "int":
+                # Stated on every fp8 dot, so a default matmul precision of the caller's
+                # cannot change it: DEFAULT is what enables XLA:GPU's fast fp8 accumulation.
+                level = lax.Precision.DEFAULT if self.fast_accumulation else lax.Precision.HIGHEST
+                iparams["precision"] = (level, level)
             if eqn.primitive.name == "dot_general":
                 (lc, rc), (lbatch, rbatch) = params["dimension_numbers"]
                 (lc, lbatch), (rc, rbatch) = self.a.dims(lc, lbatch), self.b.dims(rc, rbatch)

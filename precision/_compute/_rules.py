@@ -190,8 +190,6 @@ def computed_at_use(fn: Callable[[Any], Any], arg: Any, *probes: Any) -> Any:
     (JAX would otherwise turn the conditional into a select over a copy of
     `arg` per batch element).
     """
-    if jax.default_backend() != "cpu":
-        return fn(arg)  # GPU/TPU: XLA fuses the work into its consumer
     probe = None
     for candidate in probes:
         if candidate is not None and np.size(candidate) and is_float(candidate):
@@ -199,7 +197,9 @@ def computed_at_use(fn: Callable[[Any], Any], arg: Any, *probes: Any) -> Any:
             break
     if probe is None:
         return fn(arg)
-    return _placed(fn)(arg, probe)
+    # Chosen by the platform the program is lowered for (a program exported for a GPU
+    # from a CPU machine is the GPU's): elsewhere XLA fuses the work into its consumer.
+    return lax.platform_dependent(arg, probe, cpu=_placed(fn), default=lambda a, _: fn(a))
 
 
 def _placed(fn: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:

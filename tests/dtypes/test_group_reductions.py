@@ -1,0 +1,123 @@
+"""Per-group reductions against numpy: the absmax every scale starts from, and the
+integer extremes the zero-point formats use, at shapes that exercise every stage.
+
+XLA:CPU reduces the groups in stages (at most 32 consecutive elements of the last
+axis at a time, or 8 rows across a kept last axis, zero-padded where a length does
+not divide); the result must be numpy's whatever the shape, the axis or the block,
+with NaN and ±inf anywhere and subnormals read as zero.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dtypes
+from dtypes import _scale_rules
+
+SHAPES_AND_SCALINGS = [
+    ((7,), dtypes.PerTensor()),
+    ((4096,), dtypes.PerTensor()),
+    ((3, 1000), dtypes.PerTensor()),
+    ((33, 65), dtypes.PerTensor()),
+    ((64, 1024), dtypes.PerAxis(0)),
+    ((64, 1000), dtypes.PerAxis(0)),
+    ((100, 48), dtypes.PerAxis(1)),
+    ((37, 70), dtypes.PerAxis(-1)),
+    ((5, 33, 96), dtypes.PerAxis(0)),
+    ((5, 33, 96), dtypes.PerAxis(1)),
+    ((5, 33, 96), dtypes.PerAxis((0, 2))),
+    ((6, 100), dtypes.PerBlock(32)),
+    ((6, 1024), dtypes.PerBlock(128)),
+    ((6, 1000), dtypes.PerBlock(256)),
+    ((96, 20), dtypes.PerBlock(16, axis=0)),
+    ((4, 9, 40), dtypes.PerBlock(32, axis=1)),
+    ((2, 5000), dtypes.PerBlock(4096)),
+]
+
+_IDS = [f"{shape}-{scaling}" for shape, scaling in SHAPES_AND_SCALINGS]
+
+
+def _values(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    x = (rng.standard_normal(n) * np.exp2(rng.uniform(-126, 126, n))).astype(np.float32)
+    special = np.float32([np.nan, -np.nan, np.inf, -np.inf, 1e-40, -1e-40, 0.0, -0.0, 3.4e38])
+    for _ in range(seed % 4):  # none, or a few of them in random places
+        x[rng.integers(0, n)] = rng.choice(special)
+    if seed % 5 == 4:
+        x[:] = rng.choice(np.float32([1e-40, -3e-39, 0.0, -0.0]), n)  # all subnormal or zero
+    if seed >= 5:  # increasing in memory order: each group's largest is its last element
+        x = np.arange(1, n + 1, dtype=np.float32) * np.float32(-1 if seed % 2 else 1)
+    if seed == 7:  # and a NaN at the very end, where a stage pads
+        x[-1] = np.nan
+    return x.reshape(shape)
+
+
+def _groups(x: np.ndarray, scaling: dtypes.Scaling) -> np.ndarray:
+    """`x` as (groups..., members) in numpy, groups in the scale array's order."""
+    shape = x.shape
+    scale_shape = scaling.scale_shape(shape)
+    if isinstance(scaling, dtypes.PerBlock):
+        a = scaling.axis % x.ndim
+        size = min(scaling.size, shape[a])
+        nblocks = scale_shape[a]
+        pad = nblocks * size - shape[a]
+        widths = [(0, 0)] * x.ndim
+        widths[a] = (0, pad)
+        xp = np.pad(x, widths)  # zero padding: changes no absmax, and 0 is among the extremes
+        xp = xp.reshape((*shape[:a], nblocks, size, *shape[a + 1 :]))
+        return np.moveaxis(xp, a + 1, -1).reshape((*scale_shape, size))
+    kept = list(scaling.kept(x.ndim)) if isinstance(scaling, dtypes.PerAxis) else []
+    summed = [d for d in range(x.ndim) if d not in kept]
+    moved = np.transpose(x, kept + summed)
+    flat = moved.reshape([shape[d] for d in kept] + [-1])
+    out_shape = [scale_shape[d] for d in range(x.ndim)]
+    return flat.reshape((*out_shape, flat.shape[-1]))
+
+
+def _absmax_reference(x: np.ndarray, scaling: dtypes.Scaling) -> np.ndarray:
+    g = _groups(x, scaling).astype(np.float64)
+    bad = ~np.isfinite(g).all(axis=-1)
+    mag = np.abs(np.where(np.isfinite(g), g, 0))
+    mag = np.where(mag < 2.0**-126, 0, mag)  # subnormals read as zero
+    top = mag.max(axis=-1, initial=0.0)
+    return np.where(bad, np.nan, top).astype(np.float32)
+
+
+@pytest.mark.parametrize(("shape", "scaling"), SHAPES_AND_SCALINGS, ids=_IDS)
+def test_group_absmax_is_numpys(shape, scaling):
+    f = jax.jit(lambda x: _scale_rules.group_absmax(x, scaling))
+    for seed in range(8):
+        x = _values(shape, seed)
+        got = np.asarray(f(jnp.asarray(x)))
+        want = _absmax_reference(x, scaling)
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want, err_msg=f"seed {seed}")
+
+
+@pytest.mark.parametrize(("shape", "scaling"), SHAPES_AND_SCALINGS, ids=_IDS)
+def test_group_extremes_are_numpys(shape, scaling):
+    """Signed integer keys, min and max with 0 among them, in both forms: the staged
+    one XLA:CPU runs and the single reduction other platforms run."""
+    rng = np.random.default_rng(3)
+    keys = rng.integers(-(2**31) + 1, 2**31 - 1, shape, dtype=np.int64).astype(np.int32)
+    g = _groups(keys, scaling)
+    for reduce, ref in ((jnp.max, np.max), (jnp.min, np.min)):
+        want = ref(g, axis=-1, initial=0)
+        got = jax.jit(lambda k, r=reduce: _scale_rules.group_extreme(k, scaling, r))(keys)
+        np.testing.assert_array_equal(np.asarray(got), want)
+        direct = jax.jit(
+            lambda k, r=reduce: scaling.group_reduce(
+                k, lambda a, axes: r(a, axis=axes, keepdims=True, initial=jnp.int32(0))
+            )
+        )(keys)
+        np.testing.assert_array_equal(np.asarray(direct), want)
+
+
+def test_an_empty_group_has_absmax_zero():
+    x = jnp.zeros((3, 0), jnp.float32)
+    got = jax.jit(lambda x: _scale_rules.group_absmax(x, dtypes.PerAxis(0)))(x)
+    np.testing.assert_array_equal(np.asarray(got), np.zeros((3, 1), np.float32))

@@ -1,0 +1,151 @@
+"""The programs a GPU runs, read on this CPU: `jax.export(..., platforms=("cuda",))`.
+
+Exporting lowers for CUDA without a GPU, so the StableHLO of each contraction path
+can be checked here: the dot's operand types (the narrow containers themselves:
+s8, f8, bf16, f16), the precision of every fp8 dot (DEFAULT, which XLA:GPU needs
+for cuBLASLt's fast fp8 accumulation, whatever default precision the caller set),
+and the result types. Every backend choice in the library follows the platform
+being lowered for (`lax.platform_dependent`), not the machine that traces: these
+programs are the ones an H100 compiles, though this machine is a CPU.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import export
+
+import dtypes
+import precision
+
+M, K, N = 64, 128, 32
+
+_DOT = re.compile(
+    r"stablehlo\.dot_general (?P<args>[^,]+, [^,]+), (?P<attrs>.*?) : "
+    r"\(tensor<(?P<a>[^>]*)>, tensor<(?P<b>[^>]*)>\) -> tensor<(?P<out>[^>]*)>"
+)
+_CONTRACTING = re.compile(r"contracting_dims = \[([\d, ]*)\] x \[([\d, ]*)\]")
+
+
+def _dots(fn, *args, highest=False):
+    """(lhs type, rhs type, result type, attributes) of each dot in `fn`'s CUDA program."""
+    jitted = jax.jit(fn)
+    if highest:
+        with jax.default_matmul_precision("highest"):
+            text = export.export(jitted, platforms=("cuda",))(*args).mlir_module()
+    else:
+        text = export.export(jitted, platforms=("cuda",))(*args).mlir_module()
+    found = [m.groupdict() for m in _DOT.finditer(text)]
+    assert found, "no dot in the exported program"
+    return found
+
+
+def _elem(t: str) -> str:
+    return t.split("x")[-1]
+
+
+def _operands():
+    x = jax.random.normal(jax.random.key(0), (M, K))
+    w = jax.random.normal(jax.random.key(1), (K, N))
+    return x, w
+
+
+@pytest.mark.parametrize(
+    ("name", "container"),
+    [
+        ("bfloat16", "bf16"),
+        ("float16", "f16"),
+        ("float8_e4m3fn", "f8E4M3FN"),
+        ("float8_e5m2", "f8E5M2"),
+        ("int8", "i8"),
+    ],
+)
+def test_tensor_matmul_contracts_the_narrow_container(name, container):
+    x, w = _operands()
+    a = precision.Tensor(x).to_reduced_precision(name)
+    b = precision.Tensor(w).to_reduced_precision(name)
+    (dot,) = _dots(lambda a, b: (a @ b).encoded.data, a, b)
+    assert (_elem(dot["a"]), _elem(dot["b"])) == (container, container)
+    assert _elem(dot["out"]) == ("i32" if container == "i8" else "f32")
+
+
+@pytest.mark.parametrize("highest", [False, True], ids=["default", "highest"])
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("stored", [False, True], ids=["float32-weight", "stored-weight"])
+def test_fp8_contraction_dots_are_fp8_with_fast_accumulation(scaling, stored, highest):
+    x, w = _operands()
+    if stored:
+        scale = dtypes.PerTensor() if scaling == "tensorwise" else dtypes.PerAxis(-1)
+        w = precision.Tensor(w).to_reduced_precision("float8_e4m3fn", scaling=scale)
+    contract = precision.Contract("float8_e4m3fn", scaling=scaling)
+    f = precision.apply(lambda x, w: x @ w, contract=contract)
+    for dot in _dots(f, x, w, highest=highest):
+        assert (_elem(dot["a"]), _elem(dot["b"]), _elem(dot["out"])) == (
+            "f8E4M3FN",
+            "f8E4M3FN",
+            "f32",
+        )
+        assert "HIGHEST" not in dot["attrs"]
+
+
+def test_fp8_fast_accumulation_can_be_turned_off():
+    x, w = _operands()
+    contract = precision.Contract("float8_e4m3fn", fast_accumulation=False)
+    f = precision.apply(lambda x, w: x @ w, contract=contract)
+    (dot,) = _dots(f, x, w)
+    assert "precision = [HIGHEST, HIGHEST]" in dot["attrs"]
+
+
+@pytest.mark.parametrize("stored", [False, True], ids=["float32-weight", "stored-int8-weight"])
+def test_w8a8_dots_are_s8_with_int32_sums(stored):
+    x, w = _operands()
+    if stored:
+        w = precision.Tensor(w).to_reduced_precision("int8", scaling=dtypes.PerAxis(-1))
+    f = precision.apply(lambda x, w: x @ w, contract="int8")
+    (dot,) = _dots(f, x, w)
+    assert (_elem(dot["a"]), _elem(dot["b"]), _elem(dot["out"])) == ("i8", "i8", "i32")
+    # the activation's summed dim is its last (row-major A, as cuBLAS wants it)
+    lhs_contracting = _CONTRACTING.search(dot["attrs"]).group(1)
+    assert lhs_contracting == "1"
+
+
+def test_fp8_training_step_keeps_forward_dots_fp8():
+    """The backward of an fp8 contraction (e5m2 cotangents) is float32 by the
+    documented recipe; the forward dot stays fp8 under `grad`."""
+    x, w = _operands()
+    contract = precision.Contract("float8_e4m3fn", backward="float8_e5m2")
+    f = precision.apply(lambda x, w: jnp.sum((x @ w) ** 2), contract=contract)
+    dots = _dots(jax.grad(f, argnums=1), x, w)
+    fp8 = [d for d in dots if _elem(d["a"]).startswith("f8")]
+    assert len(fp8) == 1
+    assert all(_elem(d["a"]) in ("f8E4M3FN", "f32") for d in dots)
+
+
+def test_bfloat16_compute_model_dots_are_bf16():
+    x, w = _operands()
+    v = jax.random.normal(jax.random.key(2), (N, 16))
+
+    def mlp(x, w, v):
+        return jax.nn.gelu(x @ w) @ v
+
+    f = precision.apply(mlp, compute="bfloat16")
+    dots = _dots(f, x, w, v)
+    assert len(dots) == 2
+    for dot in dots:
+        assert (_elem(dot["a"]), _elem(dot["b"]), _elem(dot["out"])) == ("bf16", "bf16", "f32")
+
+
+def test_the_cpu_program_of_the_same_call_is_float32():
+    """The same call lowered for the CPU keeps float32 operands (XLA:CPU's bfloat16 dot
+    is slower than float32 without AMX): the choice follows the lowering platform."""
+    x, w = _operands()
+    a = precision.Tensor(x).to_reduced_precision("bfloat16")
+    b = precision.Tensor(w).to_reduced_precision("bfloat16")
+    text = export.export(jax.jit(lambda a, b: (a @ b).encoded.data), platforms=("cpu",))(
+        a, b
+    ).mlir_module()
+    (dot,) = [m.groupdict() for m in _DOT.finditer(text)]
+    assert (_elem(dot["a"]), _elem(dot["b"])) == ("f32", "f32")
