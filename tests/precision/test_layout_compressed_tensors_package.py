@@ -259,13 +259,13 @@ def reference(root, dst) -> None:
     safetensors.numpy.save_file(weights, str(dst / "model.safetensors"), {"format": "pt"})
 
 
-@pytest.mark.parametrize("keep", [[], ["--keep", "norm"]], ids=["keep-default", "keep-norm"])
-@pytest.mark.parametrize("fmt", list(FORMATS))
-@pytest.mark.parametrize("name", ["llama-tied", "llama-untied", "gpt2"])
-def test_transformers_loads_the_model_that_the_files_describe(models, tmp_path, name, fmt, keep):
-    convert(models / name, tmp_path / "ct", *FORMATS[fmt], *keep, "--layout", "compressed-tensors")
+def check_loads(src, tmp_path, flags: list[str], dtype: torch.dtype) -> None:
+    """Convert `src`; transformers loads the output with no missing or unexpected key and
+    computes, bit for bit, what it computes from the weights `ct_reference` decodes; every
+    `ignore` entry names one module of the model, left in float, and the modules it
+    quantized are those the files store quantized."""
+    convert(src, tmp_path / "ct", *flags, "--layout", "compressed-tensors")
     reference(tmp_path / "ct", tmp_path / "ref")
-    dtype = torch.bfloat16 if fmt == "mxfp4" else torch.float32
     net, ref = loaded(tmp_path / "ct", dtype), loaded(tmp_path / "ref", dtype)
     ids = torch.tensor([[1, 7, 30, 2, 255, 0, 64, 9]])
     with torch.no_grad():
@@ -275,7 +275,6 @@ def test_transformers_loads_the_model_that_the_files_describe(models, tmp_path, 
     for key, value in ref.state_dict().items():
         assert got[key].dtype == value.dtype, key
         assert torch.equal(got[key], value), key
-    # every ignore entry names a module of the model, and only modules left in float
     ignore = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
     modules = dict(net.named_modules())
     for entry in ignore["ignore"]:
@@ -286,6 +285,21 @@ def test_transformers_loads_the_model_that_the_files_describe(models, tmp_path, 
     stored = {n[: -len(".weight_scale")] for n in files(tmp_path / "ct") if "weight_scale" in n}
     assert {m.removeprefix("transformer.") for m in quantized} == stored
     assert all(not ignored(ignore["ignore"], m) for m in quantized)
+
+
+@pytest.mark.parametrize("keep", [[], ["--keep", "norm"]], ids=["keep-default", "keep-norm"])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("name", ["llama-tied", "llama-untied", "gpt2"])
+def test_transformers_loads_the_model_that_the_files_describe(models, tmp_path, name, fmt, keep):
+    dtype = torch.bfloat16 if fmt == "mxfp4" else torch.float32
+    check_loads(models / name, tmp_path, [*FORMATS[fmt], *keep], dtype)
+
+
+def test_a_tied_head_written_in_the_file_loads_tied(tmp_path):
+    """Some exporters write a tied head's weight too; quantized, transformers could not
+    tie it to the embeddings (it fails loading): it is kept in float with them."""
+    write_llama_like(tmp_path / "in", tied=True, head=True)
+    check_loads(tmp_path / "in", tmp_path, ["--to", "int8"], torch.float32)
 
 
 def test_a_sharded_model_dequantizes_bit_for_bit_like_our_layout(models, tmp_path):
