@@ -33,10 +33,11 @@ unexpected key to them, and that module's `weight` a missing one, filled at rand
 what `not_linear` names is written in float and its module listed in `ignore`: tensors
 other than 2-D `.weight`s, embeddings (by their names), the Conv1D layers of the
 architectures built with them (GPT-2's `c_attn`, `c_proj`, `c_fc`: (in, out) weights
-in a module of its own, which the readers leave alone), and an output head that may
-share the embeddings' weight. Each `ignore` entry is `re:(.*\\.)?NAME$`: the readers
-match module names, and a class for a task adds a prefix to a base model's names
-(GPT-2's `h.0.attn.c_attn` is `transformer.h.0.attn.c_attn` in `GPT2LMHeadModel`).
+in a module of its own, which the readers leave alone), mixture-of-experts routers, and
+an output head that may share the embeddings' weight. Each `ignore` entry is
+`re:(.*\\.)?NAME$`: the readers match module names, and a class for a task adds a prefix
+to a base model's names (GPT-2's `h.0.attn.c_attn` is `transformer.h.0.attn.c_attn` in
+`GPT2LMHeadModel`).
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ _CONV1D_TYPES = frozenset(
 _CONV1D_MODULES = frozenset({"c_attn", "q_attn", "c_proj", "c_fc"})
 #: Module names of embeddings (embed_tokens, word_embeddings, wte, T5's shared, ...).
 _EMBEDDING = re.compile(r"(^|\.)(\w*embed\w*|wte|wpe|shared|tok_embeddings)$", re.IGNORECASE)
+#: The last names of mixture-of-experts routers (Mixtral's `block_sparse_moe.gate`, Qwen's
+#: `mlp.gate` and `shared_expert_gate`, `mlp.router`): built as parameters of a router
+#: module, not as Linear layers, or left unquantized by the readers.
+_ROUTERS = frozenset({"gate", "router", "shared_expert_gate"})
 #: The output head a causal language model's class adds (tied to the embeddings or not).
 _HEAD = "lm_head"
 
@@ -133,6 +138,8 @@ def not_linear(name: str, shape: tuple[int, ...], model: Model) -> str | None:
             f"a Conv1D weight of {model.model_type}, (in, out): compressed-tensors' readers "
             "quantize Linear layers only"
         )
+    if module.rsplit(".", 1)[-1] in _ROUTERS:
+        return "a mixture-of-experts router: compressed-tensors' readers do not quantize it"
     if module == _HEAD and model.tied:
         return (
             "the output head, which may share the embeddings' weight (config.json does not "

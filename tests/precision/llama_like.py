@@ -5,7 +5,9 @@ Llama's tensor names and shape relations (`model.embed_tokens`, the attention's
 gated MLP's `gate_proj`/`up_proj`/`down_proj`, RMS norms, `lm_head`), all Linear weights
 stored (out, in), in one `model.safetensors` beside a `config.json` that transformers
 builds `LlamaForCausalLM` from, offline. The head is tied to the embeddings (no
-`lm_head.weight`, `tie_word_embeddings: true`) or has a weight of its own.
+`lm_head.weight`, `tie_word_embeddings: true`) or has a weight of its own. With
+`experts=N` it is a Mixtral: each block's MLP is N experts (`w1`, `w2`, `w3`, named as
+the hub names them) chosen by a router, `block_sparse_moe.gate`.
 """
 
 from __future__ import annotations
@@ -41,8 +43,30 @@ def llama_shapes(
     return shapes | {"model.norm.weight": (hidden,)}
 
 
+def mixtral_shapes(experts: int) -> dict[str, tuple[int, ...]]:
+    """Llama's shapes with each block's MLP made `experts` experts and their router."""
+    shapes = {}
+    for name, shape in llama_shapes(**SIZE).items():
+        block, _, rest = name.partition(".mlp.")
+        if not rest:
+            shapes[name] = shape
+            continue
+        if rest == "gate_proj.weight":
+            shapes[f"{block}.block_sparse_moe.gate.weight"] = (experts, SIZE["hidden"])
+        for e in range(experts):
+            w = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[rest.split(".")[0]]
+            shapes[f"{block}.block_sparse_moe.experts.{e}.{w}.weight"] = shape
+    return shapes
+
+
 def write_llama_like(
-    root: Path, *, tied: bool, head: bool | None = None, seed: int = 0, dtype: str = "float32"
+    root: Path,
+    *,
+    tied: bool,
+    head: bool | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+    experts: int = 0,
 ) -> dict[str, np.ndarray]:
     """Write the checkpoint into the new directory `root`; return its tensors.
 
@@ -50,7 +74,7 @@ def write_llama_like(
     some exporters write (transformers ties it to the embeddings all the same).
     """
     rng = np.random.default_rng(seed)
-    shapes = llama_shapes(**SIZE)
+    shapes = mixtral_shapes(experts) if experts else llama_shapes(**SIZE)
     if not tied if head is None else head:
         shapes["lm_head.weight"] = (SIZE["vocab"], SIZE["hidden"])
     tensors = {
@@ -65,9 +89,9 @@ def write_llama_like(
         tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
     root.mkdir(parents=True)
     safetensors.numpy.save_file(tensors, str(root / "model.safetensors"), {"format": "pt"})
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    config: dict[str, object] = {
+        "architectures": ["MixtralForCausalLM" if experts else "LlamaForCausalLM"],
+        "model_type": "mixtral" if experts else "llama",
         "hidden_size": SIZE["hidden"],
         "intermediate_size": SIZE["intermediate"],
         "num_hidden_layers": SIZE["layers"],
@@ -79,5 +103,7 @@ def write_llama_like(
         "tie_word_embeddings": tied,
         "torch_dtype": dtype,
     }
+    if experts:
+        config |= {"num_local_experts": experts, "num_experts_per_tok": 2}
     (root / "config.json").write_text(json.dumps(config, indent=2))
     return tensors

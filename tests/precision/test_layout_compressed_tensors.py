@@ -133,6 +133,19 @@ def test_a_tied_head_written_in_the_file_is_kept_with_the_embeddings(tmp_path, c
     assert "kept 1: the output head" in out
 
 
+def test_a_mixture_of_experts_router_is_kept_and_its_experts_quantized(tmp_path, capsys):
+    source = write_llama_like(tmp_path / "in", tied=False, experts=4)
+    flags = ["--to", "int8", "--layout", "compressed-tensors"]
+    code, out, _ = run(capsys, tmp_path / "in", tmp_path / "ct", *flags)
+    assert code == 0
+    routers = "kept 2: a mixture-of-experts router: compressed-tensors' readers do not quantize"
+    assert routers in out
+    check_ignore(tmp_path / "ct", source)
+    quantized = quantized_modules(tmp_path / "ct")
+    assert "model.layers.0.block_sparse_moe.experts.3.w2" in quantized
+    assert not any(m.endswith(".gate") for m in quantized)
+
+
 @pytest.mark.parametrize(("dtype", "noted"), [("float32", True), ("bfloat16", False)])
 def test_mxfp4_says_to_load_a_float32_model_in_bfloat16(tmp_path, capsys, dtype, noted):
     write_llama_like(tmp_path / "in", tied=False, dtype=dtype)

@@ -259,11 +259,12 @@ def reference(root, dst) -> None:
     safetensors.numpy.save_file(weights, str(dst / "model.safetensors"), {"format": "pt"})
 
 
-def check_loads(src, tmp_path, flags: list[str], dtype: torch.dtype) -> None:
+def check_loads(src, tmp_path, flags: list[str], dtype: torch.dtype, names: bool = True) -> None:
     """Convert `src`; transformers loads the output with no missing or unexpected key and
     computes, bit for bit, what it computes from the weights `ct_reference` decodes; every
     `ignore` entry names one module of the model, left in float, and the modules it
-    quantized are those the files store quantized."""
+    quantized are those the files store quantized (with `names`: where transformers
+    keeps the file's module names)."""
     convert(src, tmp_path / "ct", *flags, "--layout", "compressed-tensors")
     reference(tmp_path / "ct", tmp_path / "ref")
     net, ref = loaded(tmp_path / "ct", dtype), loaded(tmp_path / "ref", dtype)
@@ -275,6 +276,8 @@ def check_loads(src, tmp_path, flags: list[str], dtype: torch.dtype) -> None:
     for key, value in ref.state_dict().items():
         assert got[key].dtype == value.dtype, key
         assert torch.equal(got[key], value), key
+    if not names:
+        return
     ignore = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
     modules = dict(net.named_modules())
     for entry in ignore["ignore"]:
@@ -293,6 +296,16 @@ def check_loads(src, tmp_path, flags: list[str], dtype: torch.dtype) -> None:
 def test_transformers_loads_the_model_that_the_files_describe(models, tmp_path, name, fmt, keep):
     dtype = torch.bfloat16 if fmt == "mxfp4" else torch.float32
     check_loads(models / name, tmp_path, [*FORMATS[fmt], *keep], dtype)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4-g64", "fp8-row"])
+def test_a_mixture_of_experts_loads_with_its_router_in_float(tmp_path, fmt):
+    """transformers builds Mixtral's router as a parameter of its own module (quantized, it
+    would be missing and drawn at random) and merges the experts' Linear weights into
+    stacked parameters after decompressing them; it also renames `block_sparse_moe` to
+    `mlp`, so the module names are not the file's."""
+    write_llama_like(tmp_path / "in", tied=False, experts=4)
+    check_loads(tmp_path / "in", tmp_path, FORMATS[fmt], torch.float32, names=False)
 
 
 def test_a_tied_head_written_in_the_file_loads_tied(tmp_path):
