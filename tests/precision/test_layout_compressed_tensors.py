@@ -434,6 +434,10 @@ def test_the_layout_needs_a_model_directory(tmp_path, capsys):
     argv = ["convert", str(tmp_path / "in"), "-o", str(tmp_path / "o")]
     assert main([*argv, "--to", "int4", "--layout", "compressed-tensors", "-q"]) == 1
     assert "already has a quantization_config" in capsys.readouterr().err
+    for text, words in (("{model_type: toy", "is not JSON"), ("[]", "holds list, not a JSON")):
+        (tmp_path / "in" / "config.json").write_text(text)
+        assert main([*argv, "--to", "int4", "--layout", "compressed-tensors", "-q"]) == 1
+        assert f"config.json {words}" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
