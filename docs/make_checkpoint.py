@@ -1,6 +1,6 @@
 """Write a GPT-2-sized checkpoint of random weights, laid out as Hugging Face publishes GPT-2.
 
-    python docs/make_checkpoint.py [DIR] [--shards N] [--seed S]
+    python docs/make_checkpoint.py [DIR] [--shards N] [--seed S] [--llama]
 
 DIR (default `gpt2`) gets `config.json`, `generation_config.json` and the weights in
 safetensors: `model.safetensors`, or with `--shards N` the files
@@ -9,6 +9,12 @@ The 148 float32 tensors have GPT-2's names and shapes (`wte.weight` 50257 x 768,
 `h.0.attn.c_attn.weight` 768 x 2304, …: 124,439,808 values, 475 MiB) and values drawn like
 a freshly initialised model's (normal, standard deviation 0.02; layer norms near 1). The
 command line examples of the docs start from it. Needs numpy only.
+
+`--llama` writes a Llama-style model of about the same size instead (`LlamaForCausalLM`:
+`model.embed_tokens.weight` 32000 x 768, `q_proj`/`k_proj`/`v_proj`/`o_proj` and
+`gate_proj`/`up_proj`/`down_proj` Linear layers in 12 blocks, RMS norms, an `lm_head` of
+its own: 111 float32 tensors, 124,668,672 values), whose Linear layers the
+compressed-tensors layout quantizes.
 
 `PRECISION_DOCS_SMALL=1` in the environment writes the same names at a small width (two
 layers, 64 wide, a 1000-word vocabulary): the docs' tests run every example on it.
@@ -25,6 +31,16 @@ import numpy as np
 
 GPT2 = {"n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024, "vocab_size": 50257}
 SMALL = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 128, "vocab_size": 1000}
+LLAMA = {
+    "num_hidden_layers": 12,
+    "hidden_size": 768,
+    "intermediate_size": 2048,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "vocab_size": 32000,
+}
+LLAMA_SMALL = LLAMA | {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128}
+LLAMA_SMALL |= {"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}
 
 
 def weights(size: dict[str, int], seed: int) -> dict[str, np.ndarray]:
@@ -51,6 +67,41 @@ def weights(size: dict[str, int], seed: int) -> dict[str, np.ndarray]:
         out |= {f"{h}.mlp.c_fc.weight": normal(d, 4 * d), f"{h}.mlp.c_fc.bias": normal(4 * d)}
         out |= {f"{h}.mlp.c_proj.weight": normal(4 * d, d), f"{h}.mlp.c_proj.bias": normal(d)}
     return out | norm("ln_f")
+
+
+def llama_weights(size: dict[str, int], seed: int) -> dict[str, np.ndarray]:
+    """A Llama-style model's tensors by name (Linear weights are (out, in))."""
+    rng = np.random.default_rng(seed)
+    d, f, v = size["hidden_size"], size["intermediate_size"], size["vocab_size"]
+    kv = d // size["num_attention_heads"] * size["num_key_value_heads"]
+
+    def normal(*shape: int) -> np.ndarray:
+        return 0.02 * rng.standard_normal(shape, np.float32)
+
+    out = {"model.embed_tokens.weight": normal(v, d)}
+    for i in range(size["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        out |= {f"{p}.input_layernorm.weight": 1 + normal(d)}
+        for name, rows in (("q_proj", d), ("k_proj", kv), ("v_proj", kv), ("o_proj", d)):
+            out[f"{p}.self_attn.{name}.weight"] = normal(rows, d)
+        out |= {f"{p}.post_attention_layernorm.weight": 1 + normal(d)}
+        out |= {f"{p}.mlp.gate_proj.weight": normal(f, d), f"{p}.mlp.up_proj.weight": normal(f, d)}
+        out |= {f"{p}.mlp.down_proj.weight": normal(d, f)}
+    return out | {"model.norm.weight": 1 + normal(d), "lm_head.weight": normal(v, d)}
+
+
+def llama_config(size: dict[str, int]) -> dict[str, object]:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+        **size,
+    }
 
 
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
@@ -92,13 +143,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("dir", nargs="?", default="gpt2", type=Path)
     parser.add_argument("--shards", type=int, default=1, help="files to split the weights over")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--llama", action="store_true", help="a Llama-style model instead")
     args = parser.parse_args(argv)
-    size = SMALL if os.environ.get("PRECISION_DOCS_SMALL") == "1" else GPT2
-    tensors = weights(size, args.seed)
+    small = os.environ.get("PRECISION_DOCS_SMALL") == "1"
+    if args.llama:
+        size = LLAMA_SMALL if small else LLAMA
+        tensors, doc = llama_weights(size, args.seed), llama_config(size)
+        generation = {"bos_token_id": 1, "eos_token_id": 2}
+    else:
+        size = SMALL if small else GPT2
+        tensors, doc = weights(size, args.seed), config(size)
+        eos = size["vocab_size"] - 1
+        generation = {"bos_token_id": eos, "eos_token_id": eos}
     args.dir.mkdir(parents=True, exist_ok=True)
-    (args.dir / "config.json").write_text(json.dumps(config(size), indent=2) + "\n")
-    eos = size["vocab_size"] - 1
-    generation = {"bos_token_id": eos, "eos_token_id": eos}
+    (args.dir / "config.json").write_text(json.dumps(doc, indent=2) + "\n")
     (args.dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     if args.shards == 1:
         write_safetensors(args.dir / "model.safetensors", tensors)

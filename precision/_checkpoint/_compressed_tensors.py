@@ -26,6 +26,18 @@ low bits, so adding 2**(bits-1) to a field is flipping its top bit, and a row of
 bytes, padded to whole 32-bit words, is the packed row. Everything else has no
 equivalent here and is refused (`refusal`). The command line writes the files
 (`precision/_cli/_layouts.py`); `read` turns them back into leaves for `load`.
+
+The readers quantize what they build as a Linear layer (transformers' `nn.Linear`,
+vLLM's `LinearBase`) and nothing else: a quantized array of any other module is an
+unexpected key to them, and that module's `weight` a missing one, filled at random. So
+what `not_linear` names is written in float and its module listed in `ignore`: tensors
+other than 2-D `.weight`s, embeddings (by their names), the Conv1D layers of the
+architectures built with them (GPT-2's `c_attn`, `c_proj`, `c_fc`: (in, out) weights
+in a module of its own, which the readers leave alone), mixture-of-experts routers, and
+an output head that may share the embeddings' weight. Each `ignore` entry is
+`re:(.*\\.)?NAME$`: the readers match module names, and a class for a task adds a prefix
+to a base model's names (GPT-2's `h.0.attn.c_attn` is `transformer.h.0.attn.c_attn` in
+`GPT2LMHeadModel`).
 """
 
 from __future__ import annotations
@@ -49,10 +61,14 @@ from ._source import Source
 
 __all__ = [
     "QUANT_METHOD",
+    "Model",
     "Module",
     "config_of",
+    "decompressed_in_bfloat16",
     "from_words",
+    "ignore_list",
     "module_of",
+    "not_linear",
     "quantization_config",
     "read",
     "refusal",
@@ -71,12 +87,104 @@ _TOP_BITS = {2: 0xAA, 4: 0x88, 8: 0x80}
 _SCALE_FORMATS = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
+#: Model types whose attention and MLP layers are Conv1D modules, (in, out) weights that
+#: the readers build as a module of their own, never as a Linear layer; and their names.
+_CONV1D_TYPES = frozenset(
+    {"gpt2", "openai-gpt", "imagegpt", "decision_transformer", "clvp", "clvp_decoder"}
+)
+_CONV1D_MODULES = frozenset({"c_attn", "q_attn", "c_proj", "c_fc"})
+#: Module names of embeddings (embed_tokens, word_embeddings, wte, T5's shared, ...).
+_EMBEDDING = re.compile(r"(^|\.)(\w*embed\w*|wte|wpe|shared|tok_embeddings)$", re.IGNORECASE)
+#: The last names of mixture-of-experts routers (Mixtral's `block_sparse_moe.gate`, Qwen's
+#: `mlp.gate` and `shared_expert_gate`, `mlp.router`): built as parameters of a router
+#: module, not as Linear layers, or left unquantized by the readers.
+_ROUTERS = frozenset({"gate", "router", "shared_expert_gate"})
+#: The output head a causal language model's class adds (tied to the embeddings or not).
+_HEAD = "lm_head"
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """What a model's `config.json` says about the modules its readers build."""
+
+    model_type: str
+    tied: bool  # the output head may share the input embeddings' weight
+
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> Model:
+        """From `config.json`: a head is tied unless `tie_word_embeddings` is false (at
+        the top or in `text_config`), as the class default may tie it."""
+        text = config.get("text_config")
+        tie = config.get("tie_word_embeddings")
+        if tie is None and isinstance(text, dict):
+            tie = text.get("tie_word_embeddings")
+        model_type = config.get("model_type")
+        return cls(model_type if isinstance(model_type, str) else "", tie is not False)
+
+
+def not_linear(name: str, shape: tuple[int, ...], model: Model) -> str | None:
+    """Why the readers would not quantize tensor `name` as a Linear layer's weight, or None.
+
+    Such a tensor is kept in float (the caller lists its module in `ignore`); the reason
+    (which names no tensor: the caller counts them) is what `convert` prints.
+    """
+    if not name.endswith(".weight") or len(shape) != 2:
+        return "not a 2-D weight: compressed-tensors quantizes those of Linear layers only"
+    module = name[: -len(".weight")]
+    if _EMBEDDING.search(module):
+        return "an embedding (by its name): compressed-tensors' readers quantize Linear layers only"
+    if model.model_type in _CONV1D_TYPES and module.rsplit(".", 1)[-1] in _CONV1D_MODULES:
+        return (
+            f"a Conv1D weight of {model.model_type}, (in, out): compressed-tensors' readers "
+            "quantize Linear layers only"
+        )
+    if module.rsplit(".", 1)[-1] in _ROUTERS:
+        return "a mixture-of-experts router: compressed-tensors' readers do not quantize it"
+    if module == _HEAD and model.tied:
+        return (
+            "the output head, which may share the embeddings' weight (config.json does not "
+            "set tie_word_embeddings to false)"
+        )
+    return None
+
+
+def ignore_list(quantized: Iterable[str], kept: Iterable[str], model: Model) -> list[str]:
+    """The `ignore` entries of the modules whose weights are kept in float.
+
+    `kept` are those modules (`NAME` of a `NAME.weight` written in float), and the tied
+    output head is added where the file has none. Each entry matches the module under
+    any prefix a reader's class adds; `ValueError` names an entry that would also match
+    a quantized module (`a.b` kept and `x.a.b` quantized), which the readers would then
+    load in float from arrays of codes.
+    """
+    quantized = set(quantized)
+    names = sorted(set(kept) - quantized)
+    if model.tied and _HEAD not in quantized and _HEAD not in names:
+        names.append(_HEAD)
+    for name in names:
+        clash = sorted(q for q in quantized if q.endswith("." + name))
+        if clash:
+            raise ValueError(
+                f"module {name!r} is kept in float and {clash[0]!r} quantized: a reader may "
+                f"add a prefix to {name!r}, so no ignore entry names one and not the other; "
+                f"keep {clash[0]!r} too (--exclude) or quantize {name!r}"
+            )
+    return [f"re:(.*\\.)?{re.escape(name)}$" for name in names]
+
+
 def _e2m1(fmt: Format) -> bool:
     return (
         isinstance(fmt, FloatFormat)
         and (fmt.exponent_bits, fmt.mantissa_bits) == (2, 1)
         and bool(fmt.finite)
     )
+
+
+def decompressed_in_bfloat16(fmt: Format) -> bool:
+    """Whether the readers decompress weights of `fmt` in bfloat16 whatever the model's
+    dtype: mxfp4's E8M0 scales become bfloat16, and so do its weights (a float32 model
+    then fails in its first Linear layer)."""
+    return _e2m1(fmt)
 
 
 def _e4m3fn(fmt: Format) -> bool:
@@ -127,8 +235,9 @@ def _scale_dtype(scaling: Scaling) -> np.dtype:
 def refusal(name: str, fmt: Format, scaling: Scaling | None, shape: tuple[int, ...]) -> str | None:
     """Why the layout cannot hold tensor `name` converted to `fmt` with `scaling`, or None.
 
-    The message (which names no tensor: the caller lists them) says what was asked,
-    what the layout holds and the flags that would work.
+    `name` is a 2-D weight that `not_linear` lets through. The message (which names no
+    tensor: the caller lists them) says what was asked, what the layout holds and the
+    flags that would work.
     """
     where = f"{fmt.name} with {scaling or 'no scaling'}"
     if scaling is not None and "scales" not in str(scaling):
@@ -137,11 +246,6 @@ def refusal(name: str, fmt: Format, scaling: Scaling | None, shape: tuple[int, .
         "compressed-tensors holds int8, int4 and int2 (pack-quantized), float8_e4m3fn "
         "(naive-quantized) and mxfp4 weights"
     )
-    if not name.endswith(".weight") or len(shape) != 2:
-        return (
-            "compressed-tensors quantizes the 2-D weights of Linear layers, stored as "
-            "MODULE.weight; keep these unconverted (--keep or --exclude)"
-        )
     if _e2m1(fmt):
         mx = PerBlock(32, power_of_two=True, scale_format="float8_e8m0fnu")
         if scaling != mx:
@@ -265,12 +369,11 @@ def streamed_words(pieces: Iterable[np.ndarray], bits: int) -> Iterator[np.ndarr
         raise ValueError(f"{carry.size} bytes left over a word")
 
 
-def quantization_config(modules: list[Module], kept: Iterable[str]) -> dict[str, Any]:
+def quantization_config(modules: list[Module], ignore: list[str]) -> dict[str, Any]:
     """The `quantization_config` of `config.json` for these quantized modules.
 
-    One config group per scheme; a single group targets every `Linear` layer and the
-    `ignore` list names the kept 2-D weights' modules (and `lm_head` unless it is
-    quantized: a head tied to the embeddings has no weight of its own in the file).
+    One config group per scheme; a single group targets every `Linear` layer, and
+    `ignore` (from `ignore_list`) names the modules whose weights are kept in float.
     """
     groups: dict[str, tuple[str, dict[str, Any], list[str]]] = {}
     for m in modules:
@@ -288,10 +391,6 @@ def quantization_config(modules: list[Module], kept: Iterable[str]) -> dict[str,
         if len(formats) > 1:
             scheme["format"] = fmt
         config_groups[f"group_{i}"] = scheme
-    quantized = {m.module for m in modules}
-    ignore = sorted(set(kept) - quantized)
-    if "lm_head" not in quantized and "lm_head" not in ignore:
-        ignore.append("lm_head")
     return {
         "config_groups": config_groups,
         "format": formats.pop() if len(formats) == 1 else "mixed-precision",

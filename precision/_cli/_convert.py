@@ -34,8 +34,7 @@ from ._convert_modes import _HOW, _NUMPY_MODES, _mode, _Plan
 from ._convert_stats import _widened as _widened
 from ._files import DEFAULT_SHARD_BYTES, leaf_nbytes, write_shards
 from ._interrupts import deferred_interrupts, import_jax
-from ._layouts import check as _check_layout
-from ._layouts import copy_files, report_copied, write_layout
+from ._layouts import copy_files, fit, report_copied, write_layout
 from ._output import PROG, _DataError, _fmt_db, _human, _progress, _table, _UsageError
 from ._temp_directory import TempDirectory, recover_leftovers
 
@@ -223,11 +222,12 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     with Source(src) as source:
         plans = _plan(source, fmt, scaling, rules, args.rounding, default=scaling_text is None)
         _warn_rules(plans, args, rules)
-        _check_layout(args.layout, plans, source, dst, args)
+        plans, notes = fit(args.layout, plans, source, dst, args)
         converted = [p for p in plans if p.reason is None]
         if args.dry_run:
             _print_plan(plans)
             _summary(plans, fmt, scaling, source, None, None, dry=True)
+            _print_notes(notes, args.layout)
             return 0
         assert dst is not None
         if not converted:
@@ -267,8 +267,14 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         finally:
             progress.close()
     _summary(plans, fmt, scaling, source, size_out, dst, dry=False)
+    _print_notes(notes, args.layout)
     _report_sqnr(converter.sqnr, args)
     return 0
+
+
+def _print_notes(notes: list[str], layout: str) -> None:
+    for note in notes:
+        print(f"note ({layout}): {note}")
 
 
 def _write_shards(

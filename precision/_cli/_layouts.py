@@ -4,9 +4,11 @@
 format; `compressed-tensors` writes a Hugging Face model directory that vLLM and
 transformers load; `gguf` writes one GGUF file. What each layout holds, byte for byte,
 is described with its module (`precision/_checkpoint/_compressed_tensors.py`,
-`_gguf.py`); this one checks a plan against the layout before anything is converted
-(every refused tensor named at once, with the flags that would work) and writes the
-converted stream in it, atomically, as `convert` writes its own.
+`_gguf.py`); this one fits a plan to the layout before anything is converted (`fit`:
+compressed-tensors keeps in float what its readers would not quantize, with the reason
+`convert` prints; every tensor the layout cannot hold is refused at once, with the flags
+that would work) and writes the converted stream in it, atomically, as `convert` writes
+its own.
 
 A directory input is a model: the files beside its tensors (`config.json`, the tokenizer,
 `generation_config.json`, ...) go into a directory output with the tensors, inside the
@@ -37,7 +39,7 @@ from ._interrupts import check_interrupt, deferred_interrupts
 from ._output import PROG, _DataError, _MissingDependency, _UsageError
 from ._temp_directory import TempDirectory
 
-__all__ = ["LAYOUTS", "check", "copy_files", "model_directory", "report_copied", "write_layout"]
+__all__ = ["LAYOUTS", "copy_files", "fit", "model_directory", "report_copied", "write_layout"]
 
 LAYOUTS = ("precision", "compressed-tensors", "gguf")
 
@@ -158,34 +160,124 @@ def _refusal(layout: str, plan: _Plan) -> str | None:
     return _gguf.refusal(plan.leaf.name, out.format, out.scaling, out.shape)
 
 
-def check(
-    layout: str, plans: list[_Plan], source: Source, dst: str | None, args: argparse.Namespace
-) -> None:
-    """Refuse what `layout` cannot hold before anything is converted: a model directory
-    the layout needs (usage errors), and every tensor it cannot hold, grouped by reason
-    (`LayoutError`, exit status 1 like any data it refuses)."""
-    if layout == "precision":
-        return
-    if layout == "compressed-tensors":
-        home = model_directory(source)
-        if home is None or not os.path.isfile(os.path.join(home, "config.json")):
-            raise _UsageError(
-                f"--layout compressed-tensors writes a Hugging Face model directory with its "
-                f"config.json: give IN as the model's directory (with config.json), not "
-                f"{source.path}"
-            )
-        if dst is not None and dst.endswith(".safetensors"):
-            raise _UsageError(
-                f"--layout compressed-tensors writes a directory: name OUT {dst!r} without "
-                ".safetensors"
-            )
-        with open(os.path.join(home, "config.json"), encoding="utf-8") as f:
+def _model_config(source: Source, dst: str | None) -> dict[str, Any]:
+    """The `config.json` of the model directory compressed-tensors needs (usage errors
+    for another input or output), refused when the model is quantized already."""
+    home = model_directory(source)
+    if home is None or not os.path.isfile(os.path.join(home, "config.json")):
+        raise _UsageError(
+            f"--layout compressed-tensors writes a Hugging Face model directory with its "
+            f"config.json: give IN as the model's directory (with config.json), not "
+            f"{source.path}"
+        )
+    if dst is not None and dst.endswith(".safetensors"):
+        raise _UsageError(
+            f"--layout compressed-tensors writes a directory: name OUT {dst!r} without .safetensors"
+        )
+    path = os.path.join(home, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
             config = json.load(f)
-        if isinstance(config, dict) and "quantization_config" in config:
-            raise _DataError(
-                f"{home}/config.json already has a quantization_config: this model is "
-                "quantized; convert the original (unquantized) checkpoint"
-            )
+    except ValueError as exc:
+        raise _DataError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise _DataError(f"{path} holds {type(config).__name__}, not a JSON object")
+    if "quantization_config" in config:
+        raise _DataError(
+            f"{home}/config.json already has a quantization_config: this model is "
+            "quantized; convert the original (unquantized) checkpoint"
+        )
+    return config
+
+
+def _keep_for_readers(plans: list[_Plan], model: ct.Model) -> list[_Plan]:
+    """`plans` with what compressed-tensors' readers would not quantize kept in float,
+    refused when that leaves nothing quantized, and refused when no `ignore` list can
+    tell the kept modules from the quantized ones."""
+    out: list[_Plan] = []
+    kept: dict[str, list[str]] = {}
+    for plan in plans:
+        leaf = plan.leaf
+        reason = None if plan.reason is not None else ct.not_linear(leaf.name, leaf.shape, model)
+        if reason is None:
+            out.append(plan)
+            continue
+        out.append(_Plan(plan.reader, plan.leaf, plan.leaf, reason))
+        kept.setdefault(reason, []).append(plan.leaf.name)
+    if kept and all(p.reason is not None for p in out):
+        raise LayoutError(
+            "--layout compressed-tensors would quantize none of the tensors asked for: "
+            + _grouped(kept)
+            + "; nothing is left to quantize (--layout precision holds them all)"
+        )
+    try:
+        _ignore(out, model)
+    except ValueError as exc:
+        raise LayoutError(f"--layout compressed-tensors: {exc}") from None
+    return out
+
+
+def _ignore(plans: list[_Plan], model: ct.Model) -> list[str]:
+    """The `ignore` entries of the modules whose weights `plans` keep in float."""
+    quantized: list[str] = []
+    kept: list[str] = []
+    for plan in plans:
+        if plan.leaf.name.endswith(".weight"):
+            module = plan.leaf.name[: -len(".weight")]
+            (quantized if plan.reason is None else kept).append(module)
+    return ct.ignore_list(quantized, kept, model)
+
+
+def _notes(plans: list[_Plan], config: dict[str, Any]) -> list[str]:
+    """What to know to load the compressed-tensors output (printed by `convert`)."""
+    notes = []
+    kept = sum(p.reason is not None and p.leaf.name.endswith(".weight") for p in plans)
+    if kept:
+        notes.append(
+            f"the {kept} weight(s) kept in float are listed, by module, in config.json's "
+            "quantization_config.ignore"
+        )
+    dtype = config.get("dtype", config.get("torch_dtype"))
+    if dtype != "bfloat16" and any(
+        p.reason is None and p.out.format is not None and ct.decompressed_in_bfloat16(p.out.format)
+        for p in plans
+    ):
+        notes.append(
+            f"mxfp4 weights decompress to bfloat16 in transformers: load this "
+            f"{dtype or 'float32'} model with dtype=torch.bfloat16 (in {dtype or 'float32'} "
+            "its forward fails: 'expected m1 and m2 to have the same dtype')"
+        )
+    return notes
+
+
+def _grouped(names_by_reason: dict[str, list[str]]) -> str:
+    """`tensor 'a': why; 3 tensors 'b', 'c', 'd': why`, the first three of each named."""
+    parts = []
+    for problem, names in names_by_reason.items():
+        shown = ", ".join(repr(n) for n in names[:3])
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        what = "tensor" if len(names) == 1 else f"{len(names)} tensors"
+        parts.append(f"{what} {shown}{more}: {problem}")
+    return "; ".join(parts)
+
+
+def fit(
+    layout: str, plans: list[_Plan], source: Source, dst: str | None, args: argparse.Namespace
+) -> tuple[list[_Plan], list[str]]:
+    """`plans` fitted to `layout` before anything is converted, and the notes to print.
+
+    Usage errors for a model directory the layout needs; compressed-tensors keeps in
+    float what its readers would not quantize (`_keep_for_readers`); then every tensor
+    the layout cannot hold is refused, grouped by reason (`LayoutError`, exit status 1
+    like any data it refuses).
+    """
+    if layout == "precision":
+        return plans, []
+    notes: list[str] = []
+    if layout == "compressed-tensors":
+        config = _model_config(source, dst)
+        plans = _keep_for_readers(plans, ct.Model.of(config))
+        notes = _notes(plans, config)
     if layout == "gguf":
         if args.max_shard_size is not None:
             raise _UsageError("--layout gguf writes one file: drop --max-shard-size")
@@ -202,13 +294,8 @@ def check(
         if problem is not None:
             refused.setdefault(problem, []).append(plan.leaf.name)
     if refused:
-        parts = []
-        for problem, names in refused.items():
-            shown = ", ".join(repr(n) for n in names[:3])
-            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-            what = "tensor" if len(names) == 1 else f"{len(names)} tensors"
-            parts.append(f"{what} {shown}{more}: {problem}")
-        raise LayoutError(f"--layout {layout} cannot hold " + "; ".join(parts))
+        raise LayoutError(f"--layout {layout} cannot hold " + _grouped(refused))
+    return plans, notes
 
 
 # --------------------------------------------------------------------------
@@ -271,12 +358,9 @@ def _write_compressed_tensors(
     for i, plan in enumerate(plans):
         arrays = modules[i].arrays() if i in modules else plan.out.arrays()
         leaves += [_array_leaf(*a) for a in arrays]
-    kept = [
-        p.leaf.name[: -len(".weight")]
-        for p in plans
-        if p.reason is not None and p.leaf.name.endswith(".weight") and len(p.leaf.shape) == 2
-    ]
-    config = {"quantization_config": ct.quantization_config(list(modules.values()), kept)}
+    model = ct.Model.of(_model_config(source, None))
+    ignore = _ignore(plans, model)
+    config = {"quantization_config": ct.quantization_config(list(modules.values()), ignore)}
     meta = {**metadata, "format": "pt"}  # what transformers asks of a safetensors file
     temp = TempDirectory(dst, overwrite=args.overwrite)
     try:

@@ -313,7 +313,8 @@ def _parser() -> argparse.ArgumentParser:
         default="precision",
         help="how OUT lays the tensors out: precision (default: this library's safetensors, "
         "every format), compressed-tensors (a Hugging Face directory that vLLM and "
-        "transformers load: int8, int4, int2, float8_e4m3fn or mxfp4 Linear weights) or gguf "
+        "transformers load: int8, int4, int2, float8_e4m3fn or mxfp4 Linear weights, the "
+        "rest kept in float) or gguf "
         "(one GGUF file: Q8_0, Q4_0, MXFP4, F32, F16, BF16); see docs/cli.md",
     )
     p.add_argument(

@@ -59,11 +59,26 @@ def gpt2_shapes(n_embd: int, n_layer: int, vocab: int, n_ctx: int) -> dict[str, 
 
 
 def write_gpt2_like(
-    root: Path, *, n_embd: int, n_layer: int, vocab: int, n_ctx: int, shards: int = 3, seed: int = 0
+    root: Path,
+    *,
+    n_embd: int,
+    n_layer: int,
+    vocab: int,
+    n_ctx: int,
+    shards: int = 3,
+    seed: int = 0,
+    head: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Write the checkpoint into the new directory `root`; return its tensors."""
+    """Write the checkpoint into the new directory `root`; return its tensors.
+
+    GPT-2's output head is tied to `wte` and has no tensor; `head=True` gives it one of
+    its own, `lm_head.weight` (a Linear layer's (vocab, n_embd)), and says so in the config
+    (`tie_word_embeddings: false`).
+    """
     rng = np.random.default_rng(seed)
     shapes = gpt2_shapes(n_embd, n_layer, vocab, n_ctx)
+    if head:
+        shapes["lm_head.weight"] = (vocab, n_embd)
     tensors = {n: (0.02 * rng.standard_normal(s)).astype(np.float32) for n, s in shapes.items()}
     root.mkdir(parents=True)
     names = list(tensors)
@@ -89,6 +104,8 @@ def write_gpt2_like(
         "vocab_size": vocab,
         "torch_dtype": "float32",
     }
+    if head:
+        config["tie_word_embeddings"] = False
     (root / "config.json").write_text(json.dumps(config, indent=2))
     for name, text in SIDE_FILES.items():
         (root / name).write_text(text)

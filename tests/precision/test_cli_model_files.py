@@ -24,8 +24,10 @@ SHAPE = {"n_embd": 32, "n_layer": 1, "vocab": 64, "n_ctx": 16}
 
 @pytest.fixture
 def hub(tmp_path):
+    """GPT-2 with a head of its own: --layout compressed-tensors quantizes that Linear layer
+    (GPT-2's others are Conv1D, which it keeps in float)."""
     root = tmp_path / "gpt2"
-    write_gpt2_like(root, **SHAPE)
+    write_gpt2_like(root, **SHAPE, head=True)
     return root
 
 

@@ -1,13 +1,19 @@
 """`convert --layout compressed-tensors`: the directory vLLM and transformers load.
 
-The output is read here by `decode`, written from the layout the compressed-tensors
-package publishes (its `config.json` scheme, `weight_packed` / `weight_scale` /
-`weight_shape`, each code plus 2**(bits-1) in `bits`-bit fields of little-endian int32
-words from the low bits, a value is code times its group's scale) in plain numpy, with
-nothing of this library's; what it decodes must be, bit for bit, what `precision.load`
-decodes from the same conversion in this library's own layout. `load` reads the layout
-back into Tensors of the same encodings, and reads what other writers put there
-(codes of -2**(bits-1), zero scales) as the layout says.
+The output is read here by `ct_reference.decode`, written from the layout the
+compressed-tensors package publishes (its `config.json` scheme, `weight_packed` /
+`weight_scale` / `weight_shape`, each code plus 2**(bits-1) in `bits`-bit fields of
+little-endian int32 words from the low bits, a value is code times its group's scale) in
+plain numpy, with nothing of this library's; what it decodes must be, bit for bit, what
+`precision.load` decodes from the same conversion in this library's own layout, and the
+tensors kept in float the input's. `load` reads the layout back into Tensors of the same
+encodings, and reads what other writers put there (codes of -2**(bits-1), zero scales) as
+the layout says.
+
+What the readers would not quantize as a Linear layer's weight (embeddings, GPT-2's
+Conv1D layers, a tied head, norms) is kept in float and named in `ignore`, checked here
+by the readers' matching rule (`ct_reference.ignored`) without torch;
+test_layout_compressed_tensors_package.py loads the same models with transformers.
 """
 
 from __future__ import annotations
@@ -16,99 +22,15 @@ import dataclasses
 import json
 import os
 
-import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy
+from ct_reference import decode, ignored
 from gpt2_like import SIDE_FILES, read_directory, size, write_gpt2_like
+from llama_like import write_llama_like
 
 import precision
 from precision._cli import main
-
-# --------------------------------------------------------------------------
-# the layout, decoded from its published description
-
-
-def _float32(dtype: str, raw: np.ndarray) -> np.ndarray:
-    if dtype == "BF16":
-        return (raw.astype(np.uint32) << np.uint32(16)).view(np.float32)
-    return raw.astype(np.float32)
-
-
-# e2m1 codes: sign bit 3, then the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6
-_E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6] * 2, np.float32) * np.float32([1] * 8 + [-1] * 8)
-
-
-def _groups(scale: np.ndarray, weights: dict, shape: tuple[int, int]) -> np.ndarray:
-    """A scale per value: one for the tensor, per row (channel) or per group of a row."""
-    strategy = weights["strategy"]
-    if strategy == "tensor":
-        assert scale.shape == (1,)
-        return np.broadcast_to(scale.reshape(1, 1), shape)
-    if strategy == "channel":
-        assert scale.shape == (shape[0], 1)
-        return np.broadcast_to(scale, shape)
-    assert strategy == "group"  # ceil(cols / group_size) groups: the last may be shorter
-    size = weights["group_size"]
-    assert scale.shape == (shape[0], -(-shape[1] // size))
-    return np.repeat(scale, size, axis=1)[:, : shape[1]]
-
-
-def decode(root) -> dict[str, np.ndarray]:
-    """Every tensor of a compressed-tensors directory as float32 values."""
-    config = json.loads((root / "config.json").read_text())["quantization_config"]
-    assert config["quant_method"] == "compressed-tensors"
-    assert config["quantization_status"] == "compressed"
-    (group,) = config["config_groups"].values()
-    assert group["targets"] == ["Linear"]
-    weights = group["weights"]
-    assert weights["symmetric"] is True
-    assert weights["dynamic"] is False
-    tensors, _ = read_directory(root)
-    out = {}
-    for name, (dtype, raw) in tensors.items():
-        module = name.rsplit(".", 1)[0]
-        if name.endswith((".weight_scale", ".weight_shape")):
-            continue
-        quantized = name.endswith(".weight_packed") or (
-            name.endswith(".weight") and f"{module}.weight_scale" in tensors
-        )
-        if not quantized:
-            out[name] = _float32(dtype, raw)  # as stored
-            continue
-        sdtype, sraw = tensors[f"{module}.weight_scale"]
-        if name.endswith(".weight_packed") and config["format"] == "pack-quantized":
-            assert dtype == "I32"
-            bits = weights["num_bits"]
-            assert weights["type"] == "int"
-            shape = tuple(tensors[f"{module}.weight_shape"][1])
-            assert tensors[f"{module}.weight_shape"][0] == "I64"
-            words = raw.view(np.uint32)
-            assert words.shape == (shape[0], -(-shape[1] * bits // 32))
-            j = np.arange(shape[1])
-            fields = (words[:, j * bits // 32] >> (j * bits % 32).astype(np.uint32)) & (
-                (1 << bits) - 1
-            )
-            codes = fields.astype(np.int64) - (1 << (bits - 1))
-            scale = _groups(_float32(sdtype, sraw), weights, shape)
-            out[module + ".weight"] = codes.astype(np.float32) * scale
-        elif name.endswith(".weight_packed"):
-            assert config["format"] == "mxfp4-pack-quantized"
-            assert dtype == "U8"
-            assert weights["group_size"] == 32
-            assert weights["type"] == "float"
-            nibbles = np.stack([raw & 15, raw >> 4], axis=-1).reshape(raw.shape[0], -1)
-            shape = nibbles.shape
-            scale = np.ldexp(np.float32(1), sraw.astype(np.int32) - 127).astype(np.float32)
-            out[module + ".weight"] = _E2M1[nibbles] * np.repeat(scale, 32, axis=1)
-        else:
-            assert config["format"] == "naive-quantized"
-            assert dtype == "F8_E4M3"
-            assert weights["type"] == "float"
-            assert weights["num_bits"] == 8
-            values = raw.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
-            out[name] = values * _groups(_float32(sdtype, sraw), weights, raw.shape)
-    return out
 
 
 def ours(root) -> dict[str, np.ndarray]:
@@ -127,8 +49,120 @@ def convert(src, dst, *flags: str) -> None:
     assert main(["convert", str(src), "-o", str(dst), *flags, "-q"]) == 0
 
 
+def run(capsys, src, dst, *flags: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["convert", str(src), "-o", str(dst), *flags, "-q"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def quantized_modules(root) -> set[str]:
+    """The modules whose weight a compressed-tensors directory stores quantized."""
+    tensors, _ = read_directory(root)
+    return {n[: -len(".weight_scale")] for n in tensors if n.endswith(".weight_scale")}
+
+
+def check_ignore(root, source: dict[str, np.ndarray], prefix: str = "") -> list[str]:
+    """`ignore` names exactly the modules whose weights are in float, as a reader whose
+    module names have `prefix` before the file's matches them; returns `ignore`."""
+    ignore = json.loads((root / "config.json").read_text())["quantization_config"]["ignore"]
+    quantized = quantized_modules(root)
+    for name in source:
+        if name.endswith(".weight"):
+            module = name[: -len(".weight")]
+            assert ignored(ignore, prefix + module) == (module not in quantized), module
+    return ignore
+
+
+def check_values(root, ours_root, source: dict[str, np.ndarray]) -> None:
+    """Quantized weights decode, bit for bit, as this library's layout; the rest is the
+    input's."""
+    got, want = decode(root), ours(ours_root)
+    quantized = quantized_modules(root)
+    assert set(got) == set(source)
+    for name, values in got.items():
+        expected = want[name] if name[: -len(".weight")] in quantized else source[name]
+        np.testing.assert_array_equal(values.view(np.uint32), expected.view(np.uint32), name)
+
+
 # --------------------------------------------------------------------------
-# GPT-2
+# Llama: Linear layers, embeddings, norms, a head tied or not
+
+
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@pytest.mark.parametrize("keep", [[], ["--keep", "norm"]], ids=["keep-default", "keep-norm"])
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_llama_quantizes_its_linear_layers_and_names_the_rest_in_ignore(
+    tmp_path, capsys, tied, keep
+):
+    source = write_llama_like(tmp_path / "in", tied=tied)
+    flags = ["--to", "int4", "--scaling", "per-block:64", *keep]
+    code, out, _ = run(
+        capsys, tmp_path / "in", tmp_path / "ct", *flags, "--layout", "compressed-tensors"
+    )
+    assert code == 0
+    convert(tmp_path / "in", tmp_path / "ours", *flags)
+    check_values(tmp_path / "ct", tmp_path / "ours", source)
+    ignore = check_ignore(tmp_path / "ct", source)
+    linear = {n[: -len(".weight")] for n in source if n.split(".")[-2] in LINEAR}
+    head = set() if tied else {"lm_head"}
+    assert quantized_modules(tmp_path / "ct") == linear | head
+    assert ignored(ignore, "lm_head") == tied  # a tied head has no tensor: named all the same
+    assert ignored(ignore, "model.embed_tokens")
+    assert ignored(ignore, "model.layers.1.input_layernorm")
+    embedding = "kept 1: an embedding (by its name): compressed-tensors' readers quantize Linear"
+    assert (embedding in out) == bool(keep)  # the default --keep keeps it before the layout
+    assert "weight(s) kept in float are listed, by module, in config.json's" in out
+
+
+def test_a_tied_head_written_in_the_file_is_kept_with_the_embeddings(tmp_path, capsys):
+    source = write_llama_like(tmp_path / "in", tied=True, head=True)
+    flags = ["--to", "int8", "--layout", "compressed-tensors"]
+    code, out, _ = run(capsys, tmp_path / "in", tmp_path / "ct", *flags)
+    assert code == 0
+    assert "kept 1: the output head, which may share the embeddings' weight" in out
+    assert "lm_head" not in quantized_modules(tmp_path / "ct")
+    check_ignore(tmp_path / "ct", source)
+    # a config that does not say the head is untied: kept too (the class default may tie)
+    config = json.loads((tmp_path / "in" / "config.json").read_text())
+    del config["tie_word_embeddings"]
+    (tmp_path / "in" / "config.json").write_text(json.dumps(config))
+    code, out, _ = run(capsys, tmp_path / "in", tmp_path / "ct2", *flags)
+    assert "kept 1: the output head" in out
+
+
+def test_a_mixture_of_experts_router_is_kept_and_its_experts_quantized(tmp_path, capsys):
+    source = write_llama_like(tmp_path / "in", tied=False, experts=4)
+    flags = ["--to", "int8", "--layout", "compressed-tensors"]
+    code, out, _ = run(capsys, tmp_path / "in", tmp_path / "ct", *flags)
+    assert code == 0
+    routers = "kept 2: a mixture-of-experts router: compressed-tensors' readers do not quantize"
+    assert routers in out
+    check_ignore(tmp_path / "ct", source)
+    quantized = quantized_modules(tmp_path / "ct")
+    assert "model.layers.0.block_sparse_moe.experts.3.w2" in quantized
+    assert not any(m.endswith(".gate") for m in quantized)
+
+
+@pytest.mark.parametrize(("dtype", "noted"), [("float32", True), ("bfloat16", False)])
+def test_mxfp4_says_to_load_a_float32_model_in_bfloat16(tmp_path, capsys, dtype, noted):
+    write_llama_like(tmp_path / "in", tied=False, dtype=dtype)
+    flags = ["--to", "mxfp4", "--layout", "compressed-tensors"]
+    for out_dir, dry in (("ct", []), ("dry", ["--dry-run"])):
+        code, out, _ = run(capsys, tmp_path / "in", tmp_path / out_dir, *flags, *dry)
+        assert code == 0
+        note = "mxfp4 weights decompress to bfloat16 in transformers: load this float32 model "
+        assert (f"{note}with dtype=torch.bfloat16" in out) == noted
+    _, out, _ = run(
+        capsys, tmp_path / "in", tmp_path / "int4", "--to", "int4", "--layout", "compressed-tensors"
+    )
+    assert "decompress to bfloat16" not in out
+
+
+# --------------------------------------------------------------------------
+# GPT-2: Conv1D layers, which the readers do not quantize
 
 
 @pytest.fixture(scope="module")
@@ -138,35 +172,64 @@ def gpt2(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def gpt2_head(tmp_path_factory):
+    """GPT-2 with an output head of its own: its one Linear layer."""
+    root = tmp_path_factory.mktemp("hub") / "gpt2"
+    return root, write_gpt2_like(root, **size(), head=True)
+
+
+@pytest.mark.parametrize("keep", [[], ["--keep", "norm"], ["--keep", "none"]])
+def test_gpt2_whose_head_is_tied_is_refused_naming_its_conv1d_layers(gpt2, tmp_path, capsys, keep):
+    flags = ["--to", "int4", *keep, "--layout", "compressed-tensors"]
+    code, _, err = run(capsys, gpt2, tmp_path / "ct", *flags)
+    assert code == 1
+    assert "--layout compressed-tensors would quantize none of the tensors asked for" in err
+    layers = 4 * size()["n_layer"]
+    assert f"{layers} tensors 'h.0.attn.c_attn.weight', 'h.0.attn.c_proj.weight'" in err
+    assert "a Conv1D weight of gpt2, (in, out)" in err
+    assert sorted(os.listdir(tmp_path)) == []
+
+
 @pytest.mark.parametrize(
     ("flags", "bits", "strategy"),
     [
         (["--to", "int4", "--scaling", "per-block:128"], 4, "group"),
-        (["--to", "int8", "--scaling", "per-axis:0"], 8, "channel"),
+        (["--to", "int8", "--scaling", "per-axis:0", "--keep", "norm"], 8, "channel"),
     ],
-    ids=["int4-group128", "int8-channel"],
+    ids=["int4-group128", "int8-channel-keep-norm"],
 )
-def test_gpt2_decodes_bit_for_bit_like_our_layout(gpt2, tmp_path, flags, bits, strategy):
-    convert(gpt2, tmp_path / "ct", *flags, "--layout", "compressed-tensors")
-    convert(gpt2, tmp_path / "ours", *flags)
-    same_bits(decode(tmp_path / "ct"), ours(tmp_path / "ours"))
+def test_gpt2_keeps_its_conv1d_layers_in_float_and_names_them(
+    gpt2_head, tmp_path, capsys, flags, bits, strategy
+):
+    root, source = gpt2_head
+    layout = ["--layout", "compressed-tensors"]
+    code, out, _ = run(capsys, root, tmp_path / "ct", *flags, *layout)
+    assert code == 0
+    layers = 4 * size()["n_layer"]
+    assert f"kept {layers}: a Conv1D weight of gpt2, (in, out): compressed-tensors' readers" in out
+    convert(root, tmp_path / "ours", *flags)
+    check_values(tmp_path / "ct", tmp_path / "ours", source)
+    assert quantized_modules(tmp_path / "ct") == {"lm_head"}
+    # GPT2LMHeadModel names the checkpoint's modules under `transformer.`; GPT2Model not
+    check_ignore(tmp_path / "ct", source, prefix="transformer.")
+    check_ignore(tmp_path / "ct", source)
     config = json.loads((tmp_path / "ct" / "config.json").read_text())
-    source = json.loads((gpt2 / "config.json").read_text())
-    assert {k: v for k, v in config.items() if k != "quantization_config"} == source
+    source_config = json.loads((root / "config.json").read_text())
+    assert {k: v for k, v in config.items() if k != "quantization_config"} == source_config
     quant = config["quantization_config"]
     assert quant["format"] == "pack-quantized"
     assert quant["config_groups"]["group_0"]["weights"]["num_bits"] == bits
     assert quant["config_groups"]["group_0"]["weights"]["strategy"] == strategy
-    # the layers left in float32 are named (2-D weights: the embeddings; and the tied head)
-    assert quant["ignore"] == ["wpe", "wte", "lm_head"]
     for name, text in SIDE_FILES.items():
         assert (tmp_path / "ct" / name).read_text() == text
 
 
-def test_gpt2_loads_back_as_the_same_tensors(gpt2, tmp_path):
+def test_gpt2_loads_back_as_the_same_tensors(gpt2_head, tmp_path):
+    root, _ = gpt2_head
     flags = ["--to", "int4", "--scaling", "per-block:128"]
-    convert(gpt2, tmp_path / "ct", *flags, "--layout", "compressed-tensors")
-    convert(gpt2, tmp_path / "ours", *flags)
+    convert(root, tmp_path / "ct", *flags, "--layout", "compressed-tensors")
+    convert(root, tmp_path / "ours", *flags, "--exclude", "c_attn|c_proj|c_fc")
     got, want = precision.load(tmp_path / "ct"), precision.load(tmp_path / "ours")
     assert set(got) == set(want)
     for name, tensor in got.items():
@@ -292,9 +355,8 @@ def test_a_quantized_model_directory_is_read_only_through_its_config(tmp_path):
         (["--to", "int8", "--scaling", "per-block:32:pow2:e8m0"], ["float8_e8m0fnu", ":bf16"]),
         (["--to", "int4", "--scaling", "per-block:64"], ["divide each row", "per-axis:0"]),
         (["--to", "float8_e4m3fn"], ["a scale with every weight", "per-axis:0"]),
-        (["--to", "int4", "--keep", "none"], ["'layer.bias'", "2-D weights of Linear", "--keep"]),
     ],
-    ids=["nvfp4", "bf16", "columns", "e8m0-scales", "partial-group", "unscaled", "bias"],
+    ids=["nvfp4", "bf16", "columns", "e8m0-scales", "partial-group", "unscaled"],
 )
 def test_what_the_layout_cannot_hold_is_refused_before_converting(tmp_path, capsys, flags, words):
     model(tmp_path / "in")
@@ -307,6 +369,47 @@ def test_what_the_layout_cannot_hold_is_refused_before_converting(tmp_path, caps
         assert word in err
     assert not out.exists()
     assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+def test_what_is_not_a_linear_weight_is_kept_and_said_so(tmp_path, capsys):
+    """--keep none asks for the bias too: the layout keeps it, in the plan and the summary."""
+    model(tmp_path / "in")
+    flags = ["--to", "int4", "--keep", "none", "--layout", "compressed-tensors"]
+    code, out, _ = run(capsys, tmp_path / "in", tmp_path / "dry", *flags, "--dry-run")
+    assert code == 0
+    bias = next(line for line in out.splitlines() if line.startswith("layer.bias "))
+    assert "unchanged" in bias
+    assert "not a 2-D weight: compressed-tensors quantizes those of Linear layers only" in bias
+    code, out, _ = run(capsys, tmp_path / "in", tmp_path / "ct", *flags)
+    assert code == 0
+    assert "converted 1 tensor(s) to int4 (per-block 32 on axis -1), kept 1 unchanged" in out
+    assert "  kept 1: not a 2-D weight: compressed-tensors quantizes those of Linear" in out
+    assert quantized_modules(tmp_path / "ct") == {"layer"}
+
+
+def test_a_kept_module_whose_name_ends_a_quantized_one_is_refused(tmp_path, capsys):
+    """An ignore entry for `proj` matches `block.proj` under a prefix: no entry names one
+    module and not the other, so the conversion is refused, naming both."""
+    rng = np.random.default_rng(0)
+    tensors = {
+        n: rng.standard_normal((8, 32)).astype(np.float32)
+        for n in ("proj.weight", "block.proj.weight")
+    }
+    (tmp_path / "in").mkdir()
+    safetensors.numpy.save_file(tensors, str(tmp_path / "in" / "model.safetensors"))
+    (tmp_path / "in" / "config.json").write_text("{}")
+    flags = ["--to", "int8", "--exclude", "^proj", "--layout", "compressed-tensors"]
+    code, _, err = run(capsys, tmp_path / "in", tmp_path / "ct", *flags)
+    assert code == 1
+    assert "module 'proj' is kept in float and 'block.proj' quantized" in err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+    # the other way round, the names tell them apart
+    flags = ["--to", "int8", "--exclude", "^block", "--layout", "compressed-tensors"]
+    code, _, _ = run(capsys, tmp_path / "in", tmp_path / "ct", *flags)
+    assert code == 0
+    ignore = check_ignore(tmp_path / "ct", tensors, prefix="model.")
+    assert not ignored(ignore, "model.proj")
+    assert ignored(ignore, "model.block.proj")
 
 
 def test_mxfp4_rows_of_partial_blocks_are_refused(tmp_path, capsys):
@@ -331,6 +434,10 @@ def test_the_layout_needs_a_model_directory(tmp_path, capsys):
     argv = ["convert", str(tmp_path / "in"), "-o", str(tmp_path / "o")]
     assert main([*argv, "--to", "int4", "--layout", "compressed-tensors", "-q"]) == 1
     assert "already has a quantization_config" in capsys.readouterr().err
+    for text, words in (("{model_type: toy", "is not JSON"), ("[]", "holds list, not a JSON")):
+        (tmp_path / "in" / "config.json").write_text(text)
+        assert main([*argv, "--to", "int4", "--layout", "compressed-tensors", "-q"]) == 1
+        assert f"config.json {words}" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 

@@ -3,7 +3,11 @@
 Needs the `compressed-tensors` extra (`pip install -e '.[compressed-tensors]'`), which
 pulls in torch and transformers and so is not part of `dev`; without the package this
 file is skipped. test_layout_compressed_tensors.py checks the same output with a reader
-written from the published layout; here the package reads it two ways:
+written from the published layout; here transformers loads whole models
+(`AutoModelForCausalLM.from_pretrained`, Llama with its head tied or not, GPT-2 with its
+Conv1D layers) with no missing or unexpected key, and its logits are, bit for bit, those
+of the same architecture loaded from weights that `ct_reference.decode` decoded from the
+files in numpy; and the package reads one layer of every format two ways:
 
 * `CompressedTensorsDequantizer`, its dequantization of a checkpoint directory:
   it parses `config.json`'s `quantization_config` (its pydantic `QuantizationConfig`),
@@ -35,7 +39,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy
+from ct_reference import decode, ignored
 from gpt2_like import size, write_gpt2_like
+from llama_like import write_llama_like
 
 import precision
 from precision._cli import main
@@ -56,7 +62,9 @@ from compressed_tensors.quantization import (
     QuantizationConfig,
     apply_quantization_config,
 )
-from transformers import CompressedTensorsConfig
+from compressed_tensors.utils.match import match_name
+from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+from transformers.utils import logging as transformers_logging
 
 #: The dtype the package computes a weight in, by the dtype of its stored scales.
 COMPUTED_IN = {
@@ -96,12 +104,12 @@ def quantization_config(root) -> tuple[dict, QuantizationConfig]:
     return written, QuantizationConfig.model_validate(written)
 
 
-def check_config(written: dict, parsed: QuantizationConfig, ignore: list[str]) -> None:
+def check_config(written: dict, parsed: QuantizationConfig) -> None:
     """The package reads our config as written: one scheme, the compressor we named."""
     assert parsed.quant_method == "compressed-tensors"
     assert parsed.quantization_status == "compressed"
     assert parsed.format == written["format"]
-    assert parsed.ignore == ignore
+    assert parsed.ignore == written["ignore"]
     (scheme,) = parsed.config_groups.values()
     assert scheme.targets == ["Linear"]
     assert scheme.input_activations is None
@@ -172,7 +180,8 @@ def test_the_package_decompresses_each_format_as_we_decode_it(tmp_path, flags, s
     convert(tmp_path / "in", tmp_path / "ct", *flags, "--layout", "compressed-tensors")
     convert(tmp_path / "in", tmp_path / "ours", *flags)
     written, parsed = quantization_config(tmp_path / "ct")
-    check_config(written, parsed, ["lm_head"])
+    check_config(written, parsed)
+    assert written["ignore"] == [r"re:(.*\.)?lm_head$"]  # the toy model may have a tied head
     stored = files(tmp_path / "ct")
     want = ours(tmp_path / "ours")
     scale = stored["layer.weight_scale"]
@@ -200,28 +209,120 @@ def test_the_package_decompresses_each_format_as_we_decode_it(tmp_path, flags, s
 
 
 # --------------------------------------------------------------------------
-# GPT-2, in shards with an index, beside the model's other files
+# whole models, loaded by transformers
+
+FORMATS = {
+    "int8": ["--to", "int8"],  # per row
+    "int4-g64": ["--to", "int4", "--scaling", "per-block:64"],
+    "fp8-row": ["--to", "float8_e4m3fn", "--scaling", "per-axis:0"],
+    "int2": ["--to", "int2"],  # per block of 32
+    "int4-g32-bf16": ["--to", "int4", "--scaling", "per-block:32:bf16"],
+    "mxfp4": ["--to", "mxfp4"],  # loaded in bfloat16: its weights decompress to bfloat16
+}
 
 
 @pytest.fixture(scope="module")
-def gpt2(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hub") / "gpt2"
-    write_gpt2_like(root, **size())
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub")
+    write_llama_like(root / "llama-tied", tied=True)
+    write_llama_like(root / "llama-untied", tied=False)
+    write_gpt2_like(root / "gpt2", **size(), head=True)  # its one Linear layer: the head
     return root
 
 
-@pytest.mark.parametrize(
-    "flags",
-    [["--to", "int4", "--scaling", "per-block:128"], ["--to", "int8", "--scaling", "per-axis:0"]],
-    ids=["int4-group128", "int8-channel"],
-)
-def test_gpt2_dequantizes_bit_for_bit_like_our_layout(gpt2, tmp_path, flags):
+def loaded(path, dtype):
+    """The model transformers builds from a directory, and its loading report."""
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # the report is checked, not printed
+    try:
+        net, info = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype, output_loading_info=True
+        )
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    assert not any(info.values()), info  # missing, unexpected, mismatched keys, errors
+    return net.eval()
+
+
+def reference(root, dst) -> None:
+    """The architecture of compressed-tensors directory `root` with no quantization, in
+    `dst`: its weights decoded from the files in numpy, exact in float32.
+
+    transformers casts 16-bit scales to the model's dtype as it loads them, so a float32
+    model holds these exact products, and a bfloat16 one these rounded as it loads them.
+    """
+    dst.mkdir()
+    config = json.loads((root / "config.json").read_text())
+    del config["quantization_config"]
+    (dst / "config.json").write_text(json.dumps(config))
+    weights = decode(root)
+    safetensors.numpy.save_file(weights, str(dst / "model.safetensors"), {"format": "pt"})
+
+
+def check_loads(src, tmp_path, flags: list[str], dtype: torch.dtype, names: bool = True) -> None:
+    """Convert `src`; transformers loads the output with no missing or unexpected key and
+    computes, bit for bit, what it computes from the weights `ct_reference` decodes; every
+    `ignore` entry names one module of the model, left in float, and the modules it
+    quantized are those the files store quantized (with `names`: where transformers
+    keeps the file's module names)."""
+    convert(src, tmp_path / "ct", *flags, "--layout", "compressed-tensors")
+    reference(tmp_path / "ct", tmp_path / "ref")
+    net, ref = loaded(tmp_path / "ct", dtype), loaded(tmp_path / "ref", dtype)
+    ids = torch.tensor([[1, 7, 30, 2, 255, 0, 64, 9]])
+    with torch.no_grad():
+        logits, expected = net(ids).logits, ref(ids).logits
+    assert torch.equal(logits, expected)
+    got = net.state_dict()  # decompressed by the first forward
+    for key, value in ref.state_dict().items():
+        assert got[key].dtype == value.dtype, key
+        assert torch.equal(got[key], value), key
+    if not names:
+        return
+    ignore = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
+    modules = dict(net.named_modules())
+    for entry in ignore["ignore"]:
+        named = [m for m in modules if match_name(m, entry)]
+        assert len(named) == 1, entry
+        assert not hasattr(modules[named[0]], "quantization_scheme"), named
+    quantized = {m for m, module in modules.items() if hasattr(module, "quantization_scheme")}
+    stored = {n[: -len(".weight_scale")] for n in files(tmp_path / "ct") if "weight_scale" in n}
+    assert {m.removeprefix("transformer.") for m in quantized} == stored
+    assert all(not ignored(ignore["ignore"], m) for m in quantized)
+
+
+@pytest.mark.parametrize("keep", [[], ["--keep", "norm"]], ids=["keep-default", "keep-norm"])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("name", ["llama-tied", "llama-untied", "gpt2"])
+def test_transformers_loads_the_model_that_the_files_describe(models, tmp_path, name, fmt, keep):
+    dtype = torch.bfloat16 if fmt == "mxfp4" else torch.float32
+    check_loads(models / name, tmp_path, [*FORMATS[fmt], *keep], dtype)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4-g64", "fp8-row"])
+def test_a_mixture_of_experts_loads_with_its_router_in_float(tmp_path, fmt):
+    """transformers builds Mixtral's router as a parameter of its own module (quantized, it
+    would be missing and drawn at random) and merges the experts' Linear weights into
+    stacked parameters after decompressing them; it also renames `block_sparse_moe` to
+    `mlp`, so the module names are not the file's."""
+    write_llama_like(tmp_path / "in", tied=False, experts=4)
+    check_loads(tmp_path / "in", tmp_path, FORMATS[fmt], torch.float32, names=False)
+
+
+def test_a_tied_head_written_in_the_file_loads_tied(tmp_path):
+    """Some exporters write a tied head's weight too; quantized, transformers could not
+    tie it to the embeddings (it fails loading): it is kept in float with them."""
+    write_llama_like(tmp_path / "in", tied=True, head=True)
+    check_loads(tmp_path / "in", tmp_path, ["--to", "int8"], torch.float32)
+
+
+def test_a_sharded_model_dequantizes_bit_for_bit_like_our_layout(models, tmp_path):
+    flags = ["--to", "int4", "--scaling", "per-block:64"]
     layout = ["--layout", "compressed-tensors", "--max-shard-size", "256KB"]
-    convert(gpt2, tmp_path / "ct", *flags, *layout)
-    convert(gpt2, tmp_path / "ours", *flags)
+    convert(models / "llama-untied", tmp_path / "ct", *flags, *layout)
+    convert(models / "llama-untied", tmp_path / "ours", *flags)
     assert len(list((tmp_path / "ct").glob("*.safetensors"))) > 1
     written, parsed = quantization_config(tmp_path / "ct")
-    check_config(written, parsed, ["wpe", "wte", "lm_head"])
+    check_config(written, parsed)
     got = dequantized(tmp_path / "ct")
     want = ours(tmp_path / "ours")
     assert set(got) == set(want)
@@ -231,7 +332,7 @@ def test_gpt2_dequantizes_bit_for_bit_like_our_layout(gpt2, tmp_path, flags):
         scale = stored.get(name + "_scale")
         quantized += scale is not None
         same_bits(got[name], expected(values, scale), name)
-    assert quantized == 4 * size()["n_layer"]
+    assert quantized == 7 * 2 + 1  # seven Linear layers in each of two blocks, the head
 
 
 # --------------------------------------------------------------------------
