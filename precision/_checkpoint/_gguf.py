@@ -51,6 +51,7 @@ __all__ = [
     "packed_fields",
     "read",
     "refusal",
+    "transposed",
     "write_file",
 ]
 
@@ -156,8 +157,44 @@ def block_bytes(kind: str, data: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return np.concatenate([head, body], axis=1)
 
 
+def transposed(data: np.ndarray, scale: np.ndarray, shape: tuple[int, int], packed: bool) -> Any:
+    """(codes, scales) of a matrix of `shape` blocked along axis 0, for its transpose
+    blocked along its last axis: the same codes and scales, moved (4-bit codes `packed`
+    two a byte along the last axis, as ours are, unpacked and packed again)."""
+    rows, cols = shape
+    if packed:
+        raw = np.asarray(data).reshape(rows, -1)
+        fields = np.empty((rows, 2 * raw.shape[1]), np.uint8)
+        fields[:, 0::2], fields[:, 1::2] = raw & np.uint8(0xF), raw >> np.uint8(4)
+        moved = np.ascontiguousarray(fields[:, :cols].T)  # rows: a multiple of 32
+        codes = packed_fields(moved.reshape(-1)).reshape(cols, rows // 2)
+    else:
+        codes = np.ascontiguousarray(np.asarray(data).reshape(rows, cols).T)
+    return codes, np.ascontiguousarray(np.asarray(scale).reshape(rows // BLOCK, cols).T)
+
+
 # --------------------------------------------------------------------------
 # writing
+
+
+#: The kinds of typed keys `write_file` writes, and the gguf value type of each.
+_KINDS = {
+    "u32": "UINT32",
+    "f32": "FLOAT32",
+    "str": "STRING",
+    "bool": "BOOL",
+    "strs": "STRING",
+    "i32s": "INT32",
+}
+
+
+def _add(gguf: Any, writer: Any, key: str, kind: str, value: Any) -> None:
+    """One typed key; arrays (`strs`, `i32s`) with their element type."""
+    vtype = gguf.GGUFValueType[_KINDS[kind]]
+    if kind.endswith("s"):
+        writer.add_key_value(key, list(value), gguf.GGUFValueType.ARRAY, sub_type=vtype)
+    else:
+        writer.add_key_value(key, value, vtype)
 
 
 def write_file(
@@ -169,17 +206,24 @@ def write_file(
     overwrite: bool,
     guard: Callable[[], AbstractContextManager[Any]] | None = None,
     mode: int | None = None,
+    arch: str = "",
+    keys: Iterable[tuple[str, str, Any]] = (),
 ) -> int:
     """Atomically write a GGUF file of `tensors` ((name, numpy shape, ggml type) each),
     whose data `produce` yields in order (ggml's bytes, or the float or integer array);
-    `metadata` becomes string keys. Returns the bytes written."""
+    `metadata` becomes string keys, `keys` typed ones ((key, kind, value), `kind` one of
+    `_KINDS`) after `general.architecture` = `arch` (none when empty: the tensors alone,
+    see docs/cli.md). Returns the bytes written."""
     gguf = _gguf()
     from gguf.gguf_writer import WriterState  # the gguf package's own (0.17 and later)
 
     kinds = [gguf.GGMLQuantizationType[kind] for _, _, kind in tensors]
-    writer = gguf.GGUFWriter(None, arch="")  # no architecture: see docs/cli.md
+    writer = gguf.GGUFWriter(None, arch=arch)
     if any(kind in _BLOCK_BYTES for _, _, kind in tensors):
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    for key, kind, value in keys:
+        if key != "general.architecture":
+            _add(gguf, writer, key, kind, value)
     for key, value in metadata.items():
         writer.add_string(key, value)
     for (name, shape, _), kind in zip(tensors, kinds, strict=True):

@@ -39,7 +39,9 @@ from ._temp_directory import TempDirectory
 
 __all__ = ["LAYOUTS", "check", "copy_files", "model_directory", "report_copied", "write_layout"]
 
-LAYOUTS = ("precision", "compressed-tensors", "gguf")
+LAYOUTS = ("precision", "compressed-tensors", "gguf", "gguf-tensors")
+#: The GGUF layouts: a file llama.cpp runs, and the tensors alone (`_layout_gguf`).
+GGUF = ("gguf", "gguf-tensors")
 
 #: Files that hold weights in another format: never copied beside converted tensors.
 _WEIGHT_SUFFIXES = (
@@ -128,7 +130,7 @@ def _kept_problem(layout: str, plan: _Plan) -> str | None:
     """Why a tensor kept unchanged cannot be written in `layout` as it is, or None."""
     leaf = plan.leaf
     fmt = leaf.format
-    if layout == "gguf":
+    if layout in GGUF:
         kind = _gguf.gguf_type(fmt, leaf.scaling, leaf.dtype)
         if kind is not None and not (kind == "BF16" and not leaf.shape):
             return None
@@ -186,9 +188,9 @@ def check(
                 f"{home}/config.json already has a quantization_config: this model is "
                 "quantized; convert the original (unquantized) checkpoint"
             )
-    if layout == "gguf":
+    if layout in GGUF:
         if args.max_shard_size is not None:
-            raise _UsageError("--layout gguf writes one file: drop --max-shard-size")
+            raise _UsageError(f"--layout {layout} writes one file: drop --max-shard-size")
         try:
             import gguf  # noqa: F401 (written through it)
         except ImportError:
@@ -337,6 +339,6 @@ def write_layout(
     metadata: dict[str, str],
 ) -> int:
     """Write the converted checkpoint in `args.layout` (checked by `check`); the bytes written."""
-    if args.layout == "gguf":
+    if args.layout in GGUF:
         return _write_gguf(plans, converter, dst, args, metadata)
     return _write_compressed_tensors(source, plans, converter, dst, args, metadata)

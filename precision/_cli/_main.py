@@ -309,12 +309,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--layout",
-        choices=("precision", "compressed-tensors", "gguf"),
+        choices=("precision", "compressed-tensors", "gguf", "gguf-tensors"),
         default="precision",
         help="how OUT lays the tensors out: precision (default: this library's safetensors, "
         "every format), compressed-tensors (a Hugging Face directory that vLLM and "
-        "transformers load: int8, int4, int2, float8_e4m3fn or mxfp4 Linear weights) or gguf "
-        "(one GGUF file: Q8_0, Q4_0, MXFP4, F32, F16, BF16); see docs/cli.md",
+        "transformers load: int8, int4, int2, float8_e4m3fn or mxfp4 Linear weights), gguf "
+        "(one GGUF file llama.cpp runs, of a Llama or GPT-2 model directory: Q8_0, Q4_0, "
+        "MXFP4, F32, F16, BF16) or gguf-tensors (the tensors alone in a GGUF file, under "
+        "their own names); see docs/cli.md",
     )
     p.add_argument(
         "--overwrite", action="store_true", help="replace OUT if it exists (even when OUT is IN)"

@@ -1,4 +1,5 @@
-"""`convert --layout gguf`: one GGUF file, read here by the `gguf` package's own reader.
+"""`convert --layout gguf-tensors`: one GGUF file of the tensors alone (their own names),
+read here by the `gguf` package's own reader (llama.cpp's files: test_gguf_llama_cpp.py).
 
 `gguf.GGUFReader` opens the output and `gguf.quants.dequantize` (the package's numpy
 port of ggml's dequantization) turns its Q8_0 and Q4_0 tensors into exactly, bit for
@@ -59,7 +60,7 @@ def gpt2(tmp_path_factory):
 @pytest.mark.parametrize(("to", "kind"), [("int8", "Q8_0"), ("int4", "Q4_0")])
 def test_gpt2_dequantizes_bit_for_bit_to_our_values(gpt2, tmp_path, to, kind):
     flags = ["--to", to, "--scaling", "per-block:32:fp16"]
-    convert(gpt2, tmp_path / "model.gguf", *flags, "--layout", "gguf")
+    convert(gpt2, tmp_path / "model.gguf", *flags, "--layout", "gguf-tensors")
     convert(gpt2, tmp_path / "ours", *flags)
     got, want = dequantized(tmp_path / "model.gguf"), ours(tmp_path / "ours")
     assert set(got) == set(want)  # the Hugging Face names, every tensor
@@ -77,7 +78,7 @@ def test_gpt2_dequantizes_bit_for_bit_to_our_values(gpt2, tmp_path, to, kind):
 
 def test_gpt2_loads_back_as_the_same_tensors(gpt2, tmp_path):
     flags = ["--to", "int4", "--scaling", "per-block:32:fp16"]
-    convert(gpt2, tmp_path / "model.gguf", *flags, "--layout", "gguf")
+    convert(gpt2, tmp_path / "model.gguf", *flags, "--layout", "gguf-tensors")
     convert(gpt2, tmp_path / "ours", *flags)
     got, want = precision.load(tmp_path / "model.gguf"), precision.load(tmp_path / "ours")
     assert set(got) == set(want)
@@ -102,7 +103,7 @@ def model(root, shape=(8, 64), seed=2) -> None:
 )
 def test_other_types_hold_our_values(tmp_path, flags, kind):
     model(tmp_path / "in")
-    convert(tmp_path / "in", tmp_path / "m.gguf", *flags, "--layout", "gguf")
+    convert(tmp_path / "in", tmp_path / "m.gguf", *flags, "--layout", "gguf-tensors")
     convert(tmp_path / "in", tmp_path / "ours", *flags)
     got, want = dequantized(tmp_path / "m.gguf"), ours(tmp_path / "ours")
     ggml_type, values = got["layer.weight"]
@@ -194,7 +195,9 @@ def test_a_type_no_format_holds_is_refused_by_name(tmp_path):
 def test_what_gguf_cannot_hold_is_refused_before_converting(tmp_path, capsys, flags, words):
     model(tmp_path / "in")
     out = tmp_path / "m.gguf"
-    code = main(["convert", str(tmp_path / "in"), "-o", str(out), *flags, "--layout", "gguf"])
+    code = main(
+        ["convert", str(tmp_path / "in"), "-o", str(out), *flags, "--layout", "gguf-tensors"]
+    )
     assert code in (1, 2)
     err = capsys.readouterr().err
     for word in words:
@@ -207,7 +210,7 @@ def test_an_unsigned_array_kept_as_it_is_has_no_gguf_type(tmp_path, capsys):
     tensors = {"w": np.ones((4, 32), np.float32), "mask": np.ones(4, np.uint8)}
     safetensors.numpy.save_file(tensors, str(src))
     argv = ["convert", str(src), "-o", str(tmp_path / "m.gguf"), "--to", "int8"]
-    assert main([*argv, "--scaling", "per-block:32:fp16", "--layout", "gguf"]) == 1
+    assert main([*argv, "--scaling", "per-block:32:fp16", "--layout", "gguf-tensors"]) == 1
     assert "tensor 'mask': kept as uint8, which has no GGUF type" in capsys.readouterr().err
 
 
@@ -215,7 +218,16 @@ def test_an_existing_file_is_replaced_only_with_overwrite(tmp_path, capsys):
     model(tmp_path / "in")
     out = tmp_path / "m.gguf"
     out.write_bytes(b"keep me")
-    argv = ["convert", str(tmp_path / "in"), "-o", str(out), "--to", "bf16", "--layout", "gguf"]
+    argv = [
+        "convert",
+        str(tmp_path / "in"),
+        "-o",
+        str(out),
+        "--to",
+        "bf16",
+        "--layout",
+        "gguf-tensors",
+    ]
     assert main([*argv, "-q"]) == 1
     assert "--overwrite" in capsys.readouterr().err
     assert out.read_bytes() == b"keep me"
@@ -231,17 +243,17 @@ def test_a_failed_write_leaves_nothing(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(_gguf, "block_bytes", broken)
     argv = ["convert", str(tmp_path / "in"), "-o", str(tmp_path / "m.gguf"), "--to", "mxfp4"]
-    assert main([*argv, "--layout", "gguf", "-q"]) == 1
+    assert main([*argv, "--layout", "gguf-tensors", "-q"]) == 1
     assert "No space left" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
 def test_without_the_gguf_package_the_extra_is_named(tmp_path, capsys, monkeypatch):
     model(tmp_path / "in")
-    convert(tmp_path / "in", tmp_path / "m.gguf", "--to", "bf16", "--layout", "gguf")
+    convert(tmp_path / "in", tmp_path / "m.gguf", "--to", "bf16", "--layout", "gguf-tensors")
     monkeypatch.setitem(sys.modules, "gguf", None)  # as if not installed
     argv = ["convert", str(tmp_path / "in"), "-o", str(tmp_path / "n.gguf"), "--to", "bf16"]
-    assert main([*argv, "--layout", "gguf", "-q"]) == 1
+    assert main([*argv, "--layout", "gguf-tensors", "-q"]) == 1
     assert "pip install 'precision[gguf]'" in capsys.readouterr().err
     with pytest.raises(ModuleNotFoundError, match=r"precision\[gguf\]"):
         precision.load(tmp_path / "m.gguf")
