@@ -46,6 +46,7 @@ __all__ = [
     "BLOCK",
     "MAGIC",
     "block_bytes",
+    "contents",
     "gguf_type",
     "is_gguf",
     "packed_fields",
@@ -328,6 +329,37 @@ def packed_fields(fields: np.ndarray) -> np.ndarray:
     pairs = fields.reshape(-1, 2)
     out: np.ndarray = pairs[:, 0] | (pairs[:, 1] << np.uint8(4))
     return out
+
+
+def contents(path: str) -> tuple[dict[str, Any], list[tuple[str, str, tuple[int, ...], int]]]:
+    """(keys, tensors) of a GGUF file: every key's value (an array as `[N items]`, but
+    short ones), and each tensor's (name, ggml type, numpy shape, bytes)."""
+    gguf = _gguf()
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, OSError, KeyError) as exc:
+        raise CheckpointError(f"{path}: not a GGUF file this reader can open ({exc})") from None
+    keys: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        array = field.types[0] == gguf.GGUFValueType.ARRAY
+        if array and len(field.data) > 8:
+            keys[key] = f"[{len(field.data)} items]"
+        else:
+            value = field.contents()
+            # a float32 as its shortest float32 spelling (1e-05, not 9.99999974e-06)
+            keys[key] = float(str(np.float32(value))) if isinstance(value, float) else value
+    tensors = [
+        (
+            t.name,
+            t.tensor_type.name,
+            tuple(int(d) for d in reversed(t.shape.tolist())),
+            int(t.n_bytes),
+        )
+        for t in reader.tensors
+    ]
+    return keys, tensors
 
 
 def read(path: str) -> list[tuple[Leaf, Stored]]:

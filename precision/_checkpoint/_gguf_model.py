@@ -109,7 +109,7 @@ def _refuse(config: dict[str, Any], key: str, allowed: tuple[Any, ...], why: str
     if value not in allowed:
         raise LayoutError(
             f"config.json: {key} = {value!r}, which {why}; --layout gguf does not write this "
-            f"model for llama.cpp (use {_TENSORS_ONLY})"
+            f"model for llama.cpp; for its tensors alone use {_TENSORS_ONLY}"
         )
 
 
@@ -283,8 +283,8 @@ def describe(home: str, names: list[str]) -> Model:
         shown = ", ".join(repr(n) for n in unknown[:3])
         more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
         raise LayoutError(
-            f"{home}: tensor {shown}{more} is not part of {arch} as llama.cpp runs it; "
-            f"this checkpoint is not a plain {arch} (use {_TENSORS_ONLY})"
+            f"{home}: tensor {shown}{more} is not part of {arch} as llama.cpp runs it, so this "
+            f"checkpoint is not a plain {arch}; for its tensors alone use {_TENSORS_ONLY}"
         )
     targets = {m.name for m in model.tensors.values()}
     need = "token_embd.weight", "output_norm.weight", "blk.0.attn_norm.weight"

@@ -334,7 +334,13 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Example: precision report model.safetensors model-int8.safetensors --plot err.png",
     )
     p.add_argument("ref", metavar="REF", help="reference checkpoint (file or sharded directory)")
-    p.add_argument("other", metavar="OTHER", help="checkpoint to compare with REF")
+    p.add_argument(
+        "other",
+        metavar="OTHER",
+        nargs="?",
+        help="checkpoint to compare with REF (without it, a GGUF file REF is listed: its "
+        "keys, and each tensor's ggml type, shape and bytes)",
+    )
     p.add_argument(
         "--plot", metavar="FILE.png", help="write SQNR bars and error histograms to a PNG"
     )

@@ -23,9 +23,9 @@ LLAMA3_PATTERN = (
 )
 
 TEXT = (
-    "The quick brown fox jumps over the lazy dog. It's 2024, and we'll see 12345 "
-    "numbers, tabs\tand new\nlines.  Double  spaces, punctuation!? (brackets) [and] "
-    "{braces}; naïve café, Grüße, 東京, emoji 🙂. The the THE thE. "
+    "The quick brown fox jumps over the lazy dog. It's 2024, and we'll see 1234567890 "
+    "numbers, tabs\tand new\nlines.\n\nParagraphs\n\n\nand  double  spaces, punctuation!? "
+    "(brackets) [and] {braces}; IT'S WE'LL x(y) naïve café, Grüße, 東京, emoji 🙂. The the THE "
 ) * 8
 
 #: Strings whose token ids llama.cpp and `tokenizers` must agree on.
@@ -33,7 +33,8 @@ SAMPLES = [
     "Hello world",
     "The quick brown fox jumps over the lazy dog.",
     " leading space and  two  spaces\n\nnew lines\t tab",
-    "It's 2024: 1234567 numbers, we'll see",
+    "It's 2024: 1234567890 numbers, we'll see; IT'S WE'LL x(y)",
+    "Paragraphs\n\n\nand\n\nmore",
     "naïve café Grüße 東京 🙂",
 ]
 

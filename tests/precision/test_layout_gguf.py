@@ -12,7 +12,10 @@ ggml's own quantizers write (Q4_0's codes of -8 and negative scales) exactly as
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -265,3 +268,97 @@ def test_loading_the_library_imports_no_gguf():
         "assert 'gguf' not in sys.modules and 'jax' not in sys.modules, sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------
+# llama.cpp's file (--layout gguf): what is refused, presets, report
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    pytest.importorskip("tokenizers")
+    from hf_tiny import write_llama
+
+    root = tmp_path_factory.mktemp("hub") / "llama"
+    write_llama(root)
+    return root
+
+
+def test_int_without_scaling_takes_ggml_blocks(tmp_path, capsys):
+    model(tmp_path / "in")
+    for flags, kind in (
+        (["--to", "int4"], "Q4_0"),
+        (["--to", "int8"], "Q8_0"),
+        (["--preset", "q4_0"], "Q4_0"),
+        (["--preset", "q8_0"], "Q8_0"),
+        (["--preset", "mxfp4"], "MXFP4"),
+    ):
+        out = tmp_path / f"{kind}-{flags[0]}.gguf"
+        convert(tmp_path / "in", out, *flags, "--layout", "gguf-tensors")
+        assert dequantized(out)["layer.weight"][0] == kind, flags
+    assert "per-block 32 on axis -1, float16 scales" in capsys.readouterr().out
+
+
+def test_report_lists_types_bytes_and_keys(llama, tmp_path, capsys):
+    convert(llama, tmp_path / "m.gguf", "--preset", "q4_0", "--layout", "gguf")
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "m.gguf")]) == 0
+    out = capsys.readouterr().out
+    for word in ("general.architecture", "llama", "llama.attention.head_count_kv", "2"):
+        assert word in out
+    assert "llama.attention.layer_norm_rms_epsilon  1e-05" in out
+    assert "tokenizer.ggml.tokens" in out
+    assert re.search(r"blk\.0\.attn_q\.weight\s+Q4_0\s+64x64\s+2\.2 KiB", out)  # 18 B / 32
+    assert main(["report", str(tmp_path / "m.gguf"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    sizes = {t["name"]: (t["type"], t["bytes"]) for t in doc["tensors"]}
+    assert sizes["blk.0.attn_q.weight"] == ("Q4_0", 64 * 64 // 32 * 18)
+    assert sizes["blk.0.attn_norm.weight"] == ("F32", 64 * 4)
+    assert doc["keys"]["llama.block_count"] == 2
+    assert main(["report", str(llama / "model.safetensors")]) == 2
+    assert "give OTHER too" in capsys.readouterr().err
+
+
+def _edited(src, dst, *, config=None, drop=()):
+    shutil.copytree(src, dst)
+    if config:
+        doc = json.loads((dst / "config.json").read_text())
+        (dst / "config.json").write_text(json.dumps({**doc, **config}))
+    for name in drop:
+        (dst / name).unlink()
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (
+            {"config": {"architectures": ["MistralForCausalLM"]}},
+            ["'MistralForCausalLM'", "LlamaForCausalLM, GPT2LMHeadModel", "gguf-tensors"],
+        ),
+        ({"config": {"rope_scaling": {"type": "yarn"}}}, ["rope_scaling", "gguf-tensors"]),
+        ({"config": {"hidden_act": "gelu"}}, ["hidden_act = 'gelu'"]),
+        ({"drop": ["tokenizer.json"]}, ["has no tokenizer.json"]),
+        ({"drop": ["config.json"]}, ["config.json", "gguf-tensors"]),
+    ],
+    ids=["architecture", "rope-scaling", "activation", "no-tokenizer", "no-config"],
+)
+def test_what_llama_cpp_would_not_run_is_refused(llama, tmp_path, capsys, edit, words):
+    src = _edited(llama, tmp_path / "in", **edit)
+    out = tmp_path / "m.gguf"
+    assert main(["convert", str(src), "-o", str(out), "--to", "bf16", "--layout", "gguf"]) == 1
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err, err
+    assert not out.exists()
+
+
+def test_a_tensor_llama_does_not_have_is_refused_by_name(llama, tmp_path, capsys):
+    src = _edited(llama, tmp_path / "in")
+    tensors = safetensors.numpy.load_file(str(src / "model.safetensors"))
+    tensors["model.layers.0.self_attn.q_norm.weight"] = np.ones(16, np.float32)
+    safetensors.numpy.save_file(tensors, str(src / "model.safetensors"))
+    argv = ["convert", str(src), "-o", str(tmp_path / "m.gguf"), "--to", "bf16"]
+    assert main([*argv, "--layout", "gguf"]) == 1
+    err = capsys.readouterr().err
+    assert "'model.layers.0.self_attn.q_norm.weight' is not part of LlamaForCausalLM" in err
