@@ -84,8 +84,8 @@ def _gguf() -> Any:
 def gguf_type(fmt: Format | None, scaling: Scaling | None, dtype: np.dtype) -> str | None:
     """The ggml type holding a tensor of `fmt` with `scaling` (a plain array of `dtype`
     when `fmt` is None) with our bytes rearranged, or None."""
-    if fmt is None:
-        return _ARRAY_TYPES.get(dtype.name)
+    if fmt is None:  # a plain array: an integer or float64 type, or a float one as it is
+        return _ARRAY_TYPES.get(dtype.name) or _FLOAT_TYPES.get(dtype.name)
     if scaling is None:
         known = _FLOAT_TYPES.get(fmt.name)
         return known if known is not None and dtypes.get(fmt.name) == fmt else None

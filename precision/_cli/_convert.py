@@ -237,7 +237,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             _summary(plans, fmt, scaling, source, None, None, dry=True)
             return 0
         assert dst is not None
-        if not converted:
+        if not converted and prepared is None:  # (llama.cpp's file of stored codes is one)
             reasons = _reasons(plans)
             raise _UsageError(
                 f"nothing to convert to {fmt.name}: every tensor would be kept ("

@@ -84,13 +84,61 @@ def _as_float32(plan: _Plan, rounding: str) -> _Plan:
     return new
 
 
+def _written_scaling(scaling: Any, move: str, ndim: int) -> Any:
+    """A tensor's scaling as ggml holds it once moved: blocks along its inputs become
+    blocks along the last axis (axis 0 of a weight ggml transposes, else the last)."""
+    if not isinstance(scaling, dtypes.PerBlock) or ndim != 2:
+        return scaling
+    inputs = 0 if move == "transpose" else 1
+    return dataclasses.replace(scaling, axis=-1) if scaling.axis % ndim == inputs else scaling
+
+
 def _adjusted(plan: _Plan, mapped: _gguf_model.Mapped, rounding: str) -> _Plan:
     leaf = plan.leaf
     if len(leaf.shape) == 1 and leaf.dtype.kind == "f":
         return _as_float32(plan, rounding)
     if plan.reason is None and mapped.move == "transpose" and plan.out.scaling is not None:
-        return _blocked_on_inputs(plan, rounding)
+        plan = _blocked_on_inputs(plan, rounding)
+    if plan.reason is None and leaf.scaling is not None and leaf.format == plan.out.format:
+        # stored in the asked encoding already (a calibrated checkpoint): its codes as
+        # they are, never decoded and rounded again
+        ndim = len(leaf.shape)
+        mine = _written_scaling(leaf.scaling, mapped.move, ndim)
+        if mine == _written_scaling(plan.out.scaling, mapped.move, ndim):
+            return _Plan(plan.reader, leaf, leaf, "kept (stored in that encoding: written as is)")
     return plan
+
+
+def _problem(plan: _Plan, move: str) -> str | None:
+    """Why llama.cpp's file cannot hold the tensor of `plan` as written, or None."""
+    out = plan.out
+    scaling = _written_scaling(out.scaling, move, len(out.shape))
+    if _gguf.gguf_type(out.format, scaling, out.dtype) is not None:
+        return None
+    if plan.reason is None and out.format is not None:
+        return _gguf.refusal(out.name, out.format, scaling, out.shape)
+    what = out.dtype.name if out.format is None else f"{out.format.name} with {out.scaling}"
+    return (
+        f"kept as {what}, which has no GGUF type once laid out for llama.cpp (blocks of 32 "
+        "along the inputs with float16 scales, or float32, float16, bfloat16); convert them "
+        "(--include) to a format GGUF holds"
+    )
+
+
+def _refuse(plans: list[_Plan], model: _gguf_model.Model) -> None:
+    """Every tensor llama.cpp's file cannot hold, grouped by reason, in one `LayoutError`."""
+    refused: dict[str, list[str]] = {}
+    for plan in plans:
+        problem = _problem(plan, model.tensors[plan.leaf.name].move)
+        if problem is not None:
+            refused.setdefault(problem, []).append(plan.leaf.name)
+    parts = []
+    for problem, names in refused.items():
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        what = "tensor" if len(names) == 1 else f"{len(names)} tensors"
+        parts.append(f"{what} {', '.join(repr(n) for n in names[:3])}{more}: {problem}")
+    if parts:
+        raise LayoutError("--layout gguf cannot hold " + "; ".join(parts))
 
 
 def prepare(plans: list[_Plan], source: Source, args: argparse.Namespace) -> Prepared:
@@ -107,14 +155,15 @@ def prepare(plans: list[_Plan], source: Source, args: argparse.Namespace) -> Pre
     model = _gguf_model.describe(home, [p.leaf.name for p in plans])
     rows = [p.leaf.shape[0] for p in plans if _target(model, p) == "token_embd.weight"]
     keys = _gguf_vocab.vocabulary(home, model.config, rows[0])
-    if model.dropped:
-        listed = ", ".join(f"{n} ({why})" for n, why in model.dropped.items())
-        print(f"not written (llama.cpp does without them): {listed}")
     out = [
         _adjusted(p, model.tensors[p.leaf.name], args.rounding)
         for p in plans
         if p.leaf.name in model.tensors
     ]
+    _refuse(out, model)
+    if model.dropped:
+        listed = ", ".join(f"{n} ({why})" for n, why in model.dropped.items())
+        print(f"not written (llama.cpp does without them): {listed}")
     return Prepared(out, model, keys)
 
 
@@ -168,11 +217,9 @@ def write(
     tensors, kinds = [], []
     for plan in plans:
         out, mapped = plan.out, model.tensors[plan.leaf.name]
-        scaling = out.scaling
-        if mapped.move == "transpose" and isinstance(scaling, dtypes.PerBlock):
-            scaling = dataclasses.replace(scaling, axis=-1)  # its blocks, once transposed
+        scaling = _written_scaling(out.scaling, mapped.move, len(out.shape))
         kind = _gguf.gguf_type(out.format, scaling, out.dtype)
-        assert kind is not None  # `_layouts.check` refused the rest
+        assert kind is not None  # `prepare` refused the rest
         shape = out.shape[::-1] if mapped.move == "transpose" else out.shape
         tensors.append((mapped.name, shape, kind))
         kinds.append(kind)

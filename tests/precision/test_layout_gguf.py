@@ -24,6 +24,7 @@ import pytest
 import safetensors.numpy
 from gpt2_like import size, write_gpt2_like
 
+import dtypes
 import precision
 from precision._checkpoint import _gguf
 from precision._cli import main
@@ -362,3 +363,69 @@ def test_a_tensor_llama_does_not_have_is_refused_by_name(llama, tmp_path, capsys
     assert main([*argv, "--layout", "gguf"]) == 1
     err = capsys.readouterr().err
     assert "'model.layers.0.self_attn.q_norm.weight' is not part of LlamaForCausalLM" in err
+
+
+# --------------------------------------------------------------------------
+# calibrated weights written for llama.cpp as they are
+
+
+def calibrated(weights: dict[str, np.ndarray], name: str, conv1d: bool) -> dict:
+    """`weights` with `name` converted by `precision.calibrate` (GPTQ, int4 in blocks of 32
+    inputs, float16 scales) on random inputs (a Conv1D weight's inputs: its first axis)."""
+    rng = np.random.default_rng(0)
+    inputs = weights[name].shape[0 if conv1d else 1]
+    batches = [rng.standard_normal((512, inputs)).astype(np.float32) for _ in range(2)]
+
+    def f(p, x):
+        return x @ (p[name] if conv1d else p[name].T)
+
+    scaling = dtypes.PerBlock(32, scale_format="float16")
+    q = precision.calibrate(f, {name: weights[name]}, batches, format="int4", scaling=scaling)
+    return {**weights, **q}
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_calibrated_codes_are_written_as_they_are(tmp_path, arch):
+    pytest.importorskip("tokenizers")
+    from hf_tiny import write_gpt2, write_llama
+
+    weights = (write_llama if arch == "llama" else write_gpt2)(tmp_path / "hf", layers=1)
+    hf = "h.0.attn.c_attn.weight" if arch == "gpt2" else "model.layers.0.mlp.down_proj.weight"
+    tree = calibrated(weights, hf, conv1d=arch == "gpt2")
+    shutil.copytree(
+        tmp_path / "hf", tmp_path / "cal", ignore=shutil.ignore_patterns("*.safetensors")
+    )
+    precision.save(tmp_path / "cal" / "model.safetensors", tree)
+    convert(tmp_path / "cal", tmp_path / "m.gguf", "--preset", "q4_0", "--layout", "gguf")
+    reader = gguf.GGUFReader(str(tmp_path / "m.gguf"))
+    got = {t.name: t for t in reader.tensors}
+    t = got["blk.0.attn_qkv.weight" if arch == "gpt2" else "blk.0.ffn_down.weight"]
+    assert t.tensor_type.name == "Q4_0"
+    values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(t.shape.tolist()[::-1])
+    want = np.asarray(tree[hf])
+    want = want.T if arch == "gpt2" else want  # ggml's (outputs, inputs)
+    np.testing.assert_array_equal(values, want)  # GPTQ's codes and scales, as they are
+    rtn = dtypes.get("int4").encode(weights[hf], scaling=tree[hf].scaling).decode()
+    assert not np.array_equal(np.asarray(rtn), np.asarray(tree[hf]))  # (not rounding's)
+
+
+def test_stored_codes_are_not_rounded_again(tmp_path, capsys):
+    """Codes that never reach 7 (rounding them again would rescale every block)."""
+    pytest.importorskip("tokenizers")
+    from hf_tiny import write_llama
+
+    weights = write_llama(tmp_path / "hf", layers=1)
+    name = "model.layers.0.self_attn.v_proj.weight"
+    rng = np.random.default_rng(3)
+    codes = rng.integers(-3, 4, weights[name].shape)
+    scales = rng.uniform(0.01, 0.1, (weights[name].shape[0], weights[name].shape[1] // 32))
+    scaling = dtypes.PerBlock(32, axis=1, scale_format="float16")
+    enc = dtypes.from_codes(codes, scales.astype(np.float16), "int4", scaling)
+    tree = {**weights, name: precision.Tensor.from_encoded(enc)}
+    shutil.copytree(tmp_path / "hf", tmp_path / "q", ignore=shutil.ignore_patterns("*.safetensors"))
+    precision.save(tmp_path / "q" / "model.safetensors", tree)
+    convert(tmp_path / "q", tmp_path / "m.gguf", "--to", "int4", "--layout", "gguf")
+    assert "kept (stored in that encoding: written as is)" in capsys.readouterr().out
+    t = next(t for t in gguf.GGUFReader(str(tmp_path / "m.gguf")).tensors if "attn_v" in t.name)
+    values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(weights[name].shape)
+    np.testing.assert_array_equal(values, np.asarray(enc.decode()))
