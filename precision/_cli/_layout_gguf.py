@@ -155,12 +155,16 @@ def prepare(plans: list[_Plan], source: Source, args: argparse.Namespace) -> Pre
     model = _gguf_model.describe(home, [p.leaf.name for p in plans])
     rows = [p.leaf.shape[0] for p in plans if _target(model, p) == "token_embd.weight"]
     keys = _gguf_vocab.vocabulary(home, model.config, rows[0])
-    out = [
-        _adjusted(p, model.tensors[p.leaf.name], args.rounding)
-        for p in plans
-        if p.leaf.name in model.tensors
-    ]
+    kept = [p for p in plans if p.leaf.name in model.tensors]
+    out = [_adjusted(p, model.tensors[p.leaf.name], args.rounding) for p in kept]
     _refuse(out, model)
+    pairs = zip(out, kept, strict=True)
+    moved = sum(a.reason is None and a.out.scaling != b.out.scaling for a, b in pairs)
+    if moved:
+        print(
+            f"blocks along the inputs: {moved} weight(s) stored inputs x outputs (Conv1D) are "
+            "quantized on axis 0, then transposed into ggml's rows as codes"
+        )
     if model.dropped:
         listed = ", ".join(f"{n} ({why})" for n, why in model.dropped.items())
         print(f"not written (llama.cpp does without them): {listed}")

@@ -91,6 +91,9 @@ class LlamaCpp:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def start() -> LlamaCpp:
