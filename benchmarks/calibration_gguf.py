@@ -1,6 +1,7 @@
 """Calibrated Q4_0 in llama.cpp: GPTQ and AWQ against ggml's own round-to-nearest.
 
 Run:  python benchmarks/calibration_gguf.py            # the 6-layer model of calibration.py
+      python benchmarks/calibration_gguf.py --small    # 4 layers, d 128
       python benchmarks/calibration_gguf.py --quick    # 2 layers, d 64: a minute or two
 
 The byte-level model of `benchmarks/calibration.py` (trained there, or loaded from its
@@ -252,6 +253,9 @@ def rows(cfg: bench.Config, args, server, work: Path) -> dict[str, tuple]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 layers, d 64, 20 s of training")
+    parser.add_argument(
+        "--small", action="store_true", help="4 layers, d 128 (a busy machine trains it in time)"
+    )
     parser.add_argument("--retrain", action="store_true", help="ignore the cached weights")
     parser.add_argument("--train-minutes", type=float, default=15.0)
     parser.add_argument("--eval-windows", type=int, default=None, help="default 128 (quick: 32)")
@@ -260,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         cfg = bench.Config(layers=2, width=64, heads=4, context=64, lr=3e-3, minutes=1 / 3)
         args.eval_windows = args.eval_windows or 32
+    elif args.small:
+        cfg = bench.Config(layers=4, width=128, heads=4, lr=3e-3, minutes=args.train_minutes)
+        args.eval_windows = args.eval_windows or 128
     else:
         cfg = bench.Config(minutes=args.train_minutes)
         args.eval_windows = args.eval_windows or 128

@@ -26,6 +26,7 @@ from .._context import resolve_format
 from .._errors import CalibrationError, CalibrationWarning
 from .._tensor import Tensor
 from .._tree import Where, _path_str, _selector, is_floating, is_tensor
+from . import _q4_0
 from ._convert import Site, convert, rtn_values
 from ._passes import accumulate, batches_of, chunks, survey
 from ._record import FoldKey, Found
@@ -266,12 +267,30 @@ def _stages(order: list[int], reads: dict[int, int]) -> list[list[int]]:
     return out
 
 
+def _q4_0_scaling(method: Any, scaling: Any) -> tuple[dtypes.Format, dtypes.Scaling]:
+    """ggml's Q4_0 grid (`_q4_0`): its one scaling, for the weight-only methods."""
+    _check_method(method, _q4_0.FORMAT)
+    if method == "smoothquant":
+        raise CalibrationError(
+            "calibrate: format='q4_0' is a weight format for gptq, awq or rtn; SmoothQuant "
+            "prepares int8 activations: use format='int8'"
+        )
+    if scaling is not None and scaling != _q4_0.SCALING:
+        raise CalibrationError(
+            f"calibrate: format='q4_0' has one scaling, blocks of 32 with float16 scales "
+            f"(dtypes.PerBlock(32, scale_format='float16')); got {scaling!r}"
+        )
+    return _q4_0.FORMAT, _q4_0.SCALING
+
+
 def _format_and_scaling(
     method: Any, format: str | dtypes.Format | None, scaling: Any
 ) -> tuple[dtypes.Format, dtypes.Scaling]:
     """The format and scaling `calibrate` writes (its defaults filled in), checked with
     the method."""
     smooth = method == "smoothquant"
+    if isinstance(format, str) and format.lower() == _q4_0.NAME:
+        return _q4_0_scaling(method, scaling)
     fmt = resolve_format(("int8" if smooth else "int4") if format is None else format)
     _check_method(method, fmt)
     if scaling is None:

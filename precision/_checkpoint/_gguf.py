@@ -35,7 +35,7 @@ import ml_dtypes
 import numpy as np
 
 import dtypes
-from dtypes import FloatFormat, Format, IntFormat, PerBlock, Scaling
+from dtypes import AsymmetricIntFormat, FloatFormat, Format, IntFormat, PerBlock, Scaling
 
 from .._errors import CheckpointError
 from ._atomic_file import _TempFile, write_error
@@ -93,6 +93,11 @@ def gguf_type(fmt: Format | None, scaling: Scaling | None, dtype: np.dtype) -> s
     if isinstance(fmt, IntFormat) and not fmt.binary and fmt.bits in (4, 8) and block:
         if scaling.scale_format == "float16":
             return "Q8_0" if fmt.bits == 8 else "Q4_0"
+    if isinstance(fmt, AsymmetricIntFormat) and fmt.bits == 4 and block:
+        # Q4_0's grid as calibrate(format="q4_0") writes it: zero points 7 or 8, which
+        # `block_bytes` checks (refusal() refuses converting into it)
+        if fmt.calibration == "minmax" and scaling.scale_format == "float16":
+            return "Q4_0"
     if (
         isinstance(fmt, FloatFormat)
         and (fmt.exponent_bits, fmt.mantissa_bits) == (2, 1)
@@ -107,6 +112,11 @@ def refusal(name: str, fmt: Format, scaling: Scaling | None, shape: tuple[int, .
     """Why GGUF cannot hold tensor `name` converted to `fmt` with `scaling`, or None (a
     message naming no tensor: the caller lists them)."""
     kind = gguf_type(fmt, scaling, np.dtype(np.float32))
+    if isinstance(fmt, AsymmetricIntFormat):
+        return (
+            f"{fmt.name}'s zero points are its groups' own; GGUF's Q4_0 holds uint4 only with "
+            "zero points 7 or 8 (calibrate(format='q4_0') writes them); use --to int4"
+        )
     if kind == "BF16" and not shape:
         return "a BF16 scalar is not read back by the gguf package; keep it (--exclude)"
     if kind is not None:
@@ -144,13 +154,37 @@ def _fields(packed_rows: np.ndarray) -> np.ndarray:
     return out.reshape(-1, BLOCK)
 
 
-def block_bytes(kind: str, data: np.ndarray, scale: np.ndarray) -> np.ndarray:
+def _offset_fields(raw: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> Any:
+    """(Q4_0's fields, signed float16 scales) of uint4 codes with zero points 7 or 8:
+    `s * (q - 8)` as it is; `s * (q - 7)` as `-s * ((15 - q) - 8)`."""
+    zero = np.asarray(zero).reshape(-1)
+    if not np.all((zero == 7) | (zero == 8)):
+        bad = sorted(set(np.unique(zero).tolist()) - {7, 8})
+        raise CheckpointError(
+            f"uint4 zero points {bad[:4]} are not Q4_0's grid (7 or 8, as calibrate("
+            "format='q4_0') writes them); convert the weights with --to int4"
+        )
+    fields = _fields(raw)
+    mirrored = (zero == 7)[:, None]
+    fields = np.where(mirrored, np.uint8(15) - fields, fields)
+    signed = np.where(mirrored[:, 0], -scale.reshape(-1), scale.reshape(-1))
+    return fields, signed.astype(np.float16)
+
+
+def block_bytes(
+    kind: str, data: np.ndarray, scale: np.ndarray, zero: np.ndarray | None = None
+) -> np.ndarray:
     """ggml's blocks (uint8, blocks × bytes) of our stored codes `data` and scales
-    `scale` (float16 scales, or E8M0 bytes for MXFP4), blocks in row order."""
-    head = np.ascontiguousarray(scale).reshape(-1, 1).view(np.uint8)  # (blocks, 2 or 1)
+    `scale` (float16 scales, or E8M0 bytes for MXFP4; uint4's `zero` points for Q4_0's
+    grid), blocks in row order."""
     raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    if zero is not None:
+        fields, scale = _offset_fields(raw, np.asarray(scale), zero)
+    head = np.ascontiguousarray(scale).reshape(-1, 1).view(np.uint8)  # (blocks, 2 or 1)
     if kind == "Q8_0":
         body = raw.reshape(-1, BLOCK)
+    elif zero is not None:
+        body = _swizzled(fields)
     elif kind == "Q4_0":
         body = _swizzled(_fields(raw) ^ np.uint8(8))
     else:
@@ -160,8 +194,9 @@ def block_bytes(kind: str, data: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 def transposed(data: np.ndarray, scale: np.ndarray, shape: tuple[int, int], packed: bool) -> Any:
     """(codes, scales) of a matrix of `shape` blocked along axis 0, for its transpose
-    blocked along its last axis: the same codes and scales, moved (4-bit codes `packed`
-    two a byte along the last axis, as ours are, unpacked and packed again)."""
+    blocked along its last axis: the same codes and scales (or zero points, given as
+    `scale`), moved (4-bit codes `packed` two a byte along the last axis, as ours are,
+    unpacked and packed again)."""
     rows, cols = shape
     if packed:
         raw = np.asarray(data).reshape(rows, -1)

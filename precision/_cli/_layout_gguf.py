@@ -99,13 +99,16 @@ def _adjusted(plan: _Plan, mapped: _gguf_model.Mapped, rounding: str) -> _Plan:
         return _as_float32(plan, rounding)
     if plan.reason is None and mapped.move == "transpose" and plan.out.scaling is not None:
         plan = _blocked_on_inputs(plan, rounding)
-    if plan.reason is None and leaf.scaling is not None and leaf.format == plan.out.format:
-        # stored in the asked encoding already (a calibrated checkpoint): its codes as
-        # they are, never decoded and rounded again
+    if plan.reason is None and leaf.scaling is not None:
+        # stored as the asked ggml type already (a calibrated checkpoint: int4, or Q4_0's
+        # grid as uint4): its codes as they are, never decoded and rounded again
         ndim = len(leaf.shape)
-        mine = _written_scaling(leaf.scaling, mapped.move, ndim)
-        if mine == _written_scaling(plan.out.scaling, mapped.move, ndim):
-            return _Plan(plan.reader, leaf, leaf, "kept (stored in that encoding: written as is)")
+        mine = _gguf.gguf_type(
+            leaf.format, _written_scaling(leaf.scaling, mapped.move, ndim), leaf.dtype
+        )
+        asked = _written_scaling(plan.out.scaling, mapped.move, ndim)
+        if mine is not None and mine == _gguf.gguf_type(plan.out.format, asked, leaf.dtype):
+            return _Plan(plan.reader, leaf, leaf, f"kept (stored as {mine} already: written as is)")
     return plan
 
 
@@ -199,13 +202,16 @@ def _moved(kind: str, move: str, out: Leaf, arrays: list[np.ndarray]) -> np.ndar
     if len(arrays) == 1:
         values = arrays[0].reshape(out.data_shape)
         return _gguf_model.transform(move, values)
-    data, scale = arrays
+    data, scale, *zero = arrays  # zero points: Q4_0's grid as uint4
     if move == "transpose":
         assert out.format is not None
         assert len(out.shape) == 2
-        data, scale = _gguf.transposed(data, scale, (out.shape[0], out.shape[1]), out.format.packed)
+        shape = (out.shape[0], out.shape[1])
+        if zero:
+            zero = [_gguf.transposed(data, zero[0], shape, True)[1]]
+        data, scale = _gguf.transposed(data, scale, shape, out.format.packed)
         move = ""
-    blocks = _gguf.block_bytes(kind, data, scale)
+    blocks = _gguf.block_bytes(kind, data, scale, *zero)
     return _gguf_model.transform(move, blocks.reshape(out.shape[0], -1))
 
 

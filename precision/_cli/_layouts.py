@@ -321,8 +321,8 @@ def _write_gguf(
         stream = converter.arrays(plans)
         for plan, (_, _, kind) in zip(plans, tensors, strict=True):
             arrays = [_whole(a) for _, a in (next(stream) for _ in plan.out.arrays())]
-            if len(arrays) == 2:
-                yield _gguf.block_bytes(kind, arrays[0], arrays[1])
+            if len(arrays) >= 2:  # codes, scales (and Q4_0's zero points as uint4)
+                yield _gguf.block_bytes(kind, *arrays)
             else:
                 yield arrays[0]
 

@@ -369,9 +369,12 @@ def test_a_tensor_llama_does_not_have_is_refused_by_name(llama, tmp_path, capsys
 # calibrated weights written for llama.cpp as they are
 
 
-def calibrated(weights: dict[str, np.ndarray], name: str, conv1d: bool) -> dict:
-    """`weights` with `name` converted by `precision.calibrate` (GPTQ, int4 in blocks of 32
-    inputs, float16 scales) on random inputs (a Conv1D weight's inputs: its first axis)."""
+def calibrated(
+    weights: dict[str, np.ndarray], name: str, conv1d: bool, fmt: str, method: str = "gptq"
+) -> dict:
+    """`weights` with `name` converted by `precision.calibrate` (int4 or Q4_0's grid in
+    blocks of 32 inputs, float16 scales) on random inputs (a Conv1D weight's inputs: its
+    first axis)."""
     rng = np.random.default_rng(0)
     inputs = weights[name].shape[0 if conv1d else 1]
     batches = [rng.standard_normal((512, inputs)).astype(np.float32) for _ in range(2)]
@@ -380,18 +383,20 @@ def calibrated(weights: dict[str, np.ndarray], name: str, conv1d: bool) -> dict:
         return x @ (p[name] if conv1d else p[name].T)
 
     scaling = dtypes.PerBlock(32, scale_format="float16")
-    q = precision.calibrate(f, {name: weights[name]}, batches, format="int4", scaling=scaling)
+    q = precision.calibrate(
+        f, {name: weights[name]}, batches, method=method, format=fmt, scaling=scaling
+    )
     return {**weights, **q}
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_calibrated_codes_are_written_as_they_are(tmp_path, arch):
+@pytest.mark.parametrize(("arch", "fmt"), [("llama", "int4"), ("gpt2", "q4_0")])
+def test_calibrated_codes_are_written_as_they_are(tmp_path, arch, fmt):
     pytest.importorskip("tokenizers")
     from hf_tiny import write_gpt2, write_llama
 
     weights = (write_llama if arch == "llama" else write_gpt2)(tmp_path / "hf", layers=1)
     hf = "h.0.attn.c_attn.weight" if arch == "gpt2" else "model.layers.0.mlp.down_proj.weight"
-    tree = calibrated(weights, hf, conv1d=arch == "gpt2")
+    tree = calibrated(weights, hf, conv1d=arch == "gpt2", fmt=fmt)
     shutil.copytree(
         tmp_path / "hf", tmp_path / "cal", ignore=shutil.ignore_patterns("*.safetensors")
     )
@@ -405,7 +410,13 @@ def test_calibrated_codes_are_written_as_they_are(tmp_path, arch):
     want = np.asarray(tree[hf])
     want = want.T if arch == "gpt2" else want  # ggml's (outputs, inputs)
     np.testing.assert_array_equal(values, want)  # GPTQ's codes and scales, as they are
-    rtn = dtypes.get("int4").encode(weights[hf], scaling=tree[hf].scaling).decode()
+    if fmt == "int4":
+        rtn = dtypes.get("int4").encode(weights[hf], scaling=tree[hf].scaling).decode()
+    else:  # Q4_0's grid: round-to-nearest onto it is ggml's own quantizer, value for value
+        rtn = calibrated(weights, hf, conv1d=True, fmt=fmt, method="rtn")[hf]
+        q4 = gguf.GGMLQuantizationType.Q4_0
+        theirs = gguf.quants.dequantize(gguf.quants.quantize(weights[hf].T.copy(), q4), q4)
+        np.testing.assert_array_equal(np.asarray(rtn).T, theirs)
     assert not np.array_equal(np.asarray(rtn), np.asarray(tree[hf]))  # (not rounding's)
 
 
@@ -425,7 +436,7 @@ def test_stored_codes_are_not_rounded_again(tmp_path, capsys):
     shutil.copytree(tmp_path / "hf", tmp_path / "q", ignore=shutil.ignore_patterns("*.safetensors"))
     precision.save(tmp_path / "q" / "model.safetensors", tree)
     convert(tmp_path / "q", tmp_path / "m.gguf", "--to", "int4", "--layout", "gguf")
-    assert "kept (stored in that encoding: written as is)" in capsys.readouterr().out
+    assert "kept (stored as Q4_0 already: written as is)" in capsys.readouterr().out
     t = next(t for t in gguf.GGUFReader(str(tmp_path / "m.gguf")).tensors if "attn_v" in t.name)
     values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(weights[name].shape)
     np.testing.assert_array_equal(values, np.asarray(enc.decode()))
