@@ -15,8 +15,9 @@ llama.cpp's reader needs) and converted with `precision convert --layout gguf`:
 * RTN Q4_0: the F32 file's matrices quantized by the `gguf` package's Q4_0 (ggml's rule:
   per block of 32, `d = max / -8` of the signed value of largest magnitude, codes 0..15
   for -8..7), embeddings and norms left F32 as in the others;
-* GPTQ Q4_0, AWQ Q4_0: `precision.calibrate` with int4 in blocks of 32 inputs and float16
-  scales (codes -7..7: a subset of Q4_0's), written by `convert` as they are.
+* GPTQ Q4_0, AWQ Q4_0: `precision.calibrate(format="q4_0")`, rounding onto Q4_0's own grid
+  in blocks of 32 inputs, written by `convert` as they are; "(int4 grid)": the same with
+  `format="int4"` (codes -7..7 times `absmax / 7`: a subset of Q4_0's, one level short).
 
 llama.cpp (node-llama-cpp, `tests/precision/llama_cpp.py`) runs each file on the held-out
 windows of `calibration.py` and gives bits per byte, with the loss against F32 paired
@@ -85,32 +86,39 @@ def write_tokenizer(path: Path) -> None:
     tok.save(str(path))
 
 
-def _codes(t: precision.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """(integer codes, float16 scales) of an int4 Tensor blocked along axis 0."""
+def _codes(t: precision.Tensor) -> tuple[np.ndarray, ...]:
+    """(integer codes, float16 scales, zero points) of an int4 Tensor (zero points 0) or
+    a uint4 one (Q4_0's grid) blocked along axis 0."""
     scale = np.asarray(t.encoded.scale)
+    zp = t.encoded.zero_point
+    zero = np.zeros(scale.shape, np.int16) if zp is None else np.asarray(zp).astype(np.int16)
     step = np.repeat(scale.astype(np.float32), 32, axis=0)[: t.shape[0]]
-    return np.rint(np.asarray(t.numpy()) / step).astype(np.int8), scale
+    offset = np.repeat(zero, 32, axis=0)[: t.shape[0]]
+    return (np.rint(np.asarray(t.numpy()) / step) + offset).astype(np.int16), scale, zero
 
 
-def _tensor(codes: np.ndarray, scale: np.ndarray, axis: int) -> precision.Tensor:
+def _tensor(codes, scale, zero, axis: int, fmt: str) -> precision.Tensor:
     scaling = dtypes.PerBlock(32, axis, scale_format="float16")
-    return precision.Tensor.from_encoded(dtypes.from_codes(codes, scale, "int4", scaling))
+    zero_point = zero if fmt == "uint4" else None
+    enc = dtypes.from_codes(codes, scale, fmt, scaling, zero_point=zero_point)
+    return precision.Tensor.from_encoded(enc)
 
 
 def joined(parts: list) -> object:
     """Kernels (inputs, outputs) side by side along their outputs, codes kept."""
     if not isinstance(parts[0], precision.Tensor):
         return np.concatenate([np.asarray(p) for p in parts], axis=1)
-    codes, scales = zip(*(_codes(p) for p in parts), strict=True)
-    return _tensor(np.concatenate(codes, axis=1), np.concatenate(scales, axis=1), 0)
+    pieces = zip(*(_codes(p) for p in parts), strict=True)
+    codes, scales, zeros = (np.concatenate(x, axis=1) for x in pieces)
+    return _tensor(codes, scales, zeros, 0, parts[0].format.name)
 
 
 def flipped(kernel) -> object:
     """A head kernel (inputs, outputs) as a Linear weight (outputs, inputs), codes kept."""
     if not isinstance(kernel, precision.Tensor):
         return np.ascontiguousarray(np.asarray(kernel).T)
-    codes, scale = _codes(kernel)
-    return _tensor(np.ascontiguousarray(codes.T), np.ascontiguousarray(scale.T), 1)
+    codes, scale, zero = (np.ascontiguousarray(x.T) for x in _codes(kernel))
+    return _tensor(codes, scale, zero, 1, kernel.format.name)
 
 
 def hf_tree(params, cfg: bench.Config) -> dict:
@@ -214,9 +222,9 @@ def llama_bits(server: llama_cpp.LlamaCpp, path: Path, xy: np.ndarray) -> np.nda
     return np.array(out)
 
 
-def calibrated(f, params, batches, method: str):
+def calibrated(f, params, batches, method: str, fmt: str):
     start = time.perf_counter()
-    q = precision.calibrate(f, params, batches, method=method, format="int4", scaling=SCALING)
+    q = precision.calibrate(f, params, batches, method=method, format=fmt, scaling=SCALING)
     jax.block_until_ready(q)
     return q, time.perf_counter() - start
 
@@ -241,12 +249,16 @@ def rows(cfg: bench.Config, args, server, work: Path) -> dict[str, tuple]:
     results["F32"] = (llama_bits(server, work / "f32.gguf", xy), None)
     ggml_rtn(work / "f32.gguf", work / "rtn.gguf")
     results["RTN Q4_0 (ggml)"] = (llama_bits(server, work / "rtn.gguf", xy), None)
-    for method in ("gptq", "awq"):
-        q, took = calibrated(f, params, batches, method)
-        write_hf(work / method, hf_tree(q, cfg), cfg)
-        convert(work / method, work / f"{method}.gguf", "--preset", "q4_0")
-        results[f"{method.upper()} Q4_0"] = (llama_bits(server, work / f"{method}.gguf", xy), took)
-        results[f"{method.upper()} int4 (JAX)"] = (bench.evaluate(precision.apply(f), q, xy), took)
+    for method, fmt in (("gptq", "q4_0"), ("awq", "q4_0"), ("gptq", "int4"), ("awq", "int4")):
+        q, took = calibrated(f, params, batches, method, fmt)
+        name = f"{method}-{fmt}"
+        write_hf(work / name, hf_tree(q, cfg), cfg)
+        convert(work / name, work / f"{name}.gguf", "--preset", "q4_0")
+        row = f"{method.upper()} Q4_0" + ("" if fmt == "q4_0" else " (int4 grid)")
+        results[row] = (llama_bits(server, work / f"{name}.gguf", xy), took)
+        if fmt == "q4_0":
+            run = precision.apply(f)
+            results[f"{method.upper()} q4_0 (JAX)"] = (bench.evaluate(run, q, xy), took)
     return results
 
 

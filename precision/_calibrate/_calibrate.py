@@ -385,7 +385,9 @@ def calibrate(
         method: `"gptq"`, `"awq"`, `"smoothquant"` or `"rtn"`.
         format: an integer format: `"int8"`, `"int4"`, `"int2"`, or `"uint8"`,
             `"uint4"` with a zero point per group (default int4; int8 for
-            SmoothQuant).
+            SmoothQuant); or `"q4_0"`, ggml's Q4_0 grid (codes -8..7 times a
+            signed float16 scale `max / -8` per block of 32 inputs, held as
+            uint4 with zero points 7 or 8; docs/calibration.md).
         scaling: `dtypes.PerBlock(n)` (default `PerBlock(128)`; for
             SmoothQuant `PerAxis()`): blocks of
             `n` inputs, on whichever axis each weight contracts;

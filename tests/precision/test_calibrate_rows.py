@@ -71,3 +71,17 @@ def test_enough_rows_are_silent_and_gptq_wins(params):
         warnings.simplefilter("error")  # any warning fails
         q = calibrate(params, rows)
     assert held_out_error(q, params) < held_out_error(calibrate(params, rows, "rtn"), params)
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"method": "smoothquant"}, "SmoothQuant prepares int8 activations"),
+        ({"scaling": dtypes.PerBlock(32)}, "blocks of 32 with float16 scales"),
+        ({"scaling": dtypes.PerBlock(128, scale_format="float16")}, "one scaling"),
+    ],
+    ids=["smoothquant", "float32-scales", "blocks-of-128"],
+)
+def test_q4_0_takes_its_one_scaling_and_the_weight_methods(params, options, words):
+    with pytest.raises(precision.CalibrationError, match=words):
+        precision.calibrate(mlp, params, batches(512, 1), format="q4_0", **options)
