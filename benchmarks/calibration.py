@@ -54,6 +54,10 @@ import optax
 import dtypes
 import precision
 
+#: Tokens: the 256 bytes, then two that the text never holds but llama.cpp's byte-level
+#: vocabulary needs (one merge, "ĠĠ", and an end-of-text token): see `benchmarks/gguf_export.py`.
+VOCAB = 258
+
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -65,11 +69,12 @@ class Config:
     lr: float = 2e-3
     minutes: float = 15.0
     seed: int = 0
+    vocab: int = VOCAB
 
     def name(self) -> str:
         return (
             f"gpt-L{self.layers}-d{self.width}-h{self.heads}-T{self.context}-b{self.batch}"
-            f"-lr{self.lr:g}-{60 * self.minutes:g}s-seed{self.seed}.npz"
+            f"-lr{self.lr:g}-{60 * self.minutes:g}s-seed{self.seed}-V{self.vocab}.npz"
         )
 
 
@@ -160,10 +165,11 @@ class ByteGPT(nn.Module):
     @nn.compact
     def __call__(self, tokens):
         pos = self.param("pos", nn.initializers.normal(0.02), (self.context, self.width))
-        x = nn.Embed(256, self.width)(tokens) + pos[: tokens.shape[1]]
+        x = nn.Embed(VOCAB, self.width)(tokens) + pos[: tokens.shape[1]]
         for _ in range(self.layers):
             x = Block(self.heads)(x)
-        return nn.Dense(256)(nn.LayerNorm()(x))
+        # no bias on the head: GPT-2's (and so llama.cpp's gpt2) has none
+        return nn.Dense(VOCAB, use_bias=False)(nn.LayerNorm()(x))
 
 
 def model_of(cfg: Config) -> ByteGPT:

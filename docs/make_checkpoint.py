@@ -2,8 +2,10 @@
 
     python docs/make_checkpoint.py [DIR] [--shards N] [--seed S] [--llama]
 
-DIR (default `gpt2`) gets `config.json`, `generation_config.json` and the weights in
-safetensors: `model.safetensors`, or with `--shards N` the files
+DIR (default `gpt2`) gets `config.json`, `generation_config.json`, a `tokenizer.json` (a
+byte-level BPE of GPT-2's kind: the 256 bytes, then made-up merges of two of them up to the
+vocabulary's size, and `<|endoftext|>`) and the weights in safetensors: `model.safetensors`,
+or with `--shards N` the files
 `model-00001-of-0000N.safetensors` … and their index `model.safetensors.index.json`.
 The 148 float32 tensors have GPT-2's names and shapes (`wte.weight` 50257 x 768,
 `h.0.attn.c_attn.weight` 768 x 2304, …: 124,439,808 values, 475 MiB) and values drawn like
@@ -23,6 +25,7 @@ layers, 64 wide, a 1000-word vocabulary): the docs' tests run every example on i
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 from pathlib import Path
@@ -138,6 +141,46 @@ def config(size: dict[str, int]) -> dict[str, object]:
     }
 
 
+def byte_symbols() -> list[str]:
+    """GPT-2's byte-level alphabet: the character standing for each byte 0..255 (printable
+    Latin-1 bytes stand for themselves, the others for 256, 257, ... in byte order)."""
+    printable = {*range(33, 127), *range(161, 173), *range(174, 256)}
+    extra = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+
+
+def tokenizer(vocab_size: int) -> dict[str, object]:
+    """A `tokenizer.json` of byte-level BPE with `vocab_size` tokens, the last one
+    `<|endoftext|>`: the bytes, then pairs of bytes merged in a fixed order."""
+    symbols = byte_symbols()
+    vocab = {s: i for i, s in enumerate(symbols)}
+    merges = []
+    for a, b in itertools.product(symbols[:224], repeat=2):
+        if len(vocab) >= vocab_size - 1:
+            break
+        vocab[a + b] = len(vocab)
+        merges.append(f"{a} {b}")
+    byte_level = {"add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    end = {"content": "<|endoftext|>", "single_word": False, "lstrip": False, "rstrip": False}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [{"id": vocab_size - 1, **end, "normalized": True, "special": True}],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", **byte_level},
+        "post_processor": {"type": "ByteLevel", **byte_level},
+        "decoder": {"type": "ByteLevel", **byte_level},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "vocab": vocab,
+            "merges": merges,
+        },
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("dir", nargs="?", default="gpt2", type=Path)
@@ -158,6 +201,8 @@ def main(argv: list[str] | None = None) -> None:
     args.dir.mkdir(parents=True, exist_ok=True)
     (args.dir / "config.json").write_text(json.dumps(doc, indent=2) + "\n")
     (args.dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    text = json.dumps(tokenizer(size["vocab_size"]), ensure_ascii=False)
+    (args.dir / "tokenizer.json").write_text(text + "\n", encoding="utf-8")
     if args.shards == 1:
         write_safetensors(args.dir / "model.safetensors", tensors)
     else:

@@ -26,12 +26,19 @@ from .._context import resolve_format
 from .._errors import CalibrationError, CalibrationWarning
 from .._tensor import Tensor
 from .._tree import Where, _path_str, _selector, is_floating, is_tensor
+from . import _q4_0
 from ._convert import Site, convert, rtn_values
 from ._passes import accumulate, batches_of, chunks, survey
 from ._record import FoldKey, Found
 from ._smooth import awq_scales, fold_rows, smoothquant_scales
 
-__all__ = ["METHODS", "calibrate"]
+__all__ = ["METHODS", "MIN_ROWS_PER_INPUT", "calibrate"]
+
+MIN_ROWS_PER_INPUT = 4
+"""GPTQ fits each weight's rounding to the Hessian of its recorded inputs; with fewer
+than this many recorded rows per input the fit follows those rows rather than the
+inputs in general, and can be worse than round-to-nearest on held-out data
+(`benchmarks/calibration_rows.py`, docs/calibration.md): `calibrate` warns below it."""
 
 METHODS = ("gptq", "awq", "smoothquant", "rtn")
 """The calibration methods `calibrate` runs: GPTQ, AWQ, SmoothQuant, and
@@ -215,6 +222,29 @@ def _assemble(
     return jax.tree_util.tree_unflatten(treedef, result)
 
 
+def _short_of_rows(method: str, site: Site) -> str | None:
+    """`path (R rows, K inputs)` for a weight GPTQ fits on too few rows, else None."""
+    if method != "gptq":
+        return None
+    rows = int(np.min(site.stats["rows"]))
+    inputs = int(site.stats["h"].shape[-1])
+    if rows >= MIN_ROWS_PER_INPUT * inputs:
+        return None
+    return f"{site.path} ({rows} rows, {inputs} inputs)"
+
+
+def _warn_rows(short: list[str]) -> None:
+    if short:
+        warnings.warn(
+            f"calibrate: GPTQ saw fewer than {MIN_ROWS_PER_INPUT} recorded rows per input for "
+            f"{'; '.join(short)}: its rounding then fits those rows and can be worse than "
+            "round-to-nearest on other inputs (docs/calibration.md, 'How many rows'); add "
+            "batches, or use method='rtn' or 'awq'",
+            CalibrationWarning,
+            stacklevel=3,
+        )
+
+
 def _pass_label(done: int, size: int, total: int) -> str:
     """What a pass over the batches records, for the progress lines ("" for all at once)."""
     return f"weights {done + 1}-{done + size} of {total}: " if done or size < total else ""
@@ -237,12 +267,30 @@ def _stages(order: list[int], reads: dict[int, int]) -> list[list[int]]:
     return out
 
 
+def _q4_0_scaling(method: Any, scaling: Any) -> tuple[dtypes.Format, dtypes.Scaling]:
+    """ggml's Q4_0 grid (`_q4_0`): its one scaling, for the weight-only methods."""
+    _check_method(method, _q4_0.FORMAT)
+    if method == "smoothquant":
+        raise CalibrationError(
+            "calibrate: format='q4_0' is a weight format for gptq, awq or rtn; SmoothQuant "
+            "prepares int8 activations: use format='int8'"
+        )
+    if scaling is not None and scaling != _q4_0.SCALING:
+        raise CalibrationError(
+            f"calibrate: format='q4_0' has one scaling, blocks of 32 with float16 scales "
+            f"(dtypes.PerBlock(32, scale_format='float16')); got {scaling!r}"
+        )
+    return _q4_0.FORMAT, _q4_0.SCALING
+
+
 def _format_and_scaling(
     method: Any, format: str | dtypes.Format | None, scaling: Any
 ) -> tuple[dtypes.Format, dtypes.Scaling]:
     """The format and scaling `calibrate` writes (its defaults filled in), checked with
     the method."""
     smooth = method == "smoothquant"
+    if isinstance(format, str) and format.lower() == _q4_0.NAME:
+        return _q4_0_scaling(method, scaling)
     fmt = resolve_format(("int8" if smooth else "int4") if format is None else format)
     _check_method(method, fmt)
     if scaling is None:
@@ -337,7 +385,9 @@ def calibrate(
         method: `"gptq"`, `"awq"`, `"smoothquant"` or `"rtn"`.
         format: an integer format: `"int8"`, `"int4"`, `"int2"`, or `"uint8"`,
             `"uint4"` with a zero point per group (default int4; int8 for
-            SmoothQuant).
+            SmoothQuant); or `"q4_0"`, ggml's Q4_0 grid (codes -8..7 times a
+            signed float16 scale `max / -8` per block of 32 inputs, held as
+            uint4 with zero points 7 or 8; docs/calibration.md).
         scaling: `dtypes.PerBlock(n)` (default `PerBlock(128)`; for
             SmoothQuant `PerAxis()`): blocks of
             `n` inputs, on whichever axis each weight contracts;
@@ -380,7 +430,7 @@ def calibrate(
         >>> rng = np.random.default_rng(0)
         >>> params = {"w": rng.normal(size=(64, 16)).astype(np.float32)}
         >>> f = lambda p, x: x @ p["w"]
-        >>> batches = [rng.normal(size=(32, 64)).astype(np.float32) for _ in range(4)]
+        >>> batches = [rng.normal(size=(32, 64)).astype(np.float32) for _ in range(8)]
         >>> q = precision.calibrate(f, params, batches, format="int4",
         ...                         scaling=dtypes.PerBlock(32))
         >>> q["w"].format.name, str(q["w"].scaling)  # blocks of 32 inputs (axis 0 of w)
@@ -422,6 +472,7 @@ def calibrate(
     work = list(values)  # the parameters with every folding made so far
     scaled: dict[int, np.ndarray] = {}  # AWQ's per-input scales of each folded weight
     out: list[Any] = []
+    short: list[str] = []  # weights GPTQ fits on too few rows
     done = 0
     current = list(leaves)  # what the passes run: with `sequential`, weights as converted
     sized = {j: sites[j].size for j in order}
@@ -451,6 +502,7 @@ def calibrate(
                     scaled,
                 )
                 _say(progress, line)
+        short += [s for j in chunk if (s := _short_of_rows(method, sites[j])) is not None]
         for j in chunk:
             start = time.perf_counter()
             i, site = traced[j], sites[j]
@@ -462,4 +514,5 @@ def calibrate(
             done += 1
             took = time.perf_counter() - start
             _say(progress, f"[{done}/{len(order)}] {site.path} {method} {took:.2f} s")
+    _warn_rows(short)
     return _assemble(treedef, values, work, out)

@@ -20,6 +20,7 @@ import dtypes
 
 from .._errors import CalibrationError
 from .._tensor import Tensor
+from . import _q4_0
 from ._gptq import ScaleRule, gptq
 from ._smooth import awq_clip
 
@@ -124,7 +125,7 @@ def _gptq_matrix(
     else:
         groups = [(0, k)]
     qmax = int(getattr(fmt, "qmax", 0))
-    rule = _rule(fmt, scaling, per_tensor)
+    rule = _q4_0.rule if _q4_0.is_q4_0(fmt) else _rule(fmt, scaling, per_tensor)
     # a grouped convolution's Hessians come one per group (G in front): each group's
     # outputs, consecutive rows of `mat`, read only their own inputs
     hessians = h if h.ndim == 3 else h[None]
@@ -185,12 +186,17 @@ def _convert_gptq(
         scales = np.stack([sc for _, sc, _ in parts], axis=s)
         zeros = np.stack([z for _, _, z in parts], axis=s)
     zero_point = zeros if fmt.kind == "uint" else None
-    enc = dtypes.from_codes(codes, scales, fmt, aimed, zero_point=zero_point)
+    stored = dtypes.get("uint4") if _q4_0.is_q4_0(fmt) else fmt  # Q4_0's grid: a uint4
+    enc = dtypes.from_codes(codes, scales, stored, aimed, zero_point=zero_point)
     return Tensor.from_encoded(enc, np.asarray(leaf).dtype)
 
 
 def _convert_rtn(leaf: Any, site: Site, fmt: dtypes.Format, scaling: dtypes.Scaling) -> Tensor:
     aimed = aimed_scaling(scaling, tuple(np.shape(leaf)), site.axes, site.path)
+    if _q4_0.is_q4_0(fmt):
+        return Tensor.from_encoded(
+            _q4_0.encode(np.asarray(leaf), aimed.axis), np.asarray(leaf).dtype
+        )
     return Tensor(leaf).to_reduced_precision(fmt, scaling=aimed)
 
 
@@ -216,6 +222,8 @@ def convert(
 def rtn_values(w: np.ndarray, axis: int, fmt: dtypes.Format, scaling: dtypes.Scaling) -> Any:
     """`w` rounded to nearest as the conversion will round it (decoded values)."""
     aimed = aimed_scaling(scaling, w.shape, (axis,), "")
+    if _q4_0.is_q4_0(fmt):
+        return _q4_0.decoded(w, aimed.axis)
     return np.asarray(Tensor(w).to_reduced_precision(fmt, scaling=aimed).numpy())
 
 

@@ -35,7 +35,7 @@ import ml_dtypes
 import numpy as np
 
 import dtypes
-from dtypes import FloatFormat, Format, IntFormat, PerBlock, Scaling
+from dtypes import AsymmetricIntFormat, FloatFormat, Format, IntFormat, PerBlock, Scaling
 
 from .._errors import CheckpointError
 from ._atomic_file import _TempFile, write_error
@@ -46,11 +46,13 @@ __all__ = [
     "BLOCK",
     "MAGIC",
     "block_bytes",
+    "contents",
     "gguf_type",
     "is_gguf",
     "packed_fields",
     "read",
     "refusal",
+    "transposed",
     "write_file",
 ]
 
@@ -82,8 +84,8 @@ def _gguf() -> Any:
 def gguf_type(fmt: Format | None, scaling: Scaling | None, dtype: np.dtype) -> str | None:
     """The ggml type holding a tensor of `fmt` with `scaling` (a plain array of `dtype`
     when `fmt` is None) with our bytes rearranged, or None."""
-    if fmt is None:
-        return _ARRAY_TYPES.get(dtype.name)
+    if fmt is None:  # a plain array: an integer or float64 type, or a float one as it is
+        return _ARRAY_TYPES.get(dtype.name) or _FLOAT_TYPES.get(dtype.name)
     if scaling is None:
         known = _FLOAT_TYPES.get(fmt.name)
         return known if known is not None and dtypes.get(fmt.name) == fmt else None
@@ -91,6 +93,11 @@ def gguf_type(fmt: Format | None, scaling: Scaling | None, dtype: np.dtype) -> s
     if isinstance(fmt, IntFormat) and not fmt.binary and fmt.bits in (4, 8) and block:
         if scaling.scale_format == "float16":
             return "Q8_0" if fmt.bits == 8 else "Q4_0"
+    if isinstance(fmt, AsymmetricIntFormat) and fmt.bits == 4 and block:
+        # Q4_0's grid as calibrate(format="q4_0") writes it: zero points 7 or 8, which
+        # `block_bytes` checks (refusal() refuses converting into it)
+        if fmt.calibration == "minmax" and scaling.scale_format == "float16":
+            return "Q4_0"
     if (
         isinstance(fmt, FloatFormat)
         and (fmt.exponent_bits, fmt.mantissa_bits) == (2, 1)
@@ -105,6 +112,11 @@ def refusal(name: str, fmt: Format, scaling: Scaling | None, shape: tuple[int, .
     """Why GGUF cannot hold tensor `name` converted to `fmt` with `scaling`, or None (a
     message naming no tensor: the caller lists them)."""
     kind = gguf_type(fmt, scaling, np.dtype(np.float32))
+    if isinstance(fmt, AsymmetricIntFormat):
+        return (
+            f"{fmt.name}'s zero points are its groups' own; GGUF's Q4_0 holds uint4 only with "
+            "zero points 7 or 8 (calibrate(format='q4_0') writes them); use --to int4"
+        )
     if kind == "BF16" and not shape:
         return "a BF16 scalar is not read back by the gguf package; keep it (--exclude)"
     if kind is not None:
@@ -142,13 +154,37 @@ def _fields(packed_rows: np.ndarray) -> np.ndarray:
     return out.reshape(-1, BLOCK)
 
 
-def block_bytes(kind: str, data: np.ndarray, scale: np.ndarray) -> np.ndarray:
+def _offset_fields(raw: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> Any:
+    """(Q4_0's fields, signed float16 scales) of uint4 codes with zero points 7 or 8:
+    `s * (q - 8)` as it is; `s * (q - 7)` as `-s * ((15 - q) - 8)`."""
+    zero = np.asarray(zero).reshape(-1)
+    if not np.all((zero == 7) | (zero == 8)):
+        bad = sorted(set(np.unique(zero).tolist()) - {7, 8})
+        raise CheckpointError(
+            f"uint4 zero points {bad[:4]} are not Q4_0's grid (7 or 8, as calibrate("
+            "format='q4_0') writes them); convert the weights with --to int4"
+        )
+    fields = _fields(raw)
+    mirrored = (zero == 7)[:, None]
+    fields = np.where(mirrored, np.uint8(15) - fields, fields)
+    signed = np.where(mirrored[:, 0], -scale.reshape(-1), scale.reshape(-1))
+    return fields, signed.astype(np.float16)
+
+
+def block_bytes(
+    kind: str, data: np.ndarray, scale: np.ndarray, zero: np.ndarray | None = None
+) -> np.ndarray:
     """ggml's blocks (uint8, blocks × bytes) of our stored codes `data` and scales
-    `scale` (float16 scales, or E8M0 bytes for MXFP4), blocks in row order."""
-    head = np.ascontiguousarray(scale).reshape(-1, 1).view(np.uint8)  # (blocks, 2 or 1)
+    `scale` (float16 scales, or E8M0 bytes for MXFP4; uint4's `zero` points for Q4_0's
+    grid), blocks in row order."""
     raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    if zero is not None:
+        fields, scale = _offset_fields(raw, np.asarray(scale), zero)
+    head = np.ascontiguousarray(scale).reshape(-1, 1).view(np.uint8)  # (blocks, 2 or 1)
     if kind == "Q8_0":
         body = raw.reshape(-1, BLOCK)
+    elif zero is not None:
+        body = _swizzled(fields)
     elif kind == "Q4_0":
         body = _swizzled(_fields(raw) ^ np.uint8(8))
     else:
@@ -156,8 +192,45 @@ def block_bytes(kind: str, data: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return np.concatenate([head, body], axis=1)
 
 
+def transposed(data: np.ndarray, scale: np.ndarray, shape: tuple[int, int], packed: bool) -> Any:
+    """(codes, scales) of a matrix of `shape` blocked along axis 0, for its transpose
+    blocked along its last axis: the same codes and scales (or zero points, given as
+    `scale`), moved (4-bit codes `packed` two a byte along the last axis, as ours are,
+    unpacked and packed again)."""
+    rows, cols = shape
+    if packed:
+        raw = np.asarray(data).reshape(rows, -1)
+        fields = np.empty((rows, 2 * raw.shape[1]), np.uint8)
+        fields[:, 0::2], fields[:, 1::2] = raw & np.uint8(0xF), raw >> np.uint8(4)
+        moved = np.ascontiguousarray(fields[:, :cols].T)  # rows: a multiple of 32
+        codes = packed_fields(moved.reshape(-1)).reshape(cols, rows // 2)
+    else:
+        codes = np.ascontiguousarray(np.asarray(data).reshape(rows, cols).T)
+    return codes, np.ascontiguousarray(np.asarray(scale).reshape(rows // BLOCK, cols).T)
+
+
 # --------------------------------------------------------------------------
 # writing
+
+
+#: The kinds of typed keys `write_file` writes, and the gguf value type of each.
+_KINDS = {
+    "u32": "UINT32",
+    "f32": "FLOAT32",
+    "str": "STRING",
+    "bool": "BOOL",
+    "strs": "STRING",
+    "i32s": "INT32",
+}
+
+
+def _add(gguf: Any, writer: Any, key: str, kind: str, value: Any) -> None:
+    """One typed key; arrays (`strs`, `i32s`) with their element type."""
+    vtype = gguf.GGUFValueType[_KINDS[kind]]
+    if kind.endswith("s"):
+        writer.add_key_value(key, list(value), gguf.GGUFValueType.ARRAY, sub_type=vtype)
+    else:
+        writer.add_key_value(key, value, vtype)
 
 
 def write_file(
@@ -169,17 +242,24 @@ def write_file(
     overwrite: bool,
     guard: Callable[[], AbstractContextManager[Any]] | None = None,
     mode: int | None = None,
+    arch: str = "",
+    keys: Iterable[tuple[str, str, Any]] = (),
 ) -> int:
     """Atomically write a GGUF file of `tensors` ((name, numpy shape, ggml type) each),
     whose data `produce` yields in order (ggml's bytes, or the float or integer array);
-    `metadata` becomes string keys. Returns the bytes written."""
+    `metadata` becomes string keys, `keys` typed ones ((key, kind, value), `kind` one of
+    `_KINDS`) after `general.architecture` = `arch` (none when empty: the tensors alone,
+    see docs/cli.md). Returns the bytes written."""
     gguf = _gguf()
     from gguf.gguf_writer import WriterState  # the gguf package's own (0.17 and later)
 
     kinds = [gguf.GGMLQuantizationType[kind] for _, _, kind in tensors]
-    writer = gguf.GGUFWriter(None, arch="")  # no architecture: see docs/cli.md
+    writer = gguf.GGUFWriter(None, arch=arch)
     if any(kind in _BLOCK_BYTES for _, _, kind in tensors):
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    for key, kind, value in keys:
+        if key != "general.architecture":
+            _add(gguf, writer, key, kind, value)
     for key, value in metadata.items():
         writer.add_string(key, value)
     for (name, shape, _), kind in zip(tensors, kinds, strict=True):
@@ -284,6 +364,37 @@ def packed_fields(fields: np.ndarray) -> np.ndarray:
     pairs = fields.reshape(-1, 2)
     out: np.ndarray = pairs[:, 0] | (pairs[:, 1] << np.uint8(4))
     return out
+
+
+def contents(path: str) -> tuple[dict[str, Any], list[tuple[str, str, tuple[int, ...], int]]]:
+    """(keys, tensors) of a GGUF file: every key's value (an array as `[N items]`, but
+    short ones), and each tensor's (name, ggml type, numpy shape, bytes)."""
+    gguf = _gguf()
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, OSError, KeyError) as exc:
+        raise CheckpointError(f"{path}: not a GGUF file this reader can open ({exc})") from None
+    keys: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        array = field.types[0] == gguf.GGUFValueType.ARRAY
+        if array and len(field.data) > 8:
+            keys[key] = f"[{len(field.data)} items]"
+        else:
+            value = field.contents()
+            # a float32 as its shortest float32 spelling (1e-05, not 9.99999974e-06)
+            keys[key] = float(str(np.float32(value))) if isinstance(value, float) else value
+    tensors = [
+        (
+            t.name,
+            t.tensor_type.name,
+            tuple(int(d) for d in reversed(t.shape.tolist())),
+            int(t.n_bytes),
+        )
+        for t in reader.tensors
+    ]
+    return keys, tensors
 
 
 def read(path: str) -> list[tuple[Leaf, Stored]]:

@@ -37,7 +37,9 @@ def resolve_preset(
     for flag, given in (("--to", to), ("--scaling", scaling)):
         if given is not None:
             raise _UsageError(
-                f"--preset {preset} already sets --to {chosen.to} --scaling {chosen.scaling}; "
+                f"--preset {preset} already sets --to {chosen.to}"
+                + ("" if chosen.scaling is None else f" --scaling {chosen.scaling}")
+                + "; "
                 f"drop {flag} {given}, or drop --preset and write both flags"
             )
     return chosen.to, chosen.scaling

@@ -34,7 +34,9 @@ from ._convert_modes import _HOW, _NUMPY_MODES, _mode, _Plan
 from ._convert_stats import _widened as _widened
 from ._files import DEFAULT_SHARD_BYTES, leaf_nbytes, write_shards
 from ._interrupts import deferred_interrupts, import_jax
-from ._layouts import copy_files, fit, report_copied, write_layout
+from ._layout_gguf import prepare as _prepare_gguf
+from ._layout_gguf import write as _write_gguf
+from ._layouts import GGUF, copy_files, fit, report_copied, write_layout
 from ._output import PROG, _DataError, _fmt_db, _human, _progress, _table, _UsageError
 from ._temp_directory import TempDirectory, recover_leftovers
 
@@ -209,6 +211,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             f"--rounding: unknown rounding mode {args.rounding!r}; choose one of "
             + ", ".join(dtypes.ROUNDING_MODES)
         )
+    if scaling_text is None and args.layout in GGUF and fmt.name in ("int8", "int4"):
+        scaling_text = "per-block:32:fp16"  # ggml's Q8_0 and Q4_0: the only scales GGUF holds
     scaling = _scaling(scaling_text, fmt)
     _check_pair(fmt, scaling, scaling_text, args.rounding)
     rules = _rules(args, fmt)
@@ -223,6 +227,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         plans = _plan(source, fmt, scaling, rules, args.rounding, default=scaling_text is None)
         _warn_rules(plans, args, rules)
         plans, notes = fit(args.layout, plans, source, dst, args)
+        prepared = _prepare_gguf(plans, source, args) if args.layout == "gguf" else None
+        if prepared is not None:  # llama.cpp's tensors: renamed, moved, norms in float32
+            plans = prepared.plans
         converted = [p for p in plans if p.reason is None]
         if args.dry_run:
             _print_plan(plans)
@@ -230,7 +237,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             _print_notes(notes, args.layout)
             return 0
         assert dst is not None
-        if not converted:
+        if not converted and prepared is None:  # (llama.cpp's file of stored codes is one)
             reasons = _reasons(plans)
             raise _UsageError(
                 f"nothing to convert to {fmt.name}: every tensor would be kept ("
@@ -248,7 +255,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             (source.sharded or os.path.isdir(src)) and not dst.endswith(".safetensors")
         )
         try:
-            if args.layout != "precision":
+            if prepared is not None:
+                size_out = _write_gguf(prepared, converter, dst, args, metadata)
+            elif args.layout != "precision":
                 size_out = write_layout(source, plans, converter, dst, args, metadata)
             elif sharded:
                 size_out = _write_shards(source, plans, converter, dst, args, metadata)

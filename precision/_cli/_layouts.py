@@ -39,9 +39,19 @@ from ._interrupts import check_interrupt, deferred_interrupts
 from ._output import PROG, _DataError, _MissingDependency, _UsageError
 from ._temp_directory import TempDirectory
 
-__all__ = ["LAYOUTS", "copy_files", "fit", "model_directory", "report_copied", "write_layout"]
+__all__ = [
+    "GGUF",
+    "LAYOUTS",
+    "copy_files",
+    "fit",
+    "model_directory",
+    "report_copied",
+    "write_layout",
+]
 
-LAYOUTS = ("precision", "compressed-tensors", "gguf")
+LAYOUTS = ("precision", "compressed-tensors", "gguf", "gguf-tensors")
+#: The GGUF layouts: a file llama.cpp runs, and the tensors alone (`_layout_gguf`).
+GGUF = ("gguf", "gguf-tensors")
 
 #: Files that hold weights in another format: never copied beside converted tensors.
 _WEIGHT_SUFFIXES = (
@@ -130,7 +140,7 @@ def _kept_problem(layout: str, plan: _Plan) -> str | None:
     """Why a tensor kept unchanged cannot be written in `layout` as it is, or None."""
     leaf = plan.leaf
     fmt = leaf.format
-    if layout == "gguf":
+    if layout in GGUF:
         kind = _gguf.gguf_type(fmt, leaf.scaling, leaf.dtype)
         if kind is not None and not (kind == "BF16" and not leaf.shape):
             return None
@@ -278,9 +288,9 @@ def fit(
         config = _model_config(source, dst)
         plans = _keep_for_readers(plans, ct.Model.of(config))
         notes = _notes(plans, config)
-    if layout == "gguf":
+    if layout in GGUF:
         if args.max_shard_size is not None:
-            raise _UsageError("--layout gguf writes one file: drop --max-shard-size")
+            raise _UsageError(f"--layout {layout} writes one file: drop --max-shard-size")
         try:
             import gguf  # noqa: F401 (written through it)
         except ImportError:
@@ -288,6 +298,9 @@ def fit(
                 "--layout gguf needs the gguf package; install it with pip install "
                 "'precision[gguf]'"
             ) from None
+        if layout == "gguf":
+            # llama.cpp's file: `_layout_gguf.prepare` checks each tensor as moved
+            return plans, notes
     refused: dict[str, list[str]] = {}
     for plan in plans:
         problem = _refusal(layout, plan)
@@ -401,8 +414,8 @@ def _write_gguf(
         stream = converter.arrays(plans)
         for plan, (_, _, kind) in zip(plans, tensors, strict=True):
             arrays = [_whole(a) for _, a in (next(stream) for _ in plan.out.arrays())]
-            if len(arrays) == 2:
-                yield _gguf.block_bytes(kind, arrays[0], arrays[1])
+            if len(arrays) >= 2:  # codes, scales (and Q4_0's zero points as uint4)
+                yield _gguf.block_bytes(kind, *arrays)
             else:
                 yield arrays[0]
 
@@ -421,6 +434,6 @@ def write_layout(
     metadata: dict[str, str],
 ) -> int:
     """Write the converted checkpoint in `args.layout` (checked by `check`); the bytes written."""
-    if args.layout == "gguf":
+    if args.layout in GGUF:
         return _write_gguf(plans, converter, dst, args, metadata)
     return _write_compressed_tensors(source, plans, converter, dst, args, metadata)

@@ -309,13 +309,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--layout",
-        choices=("precision", "compressed-tensors", "gguf"),
+        choices=("precision", "compressed-tensors", "gguf", "gguf-tensors"),
         default="precision",
         help="how OUT lays the tensors out: precision (default: this library's safetensors, "
         "every format), compressed-tensors (a Hugging Face directory that vLLM and "
         "transformers load: int8, int4, int2, float8_e4m3fn or mxfp4 Linear weights, the "
-        "rest kept in float) or gguf "
-        "(one GGUF file: Q8_0, Q4_0, MXFP4, F32, F16, BF16); see docs/cli.md",
+        "rest kept in float), gguf (one GGUF file llama.cpp runs, of a Llama or GPT-2 model "
+        "directory: Q8_0, Q4_0, MXFP4, F32, F16, BF16) or gguf-tensors (the tensors alone "
+        "in a GGUF file, under their own names); see docs/cli.md",
     )
     p.add_argument(
         "--overwrite", action="store_true", help="replace OUT if it exists (even when OUT is IN)"
@@ -333,7 +334,13 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Example: precision report model.safetensors model-int8.safetensors --plot err.png",
     )
     p.add_argument("ref", metavar="REF", help="reference checkpoint (file or sharded directory)")
-    p.add_argument("other", metavar="OTHER", help="checkpoint to compare with REF")
+    p.add_argument(
+        "other",
+        metavar="OTHER",
+        nargs="?",
+        help="checkpoint to compare with REF (without it, a GGUF file REF is listed: its "
+        "keys, and each tensor's ggml type, shape and bytes)",
+    )
     p.add_argument(
         "--plot", metavar="FILE.png", help="write SQNR bars and error histograms to a PNG"
     )

@@ -13,7 +13,7 @@ class Preset:
     """A named `--to` and `--scaling`, for the common weight-only recipes."""
 
     to: str
-    scaling: str
+    scaling: str | None
     what: str
 
 
@@ -32,10 +32,24 @@ PRESETS = {
     "fp8-tensor": Preset(
         "float8_e4m3fn", "per-tensor", "float8 e4m3 weights, one float32 scale per tensor"
     ),
+    "q8_0": Preset(
+        "int8",
+        "per-block:32:fp16",
+        "ggml's Q8_0: int8 weights, one float16 scale per 32 values of a row",
+    ),
+    "q4_0": Preset(
+        "int4",
+        "per-block:32:fp16",
+        "ggml's Q4_0 grid as this library's int4 (codes -7..7), one float16 scale per 32",
+    ),
+    "mxfp4": Preset("mxfp4", None, "OCP MXFP4 (ggml's MXFP4): e2m1 values, an E8M0 scale per 32"),
 }
 
 
 def preset_help() -> str:
     """The `--preset` help text: each preset with the flags it stands for."""
-    lines = [f"{name} (--to {p.to} --scaling {p.scaling}: {p.what})" for name, p in PRESETS.items()]
+    lines = [
+        f"{name} (--to {p.to}{'' if p.scaling is None else ' --scaling ' + p.scaling}: {p.what})"
+        for name, p in PRESETS.items()
+    ]
     return "a named recipe: " + "; ".join(lines) + "; --rounding and the other flags still apply"

@@ -26,6 +26,7 @@ import numpy as np
 
 import dtypes
 
+from .._checkpoint._gguf import is_gguf
 from .._checkpoint._io import encoded
 from .._checkpoint._layout import Leaf
 from .._checkpoint._reader import Reader
@@ -41,7 +42,9 @@ from ._output import (
     _progress,
     _require,
     _table,
+    _UsageError,
 )
+from ._report_gguf import list_gguf
 
 _CHUNK = 1 << 18  # values per slice of the statistics
 
@@ -185,6 +188,13 @@ def _compare(ref: np.ndarray, other: np.ndarray) -> tuple[dict[str, Any], np.nda
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    if args.other is None:
+        if not is_gguf(args.ref):
+            raise _UsageError(
+                f"report compares two checkpoints: give OTHER too (REF {args.ref} alone is "
+                "listed only when it is a GGUF file)"
+            )
+        return list_gguf(args)
     if args.plot:
         _require("matplotlib", "report --plot")
     rows: list[dict[str, Any]] = []

@@ -14,6 +14,10 @@ import dtypes
 import precision
 from precision._calibrate._record import Found, record
 
+# These tests check the algorithm, often on few rows; generalising from too few rows
+# per input, and its warning, is tested in test_calibrate_rows.py.
+pytestmark = pytest.mark.filterwarnings("ignore:calibrate. GPTQ saw fewer:UserWarning")
+
 
 def _batches(rng, n, rows, k):
     # integer-valued activations: their Hessian is exact in float32 and in float64,

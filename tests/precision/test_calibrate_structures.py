@@ -20,6 +20,10 @@ from jax import lax
 import dtypes
 import precision
 
+# These tests check the algorithm, often on few rows; generalising from too few rows
+# per input, and its warning, is tested in test_calibrate_rows.py.
+pytestmark = pytest.mark.filterwarnings("ignore:calibrate. GPTQ saw fewer:UserWarning")
+
 
 def _ints(rng, shape, spread=None):
     # integer-valued activations: their Hessian is exact in float32 and float64, so the

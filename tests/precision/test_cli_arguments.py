@@ -74,7 +74,9 @@ def test_presets_are_their_flags(outlier, tmp_path, capsys):
     for name, preset in PRESETS.items():
         by_name, by_flags = tmp_path / f"{name}.safetensors", tmp_path / f"{name}-f.safetensors"
         assert _cli.main(["convert", str(path), "-o", str(by_name), "--preset", name, "-q"]) == 0
-        flags = ["--to", preset.to, "--scaling", preset.scaling, "-q"]
+        flags = ["--to", preset.to, "-q"]
+        if preset.scaling is not None:  # (a named encoding such as mxfp4 has its own)
+            flags += ["--scaling", preset.scaling]
         assert _cli.main(["convert", str(path), "-o", str(by_flags), *flags]) == 0
         a, b = precision.load(by_name), precision.load(by_flags)
         for tensor in a:
@@ -84,7 +86,8 @@ def test_presets_are_their_flags(outlier, tmp_path, capsys):
     assert _cli.main(["convert", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     for name, preset in PRESETS.items():  # --help says what each one is
-        assert f"{name} (--to {preset.to} --scaling {preset.scaling}:" in text
+        scaling = "" if preset.scaling is None else f" --scaling {preset.scaling}"
+        assert f"{name} (--to {preset.to}{scaling}:" in text
 
 
 @pytest.mark.parametrize(
@@ -93,7 +96,7 @@ def test_presets_are_their_flags(outlier, tmp_path, capsys):
         (["--preset", "w4-g128", "--to", "int8"], "--preset w4-g128 already sets --to int4"),
         (["--preset", "w8-channel", "--scaling", "per-tensor"], "drop --scaling per-tensor"),
         (["--preset", "w4"], "invalid choice: 'w4'"),
-        ([], "required: --to (or --preset: w8-channel, w4-g128, fp8-tensor)"),
+        ([], "required: --to (or --preset: w8-channel, w4-g128, fp8-tensor, q8_0, q4_0, mxfp4)"),
         (["--to", "in8"], "unknown format 'in8' (did you mean 'int8'"),
         (["--to", "floot6"], "or name any float layout as floatBITS_eEmM"),
         (["--to", "int8", "--sclaing", "per-block:32"], "--sclaing: did you mean --scaling?"),

@@ -1,4 +1,5 @@
-"""`convert --layout gguf`: one GGUF file, read here by the `gguf` package's own reader.
+"""`convert --layout gguf-tensors`: one GGUF file of the tensors alone (their own names),
+read here by the `gguf` package's own reader (llama.cpp's files: test_gguf_llama_cpp.py).
 
 `gguf.GGUFReader` opens the output and `gguf.quants.dequantize` (the package's numpy
 port of ggml's dequantization) turns its Q8_0 and Q4_0 tensors into exactly, bit for
@@ -11,7 +12,10 @@ ggml's own quantizers write (Q4_0's codes of -8 and negative scales) exactly as
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -20,6 +24,7 @@ import pytest
 import safetensors.numpy
 from gpt2_like import size, write_gpt2_like
 
+import dtypes
 import precision
 from precision._checkpoint import _gguf
 from precision._cli import main
@@ -59,7 +64,7 @@ def gpt2(tmp_path_factory):
 @pytest.mark.parametrize(("to", "kind"), [("int8", "Q8_0"), ("int4", "Q4_0")])
 def test_gpt2_dequantizes_bit_for_bit_to_our_values(gpt2, tmp_path, to, kind):
     flags = ["--to", to, "--scaling", "per-block:32:fp16"]
-    convert(gpt2, tmp_path / "model.gguf", *flags, "--layout", "gguf")
+    convert(gpt2, tmp_path / "model.gguf", *flags, "--layout", "gguf-tensors")
     convert(gpt2, tmp_path / "ours", *flags)
     got, want = dequantized(tmp_path / "model.gguf"), ours(tmp_path / "ours")
     assert set(got) == set(want)  # the Hugging Face names, every tensor
@@ -77,7 +82,7 @@ def test_gpt2_dequantizes_bit_for_bit_to_our_values(gpt2, tmp_path, to, kind):
 
 def test_gpt2_loads_back_as_the_same_tensors(gpt2, tmp_path):
     flags = ["--to", "int4", "--scaling", "per-block:32:fp16"]
-    convert(gpt2, tmp_path / "model.gguf", *flags, "--layout", "gguf")
+    convert(gpt2, tmp_path / "model.gguf", *flags, "--layout", "gguf-tensors")
     convert(gpt2, tmp_path / "ours", *flags)
     got, want = precision.load(tmp_path / "model.gguf"), precision.load(tmp_path / "ours")
     assert set(got) == set(want)
@@ -102,7 +107,7 @@ def model(root, shape=(8, 64), seed=2) -> None:
 )
 def test_other_types_hold_our_values(tmp_path, flags, kind):
     model(tmp_path / "in")
-    convert(tmp_path / "in", tmp_path / "m.gguf", *flags, "--layout", "gguf")
+    convert(tmp_path / "in", tmp_path / "m.gguf", *flags, "--layout", "gguf-tensors")
     convert(tmp_path / "in", tmp_path / "ours", *flags)
     got, want = dequantized(tmp_path / "m.gguf"), ours(tmp_path / "ours")
     ggml_type, values = got["layer.weight"]
@@ -194,7 +199,9 @@ def test_a_type_no_format_holds_is_refused_by_name(tmp_path):
 def test_what_gguf_cannot_hold_is_refused_before_converting(tmp_path, capsys, flags, words):
     model(tmp_path / "in")
     out = tmp_path / "m.gguf"
-    code = main(["convert", str(tmp_path / "in"), "-o", str(out), *flags, "--layout", "gguf"])
+    code = main(
+        ["convert", str(tmp_path / "in"), "-o", str(out), *flags, "--layout", "gguf-tensors"]
+    )
     assert code in (1, 2)
     err = capsys.readouterr().err
     for word in words:
@@ -207,7 +214,7 @@ def test_an_unsigned_array_kept_as_it_is_has_no_gguf_type(tmp_path, capsys):
     tensors = {"w": np.ones((4, 32), np.float32), "mask": np.ones(4, np.uint8)}
     safetensors.numpy.save_file(tensors, str(src))
     argv = ["convert", str(src), "-o", str(tmp_path / "m.gguf"), "--to", "int8"]
-    assert main([*argv, "--scaling", "per-block:32:fp16", "--layout", "gguf"]) == 1
+    assert main([*argv, "--scaling", "per-block:32:fp16", "--layout", "gguf-tensors"]) == 1
     assert "tensor 'mask': kept as uint8, which has no GGUF type" in capsys.readouterr().err
 
 
@@ -215,7 +222,16 @@ def test_an_existing_file_is_replaced_only_with_overwrite(tmp_path, capsys):
     model(tmp_path / "in")
     out = tmp_path / "m.gguf"
     out.write_bytes(b"keep me")
-    argv = ["convert", str(tmp_path / "in"), "-o", str(out), "--to", "bf16", "--layout", "gguf"]
+    argv = [
+        "convert",
+        str(tmp_path / "in"),
+        "-o",
+        str(out),
+        "--to",
+        "bf16",
+        "--layout",
+        "gguf-tensors",
+    ]
     assert main([*argv, "-q"]) == 1
     assert "--overwrite" in capsys.readouterr().err
     assert out.read_bytes() == b"keep me"
@@ -231,17 +247,17 @@ def test_a_failed_write_leaves_nothing(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(_gguf, "block_bytes", broken)
     argv = ["convert", str(tmp_path / "in"), "-o", str(tmp_path / "m.gguf"), "--to", "mxfp4"]
-    assert main([*argv, "--layout", "gguf", "-q"]) == 1
+    assert main([*argv, "--layout", "gguf-tensors", "-q"]) == 1
     assert "No space left" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
 def test_without_the_gguf_package_the_extra_is_named(tmp_path, capsys, monkeypatch):
     model(tmp_path / "in")
-    convert(tmp_path / "in", tmp_path / "m.gguf", "--to", "bf16", "--layout", "gguf")
+    convert(tmp_path / "in", tmp_path / "m.gguf", "--to", "bf16", "--layout", "gguf-tensors")
     monkeypatch.setitem(sys.modules, "gguf", None)  # as if not installed
     argv = ["convert", str(tmp_path / "in"), "-o", str(tmp_path / "n.gguf"), "--to", "bf16"]
-    assert main([*argv, "--layout", "gguf", "-q"]) == 1
+    assert main([*argv, "--layout", "gguf-tensors", "-q"]) == 1
     assert "pip install 'precision[gguf]'" in capsys.readouterr().err
     with pytest.raises(ModuleNotFoundError, match=r"precision\[gguf\]"):
         precision.load(tmp_path / "m.gguf")
@@ -253,3 +269,174 @@ def test_loading_the_library_imports_no_gguf():
         "assert 'gguf' not in sys.modules and 'jax' not in sys.modules, sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------
+# llama.cpp's file (--layout gguf): what is refused, presets, report
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    pytest.importorskip("tokenizers")
+    from hf_tiny import write_llama
+
+    root = tmp_path_factory.mktemp("hub") / "llama"
+    write_llama(root)
+    return root
+
+
+def test_int_without_scaling_takes_ggml_blocks(tmp_path, capsys):
+    model(tmp_path / "in")
+    for flags, kind in (
+        (["--to", "int4"], "Q4_0"),
+        (["--to", "int8"], "Q8_0"),
+        (["--preset", "q4_0"], "Q4_0"),
+        (["--preset", "q8_0"], "Q8_0"),
+        (["--preset", "mxfp4"], "MXFP4"),
+    ):
+        out = tmp_path / f"{kind}-{flags[0]}.gguf"
+        convert(tmp_path / "in", out, *flags, "--layout", "gguf-tensors")
+        assert dequantized(out)["layer.weight"][0] == kind, flags
+    assert "per-block 32 on axis -1, float16 scales" in capsys.readouterr().out
+
+
+def test_report_lists_types_bytes_and_keys(llama, tmp_path, capsys):
+    convert(llama, tmp_path / "m.gguf", "--preset", "q4_0", "--layout", "gguf")
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "m.gguf")]) == 0
+    out = capsys.readouterr().out
+    for word in ("general.architecture", "llama", "llama.attention.head_count_kv", "2"):
+        assert word in out
+    assert "llama.attention.layer_norm_rms_epsilon  1e-05" in out
+    assert "tokenizer.ggml.tokens" in out
+    assert re.search(r"blk\.0\.attn_q\.weight\s+Q4_0\s+64x64\s+2\.2 KiB", out)  # 18 B / 32
+    assert main(["report", str(tmp_path / "m.gguf"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    sizes = {t["name"]: (t["type"], t["bytes"]) for t in doc["tensors"]}
+    assert sizes["blk.0.attn_q.weight"] == ("Q4_0", 64 * 64 // 32 * 18)
+    assert sizes["blk.0.attn_norm.weight"] == ("F32", 64 * 4)
+    assert doc["keys"]["llama.block_count"] == 2
+    assert main(["report", str(llama / "model.safetensors")]) == 2
+    assert "give OTHER too" in capsys.readouterr().err
+
+
+def _edited(src, dst, *, config=None, drop=()):
+    shutil.copytree(src, dst)
+    if config:
+        doc = json.loads((dst / "config.json").read_text())
+        (dst / "config.json").write_text(json.dumps({**doc, **config}))
+    for name in drop:
+        (dst / name).unlink()
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (
+            {"config": {"architectures": ["MistralForCausalLM"]}},
+            ["'MistralForCausalLM'", "LlamaForCausalLM, GPT2LMHeadModel", "gguf-tensors"],
+        ),
+        ({"config": {"rope_scaling": {"type": "yarn"}}}, ["rope_scaling", "gguf-tensors"]),
+        ({"config": {"hidden_act": "gelu"}}, ["hidden_act = 'gelu'"]),
+        ({"drop": ["tokenizer.json"]}, ["has no tokenizer.json"]),
+        ({"drop": ["config.json"]}, ["config.json", "gguf-tensors"]),
+    ],
+    ids=["architecture", "rope-scaling", "activation", "no-tokenizer", "no-config"],
+)
+def test_what_llama_cpp_would_not_run_is_refused(llama, tmp_path, capsys, edit, words):
+    src = _edited(llama, tmp_path / "in", **edit)
+    out = tmp_path / "m.gguf"
+    assert main(["convert", str(src), "-o", str(out), "--to", "bf16", "--layout", "gguf"]) == 1
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err, err
+    assert not out.exists()
+
+
+def test_a_tensor_llama_does_not_have_is_refused_by_name(llama, tmp_path, capsys):
+    src = _edited(llama, tmp_path / "in")
+    tensors = safetensors.numpy.load_file(str(src / "model.safetensors"))
+    tensors["model.layers.0.self_attn.q_norm.weight"] = np.ones(16, np.float32)
+    safetensors.numpy.save_file(tensors, str(src / "model.safetensors"))
+    argv = ["convert", str(src), "-o", str(tmp_path / "m.gguf"), "--to", "bf16"]
+    assert main([*argv, "--layout", "gguf"]) == 1
+    err = capsys.readouterr().err
+    assert "'model.layers.0.self_attn.q_norm.weight' is not part of LlamaForCausalLM" in err
+
+
+# --------------------------------------------------------------------------
+# calibrated weights written for llama.cpp as they are
+
+
+def calibrated(
+    weights: dict[str, np.ndarray], name: str, conv1d: bool, fmt: str, method: str = "gptq"
+) -> dict:
+    """`weights` with `name` converted by `precision.calibrate` (int4 or Q4_0's grid in
+    blocks of 32 inputs, float16 scales) on random inputs (a Conv1D weight's inputs: its
+    first axis)."""
+    rng = np.random.default_rng(0)
+    inputs = weights[name].shape[0 if conv1d else 1]
+    batches = [rng.standard_normal((512, inputs)).astype(np.float32) for _ in range(2)]
+
+    def f(p, x):
+        return x @ (p[name] if conv1d else p[name].T)
+
+    scaling = dtypes.PerBlock(32, scale_format="float16")
+    q = precision.calibrate(
+        f, {name: weights[name]}, batches, method=method, format=fmt, scaling=scaling
+    )
+    return {**weights, **q}
+
+
+@pytest.mark.parametrize(("arch", "fmt"), [("llama", "int4"), ("gpt2", "q4_0")])
+def test_calibrated_codes_are_written_as_they_are(tmp_path, arch, fmt):
+    pytest.importorskip("tokenizers")
+    from hf_tiny import write_gpt2, write_llama
+
+    weights = (write_llama if arch == "llama" else write_gpt2)(tmp_path / "hf", layers=1)
+    hf = "h.0.attn.c_attn.weight" if arch == "gpt2" else "model.layers.0.mlp.down_proj.weight"
+    tree = calibrated(weights, hf, conv1d=arch == "gpt2", fmt=fmt)
+    shutil.copytree(
+        tmp_path / "hf", tmp_path / "cal", ignore=shutil.ignore_patterns("*.safetensors")
+    )
+    precision.save(tmp_path / "cal" / "model.safetensors", tree)
+    convert(tmp_path / "cal", tmp_path / "m.gguf", "--preset", "q4_0", "--layout", "gguf")
+    reader = gguf.GGUFReader(str(tmp_path / "m.gguf"))
+    got = {t.name: t for t in reader.tensors}
+    t = got["blk.0.attn_qkv.weight" if arch == "gpt2" else "blk.0.ffn_down.weight"]
+    assert t.tensor_type.name == "Q4_0"
+    values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(t.shape.tolist()[::-1])
+    want = np.asarray(tree[hf])
+    want = want.T if arch == "gpt2" else want  # ggml's (outputs, inputs)
+    np.testing.assert_array_equal(values, want)  # GPTQ's codes and scales, as they are
+    if fmt == "int4":
+        rtn = dtypes.get("int4").encode(weights[hf], scaling=tree[hf].scaling).decode()
+    else:  # Q4_0's grid: round-to-nearest onto it is ggml's own quantizer, value for value
+        rtn = calibrated(weights, hf, conv1d=True, fmt=fmt, method="rtn")[hf]
+        q4 = gguf.GGMLQuantizationType.Q4_0
+        theirs = gguf.quants.dequantize(gguf.quants.quantize(weights[hf].T.copy(), q4), q4)
+        np.testing.assert_array_equal(np.asarray(rtn).T, theirs)
+    assert not np.array_equal(np.asarray(rtn), np.asarray(tree[hf]))  # (not rounding's)
+
+
+def test_stored_codes_are_not_rounded_again(tmp_path, capsys):
+    """Codes that never reach 7 (rounding them again would rescale every block)."""
+    pytest.importorskip("tokenizers")
+    from hf_tiny import write_llama
+
+    weights = write_llama(tmp_path / "hf", layers=1)
+    name = "model.layers.0.self_attn.v_proj.weight"
+    rng = np.random.default_rng(3)
+    codes = rng.integers(-3, 4, weights[name].shape)
+    scales = rng.uniform(0.01, 0.1, (weights[name].shape[0], weights[name].shape[1] // 32))
+    scaling = dtypes.PerBlock(32, axis=1, scale_format="float16")
+    enc = dtypes.from_codes(codes, scales.astype(np.float16), "int4", scaling)
+    tree = {**weights, name: precision.Tensor.from_encoded(enc)}
+    shutil.copytree(tmp_path / "hf", tmp_path / "q", ignore=shutil.ignore_patterns("*.safetensors"))
+    precision.save(tmp_path / "q" / "model.safetensors", tree)
+    convert(tmp_path / "q", tmp_path / "m.gguf", "--to", "int4", "--layout", "gguf")
+    assert "kept (stored as Q4_0 already: written as is)" in capsys.readouterr().out
+    t = next(t for t in gguf.GGUFReader(str(tmp_path / "m.gguf")).tensors if "attn_v" in t.name)
+    values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(weights[name].shape)
+    np.testing.assert_array_equal(values, np.asarray(enc.decode()))
