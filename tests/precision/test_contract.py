@@ -402,21 +402,6 @@ def test_integer_dots_sum_a_multiple_of_four_codes(k):
     np.testing.assert_allclose(np.asarray(mm(a, b)), want, rtol=2e-7)
 
 
-@pytest.mark.parametrize("name", ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "int8"])
-def test_tensor_matmul_hands_the_dot_its_narrow_containers(name, monkeypatch):
-    """`Tensor @ Tensor` gives XLA the stored containers where the backend has fast
-    kernels (forced here: the CPU rule keeps float32 except for bf16 with AMX)."""
-    from precision._compute import _contractions
-
-    monkeypatch.setattr(_contractions, "_native_path", _contractions._native_container)
-    a = Tensor(normal(16, 32)).to_reduced_precision(name)
-    b = Tensor(normal(32, 8)).to_reduced_precision(name)
-    dots = _dot_operand_types(jax.jit(lambda p, q: p @ q).lower(a, b).as_text())
-    want = {"bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "f8E4M3FN"}
-    want |= {"float8_e5m2": "f8E5M2", "int8": "i8"}
-    assert dots == [(want[name], want[name])], dots
-
-
 # -- gradients ----------------------------------------------------------------
 
 
