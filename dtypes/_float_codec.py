@@ -26,7 +26,7 @@ from ._encoder_inputs import (
     special_values_now,
 )
 from ._errors import FormatError, NonFiniteError, ScalingError
-from ._ieee import from_float32, times_scale
+from ._ieee import from_float32, is_nan, select, times_scale, to_float32
 from ._rounding import Grid, round_float
 from ._scale_rules import scales, times_reciprocal
 from ._scaling import Scaling
@@ -67,6 +67,20 @@ def round_values(
         # against ml_dtypes in the tests) and is one fused op. It is not used
         # for narrower exponents: there it flushes the target's subnormals.
         return lax.reduce_precision(x, exponent_bits=8, mantissa_bits=fmt.mantissa_bits)
+    if (
+        rounding == "nearest_even"
+        and fmt.native_dtype == np.dtype(np.float16)
+        and not grid.saturate
+        and np.dtype(x.dtype) == np.float32
+    ):
+        # float16: the convert into the container rounds exactly as the bit rounding
+        # does (the encode's own path, checked against ml_dtypes), and the values come
+        # back from the codes' bits (a convert round trip may be deleted). NaN is
+        # float32's quiet NaN with its sign, as the bit rounding writes it.
+        y = to_float32(from_float32(x, np.float16))
+        sign = lax.bitcast_convert_type(x, jnp.uint32) & jnp.uint32(0x80000000)
+        nan = lax.bitcast_convert_type(sign | jnp.uint32(0x7FC00000), jnp.float32)
+        return select(is_nan(x), nan, y)
     return _round_float_ste(grid, rounding, x, key)
 
 

@@ -126,6 +126,7 @@ def group_extreme(values: jax.Array, scaling: Scaling, reduce: Reduction) -> jax
 Reduction = Callable[..., jax.Array]
 _STAGE_LAST = 32  # the longest last-axis reduction XLA:CPU vectorises well (64: 4x slower)
 _STAGE_INNER = 8  # rows reduced at a time across a kept last axis
+_SMALL = 1 << 14  # elements left that one plain reduction finishes quickly
 
 
 def _staged(reduce: Reduction, a: jax.Array, axes: tuple[int, ...]) -> jax.Array:
@@ -133,14 +134,12 @@ def _staged(reduce: Reduction, a: jax.Array, axes: tuple[int, ...]) -> jax.Array
     fast: each stage reduces at most 32 consecutive elements of the last axis (or 8
     rows across a kept last axis) and is materialized (`_materialized`): XLA would
     otherwise fuse the stages back into one loop that recomputes each inner stage
-    for every element of the next. Zero padding changes nothing: 0 is among the
-    values reduced anyway."""
+    for every element of the next. Once what is left is small, one reduction
+    finishes it. Zero padding changes nothing: 0 is among the values reduced anyway."""
     zero = jnp.zeros((), a.dtype)
     out_shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
-    if a.size == 0 or not axes:
-        return reduce(a, axis=axes, keepdims=True, initial=zero)
     left = sorted(axes)
-    while left:
+    while left and a.size > _SMALL:
         last = a.ndim - 1
         if left[-1] == last:
             if a.shape[-1] <= _STAGE_LAST:
@@ -158,6 +157,8 @@ def _staged(reduce: Reduction, a: jax.Array, axes: tuple[int, ...]) -> jax.Array
                 a = reduce(_cut(a, d, _STAGE_INNER), axis=d + 1)
         if left:
             a = _materialized(a)  # (XLA:CPU would fuse the next stage into this one)
+    if left:
+        a = reduce(a, axis=tuple(left), initial=zero)
     return a.reshape(out_shape)
 
 
@@ -389,25 +390,44 @@ def per_group(*values: Any) -> Any:
     pass reads it per element.
 
     XLA:CPU fuses a cheap per-group computation into the elementwise kernel that
-    broadcasts it, and so repeats it for every element of the group: the integer
-    long division of a reciprocal (`_ieee.divide`) then costs more than all the
-    rest of an encode. Integer division is cheap by XLA's measure, and an
-    optimization barrier does not survive to XLA:CPU's fusion pass, but a
-    reduce-window is never fused into a consumer that reads its elements many
-    times: on a CPU each array passes through an identity reduce-window (the max
-    of its bits and a zero). Other platforms fuse as they see fit. One value for
-    the whole tensor is left alone: a loop computes it once anyway.
+    broadcasts it, and so repeats it for every element of the group: a reciprocal's
+    correctly rounded division (`_ieee.divide`, a few dozen operations) would then
+    cost more than all the rest of an encode. An optimization barrier does not
+    survive to XLA:CPU's fusion pass, but a reduce-window is never fused into a
+    consumer that reads its elements many times: on a CPU the values pass through
+    one identity reduce-window (`_materialized`), those of one shape and width
+    together, so one small kernel makes them all. Other platforms fuse as they see
+    fit. One value for the whole tensor is left alone: a loop computes it once anyway.
     """
-    out = tuple(v if v is None or v.size <= 1 else _once(v) for v in values)
-    return out if len(out) != 1 else out[0]
+    out: list[Any] = list(values)
+    together: dict[tuple[tuple[int, ...], int], list[int]] = {}
+    for i, v in enumerate(values):
+        if v is not None and v.size > 1:
+            together.setdefault((tuple(v.shape), v.dtype.itemsize), []).append(i)
+    for members in together.values():
+        made = _once([values[i] for i in members])
+        for i, v in zip(members, made, strict=True):
+            out[i] = v
+    return tuple(out) if len(out) != 1 else out[0]
 
 
-def _once(v: jax.Array) -> jax.Array:
-    def identity(a: jax.Array) -> jax.Array:
-        return a
+def _once(vs: list[jax.Array]) -> list[jax.Array]:
+    """Arrays of one shape and width, materialized together on a CPU (`per_group`)."""
 
-    out: jax.Array = lax.platform_dependent(v, cpu=_materialized, default=identity)
+    def identity(*a: jax.Array) -> list[jax.Array]:
+        return list(a)
+
+    def materialized(*a: jax.Array) -> list[jax.Array]:
+        uint = _UINT[a[0].dtype.itemsize]
+        stacked = jnp.stack([lax.bitcast_convert_type(v, uint) for v in a], axis=-1)
+        made = _materialized(stacked)
+        return [lax.bitcast_convert_type(made[..., i], v.dtype) for i, v in enumerate(a)]
+
+    out: list[jax.Array] = lax.platform_dependent(*vs, cpu=materialized, default=identity)
     return out
+
+
+_UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
 
 
 def _materialized(a: jax.Array) -> jax.Array:
@@ -415,7 +435,7 @@ def _materialized(a: jax.Array) -> jax.Array:
     a zero): XLA:CPU fuses neither a reduce-window into its consumers nor its operand
     into it, so `a` is computed once, into a buffer of its own. (An optimization
     barrier does not last until XLA:CPU's fusion pass.)"""
-    uint = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[a.dtype.itemsize]
+    uint = _UINT[a.dtype.itemsize]
     bits = lax.bitcast_convert_type(a, uint)[..., None]
     padded = jnp.pad(bits, [(0, 0)] * (bits.ndim - 1) + [(0, 1)])
     window = (1,) * (bits.ndim - 1) + (2,)
