@@ -24,6 +24,7 @@ __all__ = [
     "JAX_VERSION_TESTED",
     "REMAT",
     "SCAN",
+    "SHARD_MAP",
     "WHILE",
     "ClosedJaxpr",
     "Jaxpr",
@@ -37,6 +38,7 @@ __all__ = [
     "primitive_names",
     "prims",
     "scan_counts",
+    "shard_mapped",
     "while_counts",
 ]
 
@@ -146,3 +148,19 @@ CUSTOM_VJP = prims.custom_vjp_call_p
 COND = prims.cond_p
 SCAN = prims.scan_p
 WHILE = prims.while_p
+#: `shard_map`'s primitive is not in `jax.extend` (jax 0.10 to 0.12): known by name.
+SHARD_MAP = "shard_map"
+
+
+def shard_mapped(params: dict[str, Any], fn: Any) -> Any:
+    """`fn` mapped over shards as a `shard_map` equation with `params` maps its body:
+    the same mesh, specs, manual axes and check (jax 0.10 to 0.12 name them
+    `mesh`, `in_specs`, `out_specs`, `newly_manual_axes`, `check_vma`)."""
+    return jax.shard_map(
+        fn,
+        mesh=params["mesh"],
+        in_specs=params["in_specs"],
+        out_specs=params["out_specs"],
+        axis_names=params.get("newly_manual_axes", frozenset()),
+        check_vma=params.get("check_vma", True),
+    )
