@@ -65,7 +65,8 @@ def _multiply(tree: Any, factor: jax.Array, what: str) -> Any:
         if _is_reduced_tensor(x):
             raise LossScaleTypeError(
                 f"cannot {what} a precision.Tensor leaf: loss scaling works on plain arrays "
-                "(the loss and the gradients); call jnp.asarray(t) or t.to_full_precision() first"
+                "(the loss and the gradients); make the Tensors plain arrays first with "
+                "precision.to_full_precision(tree)"
             )
         if _concrete_inexact(x):
             _refuse_narrowing(path, x, what)
