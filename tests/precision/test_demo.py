@@ -139,8 +139,13 @@ def test_mnist_layout_npz(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "mnist.npz (28x28): 256 train / 64 test images" in err
     assert "\r" not in err  # stderr is not a terminal here: no progress bar redraws
+    # but a plain line as each mode starts and one as it ends
+    assert "\n[1/1] fp32: compiling, then training\n" in err
+    assert re.search(r"\n\[1/1\] fp32: \d+\.\d\d% test accuracy, loss \d+\.\d{4}, \d+ s\n", err)
     (row,) = json.loads(out.read_text())
     assert row["param_bytes"] == _expected_param_bytes(28, 28)["fp32"]
+    assert _demo.main([*argv, "--no-progress"]) == 0
+    assert "[1/1]" not in capsys.readouterr().err
 
 
 def test_digits_split_is_fixed():
