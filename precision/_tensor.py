@@ -43,6 +43,12 @@ from ._tensor_checks import (
 __all__ = ["Tensor", "logical_values"]
 
 
+# Each distinct signature once: equal signatures are one object, so the operators' cache
+# keys on identities (two ints to hash, not two nested tuples of formats and shapes).
+# Signatures are small and few (one per format, scaling and shape in use).
+_SIGNATURES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
 @jax.tree_util.register_pytree_with_keys_class
 class Tensor:
     """Logical values of a float dtype stored in a (possibly reduced) format.
@@ -144,7 +150,8 @@ class Tensor:
         if sig is None:
             children, aux = self._encoded.tree_flatten()
             shapes = tuple(None if a is None else a.shape for a in children)
-            sig = self._signature = (aux, self._dtype, shapes, self._straight_through is not None)
+            sig = (aux, self._dtype, shapes, self._straight_through is not None)
+            sig = self._signature = _SIGNATURES.setdefault(sig, sig)
         return sig
 
     # -- pytree: the Encoded's arrays, then the straight-through view ------------

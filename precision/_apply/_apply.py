@@ -84,14 +84,16 @@ class _Entry:
     `fn` is set by `_build`; `out_desc` and `out_tree` when `fn` first traces.
     """
 
-    __slots__ = ("fn", "out_desc", "out_sig", "out_tree")
+    __slots__ = ("fn", "out_desc", "out_plain", "out_sig", "out_tree")
     fn: Callable[..., Any]
     out_desc: list[_Desc | None]
     out_sig: Any  # the single result's signature, cached at its first rebuild
+    out_plain: tuple[Any, ...] | None  # (format, last, dtype) of an unscaled single result
     out_tree: Any  # a jax PyTreeDef (jaxlib ships no stub for it)
 
     def __init__(self) -> None:
         self.out_sig = None
+        self.out_plain = None
 
     def rebuild(self, flat: list[Any]) -> Any:
         if self.out_tree.num_leaves == 1 and self.out_tree.num_nodes == 1:
@@ -99,10 +101,19 @@ class _Entry:
             desc = self.out_desc[0]
             if desc is None:
                 return flat[0]
+            if (plain := self.out_plain) is not None:
+                # an unscaled result (eager operators): its storage is the one array
+                fmt, last, dtype = plain
+                t = Tensor._make(dtypes.Encoded(flat[0], None, fmt, None, last), dtype)
+                t._signature = self.out_sig
+                return t
             out = jax.tree_util.tree_unflatten(desc[0], flat)
             # the result's static signature is the same on every call: reuse it
             if self.out_sig is None:
                 self.out_sig = out.signature()
+                enc = out._encoded
+                if len(flat) == 1 and enc.scaling is None and out._straight_through is None:
+                    self.out_plain = (enc.format, enc._last, out._dtype)
             else:
                 out._signature = self.out_sig
             return out
@@ -336,7 +347,7 @@ def _cached_call(
                 and not kwargs
                 and not diff
             ):
-                cache[(_TWO_TENSORS, key[1], key[2])] = entry
+                cache[(_TWO_TENSORS, id(key[1]), id(key[2]))] = entry
         try:
             flat = entry.fn(*dyn)
         except PrecisionError as err:
@@ -452,8 +463,13 @@ def apply(
             ):
                 # Fastest path (binary operators on unscaled Tensors): the key
                 # is the two cached signatures, the arguments the two arrays.
+                # (signatures are interned: equal ones are one object, ids stable)
                 entry = cache.get(
-                    (_TWO_TENSORS, a._signature or a.signature(), b._signature or b.signature())
+                    (
+                        _TWO_TENSORS,
+                        id(a._signature or a.signature()),
+                        id(b._signature or b.signature()),
+                    )
                 )
                 if entry is not None:
                     da, db = ea.data, eb.data
