@@ -81,17 +81,25 @@ def _cpu_container(op: str, native: np.dtype | None) -> np.dtype | None:
     return None
 
 
-def _float_contraction(eqn: Any, vals: list[Val], state: Any, native: np.dtype | None) -> jax.Array:
+def _float_contraction(
+    eqn: Any, vals: list[Val], state: Any, native: np.dtype | None, *, narrow_result: bool = False
+) -> jax.Array:
     """The contraction of `vals` in their compute format, its operands in `native` (with
-    float32 sums) or in float32 (None), made where they are used."""
+    float32 sums) or in float32 (None), made where they are used.
+
+    With `narrow_result` the dot writes its result in `native` itself: the float32 sums
+    rounded once to nearest-even, the very rounding `rounded_outputs` applies next (so
+    that one finds every value already on its grid), and half the bytes written.
+    """
     a, b = operands_at_use(vals, state, native)
     params = dict(eqn.params)
+    wanted = eqn.outvars[0].aval.dtype
     if native is not None:
-        params["preferred_element_type"] = eqn.outvars[0].aval.dtype
+        params["preferred_element_type"] = native if narrow_result else wanted
     elif state.format == dtypes.tf32:
         params["precision"] = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
     out: jax.Array = eqn.primitive.bind(a, b, **params)
-    return out
+    return out.astype(wanted) if narrow_result else out
 
 
 def contraction_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
@@ -131,9 +139,12 @@ def _contraction(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
         if on_cpu == native:
             out = _float_contraction(eqn, pair, state, native)
         else:
+            # bfloat16 results come out of the GPU's and TPU's dots as bfloat16: their
+            # float32 sums rounded to nearest-even, as `rounded_outputs` rounds them
+            narrow = native is not None and native == np.dtype(jnp.bfloat16)
             out = lax.platform_dependent(
                 cpu=lambda: _float_contraction(eqn, pair, state, on_cpu),
-                default=lambda: _float_contraction(eqn, pair, state, native),
+                default=lambda: _float_contraction(eqn, pair, state, native, narrow_result=narrow),
             )
         return rounded_outputs(op, [out], state)
 
