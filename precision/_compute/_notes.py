@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Iterator
@@ -20,6 +21,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax.extend import source_info_util
+
+import dtypes
 
 from ._state import State
 
@@ -139,26 +142,50 @@ def note(
     return jax.named_scope(f"{SCOPE}{len(notes) - 1}")
 
 
-# frames that are not the user's: installed packages, JAX itself, this package
-_LIBRARIES = ("site-packages", "dist-packages", f"{os.sep}jax{os.sep}_src{os.sep}")
-_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
 def _where(info: Any) -> str:
-    """The equation's line (outside JAX), and the caller's line when that is a library's.
+    """The equation's line, and the line that called into its package when the equation
+    sits in one: a Flax `Dense` contracts inside Flax, and the row names Flax's line
+    and the model's line that called it.
 
-    A Flax `Dense` contracts inside Flax: the row names Flax's line and the model's
-    line that called it.
+    Frames of JAX and of this library are skipped. A package is a directory tree of
+    `__init__.py` files, wherever it is installed, so the answer depends on the code's
+    own layout, never on where it lies (site-packages or a checkout).
     """
     where = source_info_util.summarize(info)
     frames = getattr(getattr(info, "traceback", None), "frames", None) or []
-    for frame in frames:  # innermost first
-        name = frame.file_name
-        if any(part in name for part in _LIBRARIES) or name.startswith(_OWN):
-            continue
-        own = f"{name}:{frame.line_num} ({frame.function_name})"
-        return where if where.startswith(f"{name}:{frame.line_num}") else f"{own} via {where}"
+    frames = [f for f in frames if not f.file_name.startswith(_SKIPPED)]  # innermost first
+    root = _package_root(frames[0].file_name) if frames else None
+    if root is None:
+        return where  # a script's own line
+    for frame in frames[1:]:
+        if not frame.file_name.startswith(root):
+            own = f"{frame.file_name}:{frame.line_num} ({frame.function_name})"
+            return f"{own} via {where}"
     return where
+
+
+def _own_root(module_file: str) -> str:
+    return os.path.dirname(os.path.abspath(module_file)) + os.sep
+
+
+# JAX's frames (its `_src`, its wrappers) and this library's
+_SKIPPED = (
+    _own_root(jax.__file__),
+    os.path.dirname(_own_root(os.path.dirname(__file__))) + os.sep,  # precision/
+    _own_root(dtypes.__file__),
+)
+
+
+@functools.cache
+def _package_root(file_name: str) -> str | None:
+    """The outermost directory of the package that holds `file_name` (with a trailing
+    separator), or None for a file outside any package (a script)."""
+    directory = os.path.dirname(file_name)
+    if not os.path.exists(os.path.join(directory, "__init__.py")):
+        return None
+    while os.path.exists(os.path.join(os.path.dirname(directory), "__init__.py")):
+        directory = os.path.dirname(directory)
+    return directory + os.sep
 
 
 def _flops(eqn: Any) -> int:
