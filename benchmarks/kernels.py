@@ -328,10 +328,14 @@ def _plain_scaled_block(dtype: Any, top: float, bits: int) -> Callable[[jax.Arra
     def f(x: jax.Array) -> Any:
         b = _blocks(x, 32)
         s = _absmax(b, -1) / top
-        codes = (b / s).astype(dtype).reshape(x.shape)
         if bits == 4:
+            codes = (b / s).astype(dtype).reshape(x.shape)
             return _pack(lax_bits(codes, 4), 4), s
-        return codes, s  # (JAX has no 6-bit integer to pack fp6 codes through: one a byte)
+        # XLA:CPU has no convert to float6 (an F6E2M3FN program does not compile there):
+        # the grid by reduce_precision, kept one value a byte in a float8 container that
+        # holds every e2m3 value (JAX has no 6-bit integer to pack fp6 codes through)
+        grid = jax.lax.reduce_precision(b / s, exponent_bits=2, mantissa_bits=3)
+        return grid.astype(jnp.float8_e4m3fn).reshape(x.shape), s
 
     return f
 

@@ -88,15 +88,18 @@ JAX_INTERNALS = frozenset(
         "tests/precision/test_contract.py",
         "tests/precision/test_explain.py",
         "tests/precision/test_first_use_order.py",
+        "tests/precision/test_gpu_programs.py",
         "tests/precision/test_jax_compat.py",
         "tests/precision/test_mixing.py",
         "tests/precision/test_models.py",
         "tests/precision/test_policy.py",
+        "tests/precision/test_primitives.py",
         "tests/precision/test_roofline.py",
         "tests/precision/test_sharding.py",
         "tests/precision/test_stacked.py",
         "tests/precision/test_stacks.py",
         "tests/precision/test_tensor.py",
+        "tests/precision/test_walk.py",
     }
 )
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
