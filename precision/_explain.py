@@ -54,6 +54,9 @@ class Row:
         compiled: the dots XLA emitted for it, as `operand x operand -> result`
             types (`s8[4,16] x s8[16,8] -> s32[4,8]`); empty if XLA folded it away.
         fallback: a declared narrow path that did not happen, and why; else None.
+        widened: the numbers are as declared but the backend compiled the narrow dot
+            the library emitted with wider operands (XLA:CPU runs f8 and bf16 dots in
+            float32): the narrow kernel does not run on this backend; else None.
         flops: multiply-adds times two.
         bytes_read: bytes its compiled dots read and write.
         predicted_s: the roofline's seconds for its compiled dots (None without rates).
@@ -76,6 +79,7 @@ class Row:
     predicted_s: float | None = None
     sqnr_db: float | None = None
     relative_error: float | None = None
+    widened: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +153,8 @@ def _row_lines(i: int, r: Row) -> list[str]:
         lines.append(f"     error     {_error(r.sqnr_db, r.relative_error)} against float32")
     if r.fallback is not None:
         lines.append(f"     FALLBACK  {r.fallback}")
+    if r.widened is not None:
+        lines.append(f"     WIDENED   {r.widened}")
     return lines
 
 
@@ -238,7 +244,8 @@ def explain(
     device = jax.devices()[0]
     rate = rates(device, measure)
     rows = [
-        _row(n, dots_of, rate) for n, dots_of in zip(notes, _claimed(notes, found), strict=True)
+        _row(n, dots_of, rate, jax.default_backend())
+        for n, dots_of in zip(notes, _claimed(notes, found), strict=True)
     ]
     by_type: dict[str, int] = {}
     for d in found:
@@ -342,7 +349,22 @@ def _claimed(notes: list[Note], found: list[Dot]) -> list[list[Dot]]:
     return claimed
 
 
-def _row(n: Note, compiled: list[Dot], rate: Rates | None) -> Row:
+def _widened(n: Note, compiled: list[Dot], backend: str) -> str | None:
+    """Why the row's narrow dot runs wider here, when the library emitted narrow operands
+    and every dot compiled for it takes wider ones (the numbers stay as declared)."""
+    if n.emitted is None or not compiled or n.fallback is not None:
+        return None
+    narrow = [t for t in n.emitted if np.dtype(t).itemsize < 4]
+    if not narrow or any(t != "f32" for d in compiled for t in d.operand_types):
+        return None
+    return (
+        f"{backend} compiles the {' x '.join(n.emitted)} dot with float32 operands: the "
+        "numbers are as declared (operands rounded to the format, exact products, float32 "
+        "sums), the narrow kernel does not run here; a GPU runs it as emitted"
+    )
+
+
+def _row(n: Note, compiled: list[Dot], rate: Rates | None, backend: str) -> Row:
     # a contraction traced once in a loop body runs once per iteration of the loop
     runs = max((d.times for d in compiled), default=1)
     return Row(
@@ -358,6 +380,7 @@ def _row(n: Note, compiled: list[Dot], rate: Rates | None) -> Row:
         n.flops * runs,
         sum(d.bytes for d in compiled),
         None if rate is None or not compiled else sum(rate.dot_seconds(d) for d in compiled),
+        widened=_widened(n, compiled, backend),
     )
 
 

@@ -38,7 +38,7 @@ import dtypes
 
 from .._storage import is_float
 from ._int_operands import codes, dot_operands, kept_scale
-from ._notes import note, observe, settle
+from ._notes import emitted, note, observe, settle
 from ._quantized import quantized_contraction
 from ._rules import Val, op_state, operands_at_use, rounded_outputs
 from ._state import Context, Stored
@@ -135,6 +135,8 @@ def _contraction(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
         on_cpu = _cpu_container(op, native)
         here = on_cpu if jax.default_backend() == "cpu" else native  # (explain's words only)
         settle(_float_path(vals, state, here))
+        if here is not None:
+            emitted(here, here)
         pair = [(a, sa), (b, sb)]
         if on_cpu == native:
             out = _float_contraction(eqn, pair, state, native)
@@ -200,7 +202,9 @@ def _integer_dot(eqn: Any, a: jax.Array, b: jax.Array, ea: Stored, eb: Stored) -
     def exact(
         a: jax.Array, b: jax.Array, ca: jax.Array, cb: jax.Array, sa: jax.Array, sb: jax.Array
     ) -> jax.Array:
-        acc = lax.dot_general(*dot_operands(ca, cb, dims), dims, preferred_element_type=jnp.int32)
+        operands = dot_operands(ca, cb, dims)
+        emitted(*(x.dtype for x in operands))
+        acc = lax.dot_general(*operands, dims, preferred_element_type=jnp.int32)
         return (acc.astype(jnp.float32) * sa * sb).astype(out_dtype)
 
     @exact.defjvp

@@ -55,6 +55,7 @@ class Note:
     path: str  # how the operands reach the dot
     flops: int  # multiply-adds times two
     fallback: str | None = None  # a declared narrow path that did not happen, and why
+    emitted: tuple[str, ...] | None = None  # the narrow operand dtypes handed to the dot
     outputs: list[np.ndarray] = dataclasses.field(default_factory=list)  # when capturing
 
 
@@ -204,6 +205,14 @@ def settle(path: str) -> None:
     notes = _NOTES.get()
     if notes:
         notes[-1].path = path
+
+
+def emitted(*dtypes: Any) -> None:
+    """Record the element types of the operands the contraction noted last hands to its
+    dot on this backend (`explain` compares them with what the backend compiled)."""
+    notes = _NOTES.get()
+    if notes:
+        notes[-1].emitted = tuple(np.dtype(d).name for d in dtypes)
 
 
 def mark_fallback(reason: str) -> None:

@@ -62,6 +62,7 @@ import dtypes
 from .._storage import decode_storage
 from ._fallback import fall_back
 from ._int_operands import codes, dot_operands, kept_scale
+from ._notes import emitted
 from ._rules import Val, decode_at_use, in_compute_format, rounded_outputs
 from ._state import Context, State, Stored
 from ._views import through_views
@@ -478,6 +479,7 @@ class _Plan:
                 (lc, lbatch), (rc, rbatch) = self.a.dims(lc, lbatch), self.b.dims(rc, rbatch)
                 iparams["dimension_numbers"] = ((lc, rc), (lbatch, rbatch))
                 ca, cb = dot_operands(ca, cb, iparams["dimension_numbers"])
+            emitted(ca.dtype, cb.dtype)
             acc: jax.Array = eqn.primitive.bind(ca, cb, **iparams)
             oa, ob = _out_scale(eqn, acc.ndim, ka, kb, self.a.layout, self.b.layout)
             return ((acc.astype(jnp.float32) * oa) * ob).astype(out_dtype)

@@ -126,6 +126,36 @@ def test_a_declared_path_that_cannot_happen_is_a_fallback_row_and_a_warning():
     assert report.rows[0].compiled == ("f32[4,64] x f32[64,8] -> f32[4,8]",)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's widening of f8 dots")
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+def test_an_fp8_dot_the_cpu_widens_is_said_apart_from_a_fallback(scaling):
+    """The library emits f8 x f8; XLA:CPU compiles it with float32 operands. The numbers
+    are as declared, so it is no fallback (no warning, `strict` accepts it), but the row
+    says the narrow kernel does not run here."""
+    contract = precision.Contract("float8_e4m3fn", scaling=scaling)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrecisionFallbackWarning)
+        report = precision.explain(lambda x, w: x @ w, jnp.ones((4, 64)), jnp.ones((64, 8)),
+                                   contract=contract)  # fmt: skip
+        precision.apply(lambda x, w: x @ w, contract=contract, strict=True)(
+            jnp.ones((4, 64)), jnp.ones((64, 8))
+        )
+    (row,) = report.rows
+    assert row.fallback is None
+    assert row.compiled == ("f32[4,64] x f32[64,8] -> f32[4,8]",)
+    assert "float8_e4m3fn x float8_e4m3fn dot with float32 operands" in row.widened
+    assert "WIDENED" in str(report)
+    # an int8 dot runs as emitted on the CPU: nothing to say
+    (int8,) = precision.explain(
+        lambda x, w: x @ w, jnp.ones((4, 64)), jnp.ones((64, 8)), contract="int8"
+    ).rows
+    assert int8.widened is None
+    # nor when the library itself chose float32 operands (a bfloat16 Tensor @ Tensor on CPU)
+    a = Tensor(np.ones((4, 64), np.float32)).to_reduced_precision("bfloat16")
+    (bf16,) = precision.explain(lambda a, b: a @ b, a, a.T).rows
+    assert bf16.widened is None
+
+
 def test_the_report_is_json_and_nothing_records_outside_explain():
     w = Tensor(np.ones((16, 8), np.float32)).to_reduced_precision("int8")
     report = precision.explain(lambda x, w: x @ w, jnp.ones((4, 16)), w, contract="int8")
