@@ -46,17 +46,24 @@ def aimed_scaling(
     """`scaling` placed on a weight contracted over `axes`: blocks along its inputs
     (the input channels of a kernel), one scale per output channel, or one per tensor."""
     if isinstance(scaling, dtypes.PerBlock):
-        return dataclasses.replace(scaling, axis=axes[-1])
+        # blocks along the last summed axis; one shorter than a block is one block, and
+        # the scaling says so (PerBlock(128) on a head_dim of 64 is PerBlock(64))
+        size = min(scaling.size, shape[axes[-1]]) if shape else scaling.size
+        return dataclasses.replace(scaling, axis=axes[-1], size=size)
     if isinstance(scaling, dtypes.PerTensor):
         return scaling
-    outputs = [i for i in range(len(shape)) if i not in axes]
-    if len(outputs) != 1:
+    outputs = tuple(i for i in range(len(shape)) if i not in axes)
+    if not outputs:
         raise CalibrationError(
-            f"calibrate: {path} has shape {shape}: one scale per output channel needs a "
-            "single output axis; use scaling=dtypes.PerBlock(128) (blocks along the inputs)"
+            f"calibrate: {path} has shape {shape} and every axis is summed: it has no output "
+            "channel to scale; use scaling=dtypes.PerTensor() or dtypes.PerBlock(128)"
         )
+    # one scale per output channel; a kernel with several output axes (an attention
+    # projection's (embed, heads, head_dim)) has one per index of all of them
     return dtypes.PerAxis(
-        outputs[0], power_of_two=scaling.power_of_two, scale_format=scaling.scale_format
+        outputs[0] if len(outputs) == 1 else outputs,
+        power_of_two=scaling.power_of_two,
+        scale_format=scaling.scale_format,
     )
 
 
@@ -188,16 +195,23 @@ def _convert_gptq(
     zero_point = zeros if fmt.kind == "uint" else None
     stored = dtypes.get("uint4") if _q4_0.is_q4_0(fmt) else fmt  # Q4_0's grid: a uint4
     enc = dtypes.from_codes(codes, scales, stored, aimed, zero_point=zero_point)
-    return Tensor.from_encoded(enc, np.asarray(leaf).dtype)
+    return Tensor.from_encoded(enc, _logical(leaf))
 
 
 def _convert_rtn(leaf: Any, site: Site, fmt: dtypes.Format, scaling: dtypes.Scaling) -> Tensor:
     aimed = aimed_scaling(scaling, tuple(np.shape(leaf)), site.axes, site.path)
     if _q4_0.is_q4_0(fmt):
         return Tensor.from_encoded(
-            _q4_0.encode(np.asarray(leaf), aimed.axis), np.asarray(leaf).dtype
+            _q4_0.encode(np.asarray(leaf, np.float32), aimed.axis), _logical(leaf)
         )
     return Tensor(leaf).to_reduced_precision(fmt, scaling=aimed)
+
+
+def _logical(leaf: Any) -> np.dtype[Any]:
+    """A converted weight's logical dtype: float64 stays, narrower floats (bfloat16 and
+    float16 parameters, every value exact in float32) read as float32."""
+    dtype = np.asarray(leaf).dtype
+    return dtype if dtype == np.float64 else np.dtype(np.float32)
 
 
 def convert(

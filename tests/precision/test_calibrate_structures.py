@@ -53,6 +53,45 @@ def test_a_weight_contracted_over_two_axes_is_gptq_of_its_flattened_matrix():
     np.testing.assert_array_equal(q.numpy(), want.reshape(w.shape).astype(np.float32))
 
 
+def test_a_kernel_with_two_output_axes_gets_a_scale_per_output_of_both():
+    """An attention projection (embed, heads, head_dim) under PerAxis(): one scale per
+    (head, head_dim) output, GPTQ of the kernel flattened to (embed, heads * head_dim)."""
+    rng = np.random.default_rng(12)
+    inputs, heads, dim = 16, 2, 4
+    w = rng.normal(size=(inputs, heads, dim)).astype(np.float32)
+    batches = [_ints(rng, (24, inputs), rng.integers(1, 4, size=inputs)) for _ in range(3)]
+    q = _calibrate(lambda p, x: jnp.einsum("bi,ihd->bhd", x, p["w"]), {"w": w}, batches,
+                   dtypes.PerAxis())["w"]  # fmt: skip
+    assert q.scaling == dtypes.PerAxis((1, 2))
+    x = np.concatenate(batches).astype(np.float64)
+    want = reference_gptq(w.reshape(inputs, heads * dim).T, x.T @ x, inputs, 0.01).T
+    np.testing.assert_array_equal(q.numpy(), want.reshape(w.shape).astype(np.float32))
+
+
+def test_a_block_longer_than_its_axis_is_named_as_the_block_it_is():
+    rng = np.random.default_rng(14)
+    w = rng.normal(size=(4, 8, 16)).astype(np.float32)  # an attention output kernel
+    batches = [_ints(rng, (16, 4, 8)) for _ in range(4)]
+    q = _calibrate(lambda p, x: jnp.einsum("bhd,hdo->bo", x, p["w"]), {"w": w}, batches,
+                   dtypes.PerBlock(128), method="rtn")["w"]  # fmt: skip
+    assert q.scaling == dtypes.PerBlock(8, axis=1)  # head_dim holds 8: one block of 8
+    assert q.encoded.scale.shape == (4, 1, 16)
+
+
+def test_bfloat16_parameters_calibrate_as_their_float32_values():
+    rng = np.random.default_rng(13)
+    w = rng.normal(size=(32, 8)).astype(jnp.bfloat16)
+    batches = [rng.normal(size=(16, 32)).astype(np.float32) for _ in range(2)]
+    f = lambda p, x: x @ p["w"].astype(jnp.float32)
+    q = _calibrate(f, {"w": w}, batches, dtypes.PerBlock(8), method="rtn")["w"]
+    want = _calibrate(f, {"w": w.astype(np.float32)}, batches, dtypes.PerBlock(8), method="rtn")
+    assert q.dtype == np.float32
+    np.testing.assert_array_equal(q.numpy(), want["w"].numpy())
+    gptq = _calibrate(f, {"w": w}, batches, dtypes.PerBlock(8))["w"]
+    assert gptq.dtype == np.float32
+    assert gptq.format == q.format
+
+
 def test_every_kernel_of_flax_attention_is_calibrated():
     nn = pytest.importorskip("flax.linen")
     rng = np.random.default_rng(4)
