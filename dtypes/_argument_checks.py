@@ -123,20 +123,26 @@ def refuse_non_finite(values: np.ndarray, fmt: Format) -> None:
 def refuse_scaling(fmt: IntFormat, scaling: Scaling, shape: tuple[int, ...]) -> None:
     """Raise `ScalingError` unless `fmt` takes `scaling` for values of `shape`."""
     if scaling.power_of_two and fmt.binary:
+        rule = "int1 scales are mean(|x|) per group and have no power-of-two variant"
         raise ScalingError(
-            "int1 scales are mean(|x|) per group and have no power-of-two variant; "
-            f"pass {type(scaling).__name__} without power_of_two=True"
+            f"{rule}; pass {type(scaling).__name__} without power_of_two=True", rule=rule
         )
     if scaling.scale_format not in ("float32", "bfloat16", "float16"):
         if fmt.binary:
+            rule = (
+                "int1 scales are mean(|x|) per group and cannot be stored as "
+                f"{scaling.scale_format}"
+            )
             raise ScalingError(
-                f"int1 scales are mean(|x|) per group and cannot be stored as "
-                f"{scaling.scale_format}; use scale_format='float32', 'bfloat16' or 'float16'"
+                f"{rule}; use scale_format='float32', 'bfloat16' or 'float16'", rule=rule
             )
         if scaling.scale_format == "float8_e4m3fn":
+            rule = (
+                "two-level float8_e4m3fn scales (the NVFP4 recipe) are for float elements, not "
+                f"{fmt.name}"
+            )
             raise ScalingError(
-                f"two-level float8_e4m3fn scales (the NVFP4 recipe) are for float elements, not "
-                f"{fmt.name}; use scale_format='bfloat16' or 'float16' for integer groups"
+                f"{rule}; use scale_format='bfloat16' or 'float16' for integer groups", rule=rule
             )
     if shape:
         scaling.validate(shape)
@@ -148,10 +154,13 @@ def refuse_scale_format_arguments(fmt: Format, scaling: Scaling | None, rounding
         raise ScalingError(
             f"{fmt.name} is a scale format and takes no scaling of its own, got {scaling}; "
             "name it as a scaling's scale_format instead, e.g. "
-            "PerBlock(32, power_of_two=True, scale_format='float8_e8m0fnu')"
+            "PerBlock(32, power_of_two=True, scale_format='float8_e8m0fnu')",
+            rule=f"{fmt.name} is a scale format: it takes no scaling of its own, and is named as "
+            "the scale format of another format's scaling instead",
         )
     if rounding != "nearest_even":
+        why = "its scales come from the OCP MX rule, which picks the power of two itself"
         raise RoundingError(
-            f"{fmt.name} rounds only to nearest (rounding='nearest_even'), got {rounding!r}: "
-            "its scales come from the OCP MX rule, which picks the power of two itself"
+            f"{fmt.name} rounds only to nearest (rounding='nearest_even'), got {rounding!r}: {why}",
+            rule=f"{fmt.name} rounds only to nearest even, got {rounding}: {why}",
         )

@@ -24,6 +24,17 @@ __all__ = [
 class PrecisionError(Exception):
     """Base class of every error `dtypes` and `precision` raise on purpose.
 
+    The message says what was given, the rule it breaks and the Python call
+    that fixes it. Where another front end reports the same refusal in its
+    own spelling (the command line's `--scaling per-block:32:pow2`), the
+    error also carries the rule alone as a field, so that front end says it
+    and adds its own fix instead of rewriting the message.
+
+    Attributes:
+        rule: the rule that was broken, in words that spell neither a Python
+            call nor a command-line flag (`"E8M0 holds only powers of two"`);
+            `""` where the message is all there is.
+
     Examples:
         >>> import dtypes
         >>> try:
@@ -32,6 +43,10 @@ class PrecisionError(Exception):
         ...     print(type(e).__name__, isinstance(e, ValueError))
         FormatError True
     """
+
+    def __init__(self, *args: object, rule: str = "") -> None:
+        super().__init__(*args)
+        self.rule = rule
 
 
 class FormatError(PrecisionError, ValueError):

@@ -116,3 +116,73 @@ class IntFormat(Format):
     def __repr__(self) -> str:
         scaling = f", scaling={self.scaling!r}" if self.scaling is not None else ""
         return f"IntFormat({self.bits}{scaling}, name={self.name!r})"
+
+    # -- the absmax rule in numpy, on the host ---------------------------------
+    # The same float32 operations as the compiled encode, for a caller that converts
+    # whole checkpoints in numpy without JAX (the command line): `host_rule` says
+    # when an encode is this rule, `host_absmax` for which absmaxes, and
+    # `host_codes` and `host_scales` compute it. tests/dtypes/test_int_host.py holds
+    # them to `encode` bit for bit.
+
+    #: Group absmaxes (besides 0) for which `host_codes` gives `encode`'s codes: inside
+    #: it the scale rule takes none of its special paths (flushed, subnormal,
+    #: near-overflow or prescaled scales), and a product `x * (qmax / absmax)` that
+    #: numpy keeps subnormal where XLA:CPU flushes it lies below 2**-19, which rounds
+    #: to 0 either way.
+    HOST_ABSMAX: ClassVar[tuple[float, float]] = (2.0**-100, 2.0**100)
+
+    def host_rule(self, scaling: Scaling, rounding: str) -> bool:
+        """Whether `encode(x, scaling=scaling, rounding=rounding)` is the plain rule
+        `host_codes` computes: `scale = absmax / qmax`, codes `clip(rint(x * (qmax /
+        absmax)), -qmax, qmax)`; not for int1's mean scales, power-of-two or narrow
+        scales, or another rounding mode.
+
+        Examples:
+            >>> from dtypes import PerAxis, int8
+            >>> int8.host_rule(PerAxis(0), "nearest_even"), int8.host_rule(PerAxis(0), "up")
+            (True, False)
+        """
+        return (
+            not self.binary
+            and not scaling.power_of_two
+            and scaling.scale_format == "float32"
+            and rounding == "nearest_even"
+        )
+
+    def host_absmax(self, absmax: Any) -> bool:
+        """Whether every group absmax in `absmax` is 0 or in `HOST_ABSMAX` (not NaN
+        or inf): the groups whose codes and scales `host_codes` and `host_scales` give."""
+        low, high = self.HOST_ABSMAX
+        m = np.asarray(absmax, np.float32)
+        return bool(np.all((m == 0) | ((m >= low) & (m <= high))))
+
+    def host_codes(self, x: np.ndarray, absmax: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """The codes `encode` gives float32 values `x`, as float32 (in `out` if given).
+
+        `absmax` is each group's absmax broadcast against `x` (one number for the
+        tensor, or a column of rows), each accepted by `host_absmax`, under a
+        scaling and rounding that `host_rule` accepts. The reciprocal is taken
+        once per group, as the compiled encode takes it; a zero group's codes are 0.
+        A code 0 keeps the sign of its value (-0.0), which converting the codes to
+        integers drops.
+
+        Examples:
+            >>> import numpy as np
+            >>> from dtypes import int8
+            >>> int8.host_codes(np.float32([0.5, -1.0, 0.25]), np.float32(1.0))
+            array([  64., -127.,   32.], dtype=float32)
+        """
+        qmax = np.float32(self.qmax)
+        m = np.asarray(absmax, np.float32)
+        inv = np.divide(qmax, m, out=np.zeros_like(m), where=m != 0)  # correctly rounded
+        y: np.ndarray = np.multiply(x, inv, out=out)
+        np.rint(y, out=y)  # halves to even
+        np.clip(y, -qmax, qmax, out=y)
+        return y
+
+    def host_scales(self, absmax: Any) -> np.ndarray:
+        """The float32 scales `encode` keeps for group absmaxes `absmax` (accepted by
+        `host_absmax`): `absmax / qmax` correctly rounded, 1 for a zero group."""
+        m = np.asarray(absmax, np.float32)
+        scale: np.ndarray = np.divide(m, np.float32(self.qmax), out=np.ones_like(m), where=m != 0)
+        return scale

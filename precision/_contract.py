@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeAlias
 
 import dtypes
 
-from ._context import FormatLike, resolve_format
+from ._context import FormatLike
 from ._errors import FormatError, PrecisionError
 
 __all__ = ["SCALINGS", "Contract", "ContractLike", "ContractTypeError", "Scaling", "as_contract"]
@@ -39,7 +39,7 @@ class ContractTypeError(PrecisionError, TypeError):
 
 def _operand_format(value: Any, what: str) -> dtypes.Format:
     """A format that an operand of a contraction can be quantized to, or raise."""
-    fmt = resolve_format(value)
+    fmt = dtypes.get(value)
     if getattr(fmt, "scaling", None) is not None:  # a named composition (mxfp4, nvfp4, …)
         raise FormatError(
             f"Contract {what}={fmt.name!r} carries its own scaling; give the element format and "

@@ -12,9 +12,10 @@ import sys
 import types
 from typing import Any
 
-import jax
 from jax.extend import core as jex
 from jax.extend.core import primitives as prims
+
+from dtypes import is_tracer  # (the one test of a tracer, both packages')
 
 __all__ = [
     "CALLS",
@@ -63,11 +64,6 @@ def scan_counts(params: dict[str, Any]) -> tuple[int, int]:
 def while_counts(params: dict[str, Any]) -> tuple[int, int]:
     """(constants of the condition, constants of the body) of a `while` equation."""
     return int(params["cond_nconsts"]), int(params["body_nconsts"])
-
-
-def is_tracer(x: Any) -> bool:
-    """Whether `x` is an abstract value of some JAX transformation."""
-    return isinstance(x, jax.core.Tracer)
 
 
 def is_differentiated(x: Any) -> bool:

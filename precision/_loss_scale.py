@@ -33,6 +33,7 @@ import numpy as np
 
 from ._errors import LossScaleError, LossScaleTypeError
 from ._narrowing import X64_FIX, narrowing
+from ._tree import is_tensor
 
 _F32_MAX = float(np.finfo(np.float32).max)
 
@@ -43,12 +44,6 @@ __all__ = [
     "all_finite",
     "select_tree",
 ]
-
-
-def _is_reduced_tensor(x: Any) -> bool:
-    from ._tree import is_tensor
-
-    return is_tensor(x)
 
 
 def _multiply(tree: Any, factor: jax.Array, what: str) -> Any:
@@ -62,7 +57,7 @@ def _multiply(tree: Any, factor: jax.Array, what: str) -> Any:
     """
 
     def one(path: Any, x: Any) -> Any:
-        if _is_reduced_tensor(x):
+        if is_tensor(x):
             raise LossScaleTypeError(
                 f"cannot {what} a precision.Tensor leaf: loss scaling works on plain arrays "
                 "(the loss and the gradients); call jnp.asarray(t) or t.to_full_precision() first"
@@ -74,7 +69,7 @@ def _multiply(tree: Any, factor: jax.Array, what: str) -> Any:
             return x
         return arr * factor.astype(arr.dtype)
 
-    return jax.tree_util.tree_map_with_path(one, tree, is_leaf=_is_reduced_tensor)
+    return jax.tree_util.tree_map_with_path(one, tree, is_leaf=is_tensor)
 
 
 def _numeric_leaf(path: Any, x: Any, what: str) -> Any:
@@ -472,9 +467,9 @@ def all_finite(tree: Any) -> jax.Array:
         False
     """
     flags = []
-    leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=_is_reduced_tensor)
+    leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=is_tensor)
     for path, leaf in leaves:
-        if _is_reduced_tensor(leaf):
+        if is_tensor(leaf):
             from ._tensor import logical_values
 
             leaf = logical_values(leaf)

@@ -64,6 +64,7 @@ DTYPES_ALL = [
     "int2",
     "int4",
     "int8",
+    "is_tracer",
     "tf32",
 ]
 

@@ -2,9 +2,10 @@
 
 `--to` names a format, `--scaling` a scaling in the command line's spelling
 (`per-block:32:pow2:e8m0`), `--preset` both at once; each is checked against
-the format itself before anything is read, and what the formats say when they
-refuse is repeated in the same spelling (`_in_cli_words`), so a hint can be
-typed back as it is printed.
+the format itself before anything is read. A refusal is said with the rule the
+error carries (`PrecisionError.rule`) and a fix in the same spelling, found by
+asking the format which nearby `--scaling` it takes, so a hint can be typed
+back as it is printed.
 """
 
 from __future__ import annotations
@@ -48,14 +49,12 @@ def resolve_preset(
 def _format(text: str) -> dtypes.Format:
     try:
         fmt = dtypes.get(text)
-    except (ValueError, TypeError) as exc:
-        # the Python way to build a format, as the command line says it
-        said = str(exc).replace(
-            "or build one with dtypes.FloatFormat(exponent_bits, mantissa_bits)",
-            "or name any float layout as floatBITS_eEmM (e.g. float6_e3m2fn; see "
-            "'precision formats')",
-        )
-        raise _UsageError(f"--to: {said}") from None
+    except dtypes.FormatError as exc:
+        # the rule, and the command line's way to name a format no list holds
+        raise _UsageError(
+            f"--to: {exc.rule or exc}, or name any float layout as floatBITS_eEmM (e.g. "
+            "float6_e3m2fn; see 'precision formats')"
+        ) from None
     if fmt.bits > 32:
         raise _UsageError(
             f"--to {text}: {fmt.name} is wider than the float32 values a checkpoint holds, so "
@@ -122,7 +121,7 @@ def _scale_format(word: str, text: str) -> str:
     """The scale format `word` names (a name or alias of one of dtypes.SCALE_FORMATS)."""
     try:
         name: str | None = dtypes.get(word).name
-    except (ValueError, TypeError):
+    except dtypes.FormatError:
         name = None
     if name not in dtypes.SCALE_FORMATS:
         what = "is not a format" if name is None else f"names {name}, which is not a scale format"
@@ -170,7 +169,7 @@ def _scaling(text: str | None, fmt: dtypes.Format) -> dtypes.Scaling | None:
     except (ValueError, TypeError) as exc:
         where = f"--scaling {text} with --to {fmt.name}"
         fix = _working_scaling(fmt, spec, scale_format)
-        raise _UsageError(f"{where}: {_in_cli_words(exc, bool(fix))}{fix}") from None
+        raise _UsageError(f"{where}: {_reason(exc, bool(fix))}{fix}") from None
 
 
 def _probe(scaling: dtypes.Scaling) -> np.ndarray:
@@ -240,7 +239,7 @@ def _check_pair(
         fix = ""
         if spelled is not None:  # typed, or spelled by cli_text: the --scaling grammar
             fix = _working_scaling(fmt, _ScalingText.parse(spelled), scaling.scale_format)
-        raise _UsageError(f"--to {fmt.name} with {where}: {_in_cli_words(refused, bool(fix))}{fix}")
+        raise _UsageError(f"--to {fmt.name} with {where}: {_reason(refused, bool(fix))}{fix}")
     if fmt.kind not in ("float", "int"):
         # Code books, asymmetric integers and E8M0 round in fewer modes: ask the
         # format with one value, so a refused mode is a usage error up front.
@@ -251,7 +250,7 @@ def _check_pair(
             fmt.encode(_probe(scaling), scaling=scaling, rounding=rounding, key=key)
         except (ValueError, TypeError) as exc:
             raise _UsageError(
-                f"--to {fmt.name} with --rounding {rounding}: {_in_cli_words(exc, False)}"
+                f"--to {fmt.name} with --rounding {rounding}: {_reason(exc, False)}"
             ) from None
 
 
@@ -279,6 +278,19 @@ def cli_text(scaling: dtypes.Scaling | None) -> str | None:
     if scaling.scale_format != "float32":
         fields.append(_SCALE_SHORT[scaling.scale_format])
     return ":".join(fields)
+
+
+def _reason(exc: BaseException, fixed: bool) -> str:
+    """Why a format refused, as the command line says it: the rule the error carries
+    (`PrecisionError.rule`), which spells no Python, or else its message in the
+    command line's words (`_in_cli_words`; `fixed`: the caller prints a fix of its own).
+
+    The errors the codecs raise (`dtypes/_codec.py`'s absmax-only scalings and
+    rounding modes, `_float_codec.py`'s scaled wide floats) carry no rule yet; they
+    are the ones still translated.
+    """
+    rule = getattr(exc, "rule", "")
+    return rule if rule else _in_cli_words(exc, fixed)
 
 
 # a scaling written as Python in a message: PerBlock(32, power_of_two=True, ...)

@@ -424,7 +424,7 @@ def _brief_scaling(scaling: Any) -> str:
     names = {"float8_e8m0fnu": "E8M0", "float8_e4m3fn": "e4m3", "float32": "float32"}
     scale_format = scaling.scale_format
     text += f", {names.get(scale_format, scale_format)} scales"
-    if scale_format == "float8_e4m3fn":
+    if scaling.two_level:
         text += " x float32 tensor scale"
     return text
 

@@ -45,10 +45,6 @@ def _broadcast(a: np.ndarray, b: np.ndarray, a_name: str, b_name: str) -> list[n
         ) from None
 
 
-def _format(fmt: Any) -> Format:
-    return dtypes.get(fmt)
-
-
 def _default_scale(fmt: IntFormat, b: np.ndarray) -> np.float64:
     """The per-tensor scale `fmt` would give `b`: absmax / qmax (int1: mean |b|)."""
     finite = np.abs(b[np.isfinite(b)].astype(np.float64))
@@ -126,7 +122,7 @@ def ulp_distance(a: Any, b: Any, fmt: Format | str, *, scale: Any = None) -> np.
         >>> ulp_distance(1.0, 2.0, "float8_e4m3fn")
         array(8.)
     """
-    fmt = _format(fmt)
+    fmt = dtypes.get(fmt)
     a_arr = _as_float_array(a, "a").astype(np.float64)
     b_arr = _as_float_array(b, "b").astype(np.float64)
     a_arr, b_arr = _broadcast(a_arr, b_arr, "a", "b")
@@ -237,7 +233,7 @@ def assert_ulp_close(
           actual   = 1.0 (float64 bits 0x3FF0000000000000, bfloat16 bits 0x3F80)
           expected = 1.015625 (float64 bits 0x3FF0400000000000, bfloat16 bits 0x3F82)
     """
-    fmt = _format(fmt)
+    fmt = dtypes.get(fmt)
     if not isinstance(err_msg, str):
         raise PrecisionTypeError(
             f"assert_ulp_close: err_msg must be a str, got {type(err_msg).__name__} "
@@ -301,7 +297,7 @@ def assert_representable(
           at (1,): 1.100000023841858 (float32 bits 0x3F8CCCCD) rounds to 1.1015625 (0x3F8D0000)
           round them onto the grid first: dtypes.get('bfloat16').round(x)
     """
-    fmt = _format(fmt)
+    fmt = dtypes.get(fmt)
     if isinstance(limit, bool | np.bool_) or not isinstance(limit, int | np.integer):
         raise PrecisionTypeError(
             f"assert_representable: limit must be an int, got {type(limit).__name__} "
