@@ -24,6 +24,7 @@ __all__ = [
     "as_dtype",
     "check_format_fields",
     "check_scaling_field",
+    "is_numeric",
     "refuse_non_finite",
     "refuse_scale_format_arguments",
     "refuse_scaling",
@@ -50,14 +51,18 @@ def as_dtype(dtype: Any, what: str) -> np.dtype[Any]:
         dt = np.dtype(dtype)
     except (TypeError, ValueError):
         dt = None
-    numeric = dt is not None and (dt.kind in "iuf" or dt.name in _ML_FLOATS)
-    if dt is None or not numeric or isinstance(dtype, bool):
+    if dt is None or not is_numeric(dt) or isinstance(dtype, bool):
         raise PrecisionTypeError(
             f"{what} takes a numeric dtype such as np.float32 or ml_dtypes.bfloat16, got "
             f"{type(dtype).__name__} {dtype!r}"
         )
     assert dt is not None
     return dt
+
+
+def is_numeric(dt: np.dtype[Any]) -> bool:
+    """Whether `dt` holds numbers: numpy's integers and floats, or an ml_dtypes float."""
+    return dt.kind in "iuf" or dt.name in _ML_FLOATS
 
 
 _ML_FLOATS = frozenset(

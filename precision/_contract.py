@@ -22,19 +22,15 @@ from typing import Any, Literal, TypeAlias
 import dtypes
 
 from ._context import FormatLike
-from ._errors import FormatError, PrecisionError
+from ._errors import FormatError, PrecisionTypeError
 
-__all__ = ["SCALINGS", "Contract", "ContractLike", "ContractTypeError", "Scaling", "as_contract"]
+__all__ = ["SCALINGS", "Contract", "ContractLike", "Scaling", "as_contract"]
 
 Scaling = Literal["tensorwise", "rowwise", "mx"]
 SCALINGS: tuple[str, ...] = ("tensorwise", "rowwise", "mx")
 """How a `Contract` chooses scales: one per tensor, one per row (the
 operand's non-contracting index: a token, an output channel), or OCP MX
 blocks of 32 along the contracted axis with power-of-two E8M0 scales."""
-
-
-class ContractTypeError(PrecisionError, TypeError):
-    """A `contract=` declaration of the wrong type."""
 
 
 def _operand_format(value: Any, what: str) -> dtypes.Format:
@@ -113,7 +109,7 @@ class Contract:
 
     def __post_init__(self) -> None:
         if not isinstance(self.fast_accumulation, bool):
-            raise ContractTypeError(
+            raise PrecisionTypeError(
                 f"Contract fast_accumulation must be True or False, got "
                 f"{type(self.fast_accumulation).__name__} {self.fast_accumulation!r}"
             )
@@ -157,14 +153,14 @@ def as_contract(value: Any) -> Contract | None:
     """A `Contract` from `contract=`: None, a format name or object, or a `Contract`.
 
     Raises:
-        ContractTypeError: any other type (a `TypeError`).
+        PrecisionTypeError: any other type (a `TypeError`).
         FormatError: an unknown or unsuitable format name.
     """
     if value is None or isinstance(value, Contract):
         return value
     if isinstance(value, str | dtypes.Format):
         return Contract(value)
-    raise ContractTypeError(
+    raise PrecisionTypeError(
         f"apply: `contract` must be a format name such as 'int8' or 'float8_e4m3fn', or a "
         f"precision.Contract, got {type(value).__name__} {value!r}; pass e.g. "
         'precision.apply(f, contract=precision.Contract("float8_e4m3fn", backward="float8_e5m2"))'

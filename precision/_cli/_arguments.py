@@ -18,7 +18,7 @@ import numpy as np
 
 import dtypes
 
-from ._output import _UsageError
+from .._errors import UsageError
 from ._presets import PRESETS
 
 
@@ -28,7 +28,7 @@ def resolve_preset(
     """(`--to`, `--scaling`) once `--preset` is applied; a usage error when both are given."""
     if preset is None:
         if to is None:
-            raise _UsageError(
+            raise UsageError(
                 "the following arguments are required: --to (or --preset: "
                 + ", ".join(PRESETS)
                 + ")"
@@ -37,7 +37,7 @@ def resolve_preset(
     chosen = PRESETS[preset]
     for flag, given in (("--to", to), ("--scaling", scaling)):
         if given is not None:
-            raise _UsageError(
+            raise UsageError(
                 f"--preset {preset} already sets --to {chosen.to}"
                 + ("" if chosen.scaling is None else f" --scaling {chosen.scaling}")
                 + "; "
@@ -51,12 +51,12 @@ def _format(text: str) -> dtypes.Format:
         fmt = dtypes.get(text)
     except dtypes.FormatError as exc:
         # the rule, and the command line's way to name a format no list holds
-        raise _UsageError(
+        raise UsageError(
             f"--to: {exc.rule or exc}, or name any float layout as floatBITS_eEmM (e.g. "
             "float6_e3m2fn; see 'precision formats')"
         ) from None
     if fmt.bits > 32:
-        raise _UsageError(
+        raise UsageError(
             f"--to {text}: {fmt.name} is wider than the float32 values a checkpoint holds, so "
             "converting to it gains nothing; choose float32 or a narrower format (see "
             "'precision formats')"
@@ -126,7 +126,7 @@ def _scale_format(word: str, text: str) -> str:
     if name not in dtypes.SCALE_FORMATS:
         what = "is not a format" if name is None else f"names {name}, which is not a scale format"
         choices = ", ".join(f"{full} ({short})" for full, short in _SCALE_SHORT.items())
-        raise _UsageError(
+        raise UsageError(
             f"--scaling {text}: {word!r} {what}; end --scaling with a scale format: {choices}"
         )
     return name
@@ -156,7 +156,7 @@ def _scaling(text: str | None, fmt: dtypes.Format) -> dtypes.Scaling | None:
         return default
     spec = _ScalingText.parse(text)
     if spec.kind == "per-axis" and not -_MAX_DIMS <= (spec.number or 0) < _MAX_DIMS:
-        raise _UsageError(
+        raise UsageError(
             f"--scaling {text}: axis {spec.number} is past every tensor's axes (an array has "
             f"at most {_MAX_DIMS}); give an axis of the tensors, e.g. per-axis:0 or per-axis:-1"
         )
@@ -169,7 +169,7 @@ def _scaling(text: str | None, fmt: dtypes.Format) -> dtypes.Scaling | None:
     except (ValueError, TypeError) as exc:
         where = f"--scaling {text} with --to {fmt.name}"
         fix = _working_scaling(fmt, spec, scale_format)
-        raise _UsageError(f"{where}: {_reason(exc, bool(fix))}{fix}") from None
+        raise UsageError(f"{where}: {_reason(exc, bool(fix))}{fix}") from None
 
 
 def _probe(scaling: dtypes.Scaling) -> np.ndarray:
@@ -226,7 +226,7 @@ def _check_pair(
 ) -> None:
     """Usage error unless `fmt` takes `scaling` and `rounding` (asked of the format itself)."""
     if fmt.kind in ("int", "uint", "codebook") and scaling is None:
-        raise _UsageError(
+        raise UsageError(
             f"--to {fmt.name} --scaling none: {fmt.name} always needs a scaling; use --scaling "
             "per-tensor, per-axis:AXIS or per-block:SIZE"
         )
@@ -239,7 +239,7 @@ def _check_pair(
         fix = ""
         if spelled is not None:  # typed, or spelled by cli_text: the --scaling grammar
             fix = _working_scaling(fmt, _ScalingText.parse(spelled), scaling.scale_format)
-        raise _UsageError(f"--to {fmt.name} with {where}: {_reason(refused, bool(fix))}{fix}")
+        raise UsageError(f"--to {fmt.name} with {where}: {_reason(refused, bool(fix))}{fix}")
     if fmt.kind not in ("float", "int"):
         # Code books, asymmetric integers and E8M0 round in fewer modes: ask the
         # format with one value, so a refused mode is a usage error up front.
@@ -249,7 +249,7 @@ def _check_pair(
         try:
             fmt.encode(_probe(scaling), scaling=scaling, rounding=rounding, key=key)
         except (ValueError, TypeError) as exc:
-            raise _UsageError(
+            raise UsageError(
                 f"--to {fmt.name} with --rounding {rounding}: {_reason(exc, False)}"
             ) from None
 

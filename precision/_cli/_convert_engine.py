@@ -41,7 +41,6 @@ from ._convert_stats import (
     _Stats,
 )
 from ._interrupts import check_interrupt, import_jax
-from ._output import _DataError
 
 if TYPE_CHECKING:
     import jax
@@ -242,16 +241,16 @@ class _Converter:
         self.sqnr: dict[str, float] = {}
         self._key = None
 
-    def _not_finite(self, plan: _Plan) -> _DataError:
+    def _not_finite(self, plan: _Plan) -> dtypes.NonFiniteError:
         fmt = plan.out.format
         assert fmt is not None
         if plan.out.scaling is None:
-            return _DataError(
+            return dtypes.NonFiniteError(
                 f"tensor {plan.leaf.name!r} holds NaN or inf, which {fmt.name} (neither inf nor "
                 "NaN) cannot hold: it would become ±max or 0 silently; keep it (--exclude) or "
                 "choose a format with inf and NaN"
             )
-        return _DataError(
+        return dtypes.NonFiniteError(
             f"tensor {plan.leaf.name!r} holds NaN or inf, which a scaled {fmt.name} encoding "
             "cannot hold; keep it (--exclude) or choose an unscaled float format"
         )
@@ -484,7 +483,7 @@ class _Converter:
             try:
                 out.format.check(x)
             except dtypes.PrecisionError as err:
-                raise _DataError(f"tensor {plan.leaf.name!r}: {err}") from None
+                raise type(err)(f"tensor {plan.leaf.name!r}: {err}", rule=err.rule) from None
         key = None
         if self.rounding == "stochastic":
             key = jax.random.fold_in(jax.random.key(self.seed), i)

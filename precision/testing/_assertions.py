@@ -13,7 +13,7 @@ import numpy as np
 import dtypes
 from dtypes import FloatFormat, Format, IntFormat, PrecisionTypeError
 
-from .._errors import KitError, ToleranceError
+from .._errors import KitError
 from ._grid import max_code, ordinals
 
 __all__ = ["assert_representable", "assert_ulp_close", "ulp_distance"]
@@ -59,11 +59,9 @@ def _check_scale(scale: Any) -> None:
     try:
         s = np.asarray(scale, np.float64)
     except (TypeError, ValueError):
-        raise ToleranceError(
-            f"scale must be a positive number or array of them, got {scale!r}"
-        ) from None
+        raise KitError(f"scale must be a positive number or array of them, got {scale!r}") from None
     if not np.all(np.isfinite(s)) or not np.all(s > 0):
-        raise ToleranceError(
+        raise KitError(
             f"scale must be finite and positive (one step of the integer grid), got {scale!r}; "
             "pass the scales the encoding used, e.g. enc.scale"
         )
@@ -72,12 +70,12 @@ def _check_scale(scale: Any) -> None:
 def _check_tolerance(max_ulps: Any) -> None:
     """`max_ulps` is a non-negative real number (NaN would pass every comparison)."""
     if isinstance(max_ulps, bool) or not isinstance(max_ulps, int | float | np.number):
-        raise ToleranceError(
+        raise KitError(
             f"max_ulps must be a number of steps, got {type(max_ulps).__name__} {max_ulps!r:.60}; "
             "pass e.g. max_ulps=1"
         )
     if not 0 <= max_ulps < np.inf:  # also NaN
-        raise ToleranceError(
+        raise KitError(
             f"max_ulps must be a finite non-negative number of steps (NaN or inf would pass "
             f"anything, even NaN against a number), got {max_ulps!r}; pass e.g. max_ulps=1"
         )

@@ -10,6 +10,7 @@ leaves to the compiled encode.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import assume, given
@@ -100,6 +101,21 @@ def test_codes_go_into_the_buffer_given():
     x = values(0, 0, "random", 64)
     out = np.empty_like(x)
     assert int8.host_codes(x, np.float32(np.max(np.abs(x))), out) is out
+
+
+def test_any_numbers_are_taken_and_anything_else_is_refused_by_name():
+    # The absmax of a bfloat16 or float16 tensor is an ml_dtypes or numpy scalar of
+    # that dtype: taken as the float32 it widens to exactly.
+    half = np.float32([0.5, -1.0, 0.25]).astype(ml_dtypes.bfloat16)
+    absmax = np.max(np.abs(half))
+    assert int8.host_absmax(absmax)
+    assert int8.host_absmax(np.float16(1))
+    assert int8.host_absmax(1)
+    want = int8.host_codes(np.float32([0.5, -1.0, 0.25]), np.float32(1.0))
+    assert int8.host_codes(half, absmax).tobytes() == want.tobytes()
+    for bad in ("1.0", [1.0], True, np.array(["1"]), None):
+        with pytest.raises(dtypes.PrecisionTypeError, match=r"int8\.host_absmax takes `absmax`"):
+            int8.host_absmax(bad)
 
 
 BELOW = np.nextafter(np.float32(LOW), np.float32(0))
