@@ -182,7 +182,7 @@ def run_one(model_name: str, row: str, quick: bool, mode: str) -> dict[str, Any]
         )
 
     def loss_of(out):
-        return jnp.mean(jnp.asarray(out, jnp.float32) ** 2)
+        return jnp.mean(precision.to_full_precision(out).astype(jnp.float32) ** 2)
 
     def build(row: str, fmt: str | None, compute: str | None):
         """(forward, its arguments, the timed function, its arguments) of one row."""
@@ -224,7 +224,7 @@ def run_one(model_name: str, row: str, quick: bool, mode: str) -> dict[str, Any]
     temp = compiled.memory_analysis().temp_size_in_bytes
     jax.block_until_ready(fn(*fn_args))
     stored = precision.tree_nbytes(args[0])
-    out = np.asarray(jnp.asarray(forward(*args), jnp.float32))
+    out = np.asarray(precision.to_full_precision(forward(*args)), np.float32)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # before the baseline exists
     # The baseline runs in this process too, its calls alternating with the row's, so
     # that a machine whose load changes moves both alike and the ratio stays honest.

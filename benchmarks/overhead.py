@@ -99,7 +99,7 @@ def _nll(logits, labels):
 def loss_apply(params, x, labels):
     p = jax.tree.map(lambda a: Tensor(a).to_reduced_precision("bfloat16"), params)
     logits = precision.apply(_mlp)(p, Tensor(x).to_reduced_precision("bfloat16"))
-    return _nll(jnp.asarray(logits), labels)
+    return _nll(precision.to_full_precision(logits), labels)
 
 
 def _log_softmax_rounded(z):

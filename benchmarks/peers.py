@@ -75,7 +75,7 @@ def _temp_bytes(fn: Callable, *args) -> int:
 
 def _loss(forward: Callable, labels: jax.Array) -> Callable:
     def loss(params, x):
-        logits = jnp.asarray(forward(params, x)).astype(jnp.float32)
+        logits = precision.to_full_precision(forward(params, x)).astype(jnp.float32)
         logp = jax.nn.log_softmax(logits)
         return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
 
@@ -97,7 +97,7 @@ class Row(dict):
 def _row(name, forward, params, x, ref, step=None, step_params=None) -> Row:
     """A row's accuracy and bytes now; its timed calls are kept for `_measure`."""
     fwd = jax.jit(forward)
-    y = np.asarray(jnp.asarray(fwd(params, x)), np.float64)
+    y = np.asarray(precision.to_full_precision(fwd(params, x)), np.float64)
     err = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
     row = Row(name=name, err=err, bytes=precision.tree_nbytes(params), step_ms=None)
     row["calls"] = {"fwd_ms": (fwd, (params, x))}

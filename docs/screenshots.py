@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = {"formats": "formats/index.html", "api": "api/index.html"}
@@ -73,6 +74,29 @@ def browser_path(given: str | None) -> str | None:
     return None
 
 
+# Headless, without a sandbox (root in a container), a GPU or any network of its own: no
+# QUIC, first-run page, component updates or sync. playwright adds a fresh profile folder.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def _local_only(route: Any) -> None:
+    """Load the site's own files; refuse anything else (the theme's web fonts), so the
+    page is laid out in the same local fonts wherever it runs, network or not."""
+    if route.request.url.startswith("file:"):
+        route.continue_()
+    else:
+        route.abort()
+
+
 def shoot(site: Path, out: Path, width: int, browser: str | None) -> list[str]:
     """Save the PNGs; return the overflow problems, each prefixed with its page."""
     from playwright.sync_api import sync_playwright
@@ -80,8 +104,9 @@ def shoot(site: Path, out: Path, width: int, browser: str | None) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     problems = []
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=browser, args=["--no-sandbox"])
+        chromium = p.chromium.launch(executable_path=browser, args=CHROMIUM_ARGS)
         page = chromium.new_page(viewport={"width": width, "height": 900})
+        page.route("**/*", _local_only)
         for name, path in PAGES.items():
             page.goto((site / path).as_uri())
             page.wait_for_load_state("load")

@@ -26,7 +26,7 @@ from ._encoder_inputs import (
     special_values_now,
 )
 from ._errors import FormatError, NonFiniteError, ScalingError
-from ._ieee import from_float32, is_nan, select, times_scale, to_float32
+from ._ieee import from_float32, times_scale
 from ._rounding import Grid, round_float
 from ._scale_rules import scales, times_reciprocal
 from ._scaling import Scaling
@@ -69,19 +69,45 @@ def round_values(
         return lax.reduce_precision(x, exponent_bits=8, mantissa_bits=fmt.mantissa_bits)
     if (
         rounding == "nearest_even"
-        and fmt.native_dtype == np.dtype(np.float16)
+        and grid.has_inf
         and not grid.saturate
+        and fmt.exponent_bits < 8
         and np.dtype(x.dtype) == np.float32
     ):
-        # float16: the convert into the container rounds exactly as the bit rounding
-        # does (the encode's own path, checked against ml_dtypes), and the values come
-        # back from the codes' bits (a convert round trip may be deleted). NaN is
-        # float32's quiet NaN with its sign, as the bit rounding writes it.
-        y = to_float32(from_float32(x, np.float16))
-        sign = lax.bitcast_convert_type(x, jnp.uint32) & jnp.uint32(0x80000000)
-        nan = lax.bitcast_convert_type(sign | jnp.uint32(0x7FC00000), jnp.float32)
-        return select(is_nan(x), nan, y)
+        return _round_ieee_nearest(grid, x)
     return _round_float_ste(grid, rounding, x, key)
+
+
+def _round_ieee_nearest(grid: Grid, x: jax.Array) -> jax.Array:
+    """Nearest-even rounding of float32 onto an IEEE-style grid narrower than float32's
+    exponent range (float16, float8_e5m2), the same bits as the bit rounding.
+
+    `reduce_precision` rounds the target's normal range in one fused op (overflow to
+    inf included) but flushes its subnormals; below the target's smallest normal the
+    grid is the multiples of its smallest subnormal `s`, where `round(|x| / s) * s` is
+    exact in float32 (both products are by powers of two, between normal floats; a
+    float32 subnormal reads as zero either way). The sign is put back on the bits and
+    NaN written as the bit rounding writes it (float32's quiet NaN, sign kept), so
+    flags that ignore signed zeros or assume no NaN change nothing.
+    """
+    u = lax.bitcast_convert_type(x, jnp.uint32)
+    sign = u & jnp.uint32(0x80000000)
+    mag = u & jnp.uint32(0x7FFFFFFF)
+    tiny = 2.0**grid.emin  # the smallest normal
+    step = np.float32(tiny * 2.0**-grid.mantissa_bits)  # the smallest subnormal
+    small = mag < jnp.uint32(np.float32(tiny).view(np.uint32))
+    a = lax.bitcast_convert_type(mag, jnp.float32)
+    sub = jnp.round(a * np.float32(1 / step)) * step
+    exponent_bits = (1 - grid.emin).bit_length() + 1  # emin = 2 - 2**(exponent_bits - 1)
+    normal = lax.reduce_precision(x, exponent_bits=exponent_bits, mantissa_bits=grid.mantissa_bits)
+    bits = jnp.where(small, lax.bitcast_convert_type(sub, jnp.uint32) | sign, _bits_of(normal))
+    bits = jnp.where(mag > jnp.uint32(0x7F800000), sign | jnp.uint32(0x7FC00000), bits)
+    out: jax.Array = lax.bitcast_convert_type(bits, jnp.float32)
+    return out
+
+
+def _bits_of(x: jax.Array) -> jax.Array:
+    return lax.bitcast_convert_type(x, jnp.uint32)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))

@@ -79,9 +79,11 @@ class PrecisionFallbackError(PrecisionError, RuntimeError):
 
 class PrecisionFallbackWarning(UserWarning):
     """A declared quantized contraction that cannot take its narrow path and runs in
-    float32 instead (MX blocks, formats without a container XLA contracts). Warned
-    once per call site, naming the op, the file and line, and the reason; filter it
-    by this class, or make it an error with `apply(..., strict=True)`."""
+    float32 instead (MX blocks, formats without a container XLA contracts), or a JAX
+    primitive missing from precision's table of primitives, computed by the default
+    rule. Warned once per call site (or primitive), naming the op, the file and line,
+    and the reason; filter it by this class, or make a contraction's fallback an
+    error with `apply(..., strict=True)`."""
 
 
 # -- files

@@ -343,6 +343,8 @@ def _claimed(notes: list[Note], found: list[Dot]) -> list[list[Dot]]:
 
 
 def _row(n: Note, compiled: list[Dot], rate: Rates | None) -> Row:
+    # a contraction traced once in a loop body runs once per iteration of the loop
+    runs = max((d.times for d in compiled), default=1)
     return Row(
         n.where,
         n.op,
@@ -353,7 +355,7 @@ def _row(n: Note, compiled: list[Dot], rate: Rates | None) -> Row:
         n.path,
         tuple(d.text for d in compiled),
         n.fallback,
-        n.flops,
+        n.flops * runs,
         sum(d.bytes for d in compiled),
         None if rate is None or not compiled else sum(rate.dot_seconds(d) for d in compiled),
     )

@@ -52,6 +52,9 @@ class Dot:
         batch: how many such products (a dot's batch dimensions).
         convolution: whether XLA runs it as a convolution.
         out_elements: how many values the result holds.
+        times: how many times one call of the program runs it (a dot in the body of
+            a loop of known trip count runs once per iteration); `flops` and `bytes`
+            count every run.
 
     """
 
@@ -66,6 +69,7 @@ class Dot:
     batch: int = 1
     convolution: bool = False
     out_elements: int = 0
+    times: int = 1
 
 
 _HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
@@ -82,9 +86,13 @@ def dots(hlo: str, scope_prefix: str | None = None) -> list[Dot]:
     """
     out: list[Dot] = []
     types: dict[str, str] = {}
+    times = _runs_per_call(hlo)
+    here = 1
     for line in hlo.splitlines():
-        if _HEADER.match(line) and not line.startswith(" "):
+        header = _HEADER.match(line)
+        if header and not line.startswith(" "):
             types = {}  # a new computation: its own instruction names
+            here = times.get(header[1], 1)
             continue
         m = _INSTRUCTION.match(line)
         if m is None:
@@ -102,8 +110,53 @@ def dots(hlo: str, scope_prefix: str | None = None) -> list[Dot]:
         if scope_prefix is not None:
             found = re.search(rf"{scope_prefix}(\d+)", rest)
             scope = int(found[1]) if found else None
-        out.append(_dot(scope, operands, kind, opcode, rest))
+        dot = _dot(scope, operands, kind, opcode, rest)
+        if here != 1:
+            dot = dataclasses.replace(
+                dot, flops=dot.flops * here, bytes=dot.bytes * here, times=here
+            )
+        out.append(dot)
     return out
+
+
+_CALLEE = re.compile(
+    r"\b(body|condition|calls|to_apply|branch_computations)=\{?([^,}\s]+(?:, ?%[\w.\-]+)*)"
+)
+_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def _runs_per_call(hlo: str) -> dict[str, int]:
+    """How many times one call of the program runs each computation: a loop body of
+    known trip count `n` runs `n` times per run of its caller (`scan` compiles to
+    such a loop), everything else once per run of its caller."""
+    calls: dict[str, list[tuple[str, int]]] = {}
+    entry, current = None, None
+    for line in hlo.splitlines():
+        header = _HEADER.match(line)
+        if header and not line.startswith(" "):
+            current = header[1]
+            if line.startswith("ENTRY"):
+                entry = current
+            continue
+        if current is None or "=" not in line:
+            continue
+        trips = _TRIPS.search(line)
+        for key, names in _CALLEE.findall(line):
+            n = int(trips[1]) if key == "body" and trips else 1
+            for name in re.findall(r"%?([\w.\-]+)", names):
+                calls.setdefault(current, []).append((name, n))
+    runs: dict[str, int] = {}
+
+    def visit(name: str, count: int, depth: int) -> None:
+        if depth > 64:
+            return  # (a malformed text: no computation nests this deep)
+        runs[name] = runs.get(name, 0) + count
+        for callee, n in calls.get(name, []):
+            visit(callee, count * n, depth + 1)
+
+    if entry is not None:
+        visit(entry, 1, 0)
+    return runs
 
 
 #: Instructions of the entry computation that launch no work of their own.

@@ -1,9 +1,10 @@
 """Everything that depends on how this JAX version spells jaxprs and primitives.
 
-Written against jax 0.10.2. Only `jax.extend.core` (the public extension API)
-is imported; what may move between releases is the set of equation parameters
-read here (`jaxpr`, `call_jaxpr`, `branches`, scan's and while's counts) and
-the primitive names. When upgrading JAX, this is the one module to re-check.
+Written against jax 0.10.2 and run on the releases in `JAX_VERSIONS_TESTED`. Only
+`jax.extend.core` (the public extension API) is imported; what may move between
+releases is the set of equation parameters read here (`jaxpr`, `call_jaxpr`,
+`branches`, scan's and while's counts) and the primitive names. When upgrading JAX,
+this is the one module to re-check.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 import types
 from typing import Any
 
+import jax
 from jax.extend import core as jex
 from jax.extend.core import primitives as prims
 
@@ -22,9 +24,10 @@ __all__ = [
     "COND",
     "CUSTOM_JVP",
     "CUSTOM_VJP",
-    "JAX_VERSION_TESTED",
+    "JAX_VERSIONS_TESTED",
     "REMAT",
     "SCAN",
+    "SHARD_MAP",
     "WHILE",
     "ClosedJaxpr",
     "Jaxpr",
@@ -38,10 +41,15 @@ __all__ = [
     "primitive_names",
     "prims",
     "scan_counts",
+    "shard_mapped",
     "while_counts",
 ]
 
-JAX_VERSION_TESTED = "0.10.2"
+# The JAX releases the test suite passed on: what pip installs on Python 3.11, the
+# oldest Python supported, and on Python 3.13, the newest CI has (docs/design.md §8).
+# .ci/run runs the suite on both and fails when the JAX it ran is not listed here, so
+# this record cannot go stale unnoticed.
+JAX_VERSIONS_TESTED = ("0.10.2", "0.12.0.1")
 
 ClosedJaxpr = jex.ClosedJaxpr
 Jaxpr = jex.Jaxpr
@@ -142,3 +150,19 @@ CUSTOM_VJP = prims.custom_vjp_call_p
 COND = prims.cond_p
 SCAN = prims.scan_p
 WHILE = prims.while_p
+#: `shard_map`'s primitive is not in `jax.extend` (jax 0.10 to 0.12): known by name.
+SHARD_MAP = "shard_map"
+
+
+def shard_mapped(params: dict[str, Any], fn: Any) -> Any:
+    """`fn` mapped over shards as a `shard_map` equation with `params` maps its body:
+    the same mesh, specs, manual axes and check (jax 0.10 to 0.12 name them
+    `mesh`, `in_specs`, `out_specs`, `newly_manual_axes`, `check_vma`)."""
+    return jax.shard_map(
+        fn,
+        mesh=params["mesh"],
+        in_specs=params["in_specs"],
+        out_specs=params["out_specs"],
+        axis_names=params.get("newly_manual_axes", frozenset()),
+        check_vma=params.get("check_vma", True),
+    )

@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dtypes import is_tracer
+
 from ._errors import LossScaleError, LossScaleTypeError
 from ._narrowing import X64_FIX, narrowing
 from ._tree import is_tensor
@@ -60,7 +62,8 @@ def _multiply(tree: Any, factor: jax.Array, what: str) -> Any:
         if is_tensor(x):
             raise LossScaleTypeError(
                 f"cannot {what} a precision.Tensor leaf: loss scaling works on plain arrays "
-                "(the loss and the gradients); call jnp.asarray(t) or t.to_full_precision() first"
+                "(the loss and the gradients); make the Tensors plain arrays first with "
+                "precision.to_full_precision(tree)"
             )
         if _concrete_inexact(x):
             _refuse_narrowing(path, x, what)
@@ -337,7 +340,7 @@ class DynamicLossScale:
 
 def _static_number(value: Any, what: str, example: str) -> int | float:
     """A setting as a finite Python int or float (numpy and concrete JAX scalars too)."""
-    if isinstance(value, jax.core.Tracer):
+    if is_tracer(value):
         raise LossScaleTypeError(
             f"{what} is a static setting and cannot be a traced value; pass a Python number "
             f"such as {example}"
@@ -392,7 +395,7 @@ def _as_flag(value: Any, where: str, example: str) -> jax.Array:
 
 
 def _as_scale(value: Any) -> Any:
-    if isinstance(value, jax.core.Tracer):
+    if is_tracer(value):
         return value.astype(jnp.float32)
     with jax.ensure_compile_time_eval():  # concrete even inside a jit trace
         kind = getattr(
@@ -436,7 +439,7 @@ def _shown(value: Any) -> str:
 
 
 def _as_counter(value: Any) -> Any:
-    if isinstance(value, jax.core.Tracer):
+    if is_tracer(value):
         return value.astype(jnp.int32)
     arr = np.asarray(value)
     if arr.shape != () or arr.dtype.kind not in "iu" or not 0 <= int(arr) < 2**31:

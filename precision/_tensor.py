@@ -17,7 +17,6 @@ from dtypes import PrecisionTypeError, ShapeError
 from . import _operators
 from ._context import get_default_format, resolve_format
 from ._errors import PrecisionMismatchError, TensorIndexError
-from ._implicit import implicit_caller
 from ._jax_compat import is_tracer
 from ._storage import (
     carries_gradient,
@@ -280,22 +279,26 @@ class Tensor:
     def __jax_array__(self) -> jax.Array:
         """The logical values, where JAX asks for an array.
 
-        A Tensor in a compute format (an unscaled narrow float: bfloat16, float16,
-        float8, ...) gives them only to `jnp.asarray(t)` / `jnp.array(t)` written by
-        the user: a jnp function, an operator of a JAX array or a library's
-        `jnp.asarray` would compute on float32 values and drop the format silently,
-        so they are refused. Storage encodings decode exactly into the logical dtype,
-        which is what the rules compute in, so they convert anywhere."""
+        JAX asks the same way, with nothing said of who asks, for `jnp.asarray(t)`,
+        any jnp function, an operator of a JAX array (`x + t`) and a library's
+        conversion (Flax's `promote_dtype`), so the answer depends on the Tensor
+        alone (docs/design.md §4): a compute format narrower than the logical dtype
+        (bfloat16, float16, tf32, unscaled fp8) refuses, since JAX would compute on
+        the wider values and drop the format without a word; float32 Tensors and
+        storage encodings decode exactly into what the rules compute in, so they
+        convert anywhere."""
         fmt = self._encoded.format
-        narrow = role(fmt, self._encoded.scaling) == "compute" and fmt != full_format(self._dtype)
-        caller = implicit_caller() if narrow else None
-        if caller is not None:
+        if role(fmt, self._encoded.scaling) == "compute" and fmt != full_format(self._dtype):
             raise PrecisionMismatchError(
-                f"a {fmt.name} Tensor reached {caller}, outside precision's rules: "
-                "JAX would compute on its float32 values and the format would be lost without "
-                "a word. Run the function under the rules with precision.apply(f)(...), "
-                "passing the Tensors as its arguments (not closed over), or convert "
-                "explicitly first: t.to_full_precision(), jnp.asarray(t) or np.asarray(t)"
+                f"a {fmt.name} Tensor of shape {self.shape} does not become a JAX array "
+                "implicitly: jnp.asarray(t), jnp functions, operators of JAX arrays (x + t) "
+                "and libraries all ask for it the same way, and each would compute in "
+                f"{self._dtype.name} and drop the {fmt.name} format without a word. Compute "
+                "under the rules (the Tensor's operators and methods, or precision.apply(f)(...) "
+                "with the Tensors as arguments, not closed over), or convert explicitly: "
+                f"t.to_full_precision() (a {self._dtype.name} Tensor, which converts anywhere), "
+                "precision.to_full_precision(t) (a jax.Array, also under jit and grad), "
+                "t.numpy() or np.asarray(t)"
             )
         return self._values()
 
@@ -549,5 +552,5 @@ def _follow(target: Any, data: jax.Array, scales: jax.Array | None) -> jax.Array
 
 def logical_values(t: Any) -> jax.Array:
     """A Tensor's logical values as an array, an array as itself (the library's own
-    explicit conversion: `__jax_array__` refuses calls from library code)."""
+    explicit conversion: `__jax_array__` refuses a narrow compute format)."""
     return t._values() if isinstance(t, Tensor) else jnp.asarray(t)

@@ -69,6 +69,45 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 
+# The test files that depend most on how a JAX release works inside: those that read its
+# jaxprs (apply's interpreter and its independent reference, calibration's walk, the
+# per-primitive rules), its compiled text (explain, contractions), its tracers and
+# transformations (autodiff, vmap/scan stacks, sharding, `__jax_array__`, first use), the
+# libraries built on it (models) and XLA's flags (backend bits). They carry the
+# `jax_internals` marker: `pytest -m jax_internals` runs them alone, and .ci/run runs them
+# a second time on the newest Python there, with the JAX pip installs for it.
+JAX_INTERNALS = frozenset(
+    {
+        "tests/dtypes/test_backend_bits.py",
+        "tests/dtypes/test_backend_forms.py",
+        "tests/precision/test_apply.py",
+        "tests/precision/test_autodiff.py",
+        "tests/precision/test_calibrate.py",
+        "tests/precision/test_calibrate_structures.py",
+        "tests/precision/test_compute_rules.py",
+        "tests/precision/test_contract.py",
+        "tests/precision/test_explain.py",
+        "tests/precision/test_first_use_order.py",
+        "tests/precision/test_jax_compat.py",
+        "tests/precision/test_mixing.py",
+        "tests/precision/test_models.py",
+        "tests/precision/test_policy.py",
+        "tests/precision/test_roofline.py",
+        "tests/precision/test_sharding.py",
+        "tests/precision/test_stacked.py",
+        "tests/precision/test_stacks.py",
+        "tests/precision/test_tensor.py",
+    }
+)
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if os.path.relpath(item.path, _ROOT).replace(os.sep, "/") in JAX_INTERNALS:
+            item.add_marker(pytest.mark.jax_internals)
+
+
 @pytest.fixture(params=["eager", "jit"])
 def eager_and_jit(request) -> Callable[[Callable], Callable]:
     """Run the test body's function eagerly and under `jax.jit` (one test each).

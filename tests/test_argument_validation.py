@@ -336,7 +336,7 @@ WRONG_CALLS = [
             {"t": precision.Tensor([1.0]).to_reduced_precision("bf16")}
         ),
         LossScaleTypeError,
-        ["Tensor", "to_full_precision()"],
+        ["Tensor", "precision.to_full_precision(tree)"],
         id="scale-a-tensor-leaf",
     ),
     # -- loss scales, Optax, policies, updates and the testing kit: plain builtins or

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -178,6 +179,16 @@ def test_mx_compositions_encode_with_power_of_two_block_scales():
         assert enc.nbytes == fmt.nbytes(x.shape, mx)
 
 
+def test_the_jax_versions_tested_are_the_documented_ones():
+    # .ci/run fails unless JAX_VERSIONS_TESTED is exactly the JAX releases its suites ran
+    # on; the README and the install section say the same versions.
+    from precision._jax_compat import JAX_VERSIONS_TESTED
+
+    for page in (ROOT / "README.md", DOCS / "getting-started.md"):
+        named = re.findall(r"\bjax\s+(\d+\.\d+\.\d+(?:\.\d+)?)\s+\(Python", page.read_text())
+        assert tuple(named) == JAX_VERSIONS_TESTED, page.name
+
+
 def test_readme_first_screen_has_the_two_commands():
     first = (ROOT / "README.md").read_text().splitlines()[:40]
     assert MAIN_COMMAND in first
@@ -237,12 +248,21 @@ def test_apply_is_one_click_from_the_nav():
     assert re.search(r"^::: precision\.apply$", (DOCS / page).read_text(), flags=re.M)
 
 
+def _browser_missing(reason: str) -> None:
+    """Skip, or fail where the browser is required: .ci/run installs it and sets
+    PRECISION_REQUIRE_BROWSER=1, so CI never passes with this check skipped."""
+    if os.environ.get("PRECISION_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"PRECISION_REQUIRE_BROWSER=1 but {reason}")
+    pytest.skip(reason)
+
+
 def test_screenshots_show_no_horizontal_overflow(tmp_path):
     # docs/screenshots.py in headless Chromium: the formats page and the API index at
     # 1280 px, every table and code block within its box, no format name broken.
-    pytest.importorskip("playwright", reason="pip install playwright (docs/screenshots.py)")
+    if importlib.util.find_spec("playwright") is None:
+        _browser_missing("playwright is not installed (pip install playwright)")
     if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
-        pytest.skip("no Chromium on the PATH (apt-get install chromium)")
+        _browser_missing("no Chromium on the PATH (apt-get install chromium)")
     result = subprocess.run(
         [sys.executable, str(DOCS / "screenshots.py"), "--out", str(tmp_path)],
         capture_output=True,

@@ -1,17 +1,18 @@
-"""The jaxpr walk: evaluate a traced function equation by equation under the rules.
+"""`precision.apply`'s interpretation of the walk: `(value, State)` pairs under the rules.
 
-`evaluate` binds each equation's primitive on `(value, state)` pairs through
-the rule `_compute.rule_for` names. The rules decide every format; the walk
-itself reads a format only to slice stacked storage for a `scan`
-(`_scan_slice`: which arrays vary along the stacking axis). Call-like
-equations (`jit`, `closed_call`, `remat`) are evaluated inline;
-`custom_jvp_call` and `custom_vjp_call` are re-wrapped so the primal runs
-under the rules while derivatives come from the function's own rule;
-`cond`, `scan` and `while` run their bodies through the interpreter inside
+`evaluate` walks a traced function (`precision._walk`) with each equation's
+`(value, state)` inputs handed to the rule its primitive's kind names
+(`_compute.rule_for`). The rules decide every format; this module reads a
+format only to slice stacked storage for a `scan` (`_scan_slice`: which arrays
+vary along the stacking axis). Calls are inlined by the walk; `remat`,
+`custom_jvp` and `custom_vjp` are re-wrapped so their body runs under the rules
+while derivatives come from the function's own rule, storage crossing into them
+as its encodings (a stored int8 weight reaches a contraction inside as codes);
+`cond`, `scan`, `while` and `shard_map` run their bodies under the rules inside
 the same `lax` control flow, loop carries kept in one compute format (a carry
-that starts weak, e.g. zeros, adopts the format the body gives it). A scan
-over stacked storage (an int4 weight per layer) scans the codes and scales
-themselves and decodes one layer per iteration.
+that starts weak, e.g. zeros, adopts the format the body gives it). A scan over
+stacked storage (an int4 weight per layer) scans the codes and scales themselves
+and decodes one layer per iteration.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -30,6 +32,7 @@ from .._compute import Context, State, Stored, Val, in_compute_format, join, rul
 from .._compute._moves import squeezed_scaling
 from .._compute._notes import paused
 from .._storage import decode_encoded, is_float
+from .._walk import Interpretation, Scan, ShardMap, While, Wrapper, walk
 
 __all__ = ["evaluate"]
 
@@ -37,24 +40,41 @@ __all__ = ["evaluate"]
 # -- evaluation ----------------------------------------------------------------
 def evaluate(jaxpr: Any, consts: list[Any], invals: list[Val], ctx: Context) -> list[Val]:
     """Evaluate an open jaxpr on `(value, state)` pairs under the precision rules."""
-    env: dict[Any, Val] = {}
+    return walk(jaxpr, consts, invals, _Rules(ctx))
 
-    def read(var: Any) -> Val:
-        if isinstance(var, compat.Literal):
-            return (var.val, None)
-        return env[var]
 
-    for var, c in zip(jaxpr.constvars, consts, strict=True):
-        env[var] = (c, None)  # constants made inside the function are weak
-    for var, v in zip(jaxpr.invars, invals, strict=True):
-        env[var] = v
-    for eqn in jaxpr.eqns:
-        ins = [read(v) for v in eqn.invars]
-        handler = _HIGHER_ORDER.get(eqn.primitive)
-        outs = handler(eqn, ins, ctx) if handler else rule_for(eqn.primitive.name)(eqn, ins, ctx)
-        for var, out in zip(eqn.outvars, outs, strict=True):
-            env[var] = out
-    return [read(v) for v in jaxpr.outvars]
+class _Rules(Interpretation[Val]):
+    """The walk's values are `(value, State | None)`; each equation takes its rule."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def literal(self, value: Any) -> Val:
+        return (value, None)
+
+    def constant(self, value: Any) -> Val:
+        return (value, None)  # constants made inside the function are weak
+
+    def equation(self, eqn: Any, ins: list[Val]) -> list[Val]:
+        return rule_for(eqn.primitive.name)(eqn, ins, self.ctx)
+
+    def wrapped(self, eqn: Any, kind: Wrapper, body: Any, ins: list[Val]) -> list[Val]:
+        return _WRAPPERS[kind](eqn, body, ins, self.ctx)
+
+    def cond(self, eqn: Any, index: Val, branches: list[Any], ops: list[Val]) -> list[Val]:
+        return _cond(index, branches, ops, self.ctx)
+
+    def scan(self, eqn: Any, parts: Scan, ins: list[Val]) -> list[Val]:
+        return _scan(parts, ins, self.ctx)
+
+    def while_loop(self, eqn: Any, parts: While, ins: list[Val]) -> list[Val]:
+        return _while(parts, ins, self.ctx)
+
+    def shard_map(self, eqn: Any, parts: ShardMap, ins: list[Val]) -> list[Val]:
+        box: list[State | None] = []
+        fn = _run(parts.body, _plain([s for _, s in ins]), self.ctx, box)
+        outs = compat.shard_mapped(parts.params, fn)(*(v for v, _ in ins))
+        return list(zip(outs, box, strict=True))
 
 
 def _plain(states: list[State | None]) -> list[State | None]:
@@ -65,7 +85,7 @@ def _plain(states: list[State | None]) -> list[State | None]:
 def _run(
     jaxpr: Any, states: list[State | None], ctx: Context, box: list[State | None] | None = None
 ) -> Callable[..., tuple[Any, ...]]:
-    """A function of plain values evaluating `jaxpr` with fixed input states."""
+    """A function of plain values walking `jaxpr` (open or closed) with fixed input states."""
     inner, consts = compat.closed(jaxpr)
 
     def fn(*xs: Any) -> tuple[Any, ...]:
@@ -94,59 +114,102 @@ def _adopt_to(value: Any, state: State | None, target: State | None) -> Any:
     return in_compute_format([(value, None)], target)[0]
 
 
-def _call(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
-    inner, consts = compat.closed(compat.inner_jaxpr(eqn))
-    return evaluate(inner, consts, ins, ctx)
+# -- remat, custom_jvp, custom_vjp: the function is their body -------------------
+_Encodings = tuple[dtypes.Encoded | None, ...]
 
 
-def _remat(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
+def _crossing(ins: list[Val]) -> tuple[tuple[Any, ...], _Encodings]:
+    """What a wrapped body takes for `ins`: each value, and each storage encoding (so a
+    stored weight reaches the contractions inside as its codes, not as float32)."""
+    values = tuple(v for v, _ in ins)
+    encs = tuple(None if s is None or s.stored is None else s.stored.enc for _, s in ins)
+    return values, encs
+
+
+def _body(
+    jaxpr: Any, ins: list[Val], ctx: Context, box: list[State | None]
+) -> Callable[[tuple[Any, ...], _Encodings], tuple[Any, ...]]:
+    """`(values, encodings) -> outputs` walking `jaxpr` under the rules, the inputs'
+    states rebuilt around the encodings that crossed (their output states in `box`)."""
+    states = [None if s is None else s.plain() for _, s in ins]
+    dtypes_of = [None if s is None or s.stored is None else s.stored.dtype for _, s in ins]
+
+    def fn(values: tuple[Any, ...], encs: _Encodings) -> tuple[Any, ...]:
+        rebuilt = [
+            s if e is None or s is None or d is None else s._replace(stored=Stored(e, d))
+            for s, e, d in zip(states, encs, dtypes_of, strict=True)
+        ]
+        return _run(jaxpr, rebuilt, ctx, box)(*values)
+
+    return fn
+
+
+def _no_cotangents(encs: _Encodings) -> Any:
+    """Zero cotangents for encodings (integer codes take `float0`)."""
+    return jax.tree_util.tree_map(
+        lambda a: (
+            jnp.zeros_like(a)
+            if jnp.issubdtype(a.dtype, jnp.floating)
+            else np.zeros(a.shape, jax.dtypes.float0)
+        ),
+        encs,
+    )
+
+
+def _remat(eqn: Any, jaxpr: Any, ins: list[Val], ctx: Context) -> list[Val]:
     box: list[State | None] = []
-    fn = _run(eqn.params["jaxpr"], _plain([s for _, s in ins]), ctx, box)
+    fn = _body(jaxpr, ins, ctx, box)
     params = eqn.params
     outs = jax.checkpoint(fn, prevent_cse=params["prevent_cse"], policy=params["policy"])(
-        *(v for v, _ in ins)
+        *_crossing(ins)
     )
     return list(zip(outs, box, strict=True))
 
 
-def _custom_jvp(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
+def _custom_jvp(eqn: Any, jaxpr: Any, ins: list[Val], ctx: Context) -> list[Val]:
     """The primal under the rules; tangents from the function's own jvp rule."""
     box: list[State | None] = []
-    primal = _run(eqn.params["call_jaxpr"], _plain([s for _, s in ins]), ctx, box)
+    primal = _body(jaxpr, ins, ctx, box)
     wrapped = jax.custom_jvp(primal)
 
     @wrapped.defjvp
     def _jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, Any]:
         outs = primal(*primals)
-        _, tans = jax.jvp(lambda *xs: tuple(compat.bind_eqn(eqn, *xs)), primals, tangents)
+        _, tans = jax.jvp(lambda *xs: tuple(compat.bind_eqn(eqn, *xs)), primals[0], tangents[0])
         return outs, tans
 
-    outs = wrapped(*(v for v, _ in ins))
+    outs = wrapped(*_crossing(ins))
     return list(zip(outs, box, strict=True))
 
 
-def _custom_vjp(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
+def _custom_vjp(eqn: Any, jaxpr: Any, ins: list[Val], ctx: Context) -> list[Val]:
     """The primal under the rules; cotangents from the function's own fwd/bwd."""
     box: list[State | None] = []
-    primal = _run(eqn.params["call_jaxpr"], _plain([s for _, s in ins]), ctx, box)
+    primal = _body(jaxpr, ins, ctx, box)
     wrapped = jax.custom_vjp(primal)
 
-    def fwd(*xs: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        return primal(*xs), xs
+    def fwd(xs: tuple[Any, ...], encs: _Encodings) -> tuple[tuple[Any, ...], Any]:
+        return primal(xs, encs), (xs, encs)
 
-    def bwd(xs: tuple[Any, ...], cts: tuple[Any, ...]) -> tuple[Any, ...]:
+    def bwd(res: Any, cts: tuple[Any, ...]) -> tuple[Any, Any]:
+        xs, encs = res
         _, vjp = jax.vjp(lambda *a: tuple(compat.bind_eqn(eqn, *a)), *xs)
         grads: tuple[Any, ...] = vjp(tuple(cts))
-        return grads
+        return grads, _no_cotangents(encs)
 
     wrapped.defvjp(fwd, bwd)
-    outs = wrapped(*(v for v, _ in ins))
+    outs = wrapped(*_crossing(ins))
     return list(zip(outs, box, strict=True))
 
 
-def _cond(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
-    (index, _), ops = ins[0], ins[1:]
-    branches = eqn.params["branches"]
+_WRAPPERS: dict[Wrapper, Callable[[Any, Any, list[Val], Context], list[Val]]] = {
+    "remat": _remat,
+    "custom_jvp": _custom_jvp,
+    "custom_vjp": _custom_vjp,
+}
+
+
+def _cond(index: Val, branches: list[Any], ops: list[Val], ctx: Context) -> list[Val]:
     values, states = [v for v, _ in ops], _plain([s for _, s in ops])
     per_branch = [_abstract_states(br, values, states, ctx) for br in branches]
     joined: list[State | None] = []
@@ -166,7 +229,7 @@ def _cond(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
 
         return fn
 
-    outs = lax.switch(index, [make(br) for br in branches], *values)
+    outs = lax.switch(index[0], [make(br) for br in branches], *values)
     return list(zip(outs, joined, strict=True))
 
 
@@ -222,9 +285,8 @@ def _scan_slice(
     return (enc.data, *(p for p, s in zip(parts, scanned, strict=True) if s)), make
 
 
-def _scan(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
-    p = eqn.params
-    nc, nk = compat.scan_counts(p)
+def _scan(parts: Scan, ins: list[Val], ctx: Context) -> list[Val]:
+    nc, nk = parts.n_consts, parts.n_carry
     consts, carry, xs = ins[:nc], ins[nc : nc + nk], ins[nc + nk :]
     const_vals, const_states = [v for v, _ in consts], _plain([s for _, s in consts])
     x_states = _plain([s for _, s in xs])
@@ -237,7 +299,7 @@ def _scan(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
 
     def abstract(states: list[State | None]) -> list[State | None]:
         args = [*const_vals, *(v for v, _ in carry), *x_specs]
-        return _abstract_states(p["jaxpr"], args, [*const_states, *states, *x_states], ctx)
+        return _abstract_states(parts.body, args, [*const_states, *states, *x_states], ctx)
 
     carry_states, outs = _fixed_point("scan", [s for _, s in carry], abstract)
     y_states = outs[nk:]
@@ -253,7 +315,7 @@ def _scan(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
         else:
             scanned.append(sliced[0])
             rebuilds.append((sliced[1], s))
-    inner, inner_consts = compat.closed(p["jaxpr"])
+    inner, inner_consts = compat.closed(parts.body)
     box: list[State | None] = []
 
     def body(c: list[Any], x: list[tuple[Any, ...]]) -> tuple[list[Any], list[Any]]:
@@ -286,29 +348,28 @@ def _scan(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
         body,
         init,
         [tuple(a) for a in scanned],
-        length=p["length"],
-        reverse=p["reverse"],
-        unroll=p["unroll"],
+        length=parts.length,
+        reverse=parts.reverse,
+        unroll=parts.unroll,
     )
     return [*zip(final, carry_states, strict=True), *zip(ys, y_states, strict=True)]
 
 
-def _while(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
-    p = eqn.params
-    cn, bn = compat.while_counts(p)
+def _while(parts: While, ins: list[Val], ctx: Context) -> list[Val]:
+    cn, bn = parts.n_cond_consts, parts.n_body_consts
     cconsts, bconsts, carry = ins[:cn], ins[cn : cn + bn], ins[cn + bn :]
     bvals, bstates = [v for v, _ in bconsts], _plain([s for _, s in bconsts])
     cvals, cstates = [v for v, _ in cconsts], _plain([s for _, s in cconsts])
 
     def abstract(states: list[State | None]) -> list[State | None]:
         args = [*bvals, *(v for v, _ in carry)]
-        return _abstract_states(p["body_jaxpr"], args, [*bstates, *states], ctx)
+        return _abstract_states(parts.body, args, [*bstates, *states], ctx)
 
     carry_states, _ = _fixed_point("while", [s for _, s in carry], abstract)
     init = tuple(_adopt_to(v, s, t) for (v, s), t in zip(carry, carry_states, strict=True))
-    cond_run = _run(p["cond_jaxpr"], [*cstates, *carry_states], ctx)
+    cond_run = _run(parts.cond, [*cstates, *carry_states], ctx)
     box: list[State | None] = []
-    body_run = _run(p["body_jaxpr"], [*bstates, *carry_states], ctx, box)
+    body_run = _run(parts.body, [*bstates, *carry_states], ctx, box)
 
     def cond_fn(c: tuple[Any, ...]) -> Any:
         return cond_run(*cvals, *c)[0]
@@ -319,14 +380,3 @@ def _while(eqn: Any, ins: list[Val], ctx: Context) -> list[Val]:
 
     final = lax.while_loop(cond_fn, body_fn, init)
     return list(zip(final, carry_states, strict=True))
-
-
-_HIGHER_ORDER: dict[Any, Callable[[Any, list[Val], Context], list[Val]]] = {
-    **{p: _call for p in compat.CALLS},
-    compat.REMAT: _remat,
-    compat.CUSTOM_JVP: _custom_jvp,
-    compat.CUSTOM_VJP: _custom_vjp,
-    compat.COND: _cond,
-    compat.SCAN: _scan,
-    compat.WHILE: _while,
-}

@@ -49,6 +49,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
+from .._walk import Interpretation, Scan, ShardMap, While, Wrapper, walk, walk_closed
 from ._affine import SAME_VALUES, Tag, carry_axes, propagate
 
 __all__ = ["FoldKey", "Found", "Origin", "SiteKey", "Stats", "record"]
@@ -288,6 +289,92 @@ def _conv(
         _add(stats, key, new)
 
 
+# A value as the recorder walks it: (value, the parameter it is, the affine tag).
+_Rec = tuple[Any, Origin | None, Tag | None]
+
+
+class _Recorder(Interpretation[_Rec]):
+    """The walk's values are `(value, Origin | None, Tag | None)`; contractions with a
+    weight on one side add their activation statistics to `stats`."""
+
+    def __init__(self, stats: dict[Any, Stats], found: Found) -> None:
+        self.stats = stats
+        self.found = found
+
+    def literal(self, value: Any) -> _Rec:
+        return (value, None, None)
+
+    def constant(self, value: Any) -> _Rec:
+        return (value, None, None)
+
+    def equation(self, eqn: Any, ins: list[_Rec]) -> list[_Rec]:
+        return _equation(eqn, ins, self.stats, self.found)
+
+    def wrapped(self, eqn: Any, kind: Wrapper, body: Any, ins: list[_Rec]) -> list[_Rec]:
+        # the function is the body: recorded as it runs (derivatives play no part)
+        return walk_closed(body, ins, self)
+
+    def cond(self, eqn: Any, index: _Rec, branches: list[Any], ops: list[_Rec]) -> list[_Rec]:
+        self.found.refuse([t for _, _, t in [index, *ops]])
+        vals = [index[0], *(v for v, _, _ in ops)]
+        orgs = [index[1], *(o for _, o, _ in ops)]
+        outs = _cond(branches, vals, orgs, self.stats, self.found)
+        return [(v, None, None) for v in outs]
+
+    def scan(self, eqn: Any, parts: Scan, ins: list[_Rec]) -> list[_Rec]:
+        self.found.refuse([t for _, _, t in ins])
+        vals, orgs = [v for v, _, _ in ins], [o for _, o, _ in ins]
+        return [(v, None, None) for v in _scan(eqn, parts, vals, orgs, self.stats, self.found)]
+
+    def while_loop(self, eqn: Any, parts: While, ins: list[_Rec]) -> list[_Rec]:
+        self.found.refuse([t for _, _, t in ins])
+        vals, orgs = [v for v, _, _ in ins], [o for _, o, _ in ins]
+        return [(v, None, None) for v in _while(parts, vals, orgs, self.stats, self.found)]
+
+    def shard_map(self, eqn: Any, parts: ShardMap, ins: list[_Rec]) -> list[_Rec]:
+        # per-shard statistics would need summing across the mesh: not recorded, said
+        for _, o, _ in ins:
+            if o is not None:
+                self.found.skip(
+                    o.leaf, "it is used inside shard_map, which calibration does not enter"
+                )
+        self.found.refuse([t for _, _, t in ins])
+        return [(v, None, None) for v in compat.bind_eqn(eqn, *(v for v, _, _ in ins))]
+
+
+def _equation(eqn: Any, ins: list[_Rec], stats: dict[Any, Stats], found: Found) -> list[_Rec]:
+    """One first-order equation: statistics at a contraction with a weight, origins
+    followed through layout-only moves, affine tags propagated."""
+    vals, orgs, tgs = [v for v, _, _ in ins], [o for _, o, _ in ins], [t for _, _, t in ins]
+    name = eqn.primitive.name
+    n_out = len(eqn.outvars)
+    out_orgs: list[Origin | None] = [None] * n_out
+    out_tags: list[Tag | None] = [None] * n_out
+    if name == "dot_general":
+        _dot(eqn, orgs, tgs, vals, stats, found)
+    elif name == "conv_general_dilated":
+        found.refuse(tgs)
+        _conv(eqn, orgs, vals, stats, found)
+    else:
+        out_tags, ok = propagate(eqn, orgs, tgs, found.ndims)
+        if not ok:
+            found.refuse(tgs)
+        o = orgs[0] if orgs else None  # (iota and constants have no inputs)
+        if o is not None and name in SAME_VALUES:
+            out_orgs = [o]
+        elif o is not None and name == "transpose":
+            perm = eqn.params["permutation"]
+            out_orgs = [o._replace(axes=tuple(o.axes[p] for p in perm))]
+        elif o is not None and name in ("broadcast_in_dim", "reshape", "squeeze"):
+            axes = carry_axes(eqn, o.axes)
+            out_orgs = [None if axes is None else o._replace(axes=axes)]
+        if o is not None and out_orgs == [None] and name in _RESHAPED:
+            ndim = len(eqn.outvars[0].aval.shape)
+            out_orgs = [o._replace(axes=(None,) * ndim, via=o.via or name)]
+    outs = compat.bind_eqn(eqn, *vals)
+    return list(zip(outs, out_orgs, out_tags, strict=True))
+
+
 def _walk(
     jaxpr: Any,
     consts: list[Any],
@@ -297,68 +384,21 @@ def _walk(
     stats: dict[Any, Stats],
     found: Found,
 ) -> tuple[list[Any], list[Origin | None], list[Tag | None]]:
-    env: dict[Any, tuple[Any, Origin | None, Tag | None]] = {}
-
-    def read(v: Any) -> tuple[Any, Origin | None, Tag | None]:
-        return (v.val, None, None) if isinstance(v, compat.Literal) else env[v]
-
-    for var, c in zip(jaxpr.constvars, consts, strict=True):
-        env[var] = (c, None, None)
-    for var, v, o, t in zip(jaxpr.invars, invals, origins, tags, strict=True):
-        env[var] = (v, o, t)
-    for eqn in jaxpr.eqns:
-        ins = [read(v) for v in eqn.invars]
-        vals, orgs, tgs = [v for v, _, _ in ins], [o for _, o, _ in ins], [t for _, _, t in ins]
-        name = eqn.primitive.name
-        n_out = len(eqn.outvars)
-        out_orgs: list[Origin | None] = [None] * n_out
-        out_tags: list[Tag | None] = [None] * n_out
-        if eqn.primitive in compat.CALLS or eqn.primitive is compat.REMAT:
-            inner, inner_consts = compat.closed(compat.inner_jaxpr(eqn))
-            outs, out_orgs, out_tags = _walk(inner, inner_consts, vals, orgs, tgs, stats, found)
-        elif eqn.primitive is compat.SCAN:
-            found.refuse(tgs)
-            outs = _scan(eqn, vals, orgs, stats, found)
-        elif eqn.primitive is compat.COND:
-            found.refuse(tgs)
-            outs = _cond(eqn, vals, orgs, stats, found)
-        elif eqn.primitive is compat.WHILE:
-            found.refuse(tgs)
-            outs = _while(eqn, vals, orgs, stats, found)
-        else:
-            if name == "dot_general":
-                _dot(eqn, orgs, tgs, vals, stats, found)
-            elif name == "conv_general_dilated":
-                found.refuse(tgs)
-                _conv(eqn, orgs, vals, stats, found)
-            else:
-                out_tags, ok = propagate(eqn, orgs, tgs, found.ndims)
-                if not ok:
-                    found.refuse(tgs)
-                o = orgs[0] if orgs else None  # (iota and constants have no inputs)
-                if o is not None and name in SAME_VALUES:
-                    out_orgs = [o]
-                elif o is not None and name == "transpose":
-                    perm = eqn.params["permutation"]
-                    out_orgs = [o._replace(axes=tuple(o.axes[p] for p in perm))]
-                elif o is not None and name in ("broadcast_in_dim", "reshape", "squeeze"):
-                    axes = carry_axes(eqn, o.axes)
-                    out_orgs = [None if axes is None else o._replace(axes=axes)]
-                if o is not None and out_orgs == [None] and name in _RESHAPED:
-                    ndim = len(eqn.outvars[0].aval.shape)
-                    out_orgs = [o._replace(axes=(None,) * ndim, via=o.via or name)]
-            outs = compat.bind_eqn(eqn, *vals)
-        for var, out, o, t in zip(eqn.outvars, outs, out_orgs, out_tags, strict=True):
-            env[var] = (out, o, t)
-    results = [read(v) for v in jaxpr.outvars]
+    """`walk` of `jaxpr` under the recorder: (values, origins, tags) of its outputs."""
+    ins = list(zip(invals, origins, tags, strict=True))
+    results = walk(jaxpr, consts, ins, _Recorder(stats, found))
     return [v for v, _, _ in results], [o for _, o, _ in results], [t for _, _, t in results]
 
 
 def _scan(
-    eqn: Any, vals: list[Any], orgs: list[Origin | None], stats: dict[Any, Stats], found: Found
+    eqn: Any,
+    parts: Scan,
+    vals: list[Any],
+    orgs: list[Origin | None],
+    stats: dict[Any, Stats],
+    found: Found,
 ) -> list[Any]:
-    p = eqn.params
-    nc, nk = compat.scan_counts(p)
+    nc, nk = parts.n_consts, parts.n_carry
     me = id(eqn)  # the same in every walk of this jaxpr (`_while` walks a body twice)
     x_orgs: list[Origin | None] = []
     for o in orgs[nc + nk :]:
@@ -366,7 +406,7 @@ def _scan(
             x_orgs.append(None)
         else:
             x_orgs.append(Origin(o.leaf, o.axes[1:], (*o.stacked, (me, o.axes[0]))))
-    inner, inner_consts = compat.closed(p["jaxpr"])
+    inner, inner_consts = compat.closed(parts.body)
     const_vals, const_orgs = vals[:nc], orgs[:nc]
     n_in = len(vals)
 
@@ -387,9 +427,9 @@ def _scan(
         body,
         vals[nc : nc + nk],
         vals[nc + nk :],
-        length=p["length"],
-        reverse=p["reverse"],
-        unroll=p["unroll"],
+        length=parts.length,
+        reverse=parts.reverse,
+        unroll=parts.unroll,
     )
     for key, s in per_step.items():
         stacked = key[2]
@@ -411,12 +451,16 @@ def _scan(
 
 
 def _cond(
-    eqn: Any, vals: list[Any], orgs: list[Origin | None], stats: dict[Any, Stats], found: Found
+    branches: list[Any],
+    vals: list[Any],
+    orgs: list[Origin | None],
+    stats: dict[Any, Stats],
+    found: Found,
 ) -> list[Any]:
     """Run every branch on the operands; keep the taken branch's outputs and statistics."""
     index, ops, op_orgs = vals[0], vals[1:], orgs[1:]
     results = []
-    for b, branch in enumerate(eqn.params["branches"]):
+    for b, branch in enumerate(branches):
         inner, inner_consts = compat.closed(branch)
         local: dict[Any, Stats] = {}
         outs, _, _ = _walk(inner, inner_consts, ops, op_orgs, [None] * len(ops), local, found)
@@ -427,15 +471,14 @@ def _cond(
 
 
 def _while(
-    eqn: Any, vals: list[Any], orgs: list[Origin | None], stats: dict[Any, Stats], found: Found
+    parts: While, vals: list[Any], orgs: list[Origin | None], stats: dict[Any, Stats], found: Found
 ) -> list[Any]:
     """Run the loop with each iteration's statistics added to a carried total."""
-    p = eqn.params
-    nc, nb = compat.while_counts(p)
+    nc, nb = parts.n_cond_consts, parts.n_body_consts
     cond_consts, body_consts, init = vals[:nc], vals[nc : nc + nb], vals[nc + nb :]
     body_orgs = [*orgs[nc : nc + nb], *([None] * len(init))]
-    body, body_inner = compat.closed(p["body_jaxpr"])
-    test, test_inner = compat.closed(p["cond_jaxpr"])
+    body, body_inner = compat.closed(parts.body)
+    test, test_inner = compat.closed(parts.cond)
     n_in = nb + len(init)
 
     def one(carry: list[Any], seen: Found) -> tuple[list[Any], dict[Any, Stats]]:

@@ -490,18 +490,7 @@ def format_table(rows: Sequence[Row]) -> str:
 
 
 def _write_json(path: str, rows: Sequence[Row]) -> None:
-    payload = [
-        {
-            "mode": r.mode,
-            "accuracy": r.accuracy,
-            "loss": r.loss,
-            "first_loss": r.first_loss,
-            "step_ms": r.step_ms,
-            "param_bytes": r.param_bytes,
-            "updates_kept": r.updates_kept,
-        }
-        for r in rows
-    ]
+    payload = [r._asdict() for r in rows]  # the keys in Row's order, as documented
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".demo-", suffix=".json", dir=directory)
     try:
@@ -535,7 +524,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="at most this many steps per epoch (quick runs)")
     p.add_argument("--batch-size", type=int, default=128, help="batch size (default 128)")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars or lines")
     return p
 
 
@@ -576,8 +565,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{jax.devices()[0].platform}",
         file=sys.stderr,
     )
-    rows = []
-    for name in modes:
+    # Progress: tqdm's bars on a terminal; elsewhere (a log, a pipe) a plain line per mode.
+    lines = not args.no_progress and not sys.stderr.isatty()
+    rows: list[Row] = []
+    for i, name in enumerate(modes, 1):
+        if lines:
+            print(f"[{i}/{len(modes)}] {name}: compiling, then training", file=sys.stderr)
+        start = time.perf_counter()
         rows.append(
             train(
                 MODES[name],
@@ -590,6 +584,13 @@ def main(argv: list[str] | None = None) -> int:
                 progress=not args.no_progress,
             )
         )
+        if lines:
+            r, took = rows[-1], time.perf_counter() - start
+            print(
+                f"[{i}/{len(modes)}] {name}: {100 * r.accuracy:.2f}% test accuracy, "
+                f"loss {r.loss:.4f}, {took:.0f} s",
+                file=sys.stderr,
+            )
     print(format_table(rows))
     if args.json:
         _write_json(args.json, rows)

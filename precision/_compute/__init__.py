@@ -3,11 +3,10 @@
 See README.md beside this file for the design in prose.
 """
 
-from . import _contractions as _contractions  # registers the contraction rules
-from ._rules import RULES as RULES
+from ._kinds import RULES as RULES
+from ._kinds import rule_for as rule_for
 from ._rules import Val as Val
 from ._rules import in_compute_format as in_compute_format
-from ._rules import rule_for as rule_for
 from ._state import Context as Context
 from ._state import State as State
 from ._state import Stored as Stored

@@ -40,7 +40,7 @@ from .._storage import is_float
 from ._int_operands import codes, dot_operands, kept_scale
 from ._notes import note, observe, settle
 from ._quantized import quantized_contraction
-from ._rules import RULES, Val, op_state, operands_at_use, rounded_outputs
+from ._rules import Val, op_state, operands_at_use, rounded_outputs
 from ._state import Context, Stored
 
 __all__ = ["contraction_rule"]
@@ -200,7 +200,3 @@ def _integer_dot(eqn: Any, a: jax.Array, b: jax.Array, ea: Stored, eb: Stored) -
         return exact(*primals), bind(ta, b) + bind(a, tb)
 
     return exact(a, b, codes(ea), codes(eb), sa, sb)
-
-
-RULES["dot_general"] = contraction_rule
-RULES["conv_general_dilated"] = contraction_rule

@@ -28,6 +28,7 @@ from jax import lax
 
 import dtypes
 
+from .. import _primitives
 from .._jax_compat import bind_eqn
 from ._state import State, Stored
 
@@ -41,27 +42,14 @@ __all__ = [
     "squeezed_scaling",
 ]
 
-# Moves that storage codes can make themselves (one operand, its elements
-# kept, negated or their magnitude taken: symmetric codes allow both), valid
-# for an unpacked encoding with one scale for the whole tensor ...
-CODE_MOVES = frozenset(
-    {
-        "reshape",
-        "transpose",
-        "broadcast_in_dim",
-        "squeeze",
-        "expand_dims",
-        "slice",
-        "dynamic_slice",
-        "rev",
-        "neg",
-        "abs",
-    }
-)
-# ... the identities, valid for every encoding ...
-IDENTITIES = frozenset({"copy", "copy_p", "stop_gradient", "sharding_constraint"})
-# ... and the cuts, valid for every encoding whose groups they do not split.
-CUTS = frozenset({"slice", "dynamic_slice", "squeeze"})
+# Moves that storage codes can make themselves (one operand, its elements kept,
+# negated or their magnitude taken: symmetric codes allow both), valid for an unpacked
+# encoding with one scale for the whole tensor; the identities, valid for every
+# encoding; and the cuts, valid for every encoding whose groups they do not split:
+# kinds of the one primitive table.
+CODE_MOVES = _primitives.CODE_MOVES
+IDENTITIES = _primitives.IDENTITIES
+CUTS = _primitives.CUTS
 
 Val = tuple[Any, State | None]
 

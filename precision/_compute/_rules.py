@@ -33,6 +33,7 @@ from jax import lax
 
 import dtypes
 
+from .. import _primitives
 from .._errors import PrecisionMismatchError
 from .._jax_compat import bind_eqn
 from .._storage import decode_encoded, full_format, is_float, round_nearest
@@ -43,7 +44,6 @@ from ._views import transposed
 __all__ = [
     "GRID_PRESERVING",
     "MOVES",
-    "RULES",
     "Rule",
     "Val",
     "computed_at_use",
@@ -53,53 +53,17 @@ __all__ = [
     "op_state",
     "operands_at_use",
     "rounded_outputs",
-    "rule_for",
 ]
 
 Val = tuple[Any, State | None]
 Rule = Callable[[Any, list[Val], Context], list[Val]]
 
-# Ops whose floating outputs are input elements moved, selected or negated:
-# an element keeps its exact value, so a value on a compute format's grid
-# stays on it and rounding would be the identity.
-MOVES = frozenset(
-    {
-        "reshape",
-        "transpose",
-        "broadcast_in_dim",
-        "squeeze",
-        "expand_dims",
-        "slice",
-        "dynamic_slice",
-        "dynamic_update_slice",
-        "gather",
-        "concatenate",
-        "rev",
-        "copy",
-        "copy_p",
-        "select_n",
-        "pad",
-        "neg",
-        "abs",
-        "max",
-        "min",
-        "reduce_max",
-        "reduce_min",
-        "cummax",
-        "cummin",
-        "sort",
-        "stop_gradient",
-        "sharding_constraint",
-        "device_put",
-        "optimization_barrier",
-        "clamp",
-    }
-)
-
-# Ops that map a value on a binary float grid to a value on the same grid
-# (integers below 2**(mantissa+1) are on every such grid, larger grid values
-# are integers already); for unscaled float formats rounding is the identity.
-GRID_PRESERVING = frozenset({"sign", "floor", "ceil", "round", "reduce_precision"})
+# Ops whose floating outputs are input elements moved, selected or negated (an element
+# keeps its exact value, so a value on a compute format's grid stays on it and rounding
+# would be the identity), and ops that map a value on a binary float grid to a value on
+# the same grid: both are kinds of the one primitive table.
+MOVES = _primitives.MOVES
+GRID_PRESERVING = _primitives.GRID
 
 
 def op_state(op: str, vals: list[Val], ctx: Context) -> State | None:
@@ -303,11 +267,3 @@ def default_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
         assert s is not None  # the moved floating value keeps the op's state
         result = [(o, State(s.format, s.tensor, moved, s.source))]
     return [transposed(eqn, vals[0], given[0], result[0])]
-
-
-RULES: dict[str, Rule] = {}
-
-
-def rule_for(name: str) -> Rule:
-    """The rule of a primitive (the default one unless the table names it)."""
-    return RULES.get(name, default_rule)

@@ -1,15 +1,16 @@
 """An independent emulation of `precision.apply` under one compute format, for tests.
 
-Nothing here uses `precision` or `dtypes` beyond recognising a `Tensor` argument
-and reading its decoded values (`np.asarray`). The rule it implements is the one
-docs/design.md §5 states: an operation with an input in the compute format
-brings its other floating inputs (raw arrays, weak scalars) onto that format,
-runs the primitive on the float32 values, and rounds each floating output once
-onto the format; an operation with no such input runs as JAX runs it. The
-primitive runs eagerly, one at a time, in plain JAX on float32 values; the
-rounding is ml_dtypes' cast (round to nearest even), or, for tf32, an integer
-bit manipulation. Calls and custom derivative rules are inlined; a `scan` is
-unrolled.
+Nothing here uses `precision` or `dtypes` beyond recognising a `Tensor` argument,
+reading its decoded values (`np.asarray`) and reading a `scan`'s counts of constants and
+carries through `precision._jax_compat` (how this JAX release spells them; checked
+against JAX's own loops in test_jax_compat.py, not a rule of the library). The rule it
+implements is the one docs/design.md §5 states: an operation with an input in the
+compute format brings its other floating inputs (raw arrays, weak scalars) onto that
+format, runs the primitive on the float32 values, and rounds each floating output once
+onto the format; an operation with no such input runs as JAX runs it. The primitive runs
+eagerly, one at a time, in plain JAX on float32 values; the rounding is ml_dtypes' cast
+(round to nearest even), or, for tf32, an integer bit manipulation. Calls and custom
+derivative rules are inlined; a `scan` is unrolled.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import jax
 import ml_dtypes
 import numpy as np
 from jax.extend import core as jex
+
+from precision._jax_compat import scan_counts
 
 __all__ = ["assert_same_bits", "emulate", "reference_round"]
 
@@ -126,7 +129,7 @@ class _Emulator:
 
     def scan(self, eqn: Any, ins: list[tuple[Any, bool]]) -> list[Any]:
         p = eqn.params
-        nc, nk, length = p["num_consts"], p["num_carry"], p["length"]
+        (nc, nk), length = scan_counts(p), p["length"]
         consts, carry, xs = ins[:nc], ins[nc : nc + nk], ins[nc + nk :]
         ys = []
         steps = range(length - 1, -1, -1) if p["reverse"] else range(length)

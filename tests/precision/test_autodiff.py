@@ -12,7 +12,7 @@ from op_reference import assert_same_bits, reference_round
 
 import dtypes
 import precision
-from precision import Tensor
+from precision import Tensor, to_full_precision
 
 
 def _rel(a, b) -> float:
@@ -25,7 +25,9 @@ def test_conversion_is_straight_through(name):
     x = jnp.array([0.3, -1.7, 2.2])
 
     def f(x):
-        return jnp.sum(jnp.asarray(Tensor(x).to_reduced_precision(name)) * jnp.arange(1.0, 4.0))
+        return jnp.sum(
+            to_full_precision(Tensor(x).to_reduced_precision(name)) * jnp.arange(1.0, 4.0)
+        )
 
     g = jax.grad(f)(x)
     # d decode(encode(x))/dx = 1 inside the range; the weights 1, 2, 3 are exact in
@@ -40,7 +42,7 @@ def test_value_and_grad_of_a_loss_through_apply():
     def loss(w):
         wt = Tensor(w).to_reduced_precision()
         y = precision.apply(lambda a, b: jnp.tanh(a @ b))(Tensor(x).to_reduced_precision(), wt)
-        return jnp.mean(jnp.asarray(y) ** 2)
+        return jnp.mean(to_full_precision(y) ** 2)
 
     value, grad = jax.value_and_grad(loss)(w)
     ref_value, ref_grad = jax.value_and_grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
@@ -80,7 +82,7 @@ def _loss_f32(params, x, labels, mlp=_mlp):
 def _loss_bf16(params, x, labels, mlp=_mlp):
     p = jax.tree.map(lambda a: Tensor(a).to_reduced_precision("bfloat16"), params)
     logits = precision.apply(mlp)(p, Tensor(x).to_reduced_precision("bfloat16"))
-    logits = jnp.asarray(logits)
+    logits = to_full_precision(logits)
     return -jnp.mean(jnp.take_along_axis(logits, labels[:, None], axis=1))
 
 
@@ -147,7 +149,7 @@ def _cnn_grad_bf16(params, x, **kw):
     def loss(params):
         p = jax.tree.map(lambda a: Tensor(a).to_reduced_precision(), params)
         f = lambda p, x: _cnn(p, x, **kw)
-        return jnp.asarray(precision.apply(f)(p, Tensor(x).to_reduced_precision()))
+        return to_full_precision(precision.apply(f)(p, Tensor(x).to_reduced_precision()))
 
     return jax.grad(loss)(params)
 
@@ -184,7 +186,7 @@ def test_scan_rnn_grads_agree_with_float32():
 
     def loss(w):
         t = Tensor(w).to_reduced_precision()
-        return jnp.asarray(precision.apply(rnn)(t, Tensor(xs).to_reduced_precision()))
+        return to_full_precision(precision.apply(rnn)(t, Tensor(xs).to_reduced_precision()))
 
     assert _rel(jax.grad(loss)(w), jax.grad(rnn)(w, xs)) < 5e-2
 
@@ -198,7 +200,7 @@ def test_custom_jvp_rule_is_kept():
     f.defjvp(lambda p, t: (f(p[0]), 10.0 * t[0]))
 
     def loss(x):
-        return jnp.sum(jnp.asarray(precision.apply(f)(Tensor(x).to_reduced_precision())))
+        return jnp.sum(to_full_precision(precision.apply(f)(Tensor(x).to_reduced_precision())))
 
     x = jnp.array([0.5, 1.0])
     np.testing.assert_allclose(np.asarray(jax.grad(loss)(x)), [10.0, 10.0])
@@ -217,7 +219,7 @@ def test_custom_vjp_rule_is_kept():
 
     def loss(x):
         y = precision.apply(lambda a: clip_gradient(a) * 4.0)(Tensor(x).to_reduced_precision())
-        return jnp.sum(jnp.asarray(y))
+        return jnp.sum(to_full_precision(y))
 
     np.testing.assert_array_equal(np.asarray(jax.grad(loss)(jnp.ones(3))), [0.5, 0.5, 0.5])
 
@@ -226,7 +228,9 @@ def test_jax_nn_custom_rules_inside_apply():
     x = jnp.array([-1.0, 0.0, 2.0])
 
     def loss(x):
-        return jnp.sum(jnp.asarray(precision.apply(jax.nn.relu)(Tensor(x).to_reduced_precision())))
+        return jnp.sum(
+            to_full_precision(precision.apply(jax.nn.relu)(Tensor(x).to_reduced_precision()))
+        )
 
     # relu's own rule gives 0 at 0
     np.testing.assert_array_equal(np.asarray(jax.grad(loss)(x)), [0.0, 0.0, 1.0])
@@ -252,7 +256,7 @@ def test_jit_of_grad_of_vmap():
     xs = jnp.array([[1.0, 2.0, 3.0], [0.5, 0.25, -1.0]])
 
     def per_example(w, x):
-        return jnp.asarray(precision.apply(lambda a, b: jnp.sum(a * b))(w, x))
+        return to_full_precision(precision.apply(lambda a, b: jnp.sum(a * b))(w, x))
 
     def loss(w):
         wt = Tensor(w).to_reduced_precision()
@@ -297,7 +301,7 @@ def test_conversion_into_code_storage_is_straight_through(fmt, scaling):
 
     def f(x):
         t = Tensor(x).to_reduced_precision(fmt, scaling=scaling)
-        return jnp.sum(jnp.asarray(t) * weights)
+        return jnp.sum(to_full_precision(t) * weights)
 
     for grad in (jax.grad(f), jax.jit(jax.grad(f))):
         np.testing.assert_array_equal(np.asarray(grad(x)), np.asarray(weights))
@@ -358,7 +362,7 @@ def test_differentiating_a_conversion_from_outside_its_trace_is_refused(fmt, sca
     x = jnp.array([[0.3, -1.7], [2.2, 0.9]])
 
     def loss(v):
-        return jnp.sum(jnp.asarray(Tensor(v).to_reduced_precision(fmt, scaling=scaling)))
+        return jnp.sum(to_full_precision(Tensor(v).to_reduced_precision(fmt, scaling=scaling)))
 
     with pytest.raises(precision.PrecisionError, match=r"jax\.jit\(jax\.grad"):
         jax.grad(jax.jit(loss))(x)
@@ -407,7 +411,7 @@ def test_a_tensor_out_of_grad_holds_only_its_storage(fmt, jit):
 
     def loss(w):
         q = Tensor(w).to_reduced_precision(fmt)
-        return jnp.asarray(precision.apply(lambda a: jnp.sum(a * a))(q)), q
+        return to_full_precision(precision.apply(lambda a: jnp.sum(a * a))(q)), q
 
     step = jax.grad(loss, has_aux=True)
     g, q = (jax.jit(step) if jit else step)(w)

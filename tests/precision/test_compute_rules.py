@@ -516,7 +516,9 @@ def test_float32_weights_rounded_at_use_give_the_same_gradients_on_both_paths(na
     b = rng.standard_normal((32, 4)).astype(np.float32)
 
     def loss(a, b):
-        return jnp.sum(jnp.asarray(precision.apply(jnp.matmul, compute=name)(a, b)) ** 2)
+        return jnp.sum(
+            precision.to_full_precision(precision.apply(jnp.matmul, compute=name)(a, b)) ** 2
+        )
 
     slow, fast = _grads_on_both_dot_paths(monkeypatch, loss, a, b)
     for s, f in zip(slow, fast, strict=True):

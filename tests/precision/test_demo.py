@@ -139,8 +139,13 @@ def test_mnist_layout_npz(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "mnist.npz (28x28): 256 train / 64 test images" in err
     assert "\r" not in err  # stderr is not a terminal here: no progress bar redraws
+    # but a plain line as each mode starts and one as it ends
+    assert "\n[1/1] fp32: compiling, then training\n" in err
+    assert re.search(r"\n\[1/1\] fp32: \d+\.\d\d% test accuracy, loss \d+\.\d{4}, \d+ s\n", err)
     (row,) = json.loads(out.read_text())
     assert row["param_bytes"] == _expected_param_bytes(28, 28)["fp32"]
+    assert _demo.main([*argv, "--no-progress"]) == 0
+    assert "[1/1]" not in capsys.readouterr().err
 
 
 def test_digits_split_is_fixed():
@@ -224,29 +229,40 @@ def test_python_dash_m_precision_demo_help():
         assert flag in result.stdout
 
 
-@pytest.mark.slow
-def test_default_demo_meets_the_acceptance_bar(default_run):
-    """The full default run (its table and rows shared with the test above): the
-    accuracy claims of docs/training.md."""
-    _, rows = default_run
+def _assert_acceptance_bars(rows: list[dict]) -> None:
+    """The claims of docs/training.md, each with room for the digits to move.
+
+    One test image is 0.28 points, and a JAX release or another processor moves a
+    mode's accuracy by an image or two (jax 0.10.2 and 0.12.0.1 differ so), so every bar
+    leaves at least two images of room beside what either gave; pure bfloat16's claim,
+    updates kept and the loss they reach, is tested on those, not on an image of accuracy."""
     acc = {r["mode"]: 100 * r["accuracy"] for r in rows}
+    loss = {r["mode"]: r["loss"] for r in rows}
     kept = {r["mode"]: r["updates_kept"] for r in rows}
     assert acc["fp32"] >= 97.0
-    for mode in ("bf16-mixed", "fp16-loss-scale", "tf32"):
-        assert abs(acc[mode] - acc["fp32"]) <= 0.5, mode
-    assert abs(acc["int8-qat"] - acc["fp32"]) <= 1.0
+    for mode in ("bf16-mixed", "fp16-loss-scale", "tf32", "int8-qat", "fp8-hybrid", "w8a8-qat"):
+        assert abs(acc[mode] - acc["fp32"]) <= 1.0, mode
     assert abs(acc["int4-qat"] - acc["fp32"]) <= 2.0
     assert acc["int1-qat"] >= 85.0
-    for mode in ("fp8-hybrid", "w8a8-qat"):
-        # within half a point of float32 or better (one test image is 0.28 points)
-        assert acc[mode] >= acc["fp32"] - 0.5, mode
-    assert acc["bf16-pure-stochastic"] >= acc["bf16-pure-nearest"]
+    # Rounded to nearest, bfloat16 parameters drop about a quarter of the update mass and
+    # end with almost twice the loss; stochastic rounding keeps them and trains like fp32.
     assert kept["bf16-pure-nearest"] < 0.9 < kept["bf16-pure-stochastic"]
+    assert loss["bf16-pure-stochastic"] < 0.75 * loss["bf16-pure-nearest"]
+    assert loss["bf16-pure-stochastic"] < 1.25 * loss["fp32"]
+    assert min(acc["bf16-pure-nearest"], acc["bf16-pure-stochastic"]) >= 97.0
     # Every loss is finite and small (training worked); the digits themselves vary with
     # the processor and are not compared with the README's.
     for r in rows:
         assert math.isfinite(r["loss"]), r["mode"]
         assert r["loss"] < 0.05, r["mode"]
+
+
+@pytest.mark.slow
+def test_default_demo_meets_the_acceptance_bar(default_run):
+    """The full default run (its table and rows shared with the test above): the
+    accuracy claims of docs/training.md."""
+    _, rows = default_run
+    _assert_acceptance_bars(rows)
     # the README's table has the same modes and the same parameter bytes (those do not
     # depend on the machine)
     readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()

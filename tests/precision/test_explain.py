@@ -244,3 +244,35 @@ def test_a_batched_integer_dot_whose_metadata_xla_dropped_is_still_found():
         )
         == 1
     )
+
+
+def test_a_contraction_in_scan_counts_once_per_iteration():
+    """8 stacked layers under `lax.scan` do the FLOPs of the same 8 layers unrolled."""
+    ws, x = jnp.ones((8, 256, 256)), jnp.ones((512, 256))
+
+    def scanned(ws, x):
+        return jax.lax.scan(lambda h, w: (h @ w, None), x, ws)[0]
+
+    def unrolled(ws, x):
+        for i in range(8):
+            x = x @ ws[i]
+        return x
+
+    want = 8 * 2 * 512 * 256 * 256
+    for f in (scanned, unrolled):
+        report = precision.explain(f, ws, x)
+        assert sum(r.flops for r in report.rows) == want, f.__name__
+        assert sum(report.flops_by_type.values()) == want, f.__name__
+
+
+def test_nested_loops_multiply_their_trip_counts():
+    def f(ws, x):
+        def outer(h, w):
+            inner = jax.lax.fori_loop(0, 3, lambda _, h: h @ w, h)
+            return inner, None
+
+        return jax.lax.scan(outer, x, ws)[0]
+
+    ws, x = jnp.ones((4, 64, 64)), jnp.ones((32, 64))
+    report = precision.explain(f, ws, x)
+    assert sum(report.flops_by_type.values()) == 4 * 3 * 2 * 32 * 64 * 64

@@ -99,10 +99,13 @@ def test_scale_leaves_non_floating_leaves_alone():
     assert int(out["n"]) == 3
 
 
-def test_scaling_a_tensor_leaf_is_refused_with_the_fix():
+def test_scaling_a_tensor_leaf_is_refused_with_the_fix_that_works():
     t = precision.Tensor([1.0]).to_reduced_precision("bfloat16")
-    with pytest.raises(TypeError, match="to_full_precision"):
-        StaticLossScale(2.0).scale({"t": t})
+    for leaf in (t, t.to_full_precision()):
+        with pytest.raises(TypeError, match=r"precision\.to_full_precision\(tree\)"):
+            StaticLossScale(2.0).scale({"t": leaf})
+    scaled = StaticLossScale(2.0).scale(precision.to_full_precision({"t": t}))
+    assert scaled["t"].tolist() == [2.0]
 
 
 @pytest.mark.parametrize(
@@ -331,7 +334,7 @@ def _tensor_fp16_grad(w, loss_scale):
     def loss(w32):
         w16 = precision.Tensor(w32).to_reduced_precision("float16")
         x16 = precision.Tensor(jnp.full(w32.shape, X)).to_reduced_precision("float16")
-        value = jnp.asarray(_DOT(w16, x16)) * TINY
+        value = precision.to_full_precision(_DOT(w16, x16)) * TINY
         return loss_scale.scale(value)
 
     return loss_scale.unscale(jax.grad(loss)(w))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 import operator
 import os
+import sysconfig
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -279,6 +281,10 @@ def test_mixing_raises_under_jit_too():
 
 
 # -- implicit conversions outside `apply` (the entry points JAX gives a Tensor) --------------
+# JAX asks every object for its array the same way (`__jax_array__`, no word of who asks), so
+# the answer is the Tensor's alone: a narrow compute format refuses, whoever asks.
+
+REFUSED = "Tensor of shape .* does not become a JAX array implicitly"
 
 
 def _bf16(shape=(4,)) -> Tensor:
@@ -288,6 +294,11 @@ def _bf16(shape=(4,)) -> Tensor:
 
 
 IMPLICIT = {
+    "jnp.asarray": jnp.asarray,
+    "jnp.array": jnp.array,
+    "jnp.asarray(float32)": lambda t: jnp.asarray(t, jnp.float32),
+    "jnp.asarray([t])": lambda t: jnp.asarray([t]),
+    "jit(jnp.asarray)": jax.jit(lambda a: jnp.asarray(a)),
     "array + tensor": lambda t: jnp.ones(t.shape) + t,
     "array @ tensor": lambda t: jnp.ones((3, t.shape[0])) @ t,
     "jnp.sin": jnp.sin,
@@ -304,8 +315,55 @@ IMPLICIT = {
 @pytest.mark.parametrize("fmt", NARROW)
 def test_jax_never_turns_a_compute_tensor_into_float32_silently(name, fmt):
     t = Tensor(np.linspace(-1, 1, 4, dtype=np.float32)).to_reduced_precision(fmt)
-    with pytest.raises(PrecisionMismatchError, match=f"{fmt} Tensor reached .*precision.apply"):
+    with pytest.raises(PrecisionMismatchError, match=f"a {fmt} {REFUSED}"):
         IMPLICIT[name](t)
+
+
+def test_the_refusal_names_the_format_the_rule_and_the_explicit_ways():
+    with pytest.raises(PrecisionMismatchError) as err:
+        jnp.asarray(_bf16((2, 3)))
+    message = str(err.value)
+    assert message.startswith("a bfloat16 Tensor of shape (2, 3) does not become a JAX array")
+    for part in (
+        "compute in float32 and drop the bfloat16 format",
+        "precision.apply(f)",
+        "t.to_full_precision()",
+        "precision.to_full_precision(t)",
+        "np.asarray(t)",
+    ):
+        assert part in message, part
+
+
+def _asarray_in(tmp_path, where: str):
+    """`jnp.asarray` written in a file of this kind, and that file's module name."""
+    if where == "a script":
+        path, module = tmp_path / "script.py", "__main__"
+    elif where == "a module of an installed package":
+        purelib = sysconfig.get_paths()["purelib"]
+        path, module = Path(purelib) / "somepkg" / "convert.py", "somepkg.convert"
+    else:
+        path, module = tmp_path / "somepkg" / "convert.py", "somepkg.convert"
+    scope = {"__name__": module, "jnp": jnp}
+    exec(compile("def convert(t):\n    return jnp.asarray(t)\n", str(path), "exec"), scope)
+    return scope["convert"]
+
+
+WHERE = ["a script", "a module of an installed package", "a package checked out"]
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_the_same_call_is_refused_from_any_caller_and_any_install_location(tmp_path, where):
+    # nothing of the caller decides: the same `jnp.asarray(t)` in a script, in a package
+    # installed under site-packages and in a checkout raises the same error, eagerly and
+    # under jit; a float32 Tensor and a storage encoding convert in all three
+    convert = _asarray_in(tmp_path, where)
+    t = _bf16((2, 3))
+    with pytest.raises(PrecisionMismatchError, match=f"a bfloat16 {REFUSED}"):
+        convert(t)
+    with pytest.raises(PrecisionMismatchError, match=f"a bfloat16 {REFUSED}"):
+        jax.jit(convert)(t)
+    for fine in (t.to_full_precision(), Tensor(X).to_reduced_precision("int8")):
+        np.testing.assert_array_equal(np.asarray(convert(fine)), np.asarray(fine))
 
 
 def test_a_flax_model_given_bf16_tensors_outside_apply_is_refused_and_runs_inside():
@@ -313,9 +371,9 @@ def test_a_flax_model_given_bf16_tensors_outside_apply_is_refused_and_runs_insid
     model = nn.Dense(3)
     x = jnp.ones((2, 4))
     params = precision.to_reduced_precision(model.init(jax.random.key(0), x), "bfloat16")
-    with pytest.raises(PrecisionMismatchError, match="flax"):
+    with pytest.raises(PrecisionMismatchError, match=f"a bfloat16 {REFUSED}"):
         model.apply(params, x)
-    with pytest.raises(PrecisionMismatchError, match="flax"):
+    with pytest.raises(PrecisionMismatchError, match=f"a bfloat16 {REFUSED}"):
         jax.jit(model.apply)(params, x)
     xb = Tensor(x).to_reduced_precision("bfloat16")
     out = precision.apply(model.apply)(params, xb)
@@ -344,13 +402,25 @@ def test_storage_tensors_convert_implicitly_as_the_rules_compute(fmt):
     plain = jnp.sin(t)
     ruled = precision.apply(jnp.sin)(t)
     np.testing.assert_array_equal(np.asarray(plain), np.asarray(ruled))
+    np.testing.assert_array_equal(np.asarray(jnp.asarray(t)), np.asarray(t))
 
 
-def test_the_users_own_conversions_give_the_logical_values():
+def test_the_explicit_conversions_give_the_logical_values():
     t = _bf16((2, 3))
     logical = np.asarray(t)
     assert logical.dtype == np.float32
-    for out in (jnp.asarray(t), jnp.array(t), jax.jit(lambda a: jnp.asarray(a))(t), t.numpy()):
+    full = t.to_full_precision()
+    assert full.format == dtypes.float32
+    for out in (
+        t.numpy(),
+        np.array(t),
+        precision.to_full_precision(t),
+        jax.jit(precision.to_full_precision)(t),
+        jnp.asarray(full),
+        jax.jit(lambda a: jnp.asarray(a.to_full_precision()))(t),
+    ):
         np.testing.assert_array_equal(np.asarray(out), logical)
-    full = jnp.sin(t.to_full_precision())
-    np.testing.assert_array_equal(np.asarray(full), np.asarray(jnp.sin(jnp.asarray(logical))))
+    assert isinstance(precision.to_full_precision(t), jax.Array)
+    np.testing.assert_array_equal(np.asarray(jnp.sin(full)), np.asarray(jnp.sin(logical)))
+    grad = jax.grad(lambda a: jnp.sum(precision.to_full_precision(a) ** 2))(t)
+    np.testing.assert_array_equal(np.asarray(grad), 2 * logical)

@@ -500,7 +500,7 @@ def test_qat_gradients_are_finite_and_aligned_with_float32(model, recipe):
     def loss_q(p):
         stored, extra = _convert((p, case.extra), recipe, case.out_axis)
         out = precision.apply(case.fn)(stored, extra, case.x)
-        return _cross_entropy(jnp.asarray(case.logits(out)), case.labels)
+        return _cross_entropy(precision.to_full_precision(case.logits(out)), case.labels)
 
     def loss_32(p):
         return _cross_entropy(case.logits(case.fn(p, case.extra, case.x)), case.labels)

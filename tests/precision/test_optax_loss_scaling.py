@@ -96,7 +96,7 @@ def test_a_float16_model_trains_in_one_jitted_step():
     tx = loss_scaling(optax.adam(3e-3))
 
     def loss_of(p):
-        out = jnp.asarray(run(p, x), jnp.float32)
+        out = precision.to_full_precision(run(p, x))
         return jnp.mean((out - y) ** 2)
 
     @jax.jit

@@ -137,7 +137,7 @@ def test_jitted_data_parallel_step_runs():
             wt = Tensor(w).to_reduced_precision()
             pred = precision.apply(lambda a, b: jnp.tanh(a @ b))(
                 Tensor(x).to_reduced_precision(), wt)
-            return jnp.mean((jnp.asarray(pred) - y) ** 2)
+            return jnp.mean((precision.to_full_precision(pred) - y) ** 2)
 
         @jax.jit
         def step(w, x, y):

@@ -1,0 +1,115 @@
+"""Each quantizing kernel's compiled size held to a budget.
+
+The instruction count of the compiled program (`benchmarks/kernels.py`'s
+`instructions`: every instruction XLA emits, fused computations included) is the
+cheap, deterministic proxy of a kernel's cost: the timing rows of
+`benchmarks/kernels.py` move with the machine's load, the count does not. A change
+that makes a kernel grow past its budget fails here, naming the kernel, its count,
+its budget and the plain `jnp` expression's count; a change that makes one cheaper
+lowers the budget in the same commit (a budget sits about a quarter above the count
+it was set from, so that XLA releases can move a count a little without failing).
+
+The counts are those of XLA:CPU at 2**16 float32 values; the timings they stand for
+are in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+from types import ModuleType
+
+import pytest
+
+N = 1 << 16
+
+# name -> most instructions; counts as of the commit that set them, in the comments
+BUDGETS = {
+    "bfloat16 encode": 40,  # 30
+    "bfloat16 round": 5,  # 4
+    "float16 encode": 50,  # 37
+    "float16 round": 45,  # 34
+    "float8_e4m3fn encode": 35,  # 27
+    "float8_e4m3fn round": 100,  # 80
+    "float8_e5m2 encode": 40,  # 30
+    "float8_e5m2 round": 45,  # 34
+    "tf32 encode": 5,  # 4
+    "tf32 round": 5,  # 4
+    "int8 per tensor encode": 475,  # 380
+    "int8 per tensor round": 440,  # 349
+    "int8 per row encode": 455,  # 363
+    "int8 per row round": 475,  # 379
+    "int8 per block 32 encode": 435,  # 348
+    "int8 per block 32 round": 455,  # 364
+    "int4 per tensor encode": 495,  # 396
+    "int4 per tensor round": 440,  # 349
+    "int4 per row encode": 475,  # 379
+    "int4 per row round": 475,  # 379
+    "int4 per block 32 encode": 455,  # 364
+    "int4 per block 32 round": 455,  # 364
+    "int2 per tensor encode": 550,  # 440
+    "int2 per tensor round": 505,  # 401
+    "int2 per row encode": 535,  # 426
+    "int2 per row round": 535,  # 426
+    "int2 per block 32 encode": 515,  # 412
+    "int2 per block 32 round": 515,  # 412
+    "float8_e4m3fn per tensor encode": 475,  # 377
+    "float8_e4m3fn per row encode": 450,  # 360
+    "float8_e5m2 per tensor encode": 475,  # 377
+    "float8_e5m2 per row encode": 450,  # 360
+    "contract int8 rowwise (activation)": 455,  # 363
+    "contract e4m3 tensorwise (activation)": 475,  # 377
+    "contract e4m3 rowwise (activation)": 450,  # 360
+    "Tensor @ Tensor bfloat16 (result rounding)": 80,  # 63
+    "Tensor @ Tensor float16 (result rounding)": 290,  # 232
+    "mxfp8_e4m3 encode": 185,  # 147
+    "mxfp4 encode": 330,  # 264
+    "nvfp4 encode": 2110,  # 1688
+    "nf4 encode": 620,  # 493
+    "uint8 per tensor encode": 1800,  # 1439
+    "uint4 per block 32 encode": 1050,  # 838
+    "float6_e2m3fn per block 32 encode": 615,  # 489
+    "float4_e2m1fn per block 32 encode": 580,  # 462
+    "int8 per tensor stochastic encode": 880,  # 703
+    "bfloat16 stochastic round": 395,  # 316
+}
+
+
+def _kernels_module() -> ModuleType:
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "kernels.py"
+    spec = importlib.util.spec_from_file_location("_benchmark_kernels", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+_BENCH = _kernels_module()
+_ROWS = {row.name: row for row in _BENCH.kernels()}
+
+
+def test_every_row_of_the_benchmark_has_a_budget():
+    assert sorted(_ROWS) == sorted(BUDGETS)
+
+
+@pytest.mark.parametrize("name", sorted(BUDGETS))
+def test_kernel_stays_within_its_instruction_budget(name):
+    row = _ROWS[name]
+    args = row.args(N)
+    count = _BENCH.instructions(row.ours, *args)
+    if count > BUDGETS[name]:
+        pytest.fail(
+            f"{name}: {count} instructions compiled, budget {BUDGETS[name]} (the plain jnp "
+            f"expression of the rule: {_plain_count(row, args)}); profile it with "
+            f"`python benchmarks/kernels.py --only '{name}'` before raising the budget"
+        )
+
+
+def _plain_count(row, args) -> str:
+    try:
+        return f"{_BENCH.instructions(row.plain, *args)} instructions"
+    except Exception as e:  # XLA:CPU has no convert for some narrow floats (fp6)
+        return f"does not compile here ({type(e).__name__})"
