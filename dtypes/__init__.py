@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._codebook import CodebookFormat as CodebookFormat
     from ._e8m0 import E8M0Format as E8M0Format
     from ._encoded import Encoded as Encoded
+    from ._encoder_inputs import is_tracer as is_tracer
     from ._errors import FormatError as FormatError
     from ._errors import FormatTypeError as FormatTypeError
     from ._errors import NonFiniteError as NonFiniteError
@@ -63,6 +64,7 @@ _HOME = {
     "CodebookFormat": "_codebook",
     "E8M0Format": "_e8m0",
     "Encoded": "_encoded",
+    "is_tracer": "_encoder_inputs",
     "FormatError": "_errors",
     "FormatTypeError": "_errors",
     "NonFiniteError": "_errors",
@@ -141,6 +143,7 @@ __all__ = [
     "int2",
     "int4",
     "int8",
+    "is_tracer",
     "tf32",
 ]
 

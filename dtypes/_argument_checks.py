@@ -24,6 +24,7 @@ __all__ = [
     "as_dtype",
     "check_format_fields",
     "check_scaling_field",
+    "is_numeric",
     "refuse_non_finite",
     "refuse_scale_format_arguments",
     "refuse_scaling",
@@ -50,14 +51,18 @@ def as_dtype(dtype: Any, what: str) -> np.dtype[Any]:
         dt = np.dtype(dtype)
     except (TypeError, ValueError):
         dt = None
-    numeric = dt is not None and (dt.kind in "iuf" or dt.name in _ML_FLOATS)
-    if dt is None or not numeric or isinstance(dtype, bool):
+    if dt is None or not is_numeric(dt) or isinstance(dtype, bool):
         raise PrecisionTypeError(
             f"{what} takes a numeric dtype such as np.float32 or ml_dtypes.bfloat16, got "
             f"{type(dtype).__name__} {dtype!r}"
         )
     assert dt is not None
     return dt
+
+
+def is_numeric(dt: np.dtype[Any]) -> bool:
+    """Whether `dt` holds numbers: numpy's integers and floats, or an ml_dtypes float."""
+    return dt.kind in "iuf" or dt.name in _ML_FLOATS
 
 
 _ML_FLOATS = frozenset(
@@ -123,20 +128,26 @@ def refuse_non_finite(values: np.ndarray, fmt: Format) -> None:
 def refuse_scaling(fmt: IntFormat, scaling: Scaling, shape: tuple[int, ...]) -> None:
     """Raise `ScalingError` unless `fmt` takes `scaling` for values of `shape`."""
     if scaling.power_of_two and fmt.binary:
+        rule = "int1 scales are mean(|x|) per group and have no power-of-two variant"
         raise ScalingError(
-            "int1 scales are mean(|x|) per group and have no power-of-two variant; "
-            f"pass {type(scaling).__name__} without power_of_two=True"
+            f"{rule}; pass {type(scaling).__name__} without power_of_two=True", rule=rule
         )
     if scaling.scale_format not in ("float32", "bfloat16", "float16"):
         if fmt.binary:
+            rule = (
+                "int1 scales are mean(|x|) per group and cannot be stored as "
+                f"{scaling.scale_format}"
+            )
             raise ScalingError(
-                f"int1 scales are mean(|x|) per group and cannot be stored as "
-                f"{scaling.scale_format}; use scale_format='float32', 'bfloat16' or 'float16'"
+                f"{rule}; use scale_format='float32', 'bfloat16' or 'float16'", rule=rule
             )
         if scaling.scale_format == "float8_e4m3fn":
+            rule = (
+                "two-level float8_e4m3fn scales (the NVFP4 recipe) are for float elements, not "
+                f"{fmt.name}"
+            )
             raise ScalingError(
-                f"two-level float8_e4m3fn scales (the NVFP4 recipe) are for float elements, not "
-                f"{fmt.name}; use scale_format='bfloat16' or 'float16' for integer groups"
+                f"{rule}; use scale_format='bfloat16' or 'float16' for integer groups", rule=rule
             )
     if shape:
         scaling.validate(shape)
@@ -148,10 +159,13 @@ def refuse_scale_format_arguments(fmt: Format, scaling: Scaling | None, rounding
         raise ScalingError(
             f"{fmt.name} is a scale format and takes no scaling of its own, got {scaling}; "
             "name it as a scaling's scale_format instead, e.g. "
-            "PerBlock(32, power_of_two=True, scale_format='float8_e8m0fnu')"
+            "PerBlock(32, power_of_two=True, scale_format='float8_e8m0fnu')",
+            rule=f"{fmt.name} is a scale format: it takes no scaling of its own, and is named as "
+            "the scale format of another format's scaling instead",
         )
     if rounding != "nearest_even":
+        why = "its scales come from the OCP MX rule, which picks the power of two itself"
         raise RoundingError(
-            f"{fmt.name} rounds only to nearest (rounding='nearest_even'), got {rounding!r}: "
-            "its scales come from the OCP MX rule, which picks the power of two itself"
+            f"{fmt.name} rounds only to nearest (rounding='nearest_even'), got {rounding!r}: {why}",
+            rule=f"{fmt.name} rounds only to nearest even, got {rounding}: {why}",
         )

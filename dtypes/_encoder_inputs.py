@@ -65,7 +65,20 @@ def as_float_array(x: Any) -> jax.Array:
 
 
 def is_tracer(x: Any) -> bool:
-    """Whether `x` is being traced (its values are not known yet)."""
+    """Whether `x` is being traced: a value of `jit`, `grad`, `vmap` or another JAX
+    transformation, whose numbers are not known yet.
+
+    The eager checks of every encoder ask it (NaN refused, scales read), and so
+    does `precision`, which decides by it whether a value can be looked at now.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> import dtypes
+        >>> dtypes.is_tracer(jnp.ones(2))
+        False
+        >>> _ = jax.jit(lambda x: print(dtypes.is_tracer(x)) or x)(jnp.ones(2))
+        True
+    """
     return isinstance(x, jax.core.Tracer)
 
 

@@ -17,11 +17,12 @@ import numpy as np
 from ._argument_checks import (
     check_format_fields,
     check_scaling_field,
+    is_numeric,
     refuse_non_finite,
     refuse_scaling,
     resolve_scaling,
 )
-from ._errors import FormatError
+from ._errors import FormatError, PrecisionTypeError, ShapeError
 from ._format import Format
 from ._scaling import PerTensor, Scaling
 
@@ -116,3 +117,123 @@ class IntFormat(Format):
     def __repr__(self) -> str:
         scaling = f", scaling={self.scaling!r}" if self.scaling is not None else ""
         return f"IntFormat({self.bits}{scaling}, name={self.name!r})"
+
+    # -- the absmax rule in numpy, on the host ---------------------------------
+    # The same float32 operations as the compiled encode, for a caller that converts
+    # whole checkpoints in numpy without JAX (the command line): `host_rule` says
+    # when an encode is this rule, `host_absmax` for which absmaxes, and
+    # `host_codes` and `host_scales` compute it. tests/dtypes/test_int_host.py holds
+    # them to `encode` bit for bit.
+
+    #: Group absmaxes (besides 0) for which `host_codes` gives `encode`'s codes: inside
+    #: it the scale rule takes none of its special paths (flushed, subnormal,
+    #: near-overflow or prescaled scales), and a product `x * (qmax / absmax)` that
+    #: numpy keeps subnormal where XLA:CPU flushes it lies below 2**-19, which rounds
+    #: to 0 either way.
+    HOST_ABSMAX: ClassVar[tuple[float, float]] = (2.0**-100, 2.0**100)
+
+    def host_rule(self, scaling: Scaling | None, rounding: str) -> bool:
+        """Whether `encode(x, scaling=scaling, rounding=rounding)` is the plain rule
+        `host_codes` computes: `scale = absmax / qmax`, codes `clip(rint(x * (qmax /
+        absmax)), -qmax, qmax)`; not for int1's mean scales, power-of-two or narrow
+        scales, or another rounding mode.
+
+        Raises:
+            PrecisionTypeError: `scaling` is neither a `Scaling` nor None (the
+                format's default).
+
+        Examples:
+            >>> from dtypes import PerAxis, int8
+            >>> int8.host_rule(PerAxis(0), "nearest_even"), int8.host_rule(PerAxis(0), "up")
+            (True, False)
+        """
+        resolved = resolve_scaling(self, scaling)
+        assert resolved is not None  # an integer format always has a default scaling
+        return (
+            not self.binary
+            and not resolved.power_of_two
+            and resolved.scale_format == "float32"
+            and rounding == "nearest_even"
+        )
+
+    def host_absmax(self, absmax: Any) -> bool:
+        """Whether every group absmax in `absmax` (numbers) is 0 or in `HOST_ABSMAX`,
+        not NaN or inf: the groups whose codes and scales `host_codes` and
+        `host_scales` give."""
+        low, high = self.HOST_ABSMAX
+        m = _host_array(absmax, "absmax", f"{self.name}.host_absmax")
+        return bool(np.all((m == 0) | ((m >= low) & (m <= high))))
+
+    def host_codes(self, x: Any, absmax: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """The codes `encode` gives float32 values `x`, as float32 (in `out` if given).
+
+        `absmax` is each group's absmax broadcast against `x` (one number for the
+        tensor, or a column of rows), each accepted by `host_absmax`, under a
+        scaling and rounding that `host_rule` accepts. The reciprocal is taken
+        once per group, as the compiled encode takes it; a zero group's codes are 0.
+        A code 0 keeps the sign of its value (-0.0), which converting the codes to
+        integers drops.
+
+        Raises:
+            PrecisionTypeError: `x` or `absmax` is not numbers, or `out` is not a
+                float32 numpy array.
+            ShapeError: `absmax` does not broadcast against `x`, or `out` is not
+                shaped like their product.
+
+        Examples:
+            >>> import numpy as np
+            >>> from dtypes import int8
+            >>> int8.host_codes(np.float32([0.5, -1.0, 0.25]), np.float32(1.0))
+            array([  64., -127.,   32.], dtype=float32)
+        """
+        values = _host_array(x, "x", f"{self.name}.host_codes")
+        m = _host_array(absmax, "absmax", f"{self.name}.host_codes")
+        _check_out(values, m, out)
+        qmax = np.float32(self.qmax)
+        inv = np.divide(qmax, m, out=np.zeros_like(m), where=m != 0)  # correctly rounded
+        y: np.ndarray = np.multiply(values, inv, out=out) if out is not None else values * inv
+        np.rint(y, out=y)  # halves to even
+        np.clip(y, -qmax, qmax, out=y)
+        return y
+
+    def host_scales(self, absmax: Any) -> np.ndarray:
+        """The float32 scales `encode` keeps for group absmaxes `absmax` (accepted by
+        `host_absmax`): `absmax / qmax` correctly rounded, 1 for a zero group."""
+        m = _host_array(absmax, "absmax", f"{self.name}.host_scales")
+        scale: np.ndarray = np.divide(m, np.float32(self.qmax), out=np.ones_like(m), where=m != 0)
+        return scale
+
+
+def _host_array(value: Any, name: str, where: str) -> np.ndarray:
+    """`value` as a float32 numpy array (not copied when it is one), or a
+    `PrecisionTypeError` naming it: the host rule reads numbers, in numpy."""
+    arr = value if isinstance(value, np.ndarray) else None
+    if arr is None and isinstance(value, float | int | np.generic) and not isinstance(value, bool):
+        arr = np.asarray(value)  # a number, or a numpy or ml_dtypes scalar
+    if arr is None or not is_numeric(arr.dtype):
+        got = f"{type(value).__name__} {value!r:.60}" if arr is None else f"dtype {arr.dtype}"
+        raise PrecisionTypeError(
+            f"{where} takes `{name}` as a numpy array of numbers, got {got}; pass "
+            "e.g. np.float32 values (the compiled encode takes any array)"
+        )
+    return arr if arr.dtype == np.float32 else arr.astype(np.float32)
+
+
+def _check_out(x: np.ndarray, absmax: np.ndarray, out: np.ndarray | None) -> None:
+    """Raise unless `absmax` broadcasts against `x` and `out` is None or a float32
+    array of the codes' shape."""
+    try:
+        shape = np.broadcast_shapes(x.shape, absmax.shape)
+    except ValueError:
+        raise ShapeError(
+            f"IntFormat.host_codes: absmax of shape {absmax.shape} does not broadcast against "
+            f"values of shape {x.shape}; give one absmax, or one per group (keepdims)"
+        ) from None
+    if out is not None and (
+        not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != shape
+    ):
+        got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise PrecisionTypeError(
+            f"IntFormat.host_codes writes into `out`, a float32 numpy array of shape {shape}, "
+            f"got {got}; pass out=None for a new array"
+        )

@@ -192,9 +192,9 @@ def get(name: str | Format) -> Format:
     aliases = ", ".join(_ALIASES)
     close = difflib.get_close_matches(key, [*REGISTRY, *_ALIASES], n=3, cutoff=0.6)
     guess = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+    rule = f"unknown format {name!r}{guess}; known formats: {known} (aliases: {aliases})"
     raise FormatError(
-        f"unknown format {name!r}{guess}; known formats: {known} (aliases: {aliases}), or build "
-        "one with dtypes.FloatFormat(exponent_bits, mantissa_bits)"
+        f"{rule}, or build one with dtypes.FloatFormat(exponent_bits, mantissa_bits)", rule=rule
     )
 
 

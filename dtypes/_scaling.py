@@ -72,16 +72,21 @@ def _check_scale_format(scaling: Scaling) -> None:
     object.__setattr__(scaling, "scale_format", key)
     kind = type(scaling).__name__
     if key == "float8_e8m0fnu" and not scaling.power_of_two:
+        rule = "E8M0 holds only powers of two (the OCP MX rule)"
         raise ScalingError(
-            f"{kind}(scale_format='float8_e8m0fnu') needs power_of_two=True: E8M0 holds only "
-            f"powers of two (the OCP MX rule); pass {kind}(..., power_of_two=True, "
-            "scale_format='float8_e8m0fnu')"
+            f"{kind}(scale_format='float8_e8m0fnu') needs power_of_two=True: {rule}; pass "
+            f"{kind}(..., power_of_two=True, scale_format='float8_e8m0fnu')",
+            rule=rule,
         )
     if key == "float8_e4m3fn" and scaling.power_of_two:
+        rule = (
+            "e4m3 block scales follow the two-level NVFP4 recipe (absmax scales under a float32 "
+            "tensor scale), not powers of two"
+        )
         raise ScalingError(
-            f"{kind}(scale_format='float8_e4m3fn', power_of_two=True): e4m3 block scales follow "
-            "the two-level NVFP4 recipe (absmax scales under a float32 tensor scale), not powers "
-            "of two; drop power_of_two, or store powers of two as 'float8_e8m0fnu'"
+            f"{kind}(scale_format='float8_e4m3fn', power_of_two=True): {rule}; drop "
+            "power_of_two, or store powers of two as 'float8_e8m0fnu'",
+            rule=rule,
         )
 
 
@@ -179,6 +184,18 @@ class Scaling:
                 f"pass e.g. {type(self).__name__}(power_of_two=True)"
             )
         object.__setattr__(self, "power_of_two", bool(p))
+
+    @property
+    def two_level(self) -> bool:
+        """Whether the scales are e4m3 under one float32 tensor scale (NVFP4's two levels).
+
+        Such an encoding holds a `tensor_scale` beside its block scales.
+
+        Examples:
+            >>> PerBlock(16, scale_format="float8_e4m3fn").two_level, PerBlock(16).two_level
+            (True, False)
+        """
+        return self.scale_format == "float8_e4m3fn"
 
     def scale_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """Shape of the scale array kept for a tensor of logical `shape`."""
@@ -436,7 +453,8 @@ class PerBlock(Scaling):
         size = _as_int(self.size, "PerBlock size", "PerBlock(32)")
         if size < 1:
             raise ScalingError(
-                f"PerBlock size must be at least 1, got {size}; pass e.g. PerBlock(32)"
+                f"PerBlock size must be at least 1, got {size}; pass e.g. PerBlock(32)",
+                rule=f"a block holds at least 1 value, got a size of {size}",
             )
         object.__setattr__(self, "size", size)
         object.__setattr__(
@@ -536,8 +554,9 @@ def scale_dtype(scaling: Scaling) -> np.dtype[Any]:
 
 
 def two_level(scaling: Scaling | None) -> bool:
-    """Whether `scaling` keeps a float32 tensor scale above its block scales (NVFP4)."""
-    return scaling is not None and scaling.scale_format == "float8_e4m3fn"
+    """Whether `scaling` keeps a float32 tensor scale above its block scales
+    (`Scaling.two_level`; False for no scaling)."""
+    return scaling is not None and scaling.two_level
 
 
 def scale_nbytes(scaling: Scaling, shape: tuple[int, ...]) -> int:

@@ -37,9 +37,11 @@ if TYPE_CHECKING:
     from ._errors import PrecisionFallbackError as PrecisionFallbackError
     from ._errors import PrecisionFallbackWarning as PrecisionFallbackWarning
     from ._errors import PrecisionMismatchError as PrecisionMismatchError
+    from ._errors import PrecisionTypeError as PrecisionTypeError
     from ._errors import SaveError as SaveError
     from ._errors import SaveTypeError as SaveTypeError
     from ._errors import SelectionError as SelectionError
+    from ._errors import SelectionWarning as SelectionWarning
     from ._errors import UpdateError as UpdateError
     from ._explain import Explanation as Explanation
     from ._explain import explain as explain
@@ -90,9 +92,11 @@ _HOME = {
     "PrecisionFallbackError": "_errors",
     "PrecisionFallbackWarning": "_errors",
     "PrecisionMismatchError": "_errors",
+    "PrecisionTypeError": "_errors",
     "SaveError": "_errors",
     "SaveTypeError": "_errors",
     "SelectionError": "_errors",
+    "SelectionWarning": "_errors",
     "UpdateError": "_errors",
     "DynamicLossScale": "_loss_scale",
     "NoOpLossScale": "_loss_scale",
@@ -143,9 +147,11 @@ __all__ = [
     "PrecisionFallbackError",
     "PrecisionFallbackWarning",
     "PrecisionMismatchError",
+    "PrecisionTypeError",
     "SaveError",
     "SaveTypeError",
     "SelectionError",
+    "SelectionWarning",
     "StaticLossScale",
     "Tensor",
     "UpdateError",

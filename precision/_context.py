@@ -56,20 +56,11 @@ def _context() -> Any:
     return _CONTEXT
 
 
-def resolve_format(fmt: str | dtypes.Format) -> dtypes.Format:
-    """A `dtypes.Format` from a format object or any registered name or alias.
-
-    Exactly `dtypes.get`, the one resolver: every format argument of
-    `precision` (a Tensor's conversion, `apply(compute=)`, `Policy`,
-    `Contract`, the tree functions) comes through here, so a bad one is
-    refused with the same error and message wherever it is given.
-
-    Raises:
-        FormatError: the name is not registered (the message lists the known
-            names), or `fmt` is neither a name nor a format (then also a
-            `TypeError`).
-    """
-    return dtypes.get(fmt)
+# Every format argument of `precision` is resolved by `dtypes.get`, the one resolver,
+# so a bad one is refused with the same error and message wherever it is given.
+# `resolve_format` is that same function under the name `_apply` and `_calibrate`
+# still import; new code calls `dtypes.get`.
+resolve_format = dtypes.get
 
 
 def get_default_format() -> dtypes.Format:
@@ -103,6 +94,6 @@ def default_format(fmt: str | dtypes.Format) -> Iterator[dtypes.Format]:
         >>> t.to_reduced_precision().format.name
         'bfloat16'
     """
-    resolved = resolve_format(fmt)
+    resolved = dtypes.get(fmt)
     with _context()(resolved):
         yield resolved

@@ -21,10 +21,10 @@ from typing import Any, Literal, TypeAlias
 
 import dtypes
 
-from ._context import FormatLike, resolve_format
-from ._errors import FormatError, PrecisionError
+from ._context import FormatLike
+from ._errors import FormatError, PrecisionTypeError
 
-__all__ = ["SCALINGS", "Contract", "ContractLike", "ContractTypeError", "Scaling", "as_contract"]
+__all__ = ["SCALINGS", "Contract", "ContractLike", "Scaling", "as_contract"]
 
 Scaling = Literal["tensorwise", "rowwise", "mx"]
 SCALINGS: tuple[str, ...] = ("tensorwise", "rowwise", "mx")
@@ -33,13 +33,9 @@ operand's non-contracting index: a token, an output channel), or OCP MX
 blocks of 32 along the contracted axis with power-of-two E8M0 scales."""
 
 
-class ContractTypeError(PrecisionError, TypeError):
-    """A `contract=` declaration of the wrong type."""
-
-
 def _operand_format(value: Any, what: str) -> dtypes.Format:
     """A format that an operand of a contraction can be quantized to, or raise."""
-    fmt = resolve_format(value)
+    fmt = dtypes.get(value)
     if getattr(fmt, "scaling", None) is not None:  # a named composition (mxfp4, nvfp4, …)
         raise FormatError(
             f"Contract {what}={fmt.name!r} carries its own scaling; give the element format and "
@@ -113,7 +109,7 @@ class Contract:
 
     def __post_init__(self) -> None:
         if not isinstance(self.fast_accumulation, bool):
-            raise ContractTypeError(
+            raise PrecisionTypeError(
                 f"Contract fast_accumulation must be True or False, got "
                 f"{type(self.fast_accumulation).__name__} {self.fast_accumulation!r}"
             )
@@ -157,14 +153,14 @@ def as_contract(value: Any) -> Contract | None:
     """A `Contract` from `contract=`: None, a format name or object, or a `Contract`.
 
     Raises:
-        ContractTypeError: any other type (a `TypeError`).
+        PrecisionTypeError: any other type (a `TypeError`).
         FormatError: an unknown or unsuitable format name.
     """
     if value is None or isinstance(value, Contract):
         return value
     if isinstance(value, str | dtypes.Format):
         return Contract(value)
-    raise ContractTypeError(
+    raise PrecisionTypeError(
         f"apply: `contract` must be a format name such as 'int8' or 'float8_e4m3fn', or a "
         f"precision.Contract, got {type(value).__name__} {value!r}; pass e.g. "
         'precision.apply(f, contract=precision.Contract("float8_e4m3fn", backward="float8_e5m2"))'

@@ -17,6 +17,8 @@ import jax
 from jax.extend import core as jex
 from jax.extend.core import primitives as prims
 
+from dtypes import is_tracer  # (the one test of a tracer, both packages')
+
 __all__ = [
     "CALLS",
     "COND",
@@ -70,11 +72,6 @@ def scan_counts(params: dict[str, Any]) -> tuple[int, int]:
 def while_counts(params: dict[str, Any]) -> tuple[int, int]:
     """(constants of the condition, constants of the body) of a `while` equation."""
     return int(params["cond_nconsts"]), int(params["body_nconsts"])
-
-
-def is_tracer(x: Any) -> bool:
-    """Whether `x` is an abstract value of some JAX transformation."""
-    return isinstance(x, jax.core.Tracer)
 
 
 def is_differentiated(x: Any) -> bool:

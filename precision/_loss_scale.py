@@ -31,8 +31,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dtypes import is_tracer
+
 from ._errors import LossScaleError, LossScaleTypeError
 from ._narrowing import X64_FIX, narrowing
+from ._tree import is_tensor
 
 _F32_MAX = float(np.finfo(np.float32).max)
 
@@ -43,12 +46,6 @@ __all__ = [
     "all_finite",
     "select_tree",
 ]
-
-
-def _is_reduced_tensor(x: Any) -> bool:
-    from ._tree import is_tensor
-
-    return is_tensor(x)
 
 
 def _multiply(tree: Any, factor: jax.Array, what: str) -> Any:
@@ -62,7 +59,7 @@ def _multiply(tree: Any, factor: jax.Array, what: str) -> Any:
     """
 
     def one(path: Any, x: Any) -> Any:
-        if _is_reduced_tensor(x):
+        if is_tensor(x):
             raise LossScaleTypeError(
                 f"cannot {what} a precision.Tensor leaf: loss scaling works on plain arrays "
                 "(the loss and the gradients); make the Tensors plain arrays first with "
@@ -75,7 +72,7 @@ def _multiply(tree: Any, factor: jax.Array, what: str) -> Any:
             return x
         return arr * factor.astype(arr.dtype)
 
-    return jax.tree_util.tree_map_with_path(one, tree, is_leaf=_is_reduced_tensor)
+    return jax.tree_util.tree_map_with_path(one, tree, is_leaf=is_tensor)
 
 
 def _numeric_leaf(path: Any, x: Any, what: str) -> Any:
@@ -343,7 +340,7 @@ class DynamicLossScale:
 
 def _static_number(value: Any, what: str, example: str) -> int | float:
     """A setting as a finite Python int or float (numpy and concrete JAX scalars too)."""
-    if isinstance(value, jax.core.Tracer):
+    if is_tracer(value):
         raise LossScaleTypeError(
             f"{what} is a static setting and cannot be a traced value; pass a Python number "
             f"such as {example}"
@@ -398,7 +395,7 @@ def _as_flag(value: Any, where: str, example: str) -> jax.Array:
 
 
 def _as_scale(value: Any) -> Any:
-    if isinstance(value, jax.core.Tracer):
+    if is_tracer(value):
         return value.astype(jnp.float32)
     with jax.ensure_compile_time_eval():  # concrete even inside a jit trace
         kind = getattr(
@@ -442,7 +439,7 @@ def _shown(value: Any) -> str:
 
 
 def _as_counter(value: Any) -> Any:
-    if isinstance(value, jax.core.Tracer):
+    if is_tracer(value):
         return value.astype(jnp.int32)
     arr = np.asarray(value)
     if arr.shape != () or arr.dtype.kind not in "iu" or not 0 <= int(arr) < 2**31:
@@ -473,9 +470,9 @@ def all_finite(tree: Any) -> jax.Array:
         False
     """
     flags = []
-    leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=_is_reduced_tensor)
+    leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=is_tensor)
     for path, leaf in leaves:
-        if _is_reduced_tensor(leaf):
+        if is_tensor(leaf):
             from ._tensor import logical_values
 
             leaf = logical_values(leaf)

@@ -20,7 +20,6 @@ import numpy as np
 import dtypes
 from dtypes import PrecisionTypeError
 
-from ._context import resolve_format
 from ._errors import FormatError, PolicyError
 from ._jax_compat import primitive_names
 from ._storage import compute_format, role
@@ -213,10 +212,10 @@ class Policy:
             )
         if "=" not in text:
             if text in _NAMED:
-                params, compute, output = (resolve_format(n) for n in _NAMED[text])
+                params, compute, output = (dtypes.get(n) for n in _NAMED[text])
                 return cls(params, compute, output)
             try:
-                fmt = resolve_format(text)
+                fmt = dtypes.get(text)
             except FormatError as err:
                 raise PolicyError(
                     f"policy {source!r}: not a policy name ({', '.join(_NAMED)}), fields "
@@ -241,7 +240,7 @@ class Policy:
             if name in fields:
                 raise PolicyError(f"policy {source!r}: field {name!r} given twice")
             try:
-                fields[name] = resolve_format(value)
+                fields[name] = dtypes.get(value)
             except FormatError as err:
                 raise PolicyError(f"policy {source!r}, field {name}: {err}") from None
         return cls(**fields)
@@ -295,7 +294,7 @@ def _with_suggestions(name: str, known: frozenset[str]) -> str:
 
 def _policy_format(fmt: Any, field: str) -> dtypes.Format:
     """A format that can hold a policy field's values (not a scale-only format)."""
-    resolved = resolve_format(fmt)
+    resolved = dtypes.get(fmt)
     if resolved.kind == "scale":
         raise FormatError(
             f"Policy: {field}={resolved.name!r} is a scale format (it holds only the positive "

@@ -28,7 +28,7 @@ import numpy as np
 import dtypes
 from dtypes import PrecisionTypeError
 
-from ._context import get_default_format, resolve_format
+from ._context import get_default_format
 from ._errors import SelectionError, SelectionWarning
 from ._keep import KEEP
 from ._tensor import Tensor, logical_values
@@ -210,7 +210,7 @@ def to_reduced_precision(
         >>> matrices["dense"]["kernel"].format.name
         'bfloat16'
     """
-    fmt = get_default_format() if format is None else resolve_format(format)
+    fmt = get_default_format() if format is None else dtypes.get(format)
     dtypes.check_rounding(rounding, key)
     select = _selector(where, exclude)
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_tensor)
@@ -376,7 +376,7 @@ def quantize(
         >>> type(q["Dense_0"]["bias"]).__name__, type(q["LayerNorm_0"]["scale"]).__name__
         ('ArrayImpl', 'ArrayImpl')
     """
-    fmt = resolve_format(format)
+    fmt = dtypes.get(format)
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
         raise dtypes.ScalingError(
             f"quantize: block must be a positive int (the inputs sharing one scale), got "

@@ -37,7 +37,6 @@ import dtypes
 from dtypes import PrecisionTypeError
 
 from . import _attach  # noqa: F401  (Tensor's operators, for the Tensors returned)
-from ._context import resolve_format
 from ._errors import LossScaleTypeError, SelectionError, UpdateError
 from ._loss_scale import DynamicLossScale, NoOpLossScale, StaticLossScale, all_finite, select_tree
 from ._tensor import Tensor, logical_values
@@ -261,7 +260,7 @@ def reduced_state(
         *((p, f, False) for p, f in (patterns or {}).items()),
     ):
         if fmt is not None:
-            rules.append((_compile(pattern), resolve_format(fmt), is_nu))
+            rules.append((_compile(pattern), dtypes.get(fmt), is_nu))
 
     def rule_of(path: Any) -> tuple[dtypes.Format, bool] | None:
         name = _leaf_name(path)

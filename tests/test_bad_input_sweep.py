@@ -881,6 +881,41 @@ def _encoded(ctx: Ctx) -> list[Case]:
     ]
 
 
+@group(
+    "dtypes.IntFormat.host",
+    "dtypes.Format.host_rule",
+    "dtypes.Format.host_absmax",
+    "dtypes.Format.host_codes",
+    "dtypes.Format.host_scales",
+)
+def _int_host(ctx: Ctx) -> list[Case]:
+    int8, x = dtypes.int8, np.ones((2, 4), np.float32)
+    absmax = np.float32([[1.0], [0.0]])
+    return [
+        *sweep(
+            "int8.host_rule",
+            int8.host_rule,
+            (dtypes.PerAxis(0), "nearest_even"),
+            None,
+            {0: "option", 1: "option"},
+        ),
+        *sweep("int8.host_absmax", int8.host_absmax, (absmax,), None, {0: "value"}),
+        *sweep(
+            "int8.host_codes",
+            int8.host_codes,
+            (x, absmax),
+            {"out": np.empty_like(x)},
+            {0: "value", 1: "value", "out": "value"},
+        ),
+        *sweep("int8.host_scales", int8.host_scales, (absmax,), None, {0: "value"}),
+    ]
+
+
+@group("dtypes.is_tracer")
+def _is_tracer(ctx: Ctx) -> list[Case]:
+    return sweep("is_tracer", dtypes.is_tracer, (np.ones(2),), None, {0: "value"})
+
+
 @group("dtypes.from_codes")
 def _from_codes(ctx: Ctx) -> list[Case]:
     codes = np.zeros((2, 4), np.int8)

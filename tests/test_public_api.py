@@ -7,6 +7,8 @@ exactly when the API reference can show it.
 
 from __future__ import annotations
 
+import ast
+import builtins
 import functools
 import importlib
 import inspect
@@ -64,6 +66,7 @@ DTYPES_ALL = [
     "int2",
     "int4",
     "int8",
+    "is_tracer",
     "tf32",
 ]
 
@@ -185,3 +188,100 @@ def test_init_only_reexports(module_name):
             assert obj.__module__.startswith(f"{package}."), (
                 f"{module_name}.{name} comes from {obj.__module__}, outside the package"
             )
+
+
+ERROR_MODULES = ("dtypes/_errors.py", "precision/_errors.py")
+
+
+def _raises_kind(base: ast.expr) -> bool:
+    """Whether a class base, as written, is an exception or warning class: a builtin
+    one, or a name spelled like one (`PrecisionError`, `_errors.SaveError`)."""
+    name = ast.unparse(base).rsplit(".", 1)[-1]
+    builtin = getattr(builtins, name, None)
+    if isinstance(builtin, type) and issubclass(builtin, BaseException):
+        return True
+    return re.search(r"(Error|Warning|Exception|Exit|Interrupt)$", name) is not None
+
+
+def test_exception_classes_live_in_the_two_error_modules():
+    # One hierarchy, read in one place: an exception or warning class defined anywhere
+    # else, public or private, is a second home.
+    elsewhere = []
+    for package in ("dtypes", "precision"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            where = path.relative_to(ROOT).as_posix()
+            if where in ERROR_MODULES:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef) and any(map(_raises_kind, node.bases)):
+                    elsewhere.append(f"{where}:{node.lineno}: {node.name}")
+    assert not elsewhere, f"exception classes outside {ERROR_MODULES}: {elsewhere}"
+
+
+def _error_classes() -> list[type[BaseException]]:
+    """Every exception and warning class the two error modules define and every one
+    `dtypes` and `precision` export, once each."""
+    import dtypes._errors
+    import precision._errors
+
+    found: dict[int, type[BaseException]] = {}
+    for module in (dtypes._errors, precision._errors, dtypes, precision):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if inspect.isclass(obj) and issubclass(obj, BaseException):
+                found.setdefault(id(obj), obj)
+    return sorted(found.values(), key=lambda c: c.__name__)
+
+
+def test_the_error_modules_export_every_class_they_define():
+    import dtypes._errors
+    import precision._errors
+
+    for module in (dtypes._errors, precision._errors):
+        defined = {
+            name
+            for name, obj in vars(module).items()
+            if inspect.isclass(obj)
+            and issubclass(obj, BaseException)
+            and obj.__module__ == module.__name__
+        }
+        assert defined <= set(module.__all__), (module.__name__, defined - set(module.__all__))
+
+
+@pytest.mark.parametrize("cls", _error_classes(), ids=lambda c: c.__name__)
+def test_each_error_is_a_precision_error_and_a_builtin_and_says_why(cls):
+    assert (cls.__doc__ or "").strip(), f"{cls.__name__} says nowhere why it exists"
+    assert cls.__module__ in ("dtypes._errors", "precision._errors"), cls.__module__
+    if issubclass(cls, Warning):
+        assert issubclass(cls, UserWarning)
+        return
+    assert issubclass(cls, dtypes.PrecisionError)
+    builtins_caught = (ValueError, TypeError, IndexError, RuntimeError)
+    assert cls is dtypes.PrecisionError or issubclass(cls, builtins_caught), cls.__mro__
+    # `except dtypes.PrecisionTypeError` catches every TypeError raised on purpose
+    assert not issubclass(cls, TypeError) or issubclass(cls, dtypes.PrecisionTypeError)
+
+
+def test_every_type_error_is_caught_as_a_precision_type_error():
+    # The promise of errors.md, tried as a caller would: one `except` for each.
+    type_errors = [c for c in _error_classes() if issubclass(c, TypeError)]
+    assert {c.__name__ for c in type_errors} >= {
+        "FormatTypeError",
+        "LossScaleTypeError",
+        "PrecisionMismatchError",
+        "SaveTypeError",
+    }
+    for cls in type_errors:
+        with pytest.raises(dtypes.PrecisionTypeError):
+            raise cls("refused")
+        with pytest.raises(precision.PrecisionTypeError):
+            raise cls("refused")
+
+
+def test_every_error_is_public_or_caught_as_its_builtin():
+    # A class users may catch apart is public; the three that are not are raised as the
+    # builtin they are (an index past its dimension, a testing-kit argument, a
+    # command-line usage error), as docs/api/errors.md says.
+    public = {id(getattr(m, n)) for m in (dtypes, precision) for n in m.__all__}
+    private = {c.__name__ for c in _error_classes() if id(c) not in public}
+    assert private == {"KitError", "TensorIndexError", "UsageError"}

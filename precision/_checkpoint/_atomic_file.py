@@ -30,7 +30,9 @@ import stat
 from .._errors import SaveTypeError
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_directory(directory: str) -> None:
+    """fsync `directory`, so that a rename or link in it is on disk (where the
+    platform and filesystem allow it: nothing is raised where they do not)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:  # pragma: no cover - platforms without directory fds
@@ -101,8 +103,13 @@ def remove_stale(directory: str) -> list[str]:
     return removed
 
 
-def _umask() -> int:
-    """The process umask, read without changing it where the kernel says it."""
+def umask() -> int:
+    """The process umask, read without changing it where the kernel says it.
+
+    Reading it with `os.umask` means setting it: a file another thread creates
+    meanwhile (the command line's workers) would get the wrong permissions. Linux
+    says it in /proc; elsewhere it is set and restored at once.
+    """
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
@@ -312,7 +319,7 @@ class _TempFile:
                 pass
         if self.new_mode is not None:
             return self.new_mode & 0o7777
-        return 0o666 & ~_umask()
+        return 0o666 & ~umask()
 
     def commit(self) -> None:
         """fsync the bytes, move the file to `path`, fsync the directory.
@@ -331,7 +338,7 @@ class _TempFile:
                 self.name = name
             os.replace(self.name, self.path)
             self.name = None
-        _fsync_dir(self.directory)
+        fsync_directory(self.directory)
 
     def _create_exclusive(self) -> None:
         if self.name is None:  # unnamed: linking it is the exclusive create

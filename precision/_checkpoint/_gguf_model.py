@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import LayoutError
+from .._errors import SaveError
 
 __all__ = ["ARCHITECTURES", "Mapped", "Model", "describe", "permute_rows", "transform"]
 
@@ -74,7 +74,7 @@ class Model:
 def _config(home: str) -> dict[str, Any]:
     path = os.path.join(home, "config.json")
     if not os.path.isfile(path):
-        raise LayoutError(
+        raise SaveError(
             f"--layout gguf writes a file llama.cpp runs, which needs the model's config.json: "
             f"{home} has none; give IN as the Hugging Face model directory, or use "
             f"{_TENSORS_ONLY}"
@@ -83,9 +83,9 @@ def _config(home: str) -> dict[str, Any]:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
     except (OSError, ValueError) as exc:
-        raise LayoutError(f"{path}: not a JSON config ({exc})") from None
+        raise SaveError(f"{path}: not a JSON config ({exc})") from None
     if not isinstance(config, dict):
-        raise LayoutError(f"{path}: not a JSON object")
+        raise SaveError(f"{path}: not a JSON object")
     return config
 
 
@@ -93,7 +93,7 @@ def _positive(key: str, value: Any, kind: type) -> Any:
     """`value` of config key `key`, refused unless a positive int (or number)."""
     ok = isinstance(value, kind if kind is int else int | float) and not isinstance(value, bool)
     if not ok or value <= 0:
-        raise LayoutError(
+        raise SaveError(
             f"config.json: {key} is {value!r}; llama.cpp needs a positive "
             f"{'integer' if kind is int else 'number'} there"
         )
@@ -107,7 +107,7 @@ def _number(config: dict[str, Any], key: str, kind: type, default: Any = None) -
 def _refuse(config: dict[str, Any], key: str, allowed: tuple[Any, ...], why: str) -> None:
     value = config.get(key, allowed[0])
     if value not in allowed:
-        raise LayoutError(
+        raise SaveError(
             f"config.json: {key} = {value!r}, which {why}; --layout gguf does not write this "
             f"model for llama.cpp; for its tensors alone use {_TENSORS_ONLY}"
         )
@@ -127,7 +127,7 @@ def _llama_keys(config: dict[str, Any]) -> tuple[list[tuple[str, str, Any]], int
     kv = _positive("num_key_value_heads", config.get("num_key_value_heads") or heads, int)
     head_dim = config.get("head_dim") or d // heads
     if heads % kv or head_dim % 2:
-        raise LayoutError(
+        raise SaveError(
             f"config.json: {heads} attention heads, {kv} key-value heads, head size "
             f"{head_dim}: llama.cpp needs the heads a multiple of the key-value heads and an "
             "even head size"
@@ -265,7 +265,7 @@ def _architecture(config: dict[str, Any], home: str) -> str:
         if name in ARCHITECTURES:
             return str(name)
     supported = ", ".join(ARCHITECTURES)
-    raise LayoutError(
+    raise SaveError(
         f"{home}/config.json: architecture {listed!r} is not one --layout gguf writes for "
         f"llama.cpp (supported: {supported}); for another architecture use {_TENSORS_ONLY}"
     )
@@ -282,7 +282,7 @@ def describe(home: str, names: list[str]) -> Model:
     if unknown:
         shown = ", ".join(repr(n) for n in unknown[:3])
         more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
-        raise LayoutError(
+        raise SaveError(
             f"{home}: tensor {shown}{more} is not part of {arch} as llama.cpp runs it, so this "
             f"checkpoint is not a plain {arch}; for its tensors alone use {_TENSORS_ONLY}"
         )
@@ -290,7 +290,7 @@ def describe(home: str, names: list[str]) -> Model:
     need = "token_embd.weight", "output_norm.weight", "blk.0.attn_norm.weight"
     missing = [n for n in need if n not in targets]
     if missing:
-        raise LayoutError(f"{home}: no tensor for llama.cpp's {missing[0]} among {arch}'s")
+        raise SaveError(f"{home}: no tensor for llama.cpp's {missing[0]} among {arch}'s")
     model.config = config
     name = config.get("_name_or_path") or os.path.basename(os.path.abspath(home))
     model.keys = [

@@ -21,7 +21,7 @@ import json
 import os
 from typing import Any
 
-from .._errors import LayoutError
+from .._errors import SaveError
 
 __all__ = ["vocabulary"]
 
@@ -50,13 +50,13 @@ def _pre(doc: dict[str, Any], where: str) -> str:
     ):
         name = "llama-bpe"
     else:
-        raise LayoutError(
+        raise SaveError(
             f"{where}: pre-tokenizer {json.dumps(pre)[:200]} is not one llama.cpp "
             "applies by name (ByteLevel with its own regex: gpt-2; Llama 3's Split then "
             "ByteLevel: llama-bpe); llama.cpp would split text differently"
         )
     if any(s.get("add_prefix_space") for s in steps):
-        raise LayoutError(
+        raise SaveError(
             f"{where}: its ByteLevel adds a prefix space, which llama.cpp's {name} does not"
         )
     return name
@@ -65,18 +65,18 @@ def _pre(doc: dict[str, Any], where: str) -> str:
 def _check_model(doc: dict[str, Any], where: str) -> dict[str, Any]:
     model = doc.get("model") or {}
     if model.get("type") != "BPE":
-        raise LayoutError(
+        raise SaveError(
             f"{where}: a {model.get('type')!r} tokenizer; --layout gguf writes byte-level BPE "
             "tokenizers (GPT-2's and Llama 3's kind) for llama.cpp"
         )
     for key in ("continuing_subword_prefix", "end_of_word_suffix", "dropout", "normalizer"):
         value = doc.get(key) if key == "normalizer" else model.get(key)
         if value:
-            raise LayoutError(f"{where}: {key} {value!r} has no counterpart in llama.cpp's BPE")
+            raise SaveError(f"{where}: {key} {value!r} has no counterpart in llama.cpp's BPE")
     if model.get("byte_fallback"):
-        raise LayoutError(f"{where}: byte_fallback is SentencePiece's, not byte-level BPE's")
+        raise SaveError(f"{where}: byte_fallback is SentencePiece's, not byte-level BPE's")
     if (doc.get("decoder") or {}).get("type") != "ByteLevel":
-        raise LayoutError(f"{where}: its decoder is not ByteLevel, so it is not byte-level BPE")
+        raise SaveError(f"{where}: its decoder is not ByteLevel, so it is not byte-level BPE")
     return model
 
 
@@ -107,7 +107,7 @@ def _special_id(config: dict[str, Any], key: str, size: int, where: str) -> int 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
-        raise LayoutError(f"{where}: {key} {value!r} is not a token of its {size} tokens")
+        raise SaveError(f"{where}: {key} {value!r} is not a token of its {size} tokens")
     return value
 
 
@@ -116,7 +116,7 @@ def vocabulary(home: str, config: dict[str, Any], size: int) -> list[tuple[str, 
     `home`, padded to `size` tokens (the embedding's rows) with unused ones."""
     path = os.path.join(home, "tokenizer.json")
     if not os.path.isfile(path):
-        raise LayoutError(
+        raise SaveError(
             f"{home} has no tokenizer.json: llama.cpp reads the tokenizer from the GGUF file, "
             "and --layout gguf writes it from the Hugging Face tokenizer.json (byte-level BPE)"
         )
@@ -124,11 +124,11 @@ def vocabulary(home: str, config: dict[str, Any], size: int) -> list[tuple[str, 
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except (OSError, ValueError) as exc:
-        raise LayoutError(f"{path}: not a JSON tokenizer ({exc})") from None
+        raise SaveError(f"{path}: not a JSON tokenizer ({exc})") from None
     model = _check_model(doc, path)
     pre = _pre(doc, path)
     if bool(model.get("ignore_merges")) != (pre == "llama-bpe"):
-        raise LayoutError(
+        raise SaveError(
             f"{path}: ignore_merges is {bool(model.get('ignore_merges'))} with the {pre} "
             f"pre-tokenizer; llama.cpp's {pre} {'ignores' if pre == 'llama-bpe' else 'applies'} "
             "the merges of a word found whole in the vocabulary, so it would split some "
@@ -140,12 +140,12 @@ def vocabulary(home: str, config: dict[str, Any], size: int) -> list[tuple[str, 
     tokens.update(_added(doc, path))
     top = max(tokens, default=-1) + 1
     if top > size:
-        raise LayoutError(f"{path}: token id {top - 1} is beyond the model's {size} embedding rows")
+        raise SaveError(f"{path}: token id {top - 1} is beyond the model's {size} embedding rows")
     texts = [tokens.get(i, (f"[PAD{i}]", _UNUSED))[0] for i in range(size)]
     types = [tokens.get(i, ("", _UNUSED))[1] for i in range(size)]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     if not merges:
-        raise LayoutError(
+        raise SaveError(
             f"{path}: a BPE tokenizer without merges; llama.cpp's byte-level BPE reads at "
             "least one (tokenizer.ggml.merges)"
         )

@@ -132,11 +132,6 @@ def file_dtype(dtype: np.dtype) -> np.dtype:
     return dtype if dtype in _DTYPE_NAMES else np.dtype(np.uint8)
 
 
-def two_level(scaling: Scaling | None) -> bool:
-    """Whether `scaling` keeps a float32 tensor scale above e4m3 block scales (NVFP4)."""
-    return scaling is not None and scaling.scale_format == "float8_e4m3fn"
-
-
 def e8m0_offset(fmt: Format) -> int:
     """log2 of the implicit scale of `fmt`'s elements that an E8M0 byte folds in.
 
@@ -224,7 +219,7 @@ class Leaf:
             fmt,
             scaling,
             name + SCALE_SUFFIX if scaled else None,
-            name + TENSOR_SCALE_SUFFIX if two_level(scaling) else None,
+            name + TENSOR_SCALE_SUFFIX if scaling is not None and scaling.two_level else None,
             name + ZERO_POINT_SUFFIX if scaled and isinstance(fmt, AsymmetricIntFormat) else None,
             tensor_scale_shape,
         )
@@ -387,7 +382,7 @@ def _builtin_named(name: str) -> Format | None:
     """The built-in format a name or alias denotes, if any."""
     try:
         return dtypes.get(name)
-    except (ValueError, TypeError):
+    except dtypes.FormatError:  # (the answer: no format has that name)
         return None
 
 
@@ -421,6 +416,9 @@ def format_from_json(spec: Any, version: int = VERSION) -> Format:
     The error names no file; the reader adds its path.
     """
     if isinstance(spec, str):
+        # A file names a format by its canonical name only (`format_to_json`), never by an
+        # alias or a layout name `dtypes.get` would also read: what a file means must not
+        # depend on the names the reading version knows besides.
         if spec in dtypes.FORMATS:
             return dtypes.FORMATS[spec]
         e8m0 = dtypes.ENCODINGS.get("float8_e8m0fnu")

@@ -2,9 +2,10 @@
 
 `--to` names a format, `--scaling` a scaling in the command line's spelling
 (`per-block:32:pow2:e8m0`), `--preset` both at once; each is checked against
-the format itself before anything is read, and what the formats say when they
-refuse is repeated in the same spelling (`_in_cli_words`), so a hint can be
-typed back as it is printed.
+the format itself before anything is read. A refusal is said with the rule the
+error carries (`PrecisionError.rule`) and a fix in the same spelling, found by
+asking the format which nearby `--scaling` it takes, so a hint can be typed
+back as it is printed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 
 import dtypes
 
-from ._output import _UsageError
+from .._errors import UsageError
 from ._presets import PRESETS
 
 
@@ -27,7 +28,7 @@ def resolve_preset(
     """(`--to`, `--scaling`) once `--preset` is applied; a usage error when both are given."""
     if preset is None:
         if to is None:
-            raise _UsageError(
+            raise UsageError(
                 "the following arguments are required: --to (or --preset: "
                 + ", ".join(PRESETS)
                 + ")"
@@ -36,7 +37,7 @@ def resolve_preset(
     chosen = PRESETS[preset]
     for flag, given in (("--to", to), ("--scaling", scaling)):
         if given is not None:
-            raise _UsageError(
+            raise UsageError(
                 f"--preset {preset} already sets --to {chosen.to}"
                 + ("" if chosen.scaling is None else f" --scaling {chosen.scaling}")
                 + "; "
@@ -48,16 +49,14 @@ def resolve_preset(
 def _format(text: str) -> dtypes.Format:
     try:
         fmt = dtypes.get(text)
-    except (ValueError, TypeError) as exc:
-        # the Python way to build a format, as the command line says it
-        said = str(exc).replace(
-            "or build one with dtypes.FloatFormat(exponent_bits, mantissa_bits)",
-            "or name any float layout as floatBITS_eEmM (e.g. float6_e3m2fn; see "
-            "'precision formats')",
-        )
-        raise _UsageError(f"--to: {said}") from None
+    except dtypes.FormatError as exc:
+        # the rule, and the command line's way to name a format no list holds
+        raise UsageError(
+            f"--to: {exc.rule or exc}, or name any float layout as floatBITS_eEmM (e.g. "
+            "float6_e3m2fn; see 'precision formats')"
+        ) from None
     if fmt.bits > 32:
-        raise _UsageError(
+        raise UsageError(
             f"--to {text}: {fmt.name} is wider than the float32 values a checkpoint holds, so "
             "converting to it gains nothing; choose float32 or a narrower format (see "
             "'precision formats')"
@@ -122,12 +121,12 @@ def _scale_format(word: str, text: str) -> str:
     """The scale format `word` names (a name or alias of one of dtypes.SCALE_FORMATS)."""
     try:
         name: str | None = dtypes.get(word).name
-    except (ValueError, TypeError):
+    except dtypes.FormatError:
         name = None
     if name not in dtypes.SCALE_FORMATS:
         what = "is not a format" if name is None else f"names {name}, which is not a scale format"
         choices = ", ".join(f"{full} ({short})" for full, short in _SCALE_SHORT.items())
-        raise _UsageError(
+        raise UsageError(
             f"--scaling {text}: {word!r} {what}; end --scaling with a scale format: {choices}"
         )
     return name
@@ -157,7 +156,7 @@ def _scaling(text: str | None, fmt: dtypes.Format) -> dtypes.Scaling | None:
         return default
     spec = _ScalingText.parse(text)
     if spec.kind == "per-axis" and not -_MAX_DIMS <= (spec.number or 0) < _MAX_DIMS:
-        raise _UsageError(
+        raise UsageError(
             f"--scaling {text}: axis {spec.number} is past every tensor's axes (an array has "
             f"at most {_MAX_DIMS}); give an axis of the tensors, e.g. per-axis:0 or per-axis:-1"
         )
@@ -170,7 +169,7 @@ def _scaling(text: str | None, fmt: dtypes.Format) -> dtypes.Scaling | None:
     except (ValueError, TypeError) as exc:
         where = f"--scaling {text} with --to {fmt.name}"
         fix = _working_scaling(fmt, spec, scale_format)
-        raise _UsageError(f"{where}: {_in_cli_words(exc, bool(fix))}{fix}") from None
+        raise UsageError(f"{where}: {_reason(exc, bool(fix))}{fix}") from None
 
 
 def _probe(scaling: dtypes.Scaling) -> np.ndarray:
@@ -227,7 +226,7 @@ def _check_pair(
 ) -> None:
     """Usage error unless `fmt` takes `scaling` and `rounding` (asked of the format itself)."""
     if fmt.kind in ("int", "uint", "codebook") and scaling is None:
-        raise _UsageError(
+        raise UsageError(
             f"--to {fmt.name} --scaling none: {fmt.name} always needs a scaling; use --scaling "
             "per-tensor, per-axis:AXIS or per-block:SIZE"
         )
@@ -240,7 +239,7 @@ def _check_pair(
         fix = ""
         if spelled is not None:  # typed, or spelled by cli_text: the --scaling grammar
             fix = _working_scaling(fmt, _ScalingText.parse(spelled), scaling.scale_format)
-        raise _UsageError(f"--to {fmt.name} with {where}: {_in_cli_words(refused, bool(fix))}{fix}")
+        raise UsageError(f"--to {fmt.name} with {where}: {_reason(refused, bool(fix))}{fix}")
     if fmt.kind not in ("float", "int"):
         # Code books, asymmetric integers and E8M0 round in fewer modes: ask the
         # format with one value, so a refused mode is a usage error up front.
@@ -250,8 +249,8 @@ def _check_pair(
         try:
             fmt.encode(_probe(scaling), scaling=scaling, rounding=rounding, key=key)
         except (ValueError, TypeError) as exc:
-            raise _UsageError(
-                f"--to {fmt.name} with --rounding {rounding}: {_in_cli_words(exc, False)}"
+            raise UsageError(
+                f"--to {fmt.name} with --rounding {rounding}: {_reason(exc, False)}"
             ) from None
 
 
@@ -279,6 +278,19 @@ def cli_text(scaling: dtypes.Scaling | None) -> str | None:
     if scaling.scale_format != "float32":
         fields.append(_SCALE_SHORT[scaling.scale_format])
     return ":".join(fields)
+
+
+def _reason(exc: BaseException, fixed: bool) -> str:
+    """Why a format refused, as the command line says it: the rule the error carries
+    (`PrecisionError.rule`), which spells no Python, or else its message in the
+    command line's words (`_in_cli_words`; `fixed`: the caller prints a fix of its own).
+
+    The errors the codecs raise (`dtypes/_codec.py`'s absmax-only scalings and
+    rounding modes, `_float_codec.py`'s scaled wide floats) carry no rule yet; they
+    are the ones still translated.
+    """
+    rule = getattr(exc, "rule", "")
+    return rule if rule else _in_cli_words(exc, fixed)
 
 
 # a scaling written as Python in a message: PerBlock(32, power_of_two=True, ...)

@@ -24,6 +24,7 @@ import dtypes
 from .._checkpoint._io import write
 from .._checkpoint._layout import Leaf
 from .._checkpoint._source import Source
+from .._errors import UsageError
 from .._keep import KEEP
 from ._arguments import _check_pair, _format, _scaling, resolve_preset
 
@@ -37,7 +38,7 @@ from ._interrupts import deferred_interrupts, import_jax
 from ._layout_gguf import prepare as _prepare_gguf
 from ._layout_gguf import write as _write_gguf
 from ._layouts import GGUF, copy_files, fit, report_copied, write_layout
-from ._output import PROG, _DataError, _fmt_db, _human, _progress, _table, _UsageError
+from ._output import PROG, _fmt_db, _human, _progress, _table
 from ._temp_directory import TempDirectory, recover_leftovers
 
 #: What `--keep` keeps by default for formats of 8 bits or fewer: norms,
@@ -74,7 +75,7 @@ def _rules(args: argparse.Namespace, fmt: dtypes.Format) -> _Rules:
     try:
         keep = re.compile(keep_text, re.IGNORECASE)
     except re.error as exc:
-        raise _UsageError(f"--keep: bad regular expression {keep_text!r}: {exc}") from None
+        raise UsageError(f"--keep: bad regular expression {keep_text!r}: {exc}") from None
     return _Rules(args.include, args.exclude, keep, label)
 
 
@@ -190,12 +191,12 @@ def _check_paths(src: str, dst: str, overwrite: bool) -> None:
     if os.path.lexists(dst):
         same = os.path.exists(src) and os.path.samefile(src, dst)
         if same and not overwrite:
-            raise _DataError(
+            raise FileExistsError(
                 f"refusing to convert {src} onto itself; pass --overwrite to replace it (the "
                 "original stays intact until the converted checkpoint is complete)"
             )
         if not overwrite:
-            raise _DataError(f"{dst} already exists; pass --overwrite to replace it")
+            raise FileExistsError(f"{dst} already exists; pass --overwrite to replace it")
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
@@ -204,10 +205,10 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         return 0
     to, scaling_text = resolve_preset(args.preset, args.to, args.scaling)
     if args.input is None:
-        raise _UsageError("the following arguments are required: IN (the checkpoint to read)")
+        raise UsageError("the following arguments are required: IN (the checkpoint to read)")
     fmt = _format(to)
     if args.rounding not in dtypes.ROUNDING_MODES:
-        raise _UsageError(
+        raise UsageError(
             f"--rounding: unknown rounding mode {args.rounding!r}; choose one of "
             + ", ".join(dtypes.ROUNDING_MODES)
         )
@@ -217,7 +218,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     _check_pair(fmt, scaling, scaling_text, args.rounding)
     rules = _rules(args, fmt)
     if args.output is None and not args.dry_run:
-        raise _UsageError("the following arguments are required: -o/--output (or --dry-run)")
+        raise UsageError("the following arguments are required: -o/--output (or --dry-run)")
     src, dst = args.input, args.output
     if dst is not None and not args.dry_run:
         for line in recover_leftovers(dst):  # of conversions to dst that were killed
@@ -239,7 +240,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         assert dst is not None
         if not converted and prepared is None:  # (llama.cpp's file of stored codes is one)
             reasons = _reasons(plans)
-            raise _UsageError(
+            raise UsageError(
                 f"nothing to convert to {fmt.name}: every tensor would be kept ("
                 + "; ".join(f"{n}: {r}" for r, n in reasons)
                 + "); check --include/--exclude/--keep/--scaling, or see --dry-run"

@@ -29,21 +29,18 @@ from .._checkpoint._io import encoded
 from .._checkpoint._layout import Leaf
 from .._checkpoint._reader import Reader, aligned_empty
 from . import _convert_modes as _modes
-from ._convert_modes import _NUMPY_ABSMAX, _Plan, _raw
+from ._convert_modes import _Plan, _raw
 from ._convert_stats import (
     _cast_part,
     _energy,
     _in_parts,
     _int_part,
     _int_rows_part,
-    _numpy_rows,
     _Part,
-    _row_scales,
     _scratch,
     _Stats,
 )
 from ._interrupts import check_interrupt, import_jax
-from ._output import _DataError
 
 if TYPE_CHECKING:
     import jax
@@ -244,16 +241,16 @@ class _Converter:
         self.sqnr: dict[str, float] = {}
         self._key = None
 
-    def _not_finite(self, plan: _Plan) -> _DataError:
+    def _not_finite(self, plan: _Plan) -> dtypes.NonFiniteError:
         fmt = plan.out.format
         assert fmt is not None
         if plan.out.scaling is None:
-            return _DataError(
+            return dtypes.NonFiniteError(
                 f"tensor {plan.leaf.name!r} holds NaN or inf, which {fmt.name} (neither inf nor "
                 "NaN) cannot hold: it would become ±max or 0 silently; keep it (--exclude) or "
                 "choose a format with inf and NaN"
             )
-        return _DataError(
+        return dtypes.NonFiniteError(
             f"tensor {plan.leaf.name!r} holds NaN or inf, which a scaled {fmt.name} encoding "
             "cannot hold; keep it (--exclude) or choose an unscaled float format"
         )
@@ -365,9 +362,8 @@ class _Converter:
         elif plan.mode == "columns":  # every group's absmax first, as a slab of one row
             absmax = self._slab(plan, blocks, per_block)
         if plan.mode == "intcast":
-            assert absmax is not None
-            low, high = _NUMPY_ABSMAX
-            if low <= float(absmax) <= high:
+            assert isinstance(out.format, dtypes.IntFormat)
+            if out.format.host_absmax(absmax):
                 yield from self._int_blocks(plan, blocks, np.float32(absmax), extras)
                 return
             import_jax()  # the library's special scales: its compiled encode
@@ -408,10 +404,10 @@ class _Converter:
         self, plan: _Plan, blocks: _Blocks, absmax: np.float32, extras: dict[str, list[np.ndarray]]
     ) -> Iterator[np.ndarray]:
         """Integer codes of one scale for the whole tensor, block by block in numpy."""
-        assert plan.out.format is not None
-        qmax = np.float32(plan.out.format.max)  # the largest code
-        extras["scale"][:] = [np.array([absmax / qmax], np.float32)]
-        encode = functools.partial(_int_part, (absmax, qmax))
+        fmt = plan.out.format
+        assert isinstance(fmt, dtypes.IntFormat)
+        extras["scale"][:] = [fmt.host_scales(absmax).reshape(-1)]
+        encode = functools.partial(_int_part, (fmt, absmax))
         int8 = np.dtype(np.int8)
         yield from self._numpy_blocks(plan, blocks.blocks(_modes._BLOCK), int8, encode, scratches=2)
 
@@ -423,19 +419,21 @@ class _Converter:
         extras: dict[str, list[np.ndarray]],
     ) -> Iterator[np.ndarray]:
         """Integer codes of one scale per row, in numpy blocks of whole rows (`shape`: a
-        full block's); a block holding a row whose absmax is neither 0 nor in
-        `_NUMPY_ABSMAX` is the compiled encode's, padded to `shape` (one program)."""
+        full block's); a block holding a row whose absmax the host rule does not take
+        (`IntFormat.host_absmax`) is the compiled encode's, padded to `shape` (one
+        program)."""
         out = plan.out
-        assert out.format is not None
-        qmax, row = np.float32(out.format.max), math.prod(shape[1:])
+        fmt = out.format
+        assert isinstance(fmt, dtypes.IntFormat)
+        row = math.prod(shape[1:])
         top = np.empty(shape[0], np.float32)  # each row's absmax, filled by the parts
 
         def redo(x: np.ndarray) -> tuple[np.ndarray, list[Any]] | None:
             rows = x.size // row
             if not np.all(np.isfinite(top[:rows])):
                 raise self._not_finite(plan)  # as the rows mode refuses them
-            if _numpy_rows(top[:rows]):
-                extras["scale"].append(_row_scales(top[:rows], qmax))
+            if fmt.host_absmax(top[:rows]):
+                extras["scale"].append(fmt.host_scales(top[:rows]))
                 return None
             import_jax()  # the library's special scales: its compiled encode
             padded = np.zeros(math.prod(shape), np.float32)
@@ -447,7 +445,7 @@ class _Converter:
             extras["scale"].append(scale.reshape(-1)[:rows])
             return data.reshape(-1)[: x.size], [] if energy is None else [energy]
 
-        part = functools.partial(_int_rows_part, (top, qmax, row))
+        part = functools.partial(_int_rows_part, (fmt, top, row))
         int8 = np.dtype(np.int8)
         yield from self._numpy_blocks(plan, blocks, int8, part, 2, row, redo)
 
@@ -485,7 +483,7 @@ class _Converter:
             try:
                 out.format.check(x)
             except dtypes.PrecisionError as err:
-                raise _DataError(f"tensor {plan.leaf.name!r}: {err}") from None
+                raise type(err)(f"tensor {plan.leaf.name!r}: {err}", rule=err.rule) from None
         key = None
         if self.rounding == "stochastic":
             key = jax.random.fold_in(jax.random.key(self.seed), i)

@@ -20,17 +20,17 @@ only one block of it:
 * **rows** — per-axis scaling along the first axis: blocks of whole rows;
 * **introws** — int8 with one float32 scale per row (`PerAxis(0)`, the
   default), nearest even: numpy blocks of whole rows, each row's absmax
-  read in its block (`_numpy_int` again), nothing compiled; a block holding
-  a row whose absmax is neither 0 nor in `_NUMPY_ABSMAX` is encoded as in
+  read in its block, its codes `dtypes`' own rule on the host
+  (`IntFormat.host_codes`), nothing compiled; a block holding a row whose
+  absmax that rule does not take (`IntFormat.host_absmax`) is encoded as in
   the rows mode;
 * **columns** — per-axis scaling along another axis: one pass for every
   group's absmax, then row blocks encoded with one more row holding them;
 * **cast** — unscaled nearest-even conversion into a format with an
   ml_dtypes type: a numpy cast in blocks, nothing compiled;
 * **intcast** — int8 with one float32 scale for the tensor, nearest even:
-  the absmax pass, then numpy blocks (`_numpy_int` says why the codes are
-  the library's), nothing compiled; an absmax outside `_NUMPY_ABSMAX`
-  takes the two passes above;
+  the absmax pass, then numpy blocks (`IntFormat.host_codes`), nothing
+  compiled; an absmax the host rule does not take takes the two passes above;
 * **whole** — everything else (stochastic rounding, int1's mean scales,
   asymmetric integers' min/max scales over more than a block or a row,
   inputs stored in a precision format): the tensor is encoded at once, its
@@ -49,7 +49,7 @@ import numpy as np
 
 import dtypes
 
-from .._checkpoint._layout import Leaf, two_level
+from .._checkpoint._layout import Leaf
 from .._checkpoint._reader import Reader
 
 _BLOCK = 1 << 20  # values per block of a streamed conversion (4 MiB of float32)
@@ -111,51 +111,12 @@ def _castable(fmt: dtypes.Format, scaling: dtypes.Scaling | None, rounding: str)
     )
 
 
-#: Per-tensor absmax range in which numpy gives an integer encode's codes:
-#: inside it the library's scale rule takes none of its special paths
-#: (flushed, subnormal, near-overflow or pre-divided scales; `dtypes` has
-#: them), and a product `x * (qmax / absmax)` that numpy keeps subnormal
-#: where XLA:CPU flushes it lies below 2**-19, which rounds to 0 either way.
-_NUMPY_ABSMAX = (2.0**-100, 2.0**100)
-
-
 def _numpy_int(fmt: dtypes.Format, scaling: dtypes.Scaling, rounding: str) -> bool:
     """Whether an integer encode with one scale per tensor or per row may run in numpy
-    (`_Converter._int_blocks`, `_Converter._int_row_blocks`).
-
-    Its codes are `clip(rint(x * (qmax / absmax)), -qmax, qmax)` in float32,
-    the scale `absmax / qmax`: correctly rounded IEEE operations, the same in
-    numpy as in the library's compiled encode for an absmax in `_NUMPY_ABSMAX`
-    and nearest-even rounding; an all-zero row has scale 1 and codes 0, as
-    the library's all-zero group (tests/precision/test_cli_numpy_int.py
-    compares them).
-    """
-    return (
-        fmt.kind == "int"
-        and not getattr(fmt, "binary", False)
-        and np.dtype(fmt.container) == np.int8
-        and not fmt.packed
-        and not scaling.power_of_two
-        and scaling.scale_format == "float32"
-        and rounding == "nearest_even"
-    )
-
-
-def _int_codes(
-    x: np.ndarray, absmax: np.float32 | np.ndarray, qmax: np.float32, out: np.ndarray | None = None
-) -> np.ndarray:
-    """Integer codes `clip(rint(x * (qmax / absmax)), -qmax, qmax)` of float32 `x` as
-    float32 (in `out` if given): `absmax` the tensor's, in `_NUMPY_ABSMAX`, or each
-    row's, shaped to broadcast against `x`, each in `_NUMPY_ABSMAX` or 0 (an
-    all-zero row: codes 0)."""
-    if np.ndim(absmax):  # one reciprocal per row, 0 for a zero row (as the library's)
-        inv = np.divide(qmax, absmax, out=np.zeros_like(absmax), where=absmax != 0)
-    else:
-        inv = qmax / absmax  # one reciprocal, as the library's
-    y: np.ndarray = np.multiply(x, inv, out=out)
-    np.rint(y, out=y)  # halves to even
-    np.clip(y, -qmax, qmax, out=y)
-    return y
+    (`_Converter._int_blocks`, `_Converter._int_row_blocks`): int8, whose codes are
+    written as they are, under a scaling and rounding for which `dtypes` computes
+    its rule on the host (`IntFormat.host_rule`, `host_codes`)."""
+    return isinstance(fmt, dtypes.IntFormat) and fmt.bits == 8 and fmt.host_rule(scaling, rounding)
 
 
 def _mode(plan: _Plan, rounding: str) -> tuple[str, str]:
@@ -198,9 +159,9 @@ def _mode(plan: _Plan, rounding: str) -> tuple[str, str]:
         if last % size == 0 and _per_byte_ok(fmt, size) and size <= _BLOCK:
             # two-level scales hang on the whole tensor's absmax: read first,
             # given to each block as one more group holding it
-            return ("twolevel" if two_level(scaling) else "flat"), ""
+            return ("twolevel" if scaling.two_level else "flat"), ""
         return "whole", "blocks do not tile the rows"
-    if two_level(scaling):
+    if scaling.two_level:
         return "whole", "two-level scales across the tensor"
     if isinstance(scaling, dtypes.PerAxis) and len(scaling.axes) > 1:
         return "whole", "scales along several axes"

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import ml_dtypes
 import numpy as np
 
-from ._convert_modes import _NUMPY_ABSMAX, _int_codes
+import dtypes
+
 from ._interrupts import deferring
 
 if TYPE_CHECKING:
@@ -192,25 +193,25 @@ def _cast_part(
 
 
 def _int_part(
-    top: tuple[np.float32, np.float32],
+    top: tuple[dtypes.IntFormat, np.float32],
     x: np.ndarray,
     codes: np.ndarray,
     scratch: tuple[np.ndarray, ...],
     stats: bool,
     p: slice,
 ) -> tuple[float, float] | None:
-    """Part `p` of a block's integer codes into `codes` (`top`: absmax, qmax), and its
-    energies against the decoded codes if `stats`."""
-    (absmax, qmax), (d, y) = top, scratch
-    np.copyto(codes[p], _int_codes(x[p], absmax, qmax, y[p]), casting="unsafe")  # exact
+    """Part `p` of a block's integer codes into `codes` (`top`: the format and the
+    tensor's absmax), and its energies against the decoded codes if `stats`."""
+    (fmt, absmax), (d, y) = top, scratch
+    np.copyto(codes[p], fmt.host_codes(x[p], absmax, y[p]), casting="unsafe")  # exact
     if not stats:
         return None
-    decoded = np.multiply(codes[p], absmax / qmax, out=y[p], dtype=np.float32)
+    decoded = np.multiply(codes[p], fmt.host_scales(absmax), out=y[p], dtype=np.float32)
     return _numpy_energy(x[p], decoded, d[p])
 
 
 def _int_rows_part(
-    top: tuple[np.ndarray, np.float32, int],
+    top: tuple[dtypes.IntFormat, np.ndarray, int],
     x: np.ndarray,
     codes: np.ndarray,
     scratch: tuple[np.ndarray, ...],
@@ -218,36 +219,23 @@ def _int_rows_part(
     p: slice,
 ) -> tuple[float, float] | None:
     """Part `p` (whole rows) of a block's integer codes into `codes`, one scale per row
-    (`top`: each row's absmax, written here for the block's rows, qmax, values per
-    row), and its energies against the decoded codes if `stats`.
+    (`top`: the format, each row's absmax, written here for the block's rows, values
+    per row), and its energies against the decoded codes if `stats`.
 
-    A part holding a row whose absmax is neither 0 nor in `_NUMPY_ABSMAX` (NaN and
-    inf included) writes only the absmaxes: the caller refuses the block or
-    encodes it compiled (`_numpy_rows`).
+    A part holding a row whose absmax the host rule does not take
+    (`IntFormat.host_absmax`: NaN and inf included) writes only the absmaxes: the
+    caller refuses the block or encodes it compiled.
     """
-    (absmax, qmax, row), (d, y) = top, scratch
+    (fmt, absmax, row), (d, y) = top, scratch
     xr = x[p].reshape(-1, row)
     m = absmax[p.start // row : p.stop // row]
     np.maximum(np.max(xr, axis=1), -np.min(xr, axis=1), out=m)  # two reductions, NaN kept
-    if not _numpy_rows(m):
+    if not fmt.host_absmax(m):
         return None
     m = m.reshape(-1, 1)
     yr = y[p].reshape(-1, row)
-    np.copyto(codes[p].reshape(-1, row), _int_codes(xr, m, qmax, yr), casting="unsafe")  # exact
+    np.copyto(codes[p].reshape(-1, row), fmt.host_codes(xr, m, yr), casting="unsafe")  # exact
     if not stats:
         return None
-    scale = _row_scales(m, qmax)
-    np.multiply(codes[p].reshape(-1, row), scale, out=yr, dtype=np.float32)
+    np.multiply(codes[p].reshape(-1, row), fmt.host_scales(m), out=yr, dtype=np.float32)
     return _numpy_energy(x[p], y[p], d[p])
-
-
-def _numpy_rows(absmax: np.ndarray) -> bool:
-    """Whether every row absmax is 0 or lies in `_NUMPY_ABSMAX` (false for NaN and inf)."""
-    low, high = _NUMPY_ABSMAX
-    return bool(np.all((absmax == 0) | ((absmax >= low) & (absmax <= high))))
-
-
-def _row_scales(absmax: np.ndarray, qmax: np.float32) -> np.ndarray:
-    """Each row's scale `absmax / qmax` (correctly rounded), 1 for an all-zero row."""
-    scale: np.ndarray = np.divide(absmax, qmax, out=np.ones_like(absmax), where=absmax != 0)
-    return scale

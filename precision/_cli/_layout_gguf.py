@@ -30,7 +30,7 @@ import dtypes
 from .._checkpoint import _gguf, _gguf_model, _gguf_vocab
 from .._checkpoint._layout import Leaf
 from .._checkpoint._source import Source
-from .._errors import LayoutError
+from .._errors import SaveError
 from ._convert_engine import _Converter
 from ._convert_modes import _mode, _Plan
 from ._interrupts import deferred_interrupts
@@ -129,7 +129,7 @@ def _problem(plan: _Plan, move: str) -> str | None:
 
 
 def _refuse(plans: list[_Plan], model: _gguf_model.Model) -> None:
-    """Every tensor llama.cpp's file cannot hold, grouped by reason, in one `LayoutError`."""
+    """Every tensor llama.cpp's file cannot hold, grouped by reason, in one `SaveError`."""
     refused: dict[str, list[str]] = {}
     for plan in plans:
         problem = _problem(plan, model.tensors[plan.leaf.name].move)
@@ -141,15 +141,15 @@ def _refuse(plans: list[_Plan], model: _gguf_model.Model) -> None:
         what = "tensor" if len(names) == 1 else f"{len(names)} tensors"
         parts.append(f"{what} {', '.join(repr(n) for n in names[:3])}{more}: {problem}")
     if parts:
-        raise LayoutError("--layout gguf cannot hold " + "; ".join(parts))
+        raise SaveError("--layout gguf cannot hold " + "; ".join(parts))
 
 
 def prepare(plans: list[_Plan], source: Source, args: argparse.Namespace) -> Prepared:
-    """The plans adjusted to llama.cpp's file, or a `LayoutError` naming what it would
+    """The plans adjusted to llama.cpp's file, or a `SaveError` naming what it would
     not run (an architecture, a tokenizer, a tensor): before anything is converted."""
     home = model_directory(source)
     if home is None:
-        raise LayoutError(
+        raise SaveError(
             f"--layout gguf writes a file llama.cpp runs, from a Hugging Face model directory "
             f"(config.json, tokenizer.json and the weights): give that directory, not "
             f"{source.path}; --layout gguf-tensors writes a file's tensors alone under their "

@@ -31,12 +31,12 @@ from .._checkpoint import _compressed_tensors as ct
 from .._checkpoint import _gguf
 from .._checkpoint._layout import Leaf
 from .._checkpoint._source import INDEX_SUFFIX, Source
-from .._errors import LayoutError
+from .._errors import SaveError, UsageError
 from ._convert_engine import _Converter
 from ._convert_modes import _Plan
 from ._files import DEFAULT_SHARD_BYTES, write_shards
 from ._interrupts import check_interrupt, deferred_interrupts
-from ._output import PROG, _DataError, _MissingDependency, _UsageError
+from ._output import PROG
 from ._temp_directory import TempDirectory
 
 __all__ = [
@@ -175,13 +175,13 @@ def _model_config(source: Source, dst: str | None) -> dict[str, Any]:
     for another input or output), refused when the model is quantized already."""
     home = model_directory(source)
     if home is None or not os.path.isfile(os.path.join(home, "config.json")):
-        raise _UsageError(
+        raise UsageError(
             f"--layout compressed-tensors writes a Hugging Face model directory with its "
             f"config.json: give IN as the model's directory (with config.json), not "
             f"{source.path}"
         )
     if dst is not None and dst.endswith(".safetensors"):
-        raise _UsageError(
+        raise UsageError(
             f"--layout compressed-tensors writes a directory: name OUT {dst!r} without .safetensors"
         )
     path = os.path.join(home, "config.json")
@@ -189,11 +189,11 @@ def _model_config(source: Source, dst: str | None) -> dict[str, Any]:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
     except ValueError as exc:
-        raise _DataError(f"{path} is not JSON: {exc}") from None
+        raise SaveError(f"{path} is not JSON: {exc}") from None
     if not isinstance(config, dict):
-        raise _DataError(f"{path} holds {type(config).__name__}, not a JSON object")
+        raise SaveError(f"{path} holds {type(config).__name__}, not a JSON object")
     if "quantization_config" in config:
-        raise _DataError(
+        raise SaveError(
             f"{home}/config.json already has a quantization_config: this model is "
             "quantized; convert the original (unquantized) checkpoint"
         )
@@ -215,7 +215,7 @@ def _keep_for_readers(plans: list[_Plan], model: ct.Model) -> list[_Plan]:
         out.append(_Plan(plan.reader, plan.leaf, plan.leaf, reason))
         kept.setdefault(reason, []).append(plan.leaf.name)
     if kept and all(p.reason is not None for p in out):
-        raise LayoutError(
+        raise SaveError(
             "--layout compressed-tensors would quantize none of the tensors asked for: "
             + _grouped(kept)
             + "; nothing is left to quantize (--layout precision holds them all)"
@@ -223,7 +223,7 @@ def _keep_for_readers(plans: list[_Plan], model: ct.Model) -> list[_Plan]:
     try:
         _ignore(out, model)
     except ValueError as exc:
-        raise LayoutError(f"--layout compressed-tensors: {exc}") from None
+        raise SaveError(f"--layout compressed-tensors: {exc}") from None
     return out
 
 
@@ -278,7 +278,7 @@ def fit(
 
     Usage errors for a model directory the layout needs; compressed-tensors keeps in
     float what its readers would not quantize (`_keep_for_readers`); then every tensor
-    the layout cannot hold is refused, grouped by reason (`LayoutError`, exit status 1
+    the layout cannot hold is refused, grouped by reason (`SaveError`, exit status 1
     like any data it refuses).
     """
     if layout == "precision":
@@ -290,13 +290,14 @@ def fit(
         notes = _notes(plans, config)
     if layout in GGUF:
         if args.max_shard_size is not None:
-            raise _UsageError(f"--layout {layout} writes one file: drop --max-shard-size")
+            raise UsageError(f"--layout {layout} writes one file: drop --max-shard-size")
         try:
             import gguf  # noqa: F401 (written through it)
         except ImportError:
-            raise _MissingDependency(
+            raise ModuleNotFoundError(
                 "--layout gguf needs the gguf package; install it with pip install "
-                "'precision[gguf]'"
+                "'precision[gguf]'",
+                name="gguf",
             ) from None
         if layout == "gguf":
             # llama.cpp's file: `_layout_gguf.prepare` checks each tensor as moved
@@ -307,7 +308,7 @@ def fit(
         if problem is not None:
             refused.setdefault(problem, []).append(plan.leaf.name)
     if refused:
-        raise LayoutError(f"--layout {layout} cannot hold " + _grouped(refused))
+        raise SaveError(f"--layout {layout} cannot hold " + _grouped(refused))
     return plans, notes
 
 

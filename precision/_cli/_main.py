@@ -24,8 +24,9 @@ import sys
 import textwrap
 from typing import Any, NoReturn
 
+from .._errors import UsageError
 from ._interrupts import check_interrupt, deferring, interrupt_handler
-from ._output import PROG, _DataError, _MissingDependency, _table, _UsageError, seed_argument
+from ._output import PROG, _table, seed_argument
 from ._presets import PRESETS, preset_help
 
 __all__ = ["main"]
@@ -424,7 +425,7 @@ def _brief_scaling(scaling: Any) -> str:
     names = {"float8_e8m0fnu": "E8M0", "float8_e4m3fn": "e4m3", "float32": "float32"}
     scale_format = scaling.scale_format
     text += f", {names.get(scale_format, scale_format)} scales"
-    if scale_format == "float8_e4m3fn":
+    if scaling.two_level:
         text += " x float32 tensor scale"
     return text
 
@@ -561,15 +562,15 @@ def _main(argv: list[str] | None, program: bool) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     try:
         return _run(args)
-    except _UsageError as exc:
+    except UsageError as exc:
         print(f"{PROG} {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
-    except _MissingDependency as exc:
+    except ModuleNotFoundError as exc:  # an optional package: the message names its extra
         print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         raise  # stdout's reader is gone: `main` ends quietly
-    except (_DataError, OSError, ValueError, TypeError, MemoryError) as exc:
+    except (OSError, ValueError, TypeError, MemoryError) as exc:
         # PrecisionError subclasses are ValueError/TypeError: a data problem here.
         print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
         return 1

@@ -1,9 +1,10 @@
 """What the `precision` command line prints: its name, its one-line errors, its tables.
 
-`_DataError`, `_UsageError` and `_MissingDependency` are raised by the
-subcommands and reported by `main` (in `_main`) as one line on stderr with
-exit status 1, 2 and 1. `_progress` is the progress bar, drawn only on a
-terminal.
+The subcommands raise the errors of `precision._errors` (a `UsageError` for
+flags that cannot go together), `OSError`s, and `ModuleNotFoundError` for an
+optional package (`_require`); `main` (in `_main`) reports each as one line on
+stderr with exit status 2 for a `UsageError`, 1 for the rest. `_progress` is the
+progress bar, drawn only on a terminal.
 """
 
 from __future__ import annotations
@@ -32,28 +33,17 @@ def seed_argument(text: str) -> int:
     return seed
 
 
-class _DataError(Exception):
-    """A problem with the data (exit status 1), reported as one line."""
-
-
-class _UsageError(Exception):
-    """Flags that cannot go together (exit status 2), reported as one line."""
-
-
-class _MissingDependency(Exception):
-    """An optional package the command needs is not installed (exit status 1)."""
-
-
 def _require(module: str, what: str) -> Any:
-    """Import `module`, or raise `_MissingDependency` naming the extra that installs it."""
+    """Import `module`, or raise `ModuleNotFoundError` naming the extra that installs it."""
     import importlib
 
     try:
         return importlib.import_module(module)
     except ImportError:
         top = module.split(".")[0]
-        raise _MissingDependency(
-            f"{what} needs the {top} package; install it with pip install 'precision[cli]'"
+        raise ModuleNotFoundError(
+            f"{what} needs the {top} package; install it with pip install 'precision[cli]'",
+            name=top,
         ) from None
 
 

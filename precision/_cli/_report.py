@@ -31,18 +31,17 @@ from .._checkpoint._io import encoded
 from .._checkpoint._layout import Leaf
 from .._checkpoint._reader import Reader
 from .._checkpoint._source import Source
+from .._errors import CheckpointError, UsageError
 from ._files import leaf_nbytes
 from ._interrupts import check_interrupt, import_jax
 from ._output import (
     PROG,
-    _DataError,
     _fmt_db,
     _human,
     _natural_key,
     _progress,
     _require,
     _table,
-    _UsageError,
 )
 from ._report_gguf import list_gguf
 
@@ -190,7 +189,7 @@ def _compare(ref: np.ndarray, other: np.ndarray) -> tuple[dict[str, Any], np.nda
 def _cmd_report(args: argparse.Namespace) -> int:
     if args.other is None:
         if not is_gguf(args.ref):
-            raise _UsageError(
+            raise UsageError(
                 f"report compares two checkpoints: give OTHER too (REF {args.ref} alone is "
                 "listed only when it is a GGUF file)"
             )
@@ -219,7 +218,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             if _floating(rleaf) and _floating(oleaf):
                 pairs.append((name, rreader, rleaf, oreader, oleaf))
         if problems:
-            raise _DataError("; ".join(problems))
+            raise dtypes.ShapeError("; ".join(problems))
         progress = _progress(len(pairs), args.quiet, "comparing", unit="tensor")
         try:
             for name, rreader, rleaf, oreader, oleaf in pairs:
@@ -249,7 +248,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     for name in only_other:
         print(f"{PROG}: note: {name!r} is only in OTHER", file=sys.stderr)
     if not rows:
-        raise _DataError(f"{args.ref} and {args.other} have no floating tensor in common")
+        raise CheckpointError(f"{args.ref} and {args.other} have no floating tensor in common")
     rows.sort(key=lambda r: _natural_key(r["name"]))
     ordered = _ordered(rows, args.sort)
     if args.json:

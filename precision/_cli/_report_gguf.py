@@ -12,7 +12,7 @@ import collections
 import json
 
 from .._checkpoint import _gguf
-from ._output import _human, _MissingDependency, _table
+from ._output import _human, _table
 
 __all__ = ["list_gguf"]
 
@@ -22,9 +22,10 @@ def list_gguf(args: argparse.Namespace) -> int:
     try:
         keys, tensors = _gguf.contents(args.ref)
     except ModuleNotFoundError:
-        raise _MissingDependency(
+        raise ModuleNotFoundError(
             "report of a GGUF file needs the gguf package; install it with pip install "
-            "'precision[gguf]'"
+            "'precision[gguf]'",
+            name="gguf",
         ) from None
     if args.json:
         rows = [{"name": n, "type": k, "shape": list(s), "bytes": b} for n, k, s, b in tensors]

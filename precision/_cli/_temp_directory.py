@@ -21,7 +21,14 @@ import re
 import shutil
 import tempfile
 
-from .._checkpoint._atomic_file import host_tag, pid_alive, rename_exchange, rename_noreplace
+from .._checkpoint._atomic_file import (
+    fsync_directory,
+    host_tag,
+    pid_alive,
+    rename_exchange,
+    rename_noreplace,
+    umask,
+)
 from ._interrupts import deferred_interrupts
 
 __all__ = ["TempDirectory", "recover_leftovers"]
@@ -90,7 +97,7 @@ class TempDirectory:
             raise type(exc)(
                 exc.errno, f"cannot write {path}: no directory can be created in {parent}"
             ) from None
-        os.chmod(self.name, 0o777 & ~_umask() if mode is None else mode)
+        os.chmod(self.name, 0o777 & ~umask() if mode is None else mode)
 
     def commit(self) -> None:
         """Put the directory in place of `path`: replacing what is there under
@@ -99,16 +106,16 @@ class TempDirectory:
             if not self.overwrite:
                 self._create_exclusive()
             elif os.path.lexists(self.path) and rename_exchange(self.name, self.path):
-                _fsync(os.path.dirname(self.path))  # `name` now holds the old one
+                fsync_directory(os.path.dirname(self.path))  # `name` now holds the old one
             elif os.path.lexists(self.path):
                 old = self.name[: -len(".tmp")] + ".old"
                 os.rename(self.path, old)
                 os.rename(self.name, self.path)
-                _fsync(os.path.dirname(self.path))
+                fsync_directory(os.path.dirname(self.path))
                 self.name = old
             else:
                 os.rename(self.name, self.path)
-                _fsync(os.path.dirname(self.path))
+                fsync_directory(os.path.dirname(self.path))
                 self.name = ""
         if self.name:
             _remove(self.name)
@@ -127,28 +134,9 @@ class TempDirectory:
             if os.path.lexists(self.path):
                 raise exists
             os.rename(self.name, self.path)
-        _fsync(os.path.dirname(self.path))
+        fsync_directory(os.path.dirname(self.path))
         self.name = ""
 
     def discard(self) -> None:
         if self.name:
             shutil.rmtree(self.name, ignore_errors=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _fsync(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)

@@ -13,7 +13,7 @@ import numpy as np
 import dtypes
 from dtypes import FloatFormat, Format, IntFormat, PrecisionTypeError
 
-from .._errors import KitError, ToleranceError
+from .._errors import KitError
 from ._grid import max_code, ordinals
 
 __all__ = ["assert_representable", "assert_ulp_close", "ulp_distance"]
@@ -45,10 +45,6 @@ def _broadcast(a: np.ndarray, b: np.ndarray, a_name: str, b_name: str) -> list[n
         ) from None
 
 
-def _format(fmt: Any) -> Format:
-    return dtypes.get(fmt)
-
-
 def _default_scale(fmt: IntFormat, b: np.ndarray) -> np.float64:
     """The per-tensor scale `fmt` would give `b`: absmax / qmax (int1: mean |b|)."""
     finite = np.abs(b[np.isfinite(b)].astype(np.float64))
@@ -63,11 +59,9 @@ def _check_scale(scale: Any) -> None:
     try:
         s = np.asarray(scale, np.float64)
     except (TypeError, ValueError):
-        raise ToleranceError(
-            f"scale must be a positive number or array of them, got {scale!r}"
-        ) from None
+        raise KitError(f"scale must be a positive number or array of them, got {scale!r}") from None
     if not np.all(np.isfinite(s)) or not np.all(s > 0):
-        raise ToleranceError(
+        raise KitError(
             f"scale must be finite and positive (one step of the integer grid), got {scale!r}; "
             "pass the scales the encoding used, e.g. enc.scale"
         )
@@ -76,12 +70,12 @@ def _check_scale(scale: Any) -> None:
 def _check_tolerance(max_ulps: Any) -> None:
     """`max_ulps` is a non-negative real number (NaN would pass every comparison)."""
     if isinstance(max_ulps, bool) or not isinstance(max_ulps, int | float | np.number):
-        raise ToleranceError(
+        raise KitError(
             f"max_ulps must be a number of steps, got {type(max_ulps).__name__} {max_ulps!r:.60}; "
             "pass e.g. max_ulps=1"
         )
     if not 0 <= max_ulps < np.inf:  # also NaN
-        raise ToleranceError(
+        raise KitError(
             f"max_ulps must be a finite non-negative number of steps (NaN or inf would pass "
             f"anything, even NaN against a number), got {max_ulps!r}; pass e.g. max_ulps=1"
         )
@@ -126,7 +120,7 @@ def ulp_distance(a: Any, b: Any, fmt: Format | str, *, scale: Any = None) -> np.
         >>> ulp_distance(1.0, 2.0, "float8_e4m3fn")
         array(8.)
     """
-    fmt = _format(fmt)
+    fmt = dtypes.get(fmt)
     a_arr = _as_float_array(a, "a").astype(np.float64)
     b_arr = _as_float_array(b, "b").astype(np.float64)
     a_arr, b_arr = _broadcast(a_arr, b_arr, "a", "b")
@@ -237,7 +231,7 @@ def assert_ulp_close(
           actual   = 1.0 (float64 bits 0x3FF0000000000000, bfloat16 bits 0x3F80)
           expected = 1.015625 (float64 bits 0x3FF0400000000000, bfloat16 bits 0x3F82)
     """
-    fmt = _format(fmt)
+    fmt = dtypes.get(fmt)
     if not isinstance(err_msg, str):
         raise PrecisionTypeError(
             f"assert_ulp_close: err_msg must be a str, got {type(err_msg).__name__} "
@@ -301,7 +295,7 @@ def assert_representable(
           at (1,): 1.100000023841858 (float32 bits 0x3F8CCCCD) rounds to 1.1015625 (0x3F8D0000)
           round them onto the grid first: dtypes.get('bfloat16').round(x)
     """
-    fmt = _format(fmt)
+    fmt = dtypes.get(fmt)
     if isinstance(limit, bool | np.bool_) or not isinstance(limit, int | np.integer):
         raise PrecisionTypeError(
             f"assert_representable: limit must be an int, got {type(limit).__name__} "

@@ -23,11 +23,7 @@ from typing import Any
 
 import pytest
 
-from .._errors import PrecisionError
-
-
-class MarkerError(PrecisionError, ValueError):
-    """A `@pytest.mark.formats(...)` marker that selects no format or names an unknown kind."""
+from .._errors import KitError
 
 
 def _ours(metafunc: pytest.Metafunc, plugin: str) -> bool:
@@ -69,7 +65,7 @@ def selected_formats(
     bad = [k for k in kinds if k not in known]
     if bad:
         storage = ", ".join(repr(k) for k in known if k not in ("float", "int"))
-        raise MarkerError(
+        raise KitError(
             f"@pytest.mark.formats(kinds={kinds!r}): each kind is 'float' or 'int', or one of "
             f"the storage kinds {storage} (a Format's `kind`)"
         )
@@ -84,7 +80,7 @@ def selected_formats(
     chosen = [f for f in pool if f.kind in kinds and min_bits <= f.bits <= max_bits]
     if not chosen:
         shown = "all" if kinds == known else repr(kinds)
-        raise MarkerError(
+        raise KitError(
             f"@pytest.mark.formats({', '.join(map(repr, names))}{', ' if names else ''}"
             f"kinds={shown}, min_bits={min_bits}, max_bits={max_bits}) selects no format"
         )

@@ -666,7 +666,10 @@ ENCODING_USAGE_ERRORS = {
         "write --scaling per-tensor instead",
     ),
     "e8m0 scaled": (["--to", "float8_e8m0fnu", "--scaling", "per-tensor"], "scale format"),
-    "nvfp4 pow2": (["--to", "nvfp4", "--scaling", "per-block:16:pow2"], "drop :pow2"),
+    "nvfp4 pow2": (
+        ["--to", "nvfp4", "--scaling", "per-block:16:pow2"],
+        "not powers of two; write --scaling per-block:16 instead",
+    ),
     "e8m0 scales not pow2": (
         ["--to", "int4", "--scaling", "per-block:32:e8m0"],
         "write --scaling per-block:32:pow2:e8m0 instead",

@@ -1,12 +1,12 @@
-"""`convert --to int8 --scaling per-tensor` in numpy gives the library's codes.
+"""`convert --to int8` in numpy gives the library's bytes.
 
-The command encodes per-tensor int8 with numpy when the tensor's absmax lies
-in `_NUMPY_ABSMAX` (`_convert_engine._numpy_int` says why that is exact);
-these tests hold it to the library's compiled encode, the specification, over
-the inputs where the two could part: exact halves, subnormals, values at the
-absmax, scales at both ends of the range, and absmaxes just outside it
-(which go to the compiled encode). That it imports no JAX is checked with the
-other numpy paths in test_cli.py.
+The command encodes int8 with one scale per tensor or per row in numpy when the
+absmaxes are ones `dtypes`' own rule on the host takes (`IntFormat.host_rule`,
+`host_absmax`, `host_codes`: tests/dtypes/test_int_host.py holds them to the
+compiled encode); these tests hold the command's blocks, parts and worker threads
+to the library's encode of the whole tensor, with absmaxes at both ends of the
+range and just outside it (which go to the compiled encode). That it imports no
+JAX is checked with the other numpy paths in test_cli.py.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from precision._cli import _convert_modes as _cli_modes
 from precision._cli import _convert_stats as _cli_stats
 from precision._cli import _main as _cli
 
-N = 5003  # past XLA:CPU's vectorisation threshold, and odd
-LOW, HIGH = _cli_modes._NUMPY_ABSMAX
+LOW, HIGH = dtypes.int8.HOST_ABSMAX
 
 
 def library(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -36,36 +35,21 @@ def library(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(enc.data), np.asarray(enc.scale, np.float32).reshape(-1)
 
 
-def values(seed: int, e: int, kind: str) -> np.ndarray:
+def values(seed: int, e: int, kind: str, n: int = 5003) -> np.ndarray:
     """float32 values around 2**e: random, exact halves of a step, or the edges."""
     rng = np.random.default_rng(seed)
     step = np.float32(2.0**e)
     if kind == "halves":  # absmax 127 * 2**e: x * (127 / absmax) = k + 0.5 exactly
-        x = ((rng.integers(-127, 127, N) + np.float32(0.5)) * step).astype(np.float32)
+        x = ((rng.integers(-127, 127, n) + np.float32(0.5)) * step).astype(np.float32)
         x[0] = np.float32(127) * step
     else:
-        x = (rng.standard_normal(N) * step).astype(np.float32)
+        x = (rng.standard_normal(n) * step).astype(np.float32)
     if kind == "edges":
         top = np.float32(np.max(np.abs(x)))
         edge = [-top, np.nextafter(top, np.float32(0)), 1e-40, -1e-45, 0.0, -0.0]
         edge += [np.float32(2.0**-126), top / np.float32(254), -top / np.float32(254)]
         x[: len(edge)] = np.asarray(edge, np.float32)
     return x
-
-
-@given(
-    seed=st.integers(0, 2**32 - 1),
-    e=st.integers(-106, 97),
-    kind=st.sampled_from(["random", "halves", "edges"]),
-)
-def test_numpy_codes_are_the_library_codes(seed, e, kind):
-    x = values(seed, e, kind)
-    absmax = np.float32(np.max(np.abs(x)))
-    assume(LOW <= absmax <= HIGH)
-    codes = _cli_modes._int_codes(x, absmax, np.float32(127)).astype(np.int8)
-    want_codes, want_scale = library(x)
-    np.testing.assert_array_equal(codes, want_codes)
-    assert (absmax / np.float32(127)).tobytes() == want_scale.tobytes()
 
 
 BELOW = np.nextafter(np.float32(LOW), np.float32(0))
@@ -78,8 +62,8 @@ ABOVE = np.nextafter(np.float32(HIGH), np.float32(np.inf))
     ids=["low", "high", "below", "above", "tiny", "near-max"],
 )
 def test_each_absmax_gives_the_library_bytes(tmp_path, monkeypatch, absmax):
-    # In the range: numpy, each block in three uneven parts on worker threads;
-    # outside it (and all zeros): the compiled encode.
+    # In the range (and all zeros): numpy, each block in three uneven parts on worker
+    # threads; outside it: the compiled encode.
     monkeypatch.setattr(_cli_stats, "_PART", 64)
     monkeypatch.setattr(_cli_stats, "_WORKERS", 3)
     numpy_path = []
@@ -103,7 +87,7 @@ def test_each_absmax_gives_the_library_bytes(tmp_path, monkeypatch, absmax):
     safetensors.numpy.save_file(tensors, str(src))
     argv = ["convert", str(src), "-o", str(out), "--to", "int8", "--scaling", "per-tensor"]
     assert _cli.main([*argv, "--keep", "none", "-q"]) == 0
-    in_range = {n for n, v in tensors.items() if LOW <= np.max(np.abs(np.float32(v))) <= HIGH}
+    in_range = {n for n, v in tensors.items() if dtypes.int8.host_absmax(np.max(np.abs(v)))}
     assert set(numpy_path) == in_range
     assert ("w" in in_range) == (LOW <= absmax <= HIGH)
     loaded = precision.load(out)
@@ -154,15 +138,15 @@ def test_numpy_row_codes_are_the_library_codes(seed, exponents, kinds, parts):
     top = np.empty(ROWS, np.float32)
     codes = np.empty(x.size, np.int8)
     scratch = (np.empty(x.size, np.float32), np.empty(x.size, np.float32))
-    q = np.float32(127)
+    int8 = dtypes.int8
     step = -(-ROWS // parts) * COLS
     for start in range(0, x.size, step):
         p = slice(start, min(start + step, x.size))
-        _cli_stats._int_rows_part((top, q, COLS), x.reshape(-1), codes, scratch, False, p)
-    assume(_cli_stats._numpy_rows(top))  # (rows whose absmax left the range: below)
+        _cli_stats._int_rows_part((int8, top, COLS), x.reshape(-1), codes, scratch, False, p)
+    assume(int8.host_absmax(top))  # (rows whose absmax left the range: below)
     want_codes, want_scale = library_rows(x)
     np.testing.assert_array_equal(codes.reshape(ROWS, COLS), want_codes)
-    assert _cli_stats._row_scales(top, q).tobytes() == want_scale.tobytes()
+    assert int8.host_scales(top).tobytes() == want_scale.tobytes()
 
 
 def test_a_row_outside_the_range_leaves_its_part_to_the_caller():
@@ -171,11 +155,11 @@ def test_a_row_outside_the_range_leaves_its_part_to_the_caller():
     top = np.empty(ROWS, np.float32)
     codes = np.zeros(x.size, np.int8)
     scratch = (np.empty(x.size, np.float32), np.empty(x.size, np.float32))
-    part = (top, np.float32(127), COLS)
+    part = (dtypes.int8, top, COLS)
     whole = slice(0, x.size)
     assert _cli_stats._int_rows_part(part, x.reshape(-1), codes, scratch, True, whole) is None
     assert top.tobytes() == np.max(np.abs(x), axis=1).tobytes()
-    assert not _cli_stats._numpy_rows(top)
+    assert not dtypes.int8.host_absmax(top)
     assert not np.any(codes)  # nothing written: the block is the compiled encode's
 
 
