@@ -143,24 +143,34 @@ def _folds(
     """The foldings AWQ and SmoothQuant make (`_foldable`); none for the other methods."""
     if method not in ("awq", "smoothquant"):
         return {}
-    scanned = [sites[j].path for j in picked if sites[j].stacked]
+    scanned = {j for j in picked if sites[j].stacked}
     if scanned:
-        raise CalibrationError(
-            f"calibrate: {scanned[0]} holds layers stacked under scan; {method} folds its "
-            "scales into unstacked layers only: use method='gptq', or unroll the layers"
+        listed = ", ".join(sorted(sites[j].path for j in scanned))
+        warnings.warn(
+            f"calibrate: {method} folds its scales into unstacked layers only; {listed} "
+            "hold layers stacked under scan and are rounded to nearest, each layer with its "
+            f"own scales (the other weights get {method}). Use method='gptq' for stacked "
+            "layers, or unroll them",
+            CalibrationWarning,
+            stacklevel=3,
         )
-    return _foldable(found, picked)
+    return _foldable(found, picked, scanned)
 
 
-def _foldable(found: Found, picked: set[int]) -> dict[int, tuple[FoldKey, list[int]]]:
+def _foldable(
+    found: Found, picked: set[int], scanned: set[int]
+) -> dict[int, tuple[FoldKey, list[int]]]:
     """The foldings to make, keyed by the selected weight read first in each: every
-    normalization output read only by contractions whose weights are read once."""
+    normalization output read only by contractions whose weights are read once, none of
+    them stacked under scan."""
     first = {leaf: n for n, leaf in enumerate(found.order)}
     out = {}
     for key, sites in found.folds.items():
         members = sorted({leaf for leaf, _, _ in sites}, key=first.__getitem__)
         if key in found.unsafe or any(found.uses[leaf] != 1 for leaf in members):
             continue  # the normalization's output or a weight is read elsewhere too
+        if any(leaf in scanned for leaf in members):
+            continue  # a scale per layer would have to be folded into each
         trigger = [leaf for leaf in members if leaf in picked]
         if trigger:
             out[trigger[0]] = (key, members)
@@ -506,13 +516,14 @@ def calibrate(
         for j in chunk:
             start = time.perf_counter()
             i, site = traced[j], sites[j]
-            tensor = convert(method, work[i], site, fmt, scaling, opts, scaled.get(j), grid)
+            how = "rtn" if site.stacked and method in ("awq", "smoothquant") else method
+            tensor = convert(how, work[i], site, fmt, scaling, opts, scaled.get(j), grid)
             out.append((i, tensor))
             if sequential:  # later stages read this weight as rounded
                 current[j] = np.asarray(tensor.numpy()).astype(np.asarray(leaves[j]).dtype)
             site.stats = {}  # one chunk's statistics held at a time
             done += 1
             took = time.perf_counter() - start
-            _say(progress, f"[{done}/{len(order)}] {site.path} {method} {took:.2f} s")
+            _say(progress, f"[{done}/{len(order)}] {site.path} {how} {took:.2f} s")
     _warn_rows(short)
     return _assemble(treedef, values, work, out)

@@ -119,6 +119,28 @@ def _stacked_model(params, x):
     return x @ params["head"]
 
 
+@pytest.mark.parametrize("method", ["awq", "smoothquant"])
+def test_folding_methods_do_the_unstacked_layers_and_name_the_stacked_ones(method):
+    rng = np.random.default_rng(5)
+    d, layers = 16, 3
+    params = {
+        "embed": rng.normal(size=(8, d)).astype(np.float32),
+        "layers": rng.normal(size=(layers, d, d)).astype(np.float32) / 4,
+        "head": rng.normal(size=(d, 5)).astype(np.float32),
+    }
+    batches = [rng.normal(size=(32, 8)).astype(np.float32) for _ in range(4)]
+    with pytest.warns(precision.CalibrationWarning, match=r"\['layers'\] hold layers stacked"):
+        q = precision.calibrate(_stacked_model, params, batches, method=method, progress=False)
+    assert all(isinstance(q[k], precision.Tensor) for k in params)
+    # the stacked layers rounded to nearest, a scale for each layer of the stack
+    stacked = q["layers"]
+    assert stacked.encoded.scale.shape[0] == layers
+    want = precision.Tensor(params["layers"]).to_reduced_precision(
+        stacked.format, scaling=stacked.scaling
+    )
+    np.testing.assert_array_equal(stacked.numpy(), want.numpy())
+
+
 def test_a_layer_under_scan_and_one_outside_each_get_their_own_statistics():
     rng = np.random.default_rng(3)
     d, layers = 16, 3
