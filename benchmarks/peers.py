@@ -25,6 +25,7 @@ are skipped with a note.
 
     python benchmarks/peers.py                  # width 1024, batch 256
     python benchmarks/peers.py --width 256 --batch 64 --repeats 5   # quick
+    python benchmarks/peers.py --model block --width 512 --batch 512  # transformer blocks
 """
 
 from __future__ import annotations
@@ -43,18 +44,31 @@ import dtypes
 import precision
 
 
-def _model(width: int, dot_general_cls: Any = None):
+def _model(width: int, dot_general_cls: Any = None, kind: str = "mlp"):
     import flax.linen as nn
+
+    kw = {} if dot_general_cls is None else {"dot_general_cls": dot_general_cls}
 
     class MLP(nn.Module):
         @nn.compact
         def __call__(self, x):
-            kw = {} if dot_general_cls is None else {"dot_general_cls": dot_general_cls}
             x = nn.relu(nn.Dense(width, **kw)(x))
             x = nn.relu(nn.Dense(width, **kw)(x))
             return nn.Dense(10, **kw)(x)
 
-    return MLP()
+    class Blocks(nn.Module):
+        """A transformer's MLP blocks: LayerNorm, width -> 4 width -> width with GELU and
+        a residual, twice, between an input projection and a 10-way head."""
+
+        @nn.compact
+        def __call__(self, x):
+            x = nn.Dense(width, **kw)(x)
+            for _ in range(2):
+                h = nn.gelu(nn.Dense(4 * width, **kw)(nn.LayerNorm()(x)))
+                x = x + nn.Dense(width, **kw)(h)
+            return nn.Dense(10, **kw)(x)
+
+    return Blocks() if kind == "block" else MLP()
 
 
 def _time(fn: Callable, *args, repeats: int) -> float:
@@ -125,12 +139,12 @@ def _measure(rows: list[Row], repeats: int) -> None:
         r[k] = 1000 * statistics.median(times[id(r), k])
 
 
-def run(width: int, batch: int, repeats: int) -> tuple[list[Row], list[str]]:
+def run(width: int, batch: int, repeats: int, kind: str = "mlp") -> tuple[list[Row], list[str]]:
     key = jax.random.key(0)
     k_init, k_x, k_y = jax.random.split(key, 3)
     x = jax.random.normal(k_x, (batch, 784), jnp.float32)
     labels = jax.random.randint(k_y, (batch,), 0, 10)
-    model = _model(width)
+    model = _model(width, kind=kind)
     params = model.init(k_init, x)
     ref = np.asarray(model.apply(params, x), np.float64)
     notes: list[str] = []
@@ -176,15 +190,15 @@ def run(width: int, batch: int, repeats: int) -> tuple[list[Row], list[str]]:
         fp8_ops = None
         notes.append("flax.linen.fp8_ops is not available: the Flax fp8 row is skipped")
     if fp8_ops is not None:
-        rows.append(_flax_fp8(fp8_ops, width, params, x, labels, ref))
+        rows.append(_flax_fp8(fp8_ops, width, params, x, labels, ref, kind))
     _measure(rows, repeats)
     return rows, notes
 
 
-def _flax_fp8(fp8_ops, width, params, x, labels, ref) -> Row:
+def _flax_fp8(fp8_ops, width, params, x, labels, ref, kind) -> Row:
     """Flax's fp8 Dense layers: delayed scaling, its meta state updated through gradients."""
     owg = fp8_ops.OVERWRITE_WITH_GRADIENT
-    model = _model(width, fp8_ops.Fp8DirectDotGeneralOp)
+    model = _model(width, fp8_ops.Fp8DirectDotGeneralOp, kind)
     variables = model.init(jax.random.key(0), x)
     variables = {**variables, "params": params["params"]}  # the same float32 weights
 
@@ -234,13 +248,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--model", choices=("mlp", "block"), default="mlp",
+                   help="mlp: 784-width-width-10; block: two transformer MLP blocks "
+                        "(LayerNorm, width-4width-width GELU, residual)")  # fmt: skip
     args = p.parse_args(argv)
-    rows, notes = run(args.width, args.batch, args.repeats)
+    rows, notes = run(args.width, args.batch, args.repeats, args.model)
     dev = jax.devices()[0]
-    print(
-        f"MLP 784-{args.width}-{args.width}-10, batch {args.batch}, jax {jax.__version__}, "
-        f"{dev.platform} ({dev.device_kind})"
+    what = (
+        f"MLP 784-{args.width}-{args.width}-10"
+        if args.model == "mlp"
+        else f"two transformer MLP blocks, d={args.width} (4d hidden)"
     )
+    print(f"{what}, batch {args.batch}, jax {jax.__version__}, {dev.platform} ({dev.device_kind})")
     print(format_table(rows))
     for note in notes:
         print("note:", note)
