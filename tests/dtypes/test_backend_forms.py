@@ -1,9 +1,10 @@
 """What an accelerator run found that a CPU cannot show by itself, pinned on the CPU.
 
-- `group_absmax` has two forms, one integer max over the magnitude bits (taken
-  on GPUs and for blocks) and a float max beside a separate NaN/inf search
-  (XLA:CPU's fast one for long groups): both must give the same bits, or the
-  backends would disagree. Both are forced here on adversarial input.
+- `group_absmax` is one integer max over the magnitude bits, reduced in two forms:
+  at once (GPUs, TPUs) and in materialized stages (XLA:CPU, which vectorises only
+  short integer reductions), chosen by `lax.platform_dependent`. Both must give
+  the same bits, or the backends would disagree: both are forced here on
+  adversarial input large enough to be staged.
 - A group holding NaN or inf gets a NaN scale; in a bfloat16 or float16 scale
   format an H100's conversion wrote 0x7FFF where the CPU writes ml_dtypes'
   quiet NaN (0x7FC0 / 0x7E00). The NaN is now written as bits; the bits are
@@ -34,11 +35,17 @@ SCALINGS = [
 def test_both_forms_of_the_group_absmax_give_the_same_bits(scaling, monkeypatch):
     x = adversarial(1 << 16).reshape(-1, 64)
     got = {}
-    for integer in (True, False):
-        monkeypatch.setattr(_scale_rules, "_integer_max", lambda s, i=integer: i)
+    assert x.size > _scale_rules._SMALL  # the CPU's form stages it
+    for form in ("cpu", "default"):
+
+        def chosen(*args, form=form, **branches):
+            return branches[form](*args)
+
+        monkeypatch.setattr(_scale_rules.lax, "platform_dependent", chosen)
         f = jax.jit(lambda v: _scale_rules.group_absmax(v, scaling))
-        got[integer] = np.asarray(f(x)).view(np.uint32)
-    np.testing.assert_array_equal(got[True], got[False])
+        got[form] = np.asarray(f(x)).view(np.uint32)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(got["cpu"], got["default"])
     # and they are right: max |x| of each group (subnormal maxima read as 0), NaN where
     # the group holds NaN or inf
     flushed = np.where(np.abs(x) < np.float32(2.0**-126), np.float32(0), np.abs(x))
@@ -48,7 +55,7 @@ def test_both_forms_of_the_group_absmax_give_the_same_bits(scaling, monkeypatch)
     bad = np.asarray(
         scaling.group_reduce(~np.isfinite(x), lambda a, axes: np.any(a, axis=axes, keepdims=True))
     )
-    values = got[True].view(np.float32)
+    values = got["cpu"].view(np.float32)
     assert np.array_equal(np.isnan(values), bad)
     np.testing.assert_array_equal(values[~bad], want[~bad])
 

@@ -106,7 +106,7 @@ def test_conv_output_is_rounded_to_format():
 
     out = precision.apply(conv)(x, w)
     assert out.format == dtypes.float16
-    ref = np.asarray(conv(jnp.asarray(x), jnp.asarray(w)))
+    ref = np.asarray(conv(precision.to_full_precision(x), precision.to_full_precision(w)))
     np.testing.assert_array_equal(np.asarray(out), ref.astype(np.float16).astype(np.float32))
 
 
