@@ -522,8 +522,7 @@ def calibrate(
             if sequential:  # later stages read this weight as rounded
                 current[j] = np.asarray(tensor.numpy()).astype(np.asarray(leaves[j]).dtype)
             site.stats = {}  # one chunk's statistics held at a time
-            done += 1
-            took = time.perf_counter() - start
+            done, took = done + 1, time.perf_counter() - start
             _say(progress, f"[{done}/{len(order)}] {site.path} {how} {took:.2f} s")
     _warn_rows(short)
     return _assemble(treedef, values, work, out)

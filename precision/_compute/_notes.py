@@ -30,6 +30,7 @@ __all__ = [
     "SCOPE",
     "Note",
     "describe_operand",
+    "emitted",
     "mark_fallback",
     "note",
     "observe",
