@@ -36,6 +36,7 @@ The kinds:
 
 from __future__ import annotations
 
+import typing
 from types import MappingProxyType
 from typing import Literal
 
@@ -63,18 +64,7 @@ Kind = Literal[
     "walked",
     "opaque",
 ]
-KINDS: tuple[Kind, ...] = (
-    "identity",
-    "cut",
-    "code move",
-    "move",
-    "grid",
-    "contraction",
-    "compute",
-    "no float",
-    "walked",
-    "opaque",
-)
+KINDS: tuple[Kind, ...] = typing.get_args(Kind)
 
 _GROUPS: dict[Kind, str] = {
     "identity": "copy stop_gradient sharding_constraint",

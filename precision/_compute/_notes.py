@@ -173,7 +173,7 @@ def _own_root(module_file: str) -> str:
 # JAX's frames (its `_src`, its wrappers) and this library's
 _SKIPPED = (
     _own_root(jax.__file__),
-    os.path.dirname(_own_root(os.path.dirname(__file__))) + os.sep,  # precision/
+    _own_root(os.path.dirname(__file__)),  # precision/
     _own_root(dtypes.__file__),
 )
 
