@@ -38,7 +38,7 @@ import dtypes
 
 from .._storage import is_float
 from ._int_operands import codes, dot_operands, kept_scale
-from ._notes import emitted, note, observe, settle
+from ._notes import emitted, explained_backend, note, observe, settle
 from ._quantized import quantized_contraction
 from ._rules import Val, op_state, operands_at_use, rounded_outputs
 from ._state import Context, Stored
@@ -133,10 +133,12 @@ def _contraction(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
         # decided by the platform the program is lowered for, not the machine tracing it.
         native = _native_container(op, state.format)
         on_cpu = _cpu_container(op, native)
-        here = on_cpu if jax.default_backend() == "cpu" else native  # (explain's words only)
-        settle(_float_path(vals, state, here))
-        if here is not None:
-            emitted(here, here)
+        backend = explained_backend()  # explain's words only; None when it is not recording
+        if backend is not None:
+            here = on_cpu if backend == "cpu" else native
+            settle(_float_path(vals, state, here))
+            if here is not None:
+                emitted(here, here)
         pair = [(a, sa), (b, sb)]
         if on_cpu == native:
             out = _float_contraction(eqn, pair, state, native)

@@ -31,6 +31,7 @@ __all__ = [
     "Note",
     "describe_operand",
     "emitted",
+    "explained_backend",
     "mark_fallback",
     "note",
     "observe",
@@ -206,6 +207,13 @@ def settle(path: str) -> None:
     notes = _NOTES.get()
     if notes:
         notes[-1].path = path
+
+
+def explained_backend() -> str | None:
+    """The backend `explain` compiles for, while it records (its rows' words depend on
+    it); None otherwise. Programs never branch on it: they follow the platform they are
+    lowered for (`lax.platform_dependent`)."""
+    return jax.default_backend() if _NOTES.get() is not None else None
 
 
 def emitted(*dtypes: Any) -> None:
