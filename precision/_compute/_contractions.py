@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -146,11 +147,32 @@ def _contraction(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
             # bfloat16 results come out of the GPU's and TPU's dots as bfloat16: their
             # float32 sums rounded to nearest-even, as `rounded_outputs` rounds them
             narrow = native is not None and native == np.dtype(jnp.bfloat16)
-            out = lax.platform_dependent(
+            out = _per_platform(
                 cpu=lambda: _float_contraction(eqn, pair, state, on_cpu),
                 default=lambda: _float_contraction(eqn, pair, state, native, narrow_result=narrow),
             )
         return rounded_outputs(op, [out], state)
+
+
+def _per_platform(cpu: Callable[[], jax.Array], default: Callable[[], jax.Array]) -> jax.Array:
+    """`lax.platform_dependent(cpu=cpu, default=default)` whose backward pass chooses its
+    platform again instead of receiving the forward's choice.
+
+    Differentiated, a plain `platform_dependent` passes its platform index to the backward
+    pass as a residual. Across a `jit` boundary (`apply`'s own, or a caller's nested one)
+    the index is then no constant in the backward function, the conditional holding the
+    transposed contractions survives until after XLA:CPU has put its convolutions in the
+    form its fast kernels take, and the weight-gradient convolution ran 16-28x slower (the
+    demo's bf16-mixed step: 360 ms against 22). Under a checkpoint the backward pass
+    recomputes the choice where it is used (a constant there). The residuals are then
+    the contraction's operands as they enter it: on the CPU what they were before; on a
+    GPU or TPU their float32 values, which the backward pass converts again into the
+    narrow container (an elementwise convert XLA fuses into the dot), instead of narrow
+    copies."""
+    chosen: Callable[[], jax.Array] = jax.checkpoint(
+        lambda: lax.platform_dependent(cpu=cpu, default=default), prevent_cse=False
+    )
+    return chosen()
 
 
 def _float_path(vals: list[Val], state: Any, native: np.dtype | None) -> str:
