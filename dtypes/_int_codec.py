@@ -75,10 +75,7 @@ def encode(fmt: IntFormat, x: Any, scaling: Scaling | None, rounding: str, key: 
 def _int_codes(
     fmt: IntFormat, x: jax.Array, scaling: Scaling, rounding: str, key: Any
 ) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array, jax.Array | None]:
-    """(codes as float32, stored scale, reciprocal, unclipped rounded codes, tensor scale).
-
-    A code may be -0 here: converted to an integer it is 0 like +0, so the encode
-    spends nothing on it; the round, which keeps codes as floats, makes it +0."""
+    """(codes as float32, stored scale, reciprocal, unclipped rounded codes, tensor scale)."""
     if fmt.binary:
         x = flush_subnormals(x)
         # A group holding NaN or ±inf gets a NaN scale, like every scale.
@@ -94,7 +91,8 @@ def _int_codes(
     )
     y = times_reciprocal(x, scaling, inv, pre, rounding=rounding, signed_zero=False)
     rounded = round_integer(y, rounding, key)
-    codes = jnp.clip(rounded, -fmt.qmax, fmt.qmax)
+    # (no -0 code, even held as a float: see `unsigned_zero`)
+    codes = unsigned_zero(jnp.clip(rounded, -fmt.qmax, fmt.qmax))
     return codes, scale, inv, rounded, tensor_scale
 
 
@@ -140,8 +138,6 @@ def _round_with_mask(
     scalar = x.ndim == 0
     xf = (x.reshape(1) if scalar else x).astype(jnp.float32)
     codes, stored, _, rounded, tensor_scale = _int_codes(fmt, xf, scaling, rounding, key)
-    # (no -0 code, even held as a float: see `unsigned_zero`)
-    codes = unsigned_zero(codes)
     scale = _scale_storage.widen(stored, tensor_scale, scaling, fmt.top_exponent)
     # An integer code times a normal scale is never subnormal (|code| >= 1 or 0).
     out = times_scale(codes, scaling.broadcast(scale, xf.shape), flush=False)
