@@ -1,6 +1,6 @@
 """Argument checks that need no JAX: the scaling given, and NaN/inf in numpy values.
 
-`_encoder_inputs` applies them to every encoder's input; a format's `check` applies
+`_encode_input_checks` applies them to every encoder's input; a format's `check` applies
 them alone to float numpy arrays, so a caller that only asks whether a
 format takes a scaling (the command line, planning a conversion) loads no JAX.
 A scale format's refusal of a scaling and of directed rounding is here too,

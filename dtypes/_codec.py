@@ -24,8 +24,8 @@ import numpy as np
 
 from . import _packing, _scale_storage
 from ._argument_checks import resolve_scaling
+from ._encode_input_checks import any_equal_now, as_float_array, check_finite, is_tracer
 from ._encoded import Encoded, format_of
-from ._encoder_inputs import any_equal_now, as_float_array, check_finite, is_tracer
 from ._errors import FormatError, PrecisionTypeError, RoundingError, ScalingError
 from ._format import Format
 from ._ieee import times_scale, to_float32

@@ -464,7 +464,7 @@ class Tensor:
     # comparisons are elementwise, as for arrays (typeshed's object.__hash__ admits no None)
     __hash__: ClassVar[None] = None  # type: ignore[assignment]
 
-    # -- operators and methods: slots that `_attach` fills with `precision.apply` calls
+    # -- operators and methods: slots that `_applied_operators` fills with `precision.apply` calls
     __array_priority__ = 100
     __add__, __radd__ = _operators.binary("add"), _operators.reflected("add")
     __sub__, __rsub__ = _operators.binary("sub"), _operators.reflected("sub")

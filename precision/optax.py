@@ -36,7 +36,7 @@ import numpy as np
 import dtypes
 from dtypes import PrecisionTypeError
 
-from . import _attach  # noqa: F401  (Tensor's operators, for the Tensors returned)
+from . import _applied_operators  # noqa: F401  (Tensor's operators, for the Tensors returned)
 from ._errors import LossScaleTypeError, SelectionError, UpdateError
 from ._loss_scale import DynamicLossScale, NoOpLossScale, StaticLossScale, all_finite, select_tree
 from ._tensor import Tensor, logical_values

@@ -29,8 +29,8 @@ import dtypes
 
 from .. import _jax_compat as compat
 from .._compute import Context, State, Stored, Val, in_compute_format, join, rule_for
+from .._compute._explain_notes import paused
 from .._compute._moves import squeezed_scaling
-from .._compute._notes import paused
 from .._storage import decode_encoded, is_float
 from .._walk import Interpretation, Scan, ShardMap, While, Wrapper, walk
 

@@ -4,7 +4,7 @@ The batches are run through `f` once each (`_record`), adding up each
 contraction's input statistics per weight. AWQ and SmoothQuant then fold their
 per-channel scales into the normalizations and weights (`_smooth`); every
 selected weight is converted on the host, one at a time, by GPTQ (`_gptq`) or
-round-to-nearest (`_convert`), into a Tensor that `apply` and `save` take.
+round-to-nearest (`_weight_conversion`), into a Tensor that `apply` and `save` take.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from .._errors import CalibrationError, CalibrationWarning
 from .._tensor import Tensor
 from .._tree import Where, _path_str, _selector, is_floating, is_tensor
 from . import _q4_0
-from ._convert import Site, convert, rtn_values
-from ._passes import accumulate, batches_of, chunks, survey
+from ._batch_passes import accumulate, batches_of, chunks, survey
 from ._record import FoldKey, Found
 from ._smooth import awq_scales, fold_rows, smoothquant_scales
+from ._weight_conversion import Site, convert, rtn_values
 
 __all__ = ["METHODS", "MIN_ROWS_PER_INPUT", "calibrate"]
 

@@ -39,8 +39,8 @@ from dtypes import AsymmetricIntFormat, FloatFormat, Format, IntFormat, PerBlock
 
 from .._errors import CheckpointError
 from ._atomic_file import _TempFile, write_error
-from ._foreign import checked, stored, tensor_leaf
 from ._layout import Leaf, Stored
+from ._third_party_codes import checked, stored, tensor_leaf
 
 __all__ = [
     "BLOCK",

@@ -151,7 +151,7 @@ def write(
     (default: 0o666 under the umask; a replaced file keeps its own). `checked` says
     the caller ran `check_names` on these leaves already (`save`, through `flatten`).
     `plain` writes a safetensors file without this library's metadata (another
-    tool's layout, `precision/_cli/_layouts.py`): `leaves` are then plain arrays.
+    tool's layout, `precision/_cli/_output_layouts.py`): `leaves` are then plain arrays.
     Returns the bytes written.
 
     Raises:

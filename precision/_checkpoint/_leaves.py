@@ -36,7 +36,7 @@ _TENSOR: list[type[Any]] = []  # the Tensor class, once imported
 def _tensor_type() -> type[Any]:
     if _TENSOR:
         return _TENSOR[0]
-    from .. import _attach  # noqa: F401  (the Tensors `load` hands out have their operators)
+    from .. import _applied_operators  # noqa: F401  (Tensors `load` hands out need operators)
     from .._tensor import Tensor
 
     _TENSOR.append(Tensor)

@@ -37,7 +37,7 @@ from jax import lax
 
 import dtypes
 
-from .. import _attach  # noqa: F401  (Tensor's operators, used by the demo's models)
+from .. import _applied_operators  # noqa: F401  (Tensor's operators, used by the demo's models)
 from .._apply import apply
 from .._contract import Contract
 from .._loss_scale import DynamicLossScale, NoOpLossScale, all_finite, select_tree

@@ -25,7 +25,7 @@ from .._checkpoint._io import write
 from .._checkpoint._layout import Leaf
 from .._checkpoint._source import Source
 from .._errors import UsageError
-from .._keep import KEEP
+from .._kept_in_float32 import KEEP
 from ._arguments import _check_pair, _format, _scaling, resolve_preset
 
 # the tests reach these through this module
@@ -37,8 +37,8 @@ from ._files import DEFAULT_SHARD_BYTES, leaf_nbytes, write_shards
 from ._interrupts import deferred_interrupts, import_jax
 from ._layout_gguf import prepare as _prepare_gguf
 from ._layout_gguf import write as _write_gguf
-from ._layouts import GGUF, copy_files, fit, report_copied, write_layout
 from ._output import PROG, _fmt_db, _human, _progress, _table
+from ._output_layouts import GGUF, copy_files, fit, report_copied, write_layout
 from ._temp_directory import TempDirectory, recover_leftovers
 
 #: What `--keep` keeps by default for formats of 8 bits or fewer: norms,
