@@ -55,7 +55,7 @@ import dtypes
 from dtypes import FloatFormat, Format, IntFormat, PerAxis, PerBlock, PerTensor, Scaling
 
 from .._errors import CheckpointError
-from ._layout import SCALE_DTYPES, Leaf, Stored
+from ._layout import SCALE_DTYPES, Leaf, LeafArrays
 from ._source import Source
 from ._third_party_codes import checked, codes_of, stored, tensor_leaf
 
@@ -478,14 +478,14 @@ def _e2m1_scales(weights: dict[str, Any]) -> bool:
     return weights.get("type") == "float" and weights.get("num_bits") == 4
 
 
-def read(source: Source, config: dict[str, Any]) -> list[tuple[Leaf, Stored]]:
+def read(source: Source, config: dict[str, Any]) -> list[tuple[Leaf, LeafArrays]]:
     """Every leaf of a compressed-tensors checkpoint, quantized weights as encodings.
 
     A weight whose codes this library's formats do not hold as they are is widened or
     decoded (`_third_party_codes`); every other tensor is a plain leaf, as in any foreign file.
     """
     readers = {name: r for r in source.readers for name in r.entries}
-    out: list[tuple[Leaf, Stored]] = []
+    out: list[tuple[Leaf, LeafArrays]] = []
     done: set[str] = set()
     for reader in source.readers:
         for leaf in reader.leaves:
@@ -522,7 +522,7 @@ def _module_name(name: str, readers: dict[str, Any]) -> str | None:
 
 def _weight(
     module: str, readers: dict[str, Any], config: dict[str, Any], where: str
-) -> tuple[Leaf, Stored]:
+) -> tuple[Leaf, LeafArrays]:
     def get(suffix: str) -> np.ndarray:
         name = f"{module}.{suffix}"
         return np.asarray(readers[name].read(name))

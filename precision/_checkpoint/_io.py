@@ -47,7 +47,7 @@ from ._layout import (
     METADATA_KEY,
     VERSION_KEY,
     Leaf,
-    Stored,
+    LeafArrays,
     _text_crc,
 )
 from ._layout import _tensors_crc as _tensors_crc  # (re-exported: tests seal documents)
@@ -250,7 +250,7 @@ def _to_jax(arr: np.ndarray) -> jax.Array | np.ndarray:
 _BATCH_BYTES, _BATCH_LEAVES = 1 << 26, 4096
 
 
-def _typed(leaf: Leaf, stored: Stored) -> Stored:
+def _typed(leaf: Leaf, stored: LeafArrays) -> LeafArrays:
     """`stored` viewed as the types its leaf decodes (codes and scales in their containers)."""
     if leaf.kind == "array" or leaf.format is None:
         return stored
@@ -258,7 +258,9 @@ def _typed(leaf: Leaf, stored: Stored) -> Stored:
     if scale is not None:
         assert leaf.scale_container is not None  # a scale comes with its scaling
         scale = scale.view(leaf.scale_container)
-    return Stored(stored.data.view(leaf.container), scale, stored.tensor_scale, stored.zero_point)
+    return LeafArrays(
+        stored.data.view(leaf.container), scale, stored.tensor_scale, stored.zero_point
+    )
 
 
 #: Many small arrays of one shape and dtype go to the device `_JIT_ARGS` at a time through
@@ -296,7 +298,7 @@ def _to_device(arrays: list[np.ndarray]) -> list[Any]:
     return out
 
 
-def _on_device(batch: list[tuple[Leaf, Stored]]) -> list[Stored]:
+def _on_device(batch: list[tuple[Leaf, LeafArrays]]) -> list[LeafArrays]:
     """Every array of `batch`, typed, moved to the device in one call (64-bit data stays in
     numpy unless JAX is 64-bit, which would truncate it)."""
     import jax
@@ -308,17 +310,17 @@ def _on_device(batch: list[tuple[Leaf, Stored]]) -> list[Stored]:
 
     typed = [_typed(leaf, stored) for leaf, stored in batch]
     moved = iter(_to_device([a for s in typed for a in s if moves(a)]))
-    # (a Stored now holding device arrays: `encoded` and `_to_jax` take them as they are)
+    # (LeafArrays now holding device arrays: `encoded` and `_to_jax` take them as they are)
     return [
         # (data alone, as most leaves are: no generator for each)
-        (Stored(next(moved)) if moves(s.data) else s)
+        (LeafArrays(next(moved)) if moves(s.data) else s)
         if s.scale is None and s.tensor_scale is None and s.zero_point is None
-        else Stored._make([next(moved) if moves(a) else a for a in s])
+        else LeafArrays._make([next(moved) if moves(a) else a for a in s])
         for s in typed
     ]
 
 
-def encoded(leaf: Leaf, stored: Stored) -> Encoded:
+def encoded(leaf: Leaf, stored: LeafArrays) -> Encoded:
     """The `Encoded` storage of a tensor leaf from its arrays (as read from the file)."""
     import jax
 
@@ -339,7 +341,7 @@ def encoded(leaf: Leaf, stored: Stored) -> Encoded:
     )
 
 
-def materialize(leaf: Leaf, stored: Stored, as_arrays: bool) -> Any:
+def materialize(leaf: Leaf, stored: LeafArrays, as_arrays: bool) -> Any:
     """The value a leaf loads as: a Tensor, or logical arrays when `as_arrays`."""
     import jax
 
@@ -445,7 +447,7 @@ def _refuse_beyond_memory(source: Source) -> None:
 
 
 def _materialized(
-    reader: Reader, batch: list[tuple[Leaf, Stored]], as_arrays: bool
+    reader: Reader, batch: list[tuple[Leaf, LeafArrays]], as_arrays: bool
 ) -> list[tuple[Any, Any]]:
     """(key path, value) of each leaf of `batch`, its arrays moved in one transfer."""
     out = []
@@ -465,7 +467,7 @@ def _materialized(
     return out
 
 
-def _tree(where: str, pairs: list[tuple[Leaf, Stored]], as_arrays: bool) -> Any:
+def _tree(where: str, pairs: list[tuple[Leaf, LeafArrays]], as_arrays: bool) -> Any:
     """The tree of the leaves of another tool's layout (compressed-tensors, GGUF): an
     unscaled float leaf is that tool's full-precision values (widened, as in a foreign
     safetensors file), an encoded one a Tensor in its format."""
@@ -548,7 +550,7 @@ def load(path: str | os.PathLike[str], *, as_arrays: bool = False) -> Any:
             return _tree(source.path, _compressed_tensors.read(source, quantized), as_arrays)
         items: list[tuple[Any, Any]] = []
         for reader in source.readers:
-            batch: list[tuple[Leaf, Stored]] = []
+            batch: list[tuple[Leaf, LeafArrays]] = []
             size = 0
             for leaf in reader.leaves:
                 stored = reader.read_leaf(leaf)

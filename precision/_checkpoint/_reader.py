@@ -41,7 +41,7 @@ from ._layout import (
     VERSION_KEY,
     VERSIONS,
     Leaf,
-    Stored,
+    LeafArrays,
     _tensors_crc,
     format_from_json,
     looks_like_ours,
@@ -362,7 +362,7 @@ class Reader:
             raise self.error(
                 "the precision metadata does not match its CRC-32 (the header is corrupted)"
             )
-        leaves = [self._leaf(item) for item in doc["tensors"]]
+        leaves = [self._leaf_from_metadata(item) for item in doc["tensors"]]
         try:
             check_names(leaves)
         except (ValueError, TypeError) as exc:
@@ -383,7 +383,7 @@ class Reader:
             raise self.error("the precision metadata's crc32 map is malformed")
         return leaves, {k: int(v, 16) for k, v in crc.items()}
 
-    def _leaf(self, item: Any) -> Leaf:
+    def _leaf_from_metadata(self, item: Any) -> Leaf:
         keys = _LEAF_KEYS[self.version]
         if not isinstance(item, dict) or item.keys() != keys:
             raise self.error(f"precision metadata: malformed leaf {item!r:.200}")
@@ -583,12 +583,12 @@ class Reader:
             yield out
         self.check_crc(name, crc)
 
-    def read_leaf(self, leaf: Leaf) -> Stored:
+    def read_leaf(self, leaf: Leaf) -> LeafArrays:
         """Every array of one leaf (data, and its scales, tensor scale and zero points)."""
         if leaf.scale is None and leaf.tensor_scale is None and leaf.zero_point is None:
-            return Stored(self.read(leaf.name))  # its data alone (arrays(): one, named as it)
+            return LeafArrays(self.read(leaf.name))  # its data alone (arrays(): one, named as it)
         arrays = {
             role: self.read(name)
             for (name, _, _), role in zip(leaf.arrays(), leaf.roles(), strict=True)
         }
-        return Stored(**arrays)
+        return LeafArrays(**arrays)

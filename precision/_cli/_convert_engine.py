@@ -38,7 +38,7 @@ from ._convert_stats import (
     _int_rows_part,
     _Part,
     _scratch,
-    _Stats,
+    _SignalNoise,
 )
 from ._interrupts import check_interrupt, import_jax
 
@@ -138,7 +138,7 @@ class _Engine:
         parts: tuple[Any, ...] = self._jit(ck, build)(x, key)
         return parts
 
-    def slice_energy(self, out: Leaf, x: Any, parts: tuple[Any, ...]) -> tuple[bool, _Stats]:
+    def slice_energy(self, out: Leaf, x: Any, parts: tuple[Any, ...]) -> tuple[bool, _SignalNoise]:
         """Statistics and finiteness of a whole-tensor encode, taken in row slices."""
         import jax
         import jax.numpy as jnp
@@ -148,7 +148,7 @@ class _Engine:
         data, scale, tensor_scale, zero_point = parts
         shape, scale_shape = out.shape, out.scale_shape
         last = (shape[-1] if shape else None) if fmt.packed else None
-        stats = _Stats()
+        stats = _SignalNoise()
         finite = True
         rows = shape[0] if len(shape) >= 2 else 0
         sliceable = rows > 1 and (scale_shape is None or scale_shape[0] in (1, rows))
@@ -315,7 +315,7 @@ class _Converter:
         (`scratch`: that many float32 buffers like `x`, slot 0 the statistics'); their
         energies added up, the tensor's SQNR kept. `redo(x)`, asked after the parts,
         may instead give the block's output and energies (the compiled encode's)."""
-        stats = _Stats()
+        stats = _SignalNoise()
         for block in blocks:
             check_interrupt()
             x = block if block.dtype == np.float32 else block.astype(np.float32)
@@ -337,7 +337,7 @@ class _Converter:
         out, engine = plan.out, self.engine
         scaling = out.scaling
         total = math.prod(out.shape)
-        g = _granule(plan)
+        g = _block_multiple(plan)
         per_block = _block_values(total, g)
         if plan.mode in ("rows", "columns", "introws"):
             shape: tuple[int, ...] = (per_block // math.prod(out.shape[1:]), *out.shape[1:])
@@ -367,7 +367,7 @@ class _Converter:
                 yield from self._int_blocks(plan, blocks, np.float32(absmax), extras)
                 return
             import_jax()  # the library's special scales: its compiled encode
-        stats = _Stats()
+        stats = _SignalNoise()
         done = 0
         # per-group arrays of each block, or (a per-tensor or per-axis scale
         # computed from the absmax given) one copy shared by every block
@@ -504,7 +504,7 @@ class _Converter:
             del array
 
 
-def _granule(plan: _Plan) -> int:
+def _block_multiple(plan: _Plan) -> int:
     """Values a block holds a multiple of (packing, block groups, rows)."""
     out = plan.out
     fmt = out.format

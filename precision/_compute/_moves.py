@@ -69,7 +69,7 @@ def moved_storage(eqn: Any, vals: list[Val]) -> Stored | None:
     if op in IDENTITIES:
         return stored
     if op in CUTS:
-        cut = _cut(eqn, enc, [v for v, _ in vals[1:]])
+        cut = _sliced_encoding(eqn, enc, [v for v, _ in vals[1:]])
         if cut is not None:
             return Stored(cut, stored.dtype)
     if enc.format.packed or not isinstance(enc.scaling, dtypes.PerTensor):
@@ -87,7 +87,7 @@ def moved_storage(eqn: Any, vals: list[Val]) -> Stored | None:
     return Stored(moved, stored.dtype)
 
 
-def _cut(eqn: Any, enc: dtypes.Encoded, indices: list[Any]) -> dtypes.Encoded | None:
+def _sliced_encoding(eqn: Any, enc: dtypes.Encoded, indices: list[Any]) -> dtypes.Encoded | None:
     """`enc` sliced or squeezed as `eqn` moves its values, or None where groups would split."""
     shape, packed = enc.shape, enc.format.packed
     n = len(shape)
