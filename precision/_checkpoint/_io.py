@@ -31,7 +31,7 @@ import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeGuard
 
 import numpy as np
 
@@ -158,17 +158,7 @@ def write(
         FileExistsError: `path` exists and `overwrite` is False.
         OSError: the destination directory cannot be written (named in the message).
     """
-    path = os.fspath(path)
-    if os.path.islink(path):
-        path = os.path.realpath(path)  # replace the file the link points to, keep the link
-    if os.path.isdir(path):
-        raise IsADirectoryError(errno.EISDIR, f"cannot write {path}: it is a directory")
-    refuse_special(path)
-    if not overwrite and os.path.lexists(path):
-        raise FileExistsError(
-            f"{path} already exists; pass overwrite=True (--overwrite on the command line) to "
-            "replace it"
-        )
+    path = _destination(path, overwrite)
     if not checked:
         check_names(leaves)
     arrays = [a for leaf in leaves for a in leaf.arrays()]
@@ -181,32 +171,8 @@ def write(
         with os.fdopen(temp.fd, "wb", closefd=False) as f:
             f.write(header)
             produced = iter(produce)
-            for (name, dtype, shape), size in zip(arrays, layout.sizes, strict=True):
-                got_name, arr = next(produced)
-                if got_name != name or (
-                    isinstance(arr, np.ndarray)
-                    and (arr.dtype != dtype or tuple(arr.shape) != tuple(shape))
-                ):
-                    raise ValueError(  # a bug in the caller, never silently written
-                        f"expected array {name!r} {dtype}{list(shape)}, got {got_name!r} "
-                        f"{getattr(arr, 'dtype', '')}{list(getattr(arr, 'shape', ''))}"
-                    )
-                value, written = 0, 0
-                for part in [arr] if isinstance(arr, np.ndarray) else arr:
-                    if part.dtype != dtype:
-                        raise ValueError(
-                            f"array {name!r}: a piece of {part.dtype}{list(part.shape)} does not "
-                            f"fit {dtype}{list(shape)}"
-                        )
-                    view = np.ascontiguousarray(part).reshape(-1).view(np.uint8).data
-                    value = zlib.crc32(view, value)
-                    f.write(view)
-                    written += len(view)
-                    del view, part
-                if written != size:
-                    raise ValueError(f"array {name!r}: {written} bytes produced, not {shape}")
-                crc[name] = value
-                del arr
+            for expected, size in zip(arrays, layout.sizes, strict=True):
+                crc[expected[0]] = _write_array(f, expected, size, next(produced))
             final = layout.bytes(crc)
             assert len(final) == len(header)  # fixed-width CRCs: same length
             f.seek(0)
@@ -226,6 +192,59 @@ def write(
     finally:
         os.close(temp.fd)
     return size
+
+
+def _destination(path: str | os.PathLike[str], overwrite: bool) -> str:
+    """The file `write` writes: `path`, or the file a link at `path` points to (the link
+    is kept); refused when it is a directory or a special file, or exists and
+    `overwrite` is False."""
+    path = os.fspath(path)
+    if os.path.islink(path):
+        path = os.path.realpath(path)  # replace the file the link points to, keep the link
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, f"cannot write {path}: it is a directory")
+    refuse_special(path)
+    if not overwrite and os.path.lexists(path):
+        raise FileExistsError(
+            f"{path} already exists; pass overwrite=True (--overwrite on the command line) to "
+            "replace it"
+        )
+    return path
+
+
+def _write_array(
+    f: BinaryIO,
+    expected: tuple[str, np.dtype, tuple[int, ...]],
+    size: int,
+    given: tuple[str, np.ndarray | Iterable[np.ndarray]],
+) -> int:
+    """Write the bytes of one array, `given` as `produce` yields it (its name, and the
+    array or its pieces), checked against the (name, dtype, shape) `expected` and its
+    `size` in bytes; returns their CRC-32."""
+    name, dtype, shape = expected
+    got_name, arr = given
+    if got_name != name or (
+        isinstance(arr, np.ndarray) and (arr.dtype != dtype or tuple(arr.shape) != tuple(shape))
+    ):
+        raise ValueError(  # a bug in the caller, never silently written
+            f"expected array {name!r} {dtype}{list(shape)}, got {got_name!r} "
+            f"{getattr(arr, 'dtype', '')}{list(getattr(arr, 'shape', ''))}"
+        )
+    value, written = 0, 0
+    for part in [arr] if isinstance(arr, np.ndarray) else arr:
+        if part.dtype != dtype:
+            raise ValueError(
+                f"array {name!r}: a piece of {part.dtype}{list(part.shape)} does not "
+                f"fit {dtype}{list(shape)}"
+            )
+        view = np.ascontiguousarray(part).reshape(-1).view(np.uint8).data
+        value = zlib.crc32(view, value)
+        f.write(view)
+        written += len(view)
+        del view, part
+    if written != size:
+        raise ValueError(f"array {name!r}: {written} bytes produced, not {shape}")
+    return value
 
 
 # --------------------------------------------------------------------------
