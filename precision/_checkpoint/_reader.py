@@ -47,7 +47,7 @@ from ._layout import (
     looks_like_ours,
     scaling_from_json,
 )
-from ._names import check_names, key_path_of, name_problem, path_name, shape_problem
+from ._names import check_names, name_problem, path_and_shape, shape_problem
 
 #: Foreign float tensors load as Tensors stored in the format of their dtype.
 _DTYPE_FORMATS: dict[str, Format] = {
@@ -384,31 +384,15 @@ class Reader:
         return leaves, {k: int(v, 16) for k, v in crc.items()}
 
     def _leaf_from_metadata(self, item: Any) -> Leaf:
-        keys = _LEAF_KEYS[self.version]
-        if not isinstance(item, dict) or item.keys() != keys:
-            raise self.error(f"precision metadata: malformed leaf {item!r:.200}")
-        name = item["name"]
-        if not isinstance(name, str):
-            raise self.error(f"precision metadata: leaf name {name!r:.200} is not a string")
-        problem = name_problem(name)
-        if problem:
-            raise self.error(f"precision metadata of {name[:200]!r}...: {problem}")
+        name = self._leaf_name(item)
 
         def bad(what: str) -> CheckpointError:
             return self.error(f"precision metadata of {name!r}: {what}")
 
-        path = item["path"]
-        key_path = key_path_of(path)
-        if key_path is None:
-            raise bad(f"bad key path {path!r:.200}")
-        if path_name(key_path) != name:
-            raise bad(f"key path {path!r:.200} does not give the name {name!r}")
-        shape = item["shape"]
-        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-            raise bad(f"bad shape {shape!r:.200}")
-        problem = shape_problem(tuple(shape))
-        if problem:
-            raise bad(f"its logical shape: {problem}")
+        found = path_and_shape(item["path"], item["shape"], name)
+        if isinstance(found, str):
+            raise bad(found)
+        key_path, shape = found
         entry = self.entries.get(name)
         if entry is None:
             raise bad("its data tensor is missing from the file")
@@ -449,6 +433,20 @@ class Reader:
         )
         self._check_arrays(leaf, bad)
         return leaf
+
+    def _leaf_name(self, item: Any) -> str:
+        """The name of one leaf of the metadata, once the leaf has the keys of this
+        version's leaves and the name is one a checkpoint may hold."""
+        keys = _LEAF_KEYS[self.version]
+        if not isinstance(item, dict) or item.keys() != keys:
+            raise self.error(f"precision metadata: malformed leaf {item!r:.200}")
+        name = item["name"]
+        if not isinstance(name, str):
+            raise self.error(f"precision metadata: leaf name {name!r:.200} is not a string")
+        problem = name_problem(name)
+        if problem:
+            raise self.error(f"precision metadata of {name[:200]!r}...: {problem}")
+        return name
 
     def _tensor_dtype(
         self,
