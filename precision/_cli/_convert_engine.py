@@ -339,26 +339,14 @@ class _Converter:
         total = math.prod(out.shape)
         g = _block_multiple(plan)
         per_block = _block_values(total, g)
-        if plan.mode in ("rows", "columns", "introws"):
-            shape: tuple[int, ...] = (per_block // math.prod(out.shape[1:]), *out.shape[1:])
-        elif isinstance(scaling, dtypes.PerBlock):
-            size = int(scaling.size)
-            shape = (per_block // size, size)
-        else:
-            shape = (per_block,)
+        shape = _block_shape(plan, per_block)
         blocks = _Blocks(plan.reader, plan.leaf.name)
         if plan.mode == "introws":
             yield from self._int_row_blocks(plan, blocks.blocks(per_block), shape, extras)
             return
         absmax: np.floating | np.ndarray | None = None
         if plan.mode in ("twopass", "twolevel", "intcast"):  # the absmax first (a maximum)
-            absmax = np.float32(0)
-            for block in blocks.blocks(per_block):
-                # two reductions, no |x| array
-                m = np.float32(np.maximum(np.max(block), -np.min(block)))  # NaN kept
-                if not np.isfinite(m):
-                    raise self._not_finite(plan)
-                absmax = max(absmax, m)
+            absmax = self._absmax(plan, blocks, per_block)
         elif plan.mode == "columns":  # every group's absmax first, as a slab of one row
             absmax = self._slab(plan, blocks, per_block)
         if plan.mode == "intcast":
@@ -387,18 +375,22 @@ class _Converter:
             # Padding is proportional in every mode: whole rows, whole scale
             # groups, or (packed) a multiple of a byte's worth of values.
             yield data.reshape(-1)[: data.size * n // per_block].view(out.data_dtype)
-            for role, array in zip(("scale", "tensor_scale", "zero_point"), parts[1:], strict=True):
-                if array is None:
-                    continue
-                kept = extras[role]
-                if role == "tensor_scale" or shared:
-                    kept[:] = [array.reshape(-1)]  # the same in every block
-                else:
-                    kept.append(array.reshape(-1)[: array.size * n // per_block])
+            _keep_extras(extras, parts[1:], n, per_block, shared)
             done += n
             self.progress.update(n * plan.leaf.data_dtype.itemsize)
         if engine.stats:
             self.sqnr[plan.leaf.name] = stats.sqnr
+
+    def _absmax(self, plan: _Plan, blocks: _Blocks, per_block: int) -> np.float32:
+        """The tensor's absmax (a maximum over its blocks), refusing NaN and inf."""
+        absmax = np.float32(0)
+        for block in blocks.blocks(per_block):
+            # two reductions, no |x| array
+            m = np.float32(np.maximum(np.max(block), -np.min(block)))  # NaN kept
+            if not np.isfinite(m):
+                raise self._not_finite(plan)
+            absmax = max(absmax, m)
+        return absmax
 
     def _int_blocks(
         self, plan: _Plan, blocks: _Blocks, absmax: np.float32, extras: dict[str, list[np.ndarray]]
@@ -502,6 +494,38 @@ class _Converter:
             array = present.pop(0)  # not held once written
             yield name, np.asarray(array).reshape(shape).view(dtype)
             del array
+
+
+def _block_shape(plan: _Plan, per_block: int) -> tuple[int, ...]:
+    """The shape a block of `per_block` values is encoded in: whole rows, whole scale
+    groups, or flat."""
+    out = plan.out
+    if plan.mode in ("rows", "columns", "introws"):
+        return (per_block // math.prod(out.shape[1:]), *out.shape[1:])
+    if isinstance(out.scaling, dtypes.PerBlock):
+        size = int(out.scaling.size)
+        return (per_block // size, size)
+    return (per_block,)
+
+
+def _keep_extras(
+    extras: dict[str, list[np.ndarray]],
+    arrays: tuple[Any, ...],
+    n: int,
+    per_block: int,
+    shared: bool,
+) -> None:
+    """Keep one block's scales, tensor scale and zero points (`arrays`, each None where the
+    encoding has none) of its `n` values in `extras`: appended per block, or one copy
+    when every block shares it (a tensor scale, or any array when `shared`)."""
+    for role, array in zip(("scale", "tensor_scale", "zero_point"), arrays, strict=True):
+        if array is None:
+            continue
+        kept = extras[role]
+        if role == "tensor_scale" or shared:
+            kept[:] = [array.reshape(-1)]  # the same in every block
+        else:
+            kept.append(array.reshape(-1)[: array.size * n // per_block])
 
 
 def _block_multiple(plan: _Plan) -> int:
