@@ -180,7 +180,7 @@ def _unrecognized(extras: list[str], parser: argparse.ArgumentParser) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     """The argument parser of every command: a table, one `add_argument` per option
-    with its help text, read best whole (it is the one function over 80 lines that
+    with its help text, read best whole (it is the one function over 60 lines that
     tests/test_module_sizes.py allows)."""
     parser = _Parser(
         prog=PROG,
