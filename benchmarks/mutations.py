@@ -43,7 +43,7 @@ MUTATIONS = (
     Mutation(
         "float16-truncates",
         "float16's bit rounding (dtypes) truncates instead of rounding to nearest-even",
-        "dtypes/_rounding.py",
+        "dtypes/_bit_rounding.py",
         "    add = _increment(rounding, src, dc, low, half, lsb, negative, zero, bits)\n",
         "    add = _increment(rounding, src, dc, low, half, lsb, negative, zero, bits)\n"
         "    add = zero if (grid.mantissa_bits, grid.emin) == (10, -14) else add\n",
@@ -56,7 +56,7 @@ MUTATIONS = (
     Mutation(
         "int-codes-truncated",
         "integer codes round toward zero in nearest-even mode",
-        "dtypes/_rounding.py",
+        "dtypes/_bit_rounding.py",
         "        return jnp.round(y)  # jnp.round rounds halves to even\n",
         "        return jnp.trunc(y)\n",
         ("tests/dtypes/test_int_quantization.py",),

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from ._asymmetric import AsymmetricIntFormat as AsymmetricIntFormat
     from ._codebook import CodebookFormat as CodebookFormat
     from ._e8m0 import E8M0Format as E8M0Format
+    from ._encode_input_checks import is_tracer as is_tracer
     from ._encoded import Encoded as Encoded
-    from ._encoder_inputs import is_tracer as is_tracer
     from ._errors import FormatError as FormatError
     from ._errors import FormatTypeError as FormatTypeError
     from ._errors import NonFiniteError as NonFiniteError
@@ -64,7 +64,7 @@ _HOME = {
     "CodebookFormat": "_codebook",
     "E8M0Format": "_e8m0",
     "Encoded": "_encoded",
-    "is_tracer": "_encoder_inputs",
+    "is_tracer": "_encode_input_checks",
     "FormatError": "_errors",
     "FormatTypeError": "_errors",
     "NonFiniteError": "_errors",

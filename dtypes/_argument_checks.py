@@ -1,6 +1,6 @@
 """Argument checks that need no JAX: the scaling given, and NaN/inf in numpy values.
 
-`_encoder_inputs` applies them to every encoder's input; a format's `check` applies
+`_encode_input_checks` applies them to every encoder's input; a format's `check` applies
 them alone to float numpy arrays, so a caller that only asks whether a
 format takes a scaling (the command line, planning a conversion) loads no JAX.
 A scale format's refusal of a scaling and of directed rounding is here too,
@@ -95,18 +95,19 @@ def check_format_fields(fmt: object, call: str, flags: tuple[str, ...] = ()) -> 
             allowed = "True, False or None" if field == "nan" else "True or False"
             raise PrecisionTypeError(
                 f"{field} must be {allowed}, got {type(value).__name__} {value!r:.60}; "
-                f"pass {_with(call, f'{field}=True')}"
+                f"pass {_call_with_argument(call, f'{field}=True')}"
             )
         object.__setattr__(fmt, field, bool(value))
     name = getattr(fmt, "name", None)
     if name is not None and not isinstance(name, str):
+        example = _call_with_argument(call, "name=" + repr("mine"))
         raise PrecisionTypeError(
             f"{type(fmt).__name__}(name=...) takes a str (or None for the derived name), got "
-            f"{type(name).__name__} {name!r:.60}; pass e.g. {_with(call, 'name=' + repr('mine'))}"
+            f"{type(name).__name__} {name!r:.60}; pass e.g. {example}"
         )
 
 
-def _with(call: str, argument: str) -> str:
+def _call_with_argument(call: str, argument: str) -> str:
     """`call` ("FloatFormat(4, 3)", "E8M0Format()") with one more argument."""
     return f"{call[:-1]}{'' if call.endswith('()') else ', '}{argument})"
 

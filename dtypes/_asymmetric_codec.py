@@ -16,9 +16,9 @@ import numpy as np
 from jax import lax
 
 from . import _codec, _packing, _scale_storage
+from ._bit_rounding import round_integer
 from ._encoded import Encoded
 from ._ieee import divide, is_finite, is_nan, nan_where, select, times_pow2, times_scale
-from ._rounding import round_integer
 from ._rounding_modes import ROUNDING_MODES
 from ._scale_rules import TINY, flush_subnormals, group_extreme, per_group, times_reciprocal
 from ._scaling import Scaling

@@ -24,8 +24,8 @@ import numpy as np
 
 from . import _packing, _scale_storage
 from ._argument_checks import resolve_scaling
+from ._encode_input_checks import any_equal_now, as_float_array, check_finite, is_tracer
 from ._encoded import Encoded, format_of
-from ._encoder_inputs import any_equal_now, as_float_array, check_finite, is_tracer
 from ._errors import FormatError, PrecisionTypeError, RoundingError, ScalingError
 from ._format import Format
 from ._ieee import times_scale, to_float32
@@ -275,11 +275,11 @@ def storage_round(
     """`round` of the storage encodings: `fmt.decode(fmt.encode(x))` with the
     straight-through derivative (`x` checked as `encode` checks it, before it
     meets the derivative rule)."""
-    return _storage_round(fmt, scaling, rounding, as_float_array(x), key)
+    return _round_trip_straight_through(fmt, scaling, rounding, as_float_array(x), key)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
-def _storage_round(
+def _round_trip_straight_through(
     fmt: Format, scaling: Scaling | None, rounding: str, x: jax.Array, key: Any
 ) -> jax.Array:
     """`fmt.decode(fmt.encode(x))` with the straight-through derivative.
@@ -292,12 +292,12 @@ def _storage_round(
     return fmt.decode(enc, fmt.result_dtype(x.dtype, scaling))
 
 
-@_storage_round.defjvp
-def _storage_round_jvp(
+@_round_trip_straight_through.defjvp
+def _round_trip_straight_through_jvp(
     fmt: Format, scaling: Scaling | None, rounding: str, primals: Any, tangents: Any
 ) -> tuple[jax.Array, jax.Array]:
     x, key = primals
-    y = _storage_round(fmt, scaling, rounding, x, key)
+    y = _round_trip_straight_through(fmt, scaling, rounding, x, key)
     return y, tangents[0].astype(y.dtype)
 
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._rounding import _SOURCES, compose_bits
+from ._bit_rounding import _SOURCES, compose_bits
 
 if TYPE_CHECKING:
     from ._float import FloatFormat

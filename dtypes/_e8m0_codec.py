@@ -18,8 +18,8 @@ from jax import lax
 
 from . import _codec
 from ._argument_checks import refuse_scale_format_arguments
+from ._encode_input_checks import as_float_array, is_tracer
 from ._encoded import Encoded
-from ._encoder_inputs import as_float_array, is_tracer
 from ._errors import FormatError
 from ._scaling import Scaling
 

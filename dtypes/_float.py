@@ -33,7 +33,7 @@ from ._format import Format
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
-    from ._rounding import Grid
+    from ._bit_rounding import Grid
 
 __all__ = ["FloatFormat"]
 
@@ -231,7 +231,7 @@ class FloatFormat(Format):
     @property
     def grid(self) -> Grid:
         """What the bit-level rounding needs to know of this format."""
-        from ._rounding import Grid  # the rounding kernels import JAX
+        from ._bit_rounding import Grid  # the rounding kernels import JAX
 
         return Grid(
             self.mantissa_bits, self.emin, self.max, self.has_inf, bool(self.nan), self.saturate

@@ -17,17 +17,17 @@ import numpy as np
 from jax import lax
 
 from . import _codec, _custom_float_bits, _scale_storage
-from ._encoded import Encoded
-from ._encoder_inputs import (
+from ._bit_rounding import Grid, round_float
+from ._encode_input_checks import (
     as_float_array,
     check_finite,
     is_tracer,
     resolve_scaling,
     special_values_now,
 )
+from ._encoded import Encoded
 from ._errors import FormatError, NonFiniteError, ScalingError
 from ._ieee import from_float32, times_scale
-from ._rounding import Grid, round_float
 from ._scale_rules import scales, times_reciprocal
 from ._scaling import Scaling
 

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._codec import check_decodable, pack_encoded
+from ._encode_input_checks import is_tracer
 from ._encoded import Encoded
-from ._encoder_inputs import is_tracer
 from ._errors import FormatError, PrecisionTypeError
 from ._format import Format
 from ._packing import pack

@@ -17,16 +17,16 @@ import numpy as np
 
 from . import _codec, _scale_storage
 from ._argument_checks import refuse_scaling
-from ._encoded import Encoded
-from ._encoder_inputs import (
+from ._bit_rounding import round_integer
+from ._encode_input_checks import (
     as_float_array,
     check_finite,
     is_tracer,
     resolve_scaling,
     special_values_now,
 )
+from ._encoded import Encoded
 from ._ieee import times_scale, unsigned_zero
-from ._rounding import round_integer
 from ._scale_rules import flush_subnormals, mean_abs, scales, times_reciprocal
 from ._scaling import Scaling
 

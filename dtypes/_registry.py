@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
-from . import _encodings
+from . import _named_encodings
 from ._asymmetric import uint4, uint8
 from ._codebook import nf4
 from ._e8m0 import float8_e8m0fnu
@@ -94,19 +94,19 @@ _ENTRIES = (
     _Entry(int4, "FORMATS"),
     _Entry(int2, "FORMATS"),
     _Entry(int1, "FORMATS", ("binary",)),
-    _Entry(_encodings.float4_e2m1fn, "ENCODINGS", ("e2m1",)),
-    _Entry(_encodings.float6_e2m3fn, "ENCODINGS"),
-    _Entry(_encodings.float6_e3m2fn, "ENCODINGS"),
-    _Entry(_encodings.float8_e4m3, "ENCODINGS"),
-    _Entry(_encodings.float8_e3m4, "ENCODINGS"),
+    _Entry(_named_encodings.float4_e2m1fn, "ENCODINGS", ("e2m1",)),
+    _Entry(_named_encodings.float6_e2m3fn, "ENCODINGS"),
+    _Entry(_named_encodings.float6_e3m2fn, "ENCODINGS"),
+    _Entry(_named_encodings.float8_e4m3, "ENCODINGS"),
+    _Entry(_named_encodings.float8_e3m4, "ENCODINGS"),
     _Entry(float8_e8m0fnu, "ENCODINGS", ("e8m0",)),
-    _Entry(_encodings.mxfp8_e4m3, "ENCODINGS", ("mxfp8",)),
-    _Entry(_encodings.mxfp8_e5m2, "ENCODINGS"),
-    _Entry(_encodings.mxfp6_e3m2, "ENCODINGS"),
-    _Entry(_encodings.mxfp6_e2m3, "ENCODINGS"),
-    _Entry(_encodings.mxfp4, "ENCODINGS"),
-    _Entry(_encodings.mxint8, "ENCODINGS"),
-    _Entry(_encodings.nvfp4, "ENCODINGS"),
+    _Entry(_named_encodings.mxfp8_e4m3, "ENCODINGS", ("mxfp8",)),
+    _Entry(_named_encodings.mxfp8_e5m2, "ENCODINGS"),
+    _Entry(_named_encodings.mxfp6_e3m2, "ENCODINGS"),
+    _Entry(_named_encodings.mxfp6_e2m3, "ENCODINGS"),
+    _Entry(_named_encodings.mxfp4, "ENCODINGS"),
+    _Entry(_named_encodings.mxint8, "ENCODINGS"),
+    _Entry(_named_encodings.nvfp4, "ENCODINGS"),
     _Entry(nf4, "ENCODINGS"),
     _Entry(uint8, "ENCODINGS"),
     _Entry(uint4, "ENCODINGS"),
@@ -132,7 +132,7 @@ ENCODINGS: Mapping[str, Format] = MappingProxyType(
 )
 """Named encodings beyond `FORMATS`: ml_dtypes layouts, E8M0, MX/NVFP4, NF4, uint8/uint4.
 
-The rows of `REGISTRY` that `FORMATS` does not list (a read-only view); see `_encodings`
+The rows of `REGISTRY` that `FORMATS` does not list (a read-only view); see `_named_encodings`
 for what each is."""
 
 ALIASES: Mapping[str, str] = MappingProxyType(

@@ -1,6 +1,6 @@
 """The rounding modes by name, and the check of a mode and its key (no JAX).
 
-The modes themselves are computed in `_rounding` (bit-level, for float grids
+The modes themselves are computed in `_bit_rounding` (bit-level, for float grids
 and integers); this module only names them, so that `dtypes.ROUNDING_MODES`
 and `dtypes.check_rounding` work without importing JAX.
 """

@@ -146,7 +146,7 @@ def _staged(reduce: Reduction, a: jax.Array, axes: tuple[int, ...]) -> jax.Array
                 a = reduce(a, axis=-1, initial=zero)
                 left.pop()
             else:
-                a = reduce(_cut(a, last, _STAGE_LAST), axis=-1)
+                a = reduce(_split_axis(a, last, _STAGE_LAST), axis=-1)
         else:
             d = left[-1]
             if a.shape[d] <= _STAGE_INNER:
@@ -154,7 +154,7 @@ def _staged(reduce: Reduction, a: jax.Array, axes: tuple[int, ...]) -> jax.Array
                 left.pop()
                 left = [i if i < d else i - 1 for i in left]
             else:
-                a = reduce(_cut(a, d, _STAGE_INNER), axis=d + 1)
+                a = reduce(_split_axis(a, d, _STAGE_INNER), axis=d + 1)
         if left:
             a = _materialized(a)  # (XLA:CPU would fuse the next stage into this one)
     if left:
@@ -162,7 +162,7 @@ def _staged(reduce: Reduction, a: jax.Array, axes: tuple[int, ...]) -> jax.Array
     return a.reshape(out_shape)
 
 
-def _cut(a: jax.Array, d: int, size: int) -> jax.Array:
+def _split_axis(a: jax.Array, d: int, size: int) -> jax.Array:
     """`a` with axis `d` zero-padded to a multiple of `size` and split into
     (length / size, size) at `d`, `d + 1`."""
     n = a.shape[d]

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from ._errors import UpdateError as UpdateError
     from ._explain import Explanation as Explanation
     from ._explain import explain as explain
-    from ._keep import KEEP as KEEP
+    from ._kept_in_float32 import KEEP as KEEP
     from ._loss_scale import DynamicLossScale as DynamicLossScale
     from ._loss_scale import NoOpLossScale as NoOpLossScale
     from ._loss_scale import StaticLossScale as StaticLossScale
@@ -110,7 +110,7 @@ _HOME = {
     "scales_per_layer": "_stacks",
     "device_put": "_placement",
     "storage_shardings": "_placement",
-    "KEEP": "_keep",
+    "KEEP": "_kept_in_float32",
     "is_reduced_precision": "_tree",
     "quantize": "_tree",
     "to_full_precision": "_tree",
@@ -121,7 +121,9 @@ _HOME = {
 
 # Homes whose names load no JAX when handed out (`load` and `save` import it when called,
 # and attach the operators to the Tensors they make themselves: `_checkpoint._leaves`).
-_PLAIN = frozenset({"_checkpoint", "_context", "_contract", "_errors", "_keep", "_version"})
+_PLAIN = frozenset(
+    {"_checkpoint", "_context", "_contract", "_errors", "_kept_in_float32", "_version"}
+)
 
 __all__ = [
     "DEFAULT_FLOAT32_OPS",
@@ -183,8 +185,8 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
     if home not in _PLAIN:
         # Tensor's operators are attached by one module, loaded before any name
-        # that computes is handed out (precision/_attach.py says why).
-        importlib.import_module(f"{__name__}._attach")
+        # that computes is handed out (precision/_applied_operators.py says why).
+        importlib.import_module(f"{__name__}._applied_operators")
     globals()[name] = value
     return value
 

@@ -1,7 +1,7 @@
 """`precision.explain`: what every contraction of `apply(f, ...)` does, before it runs.
 
 The rules write down, for each `dot_general` and convolution, its operands'
-storage and the path they take to the dot (`_compute/_notes.py`). The
+storage and the path they take to the dot (`_compute/_explain_notes.py`). The
 compiled program is the truth about what XLA then emitted: each row's
 operations carry a name scope into the optimized HLO, where the dot (or
 convolution) found under it gives the operand and result types (`_hlo.py`).
@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from ._apply import apply
-from ._compute._notes import SCOPE, Note, recording
+from ._compute._explain_notes import SCOPE, Note, recording
 from ._context import FormatLike
 from ._contract import ContractLike
 from ._errors import ExplainError, PrecisionError

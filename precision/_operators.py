@@ -1,10 +1,10 @@
-"""Tensor's operators and methods as slots, filled in by `_attach`.
+"""Tensor's operators and methods as slots, filled in by `_applied_operators`.
 
 Each operator of `Tensor` (`+`, `@`, `<`, `t.sum()`, indexing, ...) is a slot
 that calls the implementation registered under its name in `IMPLEMENTATIONS`.
 The implementations are `apply`-wrapped jnp functions; `apply` itself handles
 Tensors, so they cannot be built where `Tensor` is defined without an import
-cycle. `_attach` builds and registers them; the package loads it before it
+cycle. `_applied_operators` builds and registers them; the package loads it before it
 hands out any name that computes (see `precision/__init__.py`).
 """
 

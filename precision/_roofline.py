@@ -23,6 +23,7 @@ three timed 3x3 convolutions.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -285,41 +286,7 @@ def _measure(device: Any, kind: str) -> Rates:
     took = max(_best_seconds(work, cached) - per_call, 1e-9)
     elementwise = cost(work).get("flops", 0.0) / took
 
-    def timed_rate(fn: Callable[..., Any], flops: int, *args: Any) -> float:
-        return flops / max(_best_seconds(fn, *args) - per_call - per_dot, 1e-9)
-
-    def probe(key: str, convolution: bool) -> Grid:
-        dtype, out = _probe_types().get(key, (jnp.float32, jnp.float32))
-        if convolution:
-            conv = jax.jit(
-                lambda a, b: jax.lax.conv_general_dilated(
-                    a, b, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
-                    preferred_element_type=out,
-                )
-            )  # fmt: skip
-            grid: Grid = {}
-            for c in _CHANNELS:
-                image, kernel = jnp.ones((8, 16, 16, c), dtype), jnp.ones((3, 3, c, c), dtype)
-                flops = 2 * 8 * 16 * 16 * c * 9 * c
-                grid[c, 1] = timed_rate(conv, flops, put(image), put(kernel))
-            return grid
-        dot = jax.jit(lambda a, b: jax.lax.dot(a, b, preferred_element_type=out))
-        grid = {}
-        for large in _LARGE:
-            side = math.isqrt(large)
-            rhs = put(jnp.ones((side, side), dtype))
-            for thin in _THIN:
-                if 2 * thin * large <= _MOST_FLOPS:
-                    lhs = put(jnp.ones((thin, side), dtype))
-                    grid[thin, large] = timed_rate(dot, 2 * thin * large, lhs, rhs)
-        for thin in _THIN:  # left out as too long: the trend of the thinner side
-            for i, large in enumerate(_LARGE):
-                if (thin, large) not in grid:
-                    below, lower = _THIN[_THIN.index(thin) - 1], _LARGE[i - 1]
-                    trend = grid[below, large] / grid[below, lower]
-                    grid[thin, large] = grid[thin, lower] * trend
-        return grid
-
+    probe = functools.partial(_probe, put, per_call, per_dot)
     return Rates(
         kind,
         "measured on this machine",
@@ -332,6 +299,70 @@ def _measure(device: Any, kind: str) -> Rates:
         probe,
         write_bandwidth,
     )
+
+
+def _probe(
+    put: Callable[[Any], Any], per_call: float, per_dot: float, key: str, convolution: bool
+) -> Grid:
+    """The rates of operand type `key`'s dots (or convolutions) over the probe grid, timed
+    on the device `put` places arrays on, less a call's and a dot's fixed cost."""
+    import jax.numpy as jnp
+
+    dtype, out = _probe_types().get(key, (jnp.float32, jnp.float32))
+
+    def timed_rate(fn: Callable[..., Any], flops: int, *args: Any) -> float:
+        return flops / max(_best_seconds(fn, *args) - per_call - per_dot, 1e-9)
+
+    if convolution:
+        return _convolution_grid(timed_rate, put, dtype, out)
+    return _dot_grid(timed_rate, put, dtype, out)
+
+
+def _convolution_grid(
+    timed_rate: Callable[..., float], put: Callable[[Any], Any], dtype: Any, out: Any
+) -> Grid:
+    """Rates of 3x3 convolutions of `dtype` images, one per channel count."""
+    import jax
+    import jax.numpy as jnp
+
+    conv = jax.jit(
+        lambda a, b: jax.lax.conv_general_dilated(
+            a, b, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            preferred_element_type=out,
+        )
+    )  # fmt: skip
+    grid: Grid = {}
+    for c in _CHANNELS:
+        image, kernel = jnp.ones((8, 16, 16, c), dtype), jnp.ones((3, 3, c, c), dtype)
+        flops = 2 * 8 * 16 * 16 * c * 9 * c
+        grid[c, 1] = timed_rate(conv, flops, put(image), put(kernel))
+    return grid
+
+
+def _dot_grid(
+    timed_rate: Callable[..., float], put: Callable[[Any], Any], dtype: Any, out: Any
+) -> Grid:
+    """Rates of `dtype` dots of a thin by a large operand, timed where the product is
+    small enough, and extrapolated from the thinner side's trend where it is not."""
+    import jax
+    import jax.numpy as jnp
+
+    dot = jax.jit(lambda a, b: jax.lax.dot(a, b, preferred_element_type=out))
+    grid: Grid = {}
+    for large in _LARGE:
+        side = math.isqrt(large)
+        rhs = put(jnp.ones((side, side), dtype))
+        for thin in _THIN:
+            if 2 * thin * large <= _MOST_FLOPS:
+                lhs = put(jnp.ones((thin, side), dtype))
+                grid[thin, large] = timed_rate(dot, 2 * thin * large, lhs, rhs)
+    for thin in _THIN:  # left out as too long: the trend of the thinner side
+        for i, large in enumerate(_LARGE):
+            if (thin, large) not in grid:
+                below, lower = _THIN[_THIN.index(thin) - 1], _LARGE[i - 1]
+                trend = grid[below, large] / grid[below, lower]
+                grid[thin, large] = grid[thin, lower] * trend
+    return grid
 
 
 def _launches(x: Any) -> Any:

@@ -421,7 +421,7 @@ class Tensor:
         check_placement(device_or_sharding, "to_device")
         enc = self._encoded
         data = jax.device_put(enc.data, device_or_sharding)
-        put = functools.partial(_follow, device_or_sharding, enc.data)
+        put = functools.partial(_placed_like_data, device_or_sharding, enc.data)
         # a tensor scale is one number: replicated; zero points follow the data like scales
         tensor_scale = enc.tensor_scale
         if tensor_scale is not None:
@@ -464,7 +464,7 @@ class Tensor:
     # comparisons are elementwise, as for arrays (typeshed's object.__hash__ admits no None)
     __hash__: ClassVar[None] = None  # type: ignore[assignment]
 
-    # -- operators and methods: slots that `_attach` fills with `precision.apply` calls
+    # -- operators and methods: slots that `_applied_operators` fills with `precision.apply` calls
     __array_priority__ = 100
     __add__, __radd__ = _operators.binary("add"), _operators.reflected("add")
     __sub__, __rsub__ = _operators.binary("sub"), _operators.reflected("sub")
@@ -549,7 +549,7 @@ def _unscaled(values: Any, fmt: dtypes.Format) -> dtypes.Encoded:
     return dtypes.Encoded(values, None, fmt, None)
 
 
-def _follow(target: Any, data: jax.Array, scales: jax.Array | None) -> jax.Array | None:
+def _placed_like_data(target: Any, data: jax.Array, scales: jax.Array | None) -> jax.Array | None:
     """Scales (or zero points) placed like the `data` they belong to on `target`."""
     if scales is None:
         return None

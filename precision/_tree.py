@@ -30,7 +30,7 @@ from dtypes import PrecisionTypeError
 
 from ._context import get_default_format
 from ._errors import SelectionError, SelectionWarning
-from ._keep import KEEP
+from ._kept_in_float32 import KEEP
 from ._tensor import Tensor, logical_values
 
 __all__ = [

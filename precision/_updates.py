@@ -137,31 +137,7 @@ def apply_updates(
         if u is None or not _takes_update(name, p, u):
             out.append(p)
             continue
-        kind = _kind(u)
-        if kind is None or kind not in ("fc" if _kind(p) == "c" else "f"):
-            shown = (
-                f"that is {type(u).__name__} {u!r:.60}, not an array,"
-                if kind in (None, "O", "S", "U")
-                else _described(u)
-            )
-            raise UpdateError(
-                f"{where}: an update {shown} for a parameter {_described(p)}; pass real "
-                "floating updates (what the optimizer's update returns; a complex update's "
-                "imaginary part would be dropped)"
-            )
-        for tree, leaf in (("params", p), ("updates", u)):
-            problem = narrowing(leaf)
-            if problem is not None:
-                raise UpdateError(f"{tree}{name} {problem}; {X64_FIX}")
-        if isinstance(p, float | complex):  # a Python number: a JAX scalar of the sum
-            p = jnp.asarray(p)
-        u = jnp.asarray(logical_values(u) if isinstance(u, Tensor) else u)
-        if tuple(u.shape) != tuple(p.shape):
-            raise UpdateError(
-                f"{where}: an update of shape {tuple(u.shape)} for a parameter of shape "
-                f"{tuple(p.shape)}; updates must match their parameters exactly (broadcasting "
-                "would change the parameter's shape): check the optimizer's output"
-            )
+        p, u = _param_and_update(name, p, u)
         k = keys.get(i)
         try:
             out.append(_update_leaf(p, u, rounding, k))
@@ -176,6 +152,40 @@ def _key_count(key: Any) -> int:
     if str(key.dtype).startswith("key<"):
         return math.prod(shape)
     return math.prod(shape[:-1])
+
+
+def _param_and_update(name: str, p: Any, u: Any) -> tuple[Any, jax.Array]:
+    """A parameter and its update (at key path `name`) as `_update_leaf` takes them: a
+    Python number as a JAX scalar, the update as an array of its logical values; refused
+    unless the update is real floating (complex for a complex parameter), both hold
+    values 32-bit JAX keeps, and the shapes match."""
+    where = name or "<root>"
+    kind = _kind(u)
+    if kind is None or kind not in ("fc" if _kind(p) == "c" else "f"):
+        shown = (
+            f"that is {type(u).__name__} {u!r:.60}, not an array,"
+            if kind in (None, "O", "S", "U")
+            else _described(u)
+        )
+        raise UpdateError(
+            f"{where}: an update {shown} for a parameter {_described(p)}; pass real "
+            "floating updates (what the optimizer's update returns; a complex update's "
+            "imaginary part would be dropped)"
+        )
+    for tree, leaf in (("params", p), ("updates", u)):
+        problem = narrowing(leaf)
+        if problem is not None:
+            raise UpdateError(f"{tree}{name} {problem}; {X64_FIX}")
+    if isinstance(p, float | complex):  # a Python number: a JAX scalar of the sum
+        p = jnp.asarray(p)
+    u = jnp.asarray(logical_values(u) if isinstance(u, Tensor) else u)
+    if tuple(u.shape) != tuple(p.shape):
+        raise UpdateError(
+            f"{where}: an update of shape {tuple(u.shape)} for a parameter of shape "
+            f"{tuple(p.shape)}; updates must match their parameters exactly (broadcasting "
+            "would change the parameter's shape): check the optimizer's output"
+        )
+    return p, u
 
 
 def _is_float_leaf(p: Any) -> bool:

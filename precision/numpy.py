@@ -20,7 +20,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from . import _attach  # noqa: F401  (Tensor's operators, for the Tensors returned)
+from . import _applied_operators  # noqa: F401  (Tensor's operators, for the Tensors returned)
 from ._apply import apply
 from ._errors import PrecisionError
 from ._operators import refusal

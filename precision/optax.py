@@ -36,7 +36,7 @@ import numpy as np
 import dtypes
 from dtypes import PrecisionTypeError
 
-from . import _attach  # noqa: F401  (Tensor's operators, for the Tensors returned)
+from . import _applied_operators  # noqa: F401  (Tensor's operators, for the Tensors returned)
 from ._errors import LossScaleTypeError, SelectionError, UpdateError
 from ._loss_scale import DynamicLossScale, NoOpLossScale, StaticLossScale, all_finite, select_tree
 from ._tensor import Tensor, logical_values
@@ -199,6 +199,76 @@ def _compile(pattern: str) -> re.Pattern[str]:
         ) from None
 
 
+class _Moments(NamedTuple):
+    """Which leaves of an optimizer state `reduced_state` stores in which format: `rules`
+    of (key-path pattern, format, whether it stores the square root of a second moment),
+    the first match applying, and the `scaling` asked for."""
+
+    rules: list[tuple[re.Pattern[str], dtypes.Format, bool]]
+    scaling: dtypes.Scaling | None
+
+    @classmethod
+    def of(
+        cls,
+        mu: str | dtypes.Format | None,
+        nu: str | dtypes.Format | None,
+        patterns: dict[str, str | dtypes.Format] | None,
+        scaling: dtypes.Scaling | None,
+    ) -> _Moments:
+        rules: list[tuple[re.Pattern[str], dtypes.Format, bool]] = []
+        for pattern, fmt, is_nu in (
+            (r"\.nu\b", nu, True),
+            (r"\.mu\b", mu, False),
+            *((p, f, False) for p, f in (patterns or {}).items()),
+        ):
+            if fmt is not None:
+                rules.append((_compile(pattern), dtypes.get(fmt), is_nu))
+        return cls(rules, scaling)
+
+    def rule_of(self, path: Any) -> tuple[dtypes.Format, bool] | None:
+        name = _leaf_name(path)
+        for pattern, fmt, is_nu in self.rules:
+            if pattern.search(name):
+                return fmt, is_nu and fmt.kind == "int"
+        return None
+
+    def leaf_scaling(self, fmt: dtypes.Format, leaf: Any) -> dtypes.Scaling | None:
+        if fmt.kind == "float" and self.scaling is None:
+            return None
+        chosen = self.scaling or _DEFAULT_INT_SCALING
+        if isinstance(chosen, dtypes.PerBlock) and (
+            leaf.ndim == 0
+            or (-leaf.ndim <= chosen.axis < leaf.ndim and leaf.shape[chosen.axis] < chosen.size)
+        ):
+            return dtypes.PerTensor()
+        return chosen  # an axis the leaf lacks: encoding says so, naming the leaf
+
+    def encode(self, state: Any) -> Any:
+        def one(path: Any, leaf: Any) -> Any:
+            rule = self.rule_of(path)
+            if rule is None or not jax.dtypes.issubdtype(leaf.dtype, jnp.floating):
+                return leaf
+            fmt, sqrt = rule
+            value = jnp.sqrt(leaf) if sqrt else leaf
+            return Tensor(value).to_reduced_precision(
+                fmt,
+                scaling=self.leaf_scaling(fmt, leaf),
+                rounding="up" if sqrt else "nearest_even",
+            )
+
+        return jax.tree_util.tree_map_with_path(one, state)
+
+    def decode(self, state: Any) -> Any:
+        def one(path: Any, leaf: Any) -> Any:
+            if not isinstance(leaf, Tensor):
+                return leaf
+            value = logical_values(leaf)
+            rule = self.rule_of(path)
+            return value * value if rule is not None and rule[1] else value
+
+        return jax.tree_util.tree_map_with_path(one, state, is_leaf=is_tensor)
+
+
 def reduced_state(
     inner: Any,
     *,
@@ -253,57 +323,8 @@ def reduced_state(
     import optax
 
     _check_arguments(inner, patterns, scaling)
-    rules: list[tuple[re.Pattern[str], dtypes.Format, bool]] = []
-    for pattern, fmt, is_nu in (
-        (r"\.nu\b", nu, True),
-        (r"\.mu\b", mu, False),
-        *((p, f, False) for p, f in (patterns or {}).items()),
-    ):
-        if fmt is not None:
-            rules.append((_compile(pattern), dtypes.get(fmt), is_nu))
-
-    def rule_of(path: Any) -> tuple[dtypes.Format, bool] | None:
-        name = _leaf_name(path)
-        for pattern, fmt, is_nu in rules:
-            if pattern.search(name):
-                return fmt, is_nu and fmt.kind == "int"
-        return None
-
-    def leaf_scaling(fmt: dtypes.Format, leaf: Any) -> dtypes.Scaling | None:
-        if fmt.kind == "float" and scaling is None:
-            return None
-        chosen = scaling or _DEFAULT_INT_SCALING
-        if isinstance(chosen, dtypes.PerBlock) and (
-            leaf.ndim == 0
-            or (-leaf.ndim <= chosen.axis < leaf.ndim and leaf.shape[chosen.axis] < chosen.size)
-        ):
-            return dtypes.PerTensor()
-        return chosen  # an axis the leaf lacks: encoding says so, naming the leaf
-
-    def encode(state: Any) -> Any:
-        def one(path: Any, leaf: Any) -> Any:
-            rule = rule_of(path)
-            if rule is None or not jax.dtypes.issubdtype(leaf.dtype, jnp.floating):
-                return leaf
-            fmt, sqrt = rule
-            value = jnp.sqrt(leaf) if sqrt else leaf
-            return Tensor(value).to_reduced_precision(
-                fmt,
-                scaling=leaf_scaling(fmt, leaf),
-                rounding="up" if sqrt else "nearest_even",
-            )
-
-        return jax.tree_util.tree_map_with_path(one, state)
-
-    def decode(state: Any) -> Any:
-        def one(path: Any, leaf: Any) -> Any:
-            if not isinstance(leaf, Tensor):
-                return leaf
-            value = logical_values(leaf)
-            rule = rule_of(path)
-            return value * value if rule is not None and rule[1] else value
-
-        return jax.tree_util.tree_map_with_path(one, state, is_leaf=is_tensor)
+    moments = _Moments.of(mu, nu, patterns, scaling)
+    encode, decode = moments.encode, moments.decode
 
     expected_states: dict[Any, Any] = {}  # params layout -> the inner state's structure
 

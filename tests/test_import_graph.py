@@ -119,7 +119,7 @@ FULL_GRAPH = {name: _all_imports(name, path) for name, path in _modules().items(
 # without them has no cycle. A format's methods importing its codec are not listed:
 # codecs import their format only under TYPE_CHECKING, so those close no cycle.
 # (importer, imported) -> why the import must wait for a call. Empty: Tensor's
-# operators, the last entry, are attached by `precision._attach` instead.
+# operators, the last entry, are attached by `precision._applied_operators` instead.
 LAZY_EDGES: dict[tuple[str, str], str] = {}
 
 
@@ -167,7 +167,7 @@ def test_no_import_cycles(graph):
 # The modules that describe formats (the classes, their numbers, the registry,
 # scalings, rounding-mode names) import no JAX at module level, directly or
 # through another module: `import dtypes` and `dtypes.get(name).max` stay cheap.
-# The codecs (`_*_codec`, `_scale_rules`, `_rounding`, ...) import JAX; `Format`
+# The codecs (`_*_codec`, `_scale_rules`, `_bit_rounding`, ...) import JAX; `Format`
 # imports its class's codec by name (importlib) on the first operation.
 JAX_FREE = (
     "dtypes",
@@ -179,7 +179,7 @@ JAX_FREE = (
     "dtypes._float",
     "dtypes._format",
     "dtypes._int",
-    "dtypes._encodings",
+    "dtypes._named_encodings",
     "dtypes._registry",
     "dtypes._rounding_modes",
     "dtypes._scaling",

@@ -183,22 +183,9 @@ def _build(
             if kind == _TENSOR:
                 tdef, n = tensors[i]
                 t = jax.tree_util.tree_unflatten(tdef, [next(it) for _ in range(n)])
-                enc, dtype = t.encoded, t.dtype
-                fmt, scaling = enc.format, enc.scaling
-                if t._straight_through is not None:
-                    values.append(t._straight_through)
-                    if carries_gradient(fmt, scaling):
-                        states.append(State(fmt, True))
-                    else:
-                        states.append(State(full_format(dtype), True, None, fmt.name))
-                else:
-                    # decoded (widened) where an op uses it; this eager value serves moves
-                    values.append(decode_encoded(enc, dtype))
-                    if scaling is None and fmt.kind == "float":  # a compute format
-                        stored = None if fmt.is_full_precision else Stored(enc, dtype)
-                        states.append(State(fmt, True, stored))
-                    else:  # storage: counts as its logical dtype
-                        states.append(State(full_format(dtype), True, Stored(enc, dtype), fmt.name))
+                value, state = _tensor_input(t)
+                values.append(value)
+                states.append(state)
             elif kind == _ARRAY:
                 x = next(it)
                 values.append(x)
@@ -220,26 +207,53 @@ def _build(
             closed.jaxpr, list(closed.consts), list(zip(values, states, strict=True)), ctx
         )
         out_leaves, entry.out_tree = jax.tree_util.tree_flatten(out_shape)
-        flat: list[Any] = []
-        desc: list[_Desc | None] = []
-        for (v, s), spec in zip(outs, out_leaves, strict=True):
-            if s is None or not s.tensor or not is_float(v):
-                flat.append(v)
-                desc.append(None)
-                continue
-            dtype = np.dtype(spec.dtype)
-            enc = _storage_of(v, s, dtype, ctx)
-            st = None
-            if diff and not carries_gradient(enc.format, enc.scaling):
-                st = straight_through(dtype, v, enc)
-            children, tdef = jax.tree_util.tree_flatten(Tensor._make(enc, dtype, st))
-            flat.extend(children)
-            desc.append((tdef, len(children)))
-        entry.out_desc = desc
+        flat, entry.out_desc = _tensor_outputs(outs, out_leaves, ctx, diff)
         return flat
 
     entry.fn = jax.jit(run)
     return entry
+
+
+def _tensor_input(t: Tensor) -> tuple[Any, State]:
+    """A Tensor argument as the walk takes it: its value (the straight-through view while
+    differentiated, else its decoded values) and its state."""
+    enc, dtype = t.encoded, t.dtype
+    fmt, scaling = enc.format, enc.scaling
+    if t._straight_through is not None:
+        if carries_gradient(fmt, scaling):
+            return t._straight_through, State(fmt, True)
+        return t._straight_through, State(full_format(dtype), True, None, fmt.name)
+    # decoded (widened) where an op uses it; this eager value serves moves
+    value = decode_encoded(enc, dtype)
+    if scaling is None and fmt.kind == "float":  # a compute format
+        stored = None if fmt.is_full_precision else Stored(enc, dtype)
+        return value, State(fmt, True, stored)
+    # storage: counts as its logical dtype
+    return value, State(full_format(dtype), True, Stored(enc, dtype), fmt.name)
+
+
+def _tensor_outputs(
+    outs: list[tuple[Any, State | None]], out_leaves: list[Any], ctx: Context, diff: bool
+) -> tuple[list[Any], list[_Desc | None]]:
+    """The walk's outputs as arrays, and how to rebuild them: a floating output that
+    descends from a Tensor becomes a Tensor's arrays (its pytree structure and number of
+    arrays), any other output is itself (None)."""
+    flat: list[Any] = []
+    desc: list[_Desc | None] = []
+    for (v, s), spec in zip(outs, out_leaves, strict=True):
+        if s is None or not s.tensor or not is_float(v):
+            flat.append(v)
+            desc.append(None)
+            continue
+        dtype = np.dtype(spec.dtype)
+        enc = _storage_of(v, s, dtype, ctx)
+        st = None
+        if diff and not carries_gradient(enc.format, enc.scaling):
+            st = straight_through(dtype, v, enc)
+        children, tdef = jax.tree_util.tree_flatten(Tensor._make(enc, dtype, st))
+        flat.extend(children)
+        desc.append((tdef, len(children)))
+    return flat, desc
 
 
 def _context(

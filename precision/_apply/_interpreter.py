@@ -29,8 +29,8 @@ import dtypes
 
 from .. import _jax_compat as compat
 from .._compute import Context, State, Stored, Val, in_compute_format, join, rule_for
+from .._compute._explain_notes import paused
 from .._compute._moves import squeezed_scaling
-from .._compute._notes import paused
 from .._storage import decode_encoded, is_float
 from .._walk import Interpretation, Scan, ShardMap, While, Wrapper, walk
 
@@ -305,31 +305,12 @@ def _scan(parts: Scan, ins: list[Val], ctx: Context) -> list[Val]:
     y_states = outs[nk:]
     init = [_adopt_to(v, s, t) for (v, s), t in zip(carry, carry_states, strict=True)]
 
-    # Stacked storage is scanned as codes and scales: one slice decoded per step.
-    scanned: list[tuple[Any, ...]] = []
-    rebuilds: list[tuple[Callable[..., dtypes.Encoded], State] | None] = []
-    for v, s in xs:
-        if s is None or s.stored is None or (sliced := _scan_slice(s.stored.enc)) is None:
-            scanned.append((v,))
-            rebuilds.append(None)
-        else:
-            scanned.append(sliced[0])
-            rebuilds.append((sliced[1], s))
+    scanned, rebuilds = _scanned_xs(xs)
     inner, inner_consts = compat.closed(parts.body)
     box: list[State | None] = []
 
     def body(c: list[Any], x: list[tuple[Any, ...]]) -> tuple[list[Any], list[Any]]:
-        x_ins: list[Val] = []
-        for arrays, rebuild, st in zip(x, rebuilds, x_states, strict=True):
-            if rebuild is None:
-                x_ins.append((arrays[0], st))
-                continue
-            make, outer = rebuild
-            assert outer.stored is not None  # only stacked storage is rebuilt
-            enc = make(*arrays)
-            value = decode_encoded(enc, outer.stored.dtype)
-            stored = Stored(enc, outer.stored.dtype)
-            x_ins.append((value, State(outer.format, outer.tensor, stored, outer.source)))
+        x_ins = _step_inputs(x, rebuilds, x_states)
         outs = evaluate(
             inner,
             inner_consts,
@@ -353,6 +334,44 @@ def _scan(parts: Scan, ins: list[Val], ctx: Context) -> list[Val]:
         unroll=parts.unroll,
     )
     return [*zip(final, carry_states, strict=True), *zip(ys, y_states, strict=True)]
+
+
+_Rebuild = tuple[Callable[..., dtypes.Encoded], State] | None
+
+
+def _scanned_xs(xs: list[Val]) -> tuple[list[tuple[Any, ...]], list[_Rebuild]]:
+    """The arrays `lax.scan` runs over for each of a scan's `xs`, and how one step's slice
+    is rebuilt (None: the value as it is). Stacked storage is scanned as codes and
+    scales: one slice decoded per step."""
+    scanned: list[tuple[Any, ...]] = []
+    rebuilds: list[_Rebuild] = []
+    for v, s in xs:
+        if s is None or s.stored is None or (sliced := _scan_slice(s.stored.enc)) is None:
+            scanned.append((v,))
+            rebuilds.append(None)
+        else:
+            scanned.append(sliced[0])
+            rebuilds.append((sliced[1], s))
+    return scanned, rebuilds
+
+
+def _step_inputs(
+    x: list[tuple[Any, ...]], rebuilds: list[_Rebuild], x_states: list[State | None]
+) -> list[Val]:
+    """One scan step's slices of the `xs` as the body's inputs: a slice of stacked storage
+    rebuilt as its encoding (decoded, its codes kept), any other as it is."""
+    x_ins: list[Val] = []
+    for arrays, rebuild, st in zip(x, rebuilds, x_states, strict=True):
+        if rebuild is None:
+            x_ins.append((arrays[0], st))
+            continue
+        make, outer = rebuild
+        assert outer.stored is not None  # only stacked storage is rebuilt
+        enc = make(*arrays)
+        value = decode_encoded(enc, outer.stored.dtype)
+        stored = Stored(enc, outer.stored.dtype)
+        x_ins.append((value, State(outer.format, outer.tensor, stored, outer.source)))
+    return x_ins
 
 
 def _while(parts: While, ins: list[Val], ctx: Context) -> list[Val]:

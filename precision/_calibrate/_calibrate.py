@@ -4,11 +4,12 @@ The batches are run through `f` once each (`_record`), adding up each
 contraction's input statistics per weight. AWQ and SmoothQuant then fold their
 per-channel scales into the normalizations and weights (`_smooth`); every
 selected weight is converted on the host, one at a time, by GPTQ (`_gptq`) or
-round-to-nearest (`_convert`), into a Tensor that `apply` and `save` take.
+round-to-nearest (`_weight_conversion`), into a Tensor that `apply` and `save` take.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 import time
@@ -27,10 +28,10 @@ from .._errors import CalibrationError, CalibrationWarning
 from .._tensor import Tensor
 from .._tree import Where, _path_str, _selector, is_floating, is_tensor
 from . import _q4_0
-from ._convert import Site, convert, rtn_values
-from ._passes import accumulate, batches_of, chunks, survey
+from ._batch_passes import accumulate, batches_of, chunks, survey
 from ._record import FoldKey, Found
 from ._smooth import awq_scales, fold_rows, smoothquant_scales
+from ._weight_conversion import Site, convert, rtn_values
 
 __all__ = ["METHODS", "MIN_ROWS_PER_INPUT", "calibrate"]
 
@@ -177,32 +178,59 @@ def _foldable(
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class _Recipe:
+    """What `calibrate` makes of each selected weight: the method, the format and scaling
+    it writes, and the method's own settings (checked)."""
+
+    method: str
+    fmt: dtypes.Format
+    scaling: dtypes.Scaling
+    opts: dict[str, Any]  # GPTQ's damp, block and act_order
+    alpha: float  # SmoothQuant's migration strength
+    grid: int  # AWQ's number of exponents tried
+
+
+def _recipe(
+    method: Any,
+    format: str | dtypes.Format | None,
+    scaling: Any,
+    damp: Any,
+    block_size: Any,
+    act_order: Any,
+    alpha: Any,
+    grid: Any,
+) -> _Recipe:
+    """`calibrate`'s method, format, scaling and numeric options, checked."""
+    fmt, scaling = _format_and_scaling(method, format, scaling)
+    _check_numbers(damp, block_size, grid, alpha)
+    opts = {"damp": float(damp), "block": block_size, "act_order": bool(act_order)}
+    return _Recipe(method, fmt, scaling, opts, float(alpha), grid)
+
+
 def _fold(
-    method: str,
+    recipe: _Recipe,
     key: FoldKey,
     members: list[int],
     stats: dict[str, np.ndarray],
+    sites: dict[int, Site],
     work: list[Any],
     traced: list[int],
     paths: list[str],
-    fmt: dtypes.Format,
-    scaling: dtypes.Scaling,
-    alpha: float,
-    grid: int,
-    axes: dict[int, int],
     scaled: dict[int, np.ndarray],
 ) -> str:
     """Fold AWQ's or SmoothQuant's scales for one normalization output into `work`.
 
     `stats` are the recorded inputs of one member (all read the same activation);
     each member's scales are noted in `scaled`."""
-    ws = [(np.asarray(work[traced[leaf]]), axes[leaf]) for leaf in members]
+    method, alpha = recipe.method, recipe.alpha
+    ws = [(np.asarray(work[traced[leaf]]), sites[leaf].axes[0]) for leaf in members]
     if method == "smoothquant":
         s, how = smoothquant_scales(stats["absmax"], ws, alpha), f"alpha {alpha}"
     else:
         mean = stats["abssum"] / max(float(stats["rows"]), 1.0)
-        rtn = functools.partial(rtn_values, fmt=fmt, scaling=scaling)
-        s, chosen = awq_scales(stats["h"], mean, ws, rtn, grid)
+        rtn = functools.partial(rtn_values, fmt=recipe.fmt, scaling=recipe.scaling)
+        s, chosen = awq_scales(stats["h"], mean, ws, rtn, recipe.grid)
         how = f"alpha {chosen:.2f} searched"
     for leaf, (w, axis) in zip(members, ws, strict=True):
         work[traced[leaf]] = fold_rows(w, axis, s)
@@ -216,6 +244,17 @@ def _fold(
         f"{'' if key[1] is None else ' and ' + paths[key[1]]} for "
         f"{', '.join(paths[leaf] for leaf in members)} ({how})"
     )
+
+
+def _converted(
+    recipe: _Recipe, leaf: Any, site: Site, scale: np.ndarray | None
+) -> tuple[str, Tensor]:
+    """(the method used, the Tensor) of one weight converted as `recipe` says, from its
+    (folded) values; AWQ and SmoothQuant round a weight stacked under scan to nearest."""
+    method = recipe.method
+    how = "rtn" if site.stacked and method in ("awq", "smoothquant") else method
+    fmt, scaling = recipe.fmt, recipe.scaling
+    return how, convert(how, leaf, site, fmt, scaling, recipe.opts, scale, recipe.grid)
 
 
 def _assemble(
@@ -335,6 +374,14 @@ def _check_flags(**flags: Any) -> None:
             )
 
 
+def _check_sequential(sequential: bool, method: str) -> None:
+    if sequential and method != "gptq":
+        raise CalibrationError(
+            f"calibrate: sequential=True is GPTQ's (each layer compensates the rounding "
+            f"before it), not {method}'s: use method='gptq', or sequential=False"
+        )
+
+
 def _check_budget(stats_memory: Any) -> int:
     if isinstance(stats_memory, bool) or not isinstance(stats_memory, int) or stats_memory < 1:
         raise CalibrationError(
@@ -446,15 +493,10 @@ def calibrate(
         >>> q["w"].format.name, str(q["w"].scaling)  # blocks of 32 inputs (axis 0 of w)
         ('int4', 'per-block 32 on axis 0')
     """
-    fmt, scaling = _format_and_scaling(method, format, scaling)
-    _check_numbers(damp, block_size, grid, alpha)
+    recipe = _recipe(method, format, scaling, damp, block_size, act_order, alpha, grid)
     _check_flags(act_order=act_order, sequential=sequential, progress=progress)
     budget = _check_budget(stats_memory)
-    if sequential and method != "gptq":
-        raise CalibrationError(
-            f"calibrate: sequential=True is GPTQ's (each layer compensates the rounding "
-            f"before it), not {method}'s: use method='gptq', or sequential=False"
-        )
+    _check_sequential(sequential, method)
     progress = sys.stderr.isatty() if progress is None else bool(progress)
     select = _selector(where, exclude)
     flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_tensor)
@@ -469,7 +511,6 @@ def calibrate(
             full[i] = x
         return jax.tree_util.tree_unflatten(treedef, full)
 
-    opts = {"damp": float(damp), "block": block_size, "act_order": bool(act_order)}
     data = batches_of(batches)
     found = Found()
     leaves = [values[i] for i in traced]
@@ -495,29 +536,13 @@ def calibrate(
             sites[leaf].stats = stats
         for j in chunk:
             if j in folds:
-                key, members = folds[j]
-                line = _fold(
-                    method,
-                    key,
-                    members,
-                    sites[j].stats,
-                    work,
-                    traced,
-                    paths,
-                    fmt,
-                    scaling,
-                    float(alpha),
-                    grid,
-                    {m: sites[m].axes[0] for m in members},
-                    scaled,
-                )
+                line = _fold(recipe, *folds[j], sites[j].stats, sites, work, traced, paths, scaled)
                 _say(progress, line)
         short += [s for j in chunk if (s := _short_of_rows(method, sites[j])) is not None]
         for j in chunk:
             start = time.perf_counter()
             i, site = traced[j], sites[j]
-            how = "rtn" if site.stacked and method in ("awq", "smoothquant") else method
-            tensor = convert(how, work[i], site, fmt, scaling, opts, scaled.get(j), grid)
+            how, tensor = _converted(recipe, work[i], site, scaled.get(j))
             out.append((i, tensor))
             if sequential:  # later stages read this weight as rounded
                 current[j] = np.asarray(tensor.numpy()).astype(np.asarray(leaves[j]).dtype)

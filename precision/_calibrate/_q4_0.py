@@ -8,7 +8,7 @@ this library's `uint4` with a zero point the same numbers are `|d| * (q - z)`: `
 where `max < 0`, and `z = 7` with the codes mirrored (`q -> 15 - q`) where `max > 0`.
 
 `calibrate(format="q4_0")` rounds onto that grid: GPTQ with `rule` as each group's scale
-rule (`_convert._gptq_matrix`), AWQ and round-to-nearest with `encode`. The result is a
+rule (`_weight_conversion._gptq_matrix`), AWQ and round-to-nearest with `encode`. The result is a
 uint4 Tensor in blocks of 32 inputs with float16 scales and zero points 7 or 8, which
 `precision convert --layout gguf` writes as Q4_0, the zero points turned back into the
 sign of `d` (`_checkpoint._gguf.block_bytes`).

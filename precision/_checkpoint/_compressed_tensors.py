@@ -25,7 +25,7 @@ likewise; MXFP4): our int codes are two's complement fields packed along rows fr
 low bits, so adding 2**(bits-1) to a field is flipping its top bit, and a row of our
 bytes, padded to whole 32-bit words, is the packed row. Everything else has no
 equivalent here and is refused (`refusal`). The command line writes the files
-(`precision/_cli/_layouts.py`); `read` turns them back into leaves for `load`.
+(`precision/_cli/_output_layouts.py`); `read` turns them back into leaves for `load`.
 
 The readers quantize what they build as a Linear layer (transformers' `nn.Linear`,
 vLLM's `LinearBase`) and nothing else: a quantized array of any other module is an
@@ -55,9 +55,9 @@ import dtypes
 from dtypes import FloatFormat, Format, IntFormat, PerAxis, PerBlock, PerTensor, Scaling
 
 from .._errors import CheckpointError
-from ._foreign import checked, codes_of, stored, tensor_leaf
-from ._layout import SCALE_DTYPES, Leaf, Stored
+from ._layout import SCALE_DTYPES, Leaf, LeafArrays
 from ._source import Source
+from ._third_party_codes import checked, codes_of, stored, tensor_leaf
 
 __all__ = [
     "QUANT_METHOD",
@@ -478,14 +478,14 @@ def _e2m1_scales(weights: dict[str, Any]) -> bool:
     return weights.get("type") == "float" and weights.get("num_bits") == 4
 
 
-def read(source: Source, config: dict[str, Any]) -> list[tuple[Leaf, Stored]]:
+def read(source: Source, config: dict[str, Any]) -> list[tuple[Leaf, LeafArrays]]:
     """Every leaf of a compressed-tensors checkpoint, quantized weights as encodings.
 
     A weight whose codes this library's formats do not hold as they are is widened or
-    decoded (`_foreign`); every other tensor is a plain leaf, as in any foreign file.
+    decoded (`_third_party_codes`); every other tensor is a plain leaf, as in any foreign file.
     """
     readers = {name: r for r in source.readers for name in r.entries}
-    out: list[tuple[Leaf, Stored]] = []
+    out: list[tuple[Leaf, LeafArrays]] = []
     done: set[str] = set()
     for reader in source.readers:
         for leaf in reader.leaves:
@@ -522,7 +522,7 @@ def _module_name(name: str, readers: dict[str, Any]) -> str | None:
 
 def _weight(
     module: str, readers: dict[str, Any], config: dict[str, Any], where: str
-) -> tuple[Leaf, Stored]:
+) -> tuple[Leaf, LeafArrays]:
     def get(suffix: str) -> np.ndarray:
         name = f"{module}.{suffix}"
         return np.asarray(readers[name].read(name))

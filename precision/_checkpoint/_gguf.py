@@ -39,8 +39,8 @@ from dtypes import AsymmetricIntFormat, FloatFormat, Format, IntFormat, PerBlock
 
 from .._errors import CheckpointError
 from ._atomic_file import _TempFile, write_error
-from ._foreign import checked, stored, tensor_leaf
-from ._layout import Leaf, Stored
+from ._layout import Leaf, LeafArrays
+from ._third_party_codes import checked, stored, tensor_leaf
 
 __all__ = [
     "BLOCK",
@@ -323,16 +323,16 @@ def _unswizzled(body: np.ndarray) -> np.ndarray:
 
 def _tensor(
     name: str, kind: str, shape: tuple[int, ...], data: Any, where: str
-) -> tuple[Leaf, Stored]:
+) -> tuple[Leaf, LeafArrays]:
     if kind in ("F32", "F16", "BF16"):
         fmt = {"F32": dtypes.float32, "F16": dtypes.float16, "BF16": dtypes.bfloat16}[kind]
         container = np.dtype(ml_dtypes.bfloat16) if kind == "BF16" else None
         values = np.array(data)
         values = values.view(container).reshape(shape) if container else values.reshape(shape)
-        return tensor_leaf(name, shape, fmt, None), Stored(values)
+        return tensor_leaf(name, shape, fmt, None), LeafArrays(values)
     if kind in _ARRAY_TYPES.values():
         values = np.array(data).reshape(shape)
-        return Leaf(name, (("key", name),), "array", values.dtype, shape), Stored(values)
+        return Leaf(name, (("key", name),), "array", values.dtype, shape), LeafArrays(values)
     if kind not in _BLOCK_BYTES:
         raise CheckpointError(
             f"{where}: tensor {name!r} is ggml type {kind}, which no format of this library "
@@ -397,7 +397,7 @@ def contents(path: str) -> tuple[dict[str, Any], list[tuple[str, str, tuple[int,
     return keys, tensors
 
 
-def read(path: str) -> list[tuple[Leaf, Stored]]:
+def read(path: str) -> list[tuple[Leaf, LeafArrays]]:
     """Every tensor of a GGUF file as a leaf (named as in the file) with its arrays."""
     gguf = _gguf()
     try:

@@ -31,7 +31,7 @@ import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeGuard
 
 import numpy as np
 
@@ -47,7 +47,7 @@ from ._layout import (
     METADATA_KEY,
     VERSION_KEY,
     Leaf,
-    Stored,
+    LeafArrays,
     _text_crc,
 )
 from ._layout import _tensors_crc as _tensors_crc  # (re-exported: tests seal documents)
@@ -151,24 +151,14 @@ def write(
     (default: 0o666 under the umask; a replaced file keeps its own). `checked` says
     the caller ran `check_names` on these leaves already (`save`, through `flatten`).
     `plain` writes a safetensors file without this library's metadata (another
-    tool's layout, `precision/_cli/_layouts.py`): `leaves` are then plain arrays.
+    tool's layout, `precision/_cli/_output_layouts.py`): `leaves` are then plain arrays.
     Returns the bytes written.
 
     Raises:
         FileExistsError: `path` exists and `overwrite` is False.
         OSError: the destination directory cannot be written (named in the message).
     """
-    path = os.fspath(path)
-    if os.path.islink(path):
-        path = os.path.realpath(path)  # replace the file the link points to, keep the link
-    if os.path.isdir(path):
-        raise IsADirectoryError(errno.EISDIR, f"cannot write {path}: it is a directory")
-    refuse_special(path)
-    if not overwrite and os.path.lexists(path):
-        raise FileExistsError(
-            f"{path} already exists; pass overwrite=True (--overwrite on the command line) to "
-            "replace it"
-        )
+    path = _destination(path, overwrite)
     if not checked:
         check_names(leaves)
     arrays = [a for leaf in leaves for a in leaf.arrays()]
@@ -181,32 +171,8 @@ def write(
         with os.fdopen(temp.fd, "wb", closefd=False) as f:
             f.write(header)
             produced = iter(produce)
-            for (name, dtype, shape), size in zip(arrays, layout.sizes, strict=True):
-                got_name, arr = next(produced)
-                if got_name != name or (
-                    isinstance(arr, np.ndarray)
-                    and (arr.dtype != dtype or tuple(arr.shape) != tuple(shape))
-                ):
-                    raise ValueError(  # a bug in the caller, never silently written
-                        f"expected array {name!r} {dtype}{list(shape)}, got {got_name!r} "
-                        f"{getattr(arr, 'dtype', '')}{list(getattr(arr, 'shape', ''))}"
-                    )
-                value, written = 0, 0
-                for part in [arr] if isinstance(arr, np.ndarray) else arr:
-                    if part.dtype != dtype:
-                        raise ValueError(
-                            f"array {name!r}: a piece of {part.dtype}{list(part.shape)} does not "
-                            f"fit {dtype}{list(shape)}"
-                        )
-                    view = np.ascontiguousarray(part).reshape(-1).view(np.uint8).data
-                    value = zlib.crc32(view, value)
-                    f.write(view)
-                    written += len(view)
-                    del view, part
-                if written != size:
-                    raise ValueError(f"array {name!r}: {written} bytes produced, not {shape}")
-                crc[name] = value
-                del arr
+            for expected, size in zip(arrays, layout.sizes, strict=True):
+                crc[expected[0]] = _write_array(f, expected, size, next(produced))
             final = layout.bytes(crc)
             assert len(final) == len(header)  # fixed-width CRCs: same length
             f.seek(0)
@@ -226,6 +192,59 @@ def write(
     finally:
         os.close(temp.fd)
     return size
+
+
+def _destination(path: str | os.PathLike[str], overwrite: bool) -> str:
+    """The file `write` writes: `path`, or the file a link at `path` points to (the link
+    is kept); refused when it is a directory or a special file, or exists and
+    `overwrite` is False."""
+    path = os.fspath(path)
+    if os.path.islink(path):
+        path = os.path.realpath(path)  # replace the file the link points to, keep the link
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, f"cannot write {path}: it is a directory")
+    refuse_special(path)
+    if not overwrite and os.path.lexists(path):
+        raise FileExistsError(
+            f"{path} already exists; pass overwrite=True (--overwrite on the command line) to "
+            "replace it"
+        )
+    return path
+
+
+def _write_array(
+    f: BinaryIO,
+    expected: tuple[str, np.dtype, tuple[int, ...]],
+    size: int,
+    given: tuple[str, np.ndarray | Iterable[np.ndarray]],
+) -> int:
+    """Write the bytes of one array, `given` as `produce` yields it (its name, and the
+    array or its pieces), checked against the (name, dtype, shape) `expected` and its
+    `size` in bytes; returns their CRC-32."""
+    name, dtype, shape = expected
+    got_name, arr = given
+    if got_name != name or (
+        isinstance(arr, np.ndarray) and (arr.dtype != dtype or tuple(arr.shape) != tuple(shape))
+    ):
+        raise ValueError(  # a bug in the caller, never silently written
+            f"expected array {name!r} {dtype}{list(shape)}, got {got_name!r} "
+            f"{getattr(arr, 'dtype', '')}{list(getattr(arr, 'shape', ''))}"
+        )
+    value, written = 0, 0
+    for part in [arr] if isinstance(arr, np.ndarray) else arr:
+        if part.dtype != dtype:
+            raise ValueError(
+                f"array {name!r}: a piece of {part.dtype}{list(part.shape)} does not "
+                f"fit {dtype}{list(shape)}"
+            )
+        view = np.ascontiguousarray(part).reshape(-1).view(np.uint8).data
+        value = zlib.crc32(view, value)
+        f.write(view)
+        written += len(view)
+        del view, part
+    if written != size:
+        raise ValueError(f"array {name!r}: {written} bytes produced, not {shape}")
+    return value
 
 
 # --------------------------------------------------------------------------
@@ -250,7 +269,7 @@ def _to_jax(arr: np.ndarray) -> jax.Array | np.ndarray:
 _BATCH_BYTES, _BATCH_LEAVES = 1 << 26, 4096
 
 
-def _typed(leaf: Leaf, stored: Stored) -> Stored:
+def _typed(leaf: Leaf, stored: LeafArrays) -> LeafArrays:
     """`stored` viewed as the types its leaf decodes (codes and scales in their containers)."""
     if leaf.kind == "array" or leaf.format is None:
         return stored
@@ -258,7 +277,9 @@ def _typed(leaf: Leaf, stored: Stored) -> Stored:
     if scale is not None:
         assert leaf.scale_container is not None  # a scale comes with its scaling
         scale = scale.view(leaf.scale_container)
-    return Stored(stored.data.view(leaf.container), scale, stored.tensor_scale, stored.zero_point)
+    return LeafArrays(
+        stored.data.view(leaf.container), scale, stored.tensor_scale, stored.zero_point
+    )
 
 
 #: Many small arrays of one shape and dtype go to the device `_JIT_ARGS` at a time through
@@ -296,7 +317,7 @@ def _to_device(arrays: list[np.ndarray]) -> list[Any]:
     return out
 
 
-def _on_device(batch: list[tuple[Leaf, Stored]]) -> list[Stored]:
+def _on_device(batch: list[tuple[Leaf, LeafArrays]]) -> list[LeafArrays]:
     """Every array of `batch`, typed, moved to the device in one call (64-bit data stays in
     numpy unless JAX is 64-bit, which would truncate it)."""
     import jax
@@ -308,17 +329,17 @@ def _on_device(batch: list[tuple[Leaf, Stored]]) -> list[Stored]:
 
     typed = [_typed(leaf, stored) for leaf, stored in batch]
     moved = iter(_to_device([a for s in typed for a in s if moves(a)]))
-    # (a Stored now holding device arrays: `encoded` and `_to_jax` take them as they are)
+    # (LeafArrays now holding device arrays: `encoded` and `_to_jax` take them as they are)
     return [
         # (data alone, as most leaves are: no generator for each)
-        (Stored(next(moved)) if moves(s.data) else s)
+        (LeafArrays(next(moved)) if moves(s.data) else s)
         if s.scale is None and s.tensor_scale is None and s.zero_point is None
-        else Stored._make([next(moved) if moves(a) else a for a in s])
+        else LeafArrays._make([next(moved) if moves(a) else a for a in s])
         for s in typed
     ]
 
 
-def encoded(leaf: Leaf, stored: Stored) -> Encoded:
+def encoded(leaf: Leaf, stored: LeafArrays) -> Encoded:
     """The `Encoded` storage of a tensor leaf from its arrays (as read from the file)."""
     import jax
 
@@ -339,7 +360,7 @@ def encoded(leaf: Leaf, stored: Stored) -> Encoded:
     )
 
 
-def materialize(leaf: Leaf, stored: Stored, as_arrays: bool) -> Any:
+def materialize(leaf: Leaf, stored: LeafArrays, as_arrays: bool) -> Any:
     """The value a leaf loads as: a Tensor, or logical arrays when `as_arrays`."""
     import jax
 
@@ -445,7 +466,7 @@ def _refuse_beyond_memory(source: Source) -> None:
 
 
 def _materialized(
-    reader: Reader, batch: list[tuple[Leaf, Stored]], as_arrays: bool
+    reader: Reader, batch: list[tuple[Leaf, LeafArrays]], as_arrays: bool
 ) -> list[tuple[Any, Any]]:
     """(key path, value) of each leaf of `batch`, its arrays moved in one transfer."""
     out = []
@@ -465,7 +486,7 @@ def _materialized(
     return out
 
 
-def _tree(where: str, pairs: list[tuple[Leaf, Stored]], as_arrays: bool) -> Any:
+def _tree(where: str, pairs: list[tuple[Leaf, LeafArrays]], as_arrays: bool) -> Any:
     """The tree of the leaves of another tool's layout (compressed-tensors, GGUF): an
     unscaled float leaf is that tool's full-precision values (widened, as in a foreign
     safetensors file), an encoded one a Tensor in its format."""
@@ -548,7 +569,7 @@ def load(path: str | os.PathLike[str], *, as_arrays: bool = False) -> Any:
             return _tree(source.path, _compressed_tensors.read(source, quantized), as_arrays)
         items: list[tuple[Any, Any]] = []
         for reader in source.readers:
-            batch: list[tuple[Leaf, Stored]] = []
+            batch: list[tuple[Leaf, LeafArrays]] = []
             size = 0
             for leaf in reader.leaves:
                 stored = reader.read_leaf(leaf)

@@ -161,7 +161,7 @@ ROLE_WORDS = {
 }
 
 
-class Stored(NamedTuple):
+class LeafArrays(NamedTuple):
     """The arrays of one leaf as read from a file (views of the file's dtypes)."""
 
     data: np.ndarray

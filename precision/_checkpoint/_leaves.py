@@ -36,7 +36,7 @@ _TENSOR: list[type[Any]] = []  # the Tensor class, once imported
 def _tensor_type() -> type[Any]:
     if _TENSOR:
         return _TENSOR[0]
-    from .. import _attach  # noqa: F401  (the Tensors `load` hands out have their operators)
+    from .. import _applied_operators  # noqa: F401  (Tensors `load` hands out need operators)
     from .._tensor import Tensor
 
     _TENSOR.append(Tensor)
@@ -65,8 +65,6 @@ def _describe(
     path: tuple[tuple[str, Any], ...], leaf: Any, tensor_type: type[Any]
 ) -> tuple[Leaf, list[np.ndarray]]:
     """A leaf's storage description and its arrays (data first)."""
-    import jax
-
     name = path_name(path)
     if isinstance(leaf, tensor_type):
         leaf.check_holds_arrays(f"cannot save leaf {name!r}")
@@ -74,24 +72,7 @@ def _describe(
     elif isinstance(leaf, dtypes.Encoded):
         enc, dtype = leaf, np.dtype(np.float32)
     else:
-        dt = getattr(leaf, "dtype", None)
-        if (
-            dt is not None
-            and not isinstance(leaf, np.ndarray)  # numpy holds no PRNG keys (and asks 1 us)
-            and jax.dtypes.issubdtype(dt, jax.dtypes.prng_key)
-        ):
-            raise SaveTypeError(
-                f"cannot save leaf {name!r}: it is a PRNG key ({dt}), not numbers; store its "
-                "key data instead (jax.random.key_data(key), restored with "
-                "jax.random.wrap_key_data), or leave the key out of the saved tree"
-            )
-        arr = np.asarray(leaf)
-        if arr.dtype not in _DTYPE_NAMES:
-            raise SaveTypeError(
-                f"cannot save leaf {name!r} of type {type(leaf).__name__} and dtype {arr.dtype}: "
-                f"a checkpoint holds Tensors and arrays of dtypes {sorted(map(str, _DTYPE_NAMES))}"
-            )
-        return Leaf(name, path, "array", arr.dtype, arr.shape), [arr]
+        return _array_leaf(name, path, leaf)
     if dtype.name not in _LOGICAL:
         raise SaveTypeError(
             f"cannot save Tensor {name!r} of logical dtype {dtype}: a checkpoint holds "
@@ -129,6 +110,33 @@ def _describe(
                 f"it from finite values with to_reduced_precision({fmt.name!r})"
             )
     return spec, arrays
+
+
+def _array_leaf(
+    name: str, path: tuple[tuple[str, Any], ...], leaf: Any
+) -> tuple[Leaf, list[np.ndarray]]:
+    """A plain array leaf's storage description and its one array; refused when it holds
+    PRNG keys or a dtype a checkpoint does not store."""
+    import jax
+
+    dt = getattr(leaf, "dtype", None)
+    if (
+        dt is not None
+        and not isinstance(leaf, np.ndarray)  # numpy holds no PRNG keys (and asks 1 us)
+        and jax.dtypes.issubdtype(dt, jax.dtypes.prng_key)
+    ):
+        raise SaveTypeError(
+            f"cannot save leaf {name!r}: it is a PRNG key ({dt}), not numbers; store its "
+            "key data instead (jax.random.key_data(key), restored with "
+            "jax.random.wrap_key_data), or leave the key out of the saved tree"
+        )
+    arr = np.asarray(leaf)
+    if arr.dtype not in _DTYPE_NAMES:
+        raise SaveTypeError(
+            f"cannot save leaf {name!r} of type {type(leaf).__name__} and dtype {arr.dtype}: "
+            f"a checkpoint holds Tensors and arrays of dtypes {sorted(map(str, _DTYPE_NAMES))}"
+        )
+    return Leaf(name, path, "array", arr.dtype, arr.shape), [arr]
 
 
 def flatten(tree: Any) -> list[tuple[Leaf, list[np.ndarray]]]:

@@ -144,3 +144,21 @@ def key_path_of(path: Any) -> tuple[tuple[str, Any], ...] | None:
             return None
         out.append((p[0], p[1]))
     return tuple(out)
+
+
+def path_and_shape(
+    path: Any, shape: Any, name: str
+) -> tuple[tuple[tuple[str, Any], ...], tuple[int, ...]] | str:
+    """A metadata leaf's key path (JSON `path`, which must give the leaf's `name`) and
+    logical shape (JSON `shape`), or what is wrong with them."""
+    key_path = key_path_of(path)
+    if key_path is None:
+        return f"bad key path {path!r:.200}"
+    if path_name(key_path) != name:
+        return f"key path {path!r:.200} does not give the name {name!r}"
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        return f"bad shape {shape!r:.200}"
+    problem = shape_problem(tuple(shape))
+    if problem:
+        return f"its logical shape: {problem}"
+    return key_path, tuple(shape)

@@ -41,13 +41,13 @@ from ._layout import (
     VERSION_KEY,
     VERSIONS,
     Leaf,
-    Stored,
+    LeafArrays,
     _tensors_crc,
     format_from_json,
     looks_like_ours,
     scaling_from_json,
 )
-from ._names import check_names, key_path_of, name_problem, path_name, shape_problem
+from ._names import check_names, name_problem, path_and_shape, shape_problem
 
 #: Foreign float tensors load as Tensors stored in the format of their dtype.
 _DTYPE_FORMATS: dict[str, Format] = {
@@ -362,7 +362,7 @@ class Reader:
             raise self.error(
                 "the precision metadata does not match its CRC-32 (the header is corrupted)"
             )
-        leaves = [self._leaf(item) for item in doc["tensors"]]
+        leaves = [self._leaf_from_metadata(item) for item in doc["tensors"]]
         try:
             check_names(leaves)
         except (ValueError, TypeError) as exc:
@@ -383,32 +383,16 @@ class Reader:
             raise self.error("the precision metadata's crc32 map is malformed")
         return leaves, {k: int(v, 16) for k, v in crc.items()}
 
-    def _leaf(self, item: Any) -> Leaf:
-        keys = _LEAF_KEYS[self.version]
-        if not isinstance(item, dict) or item.keys() != keys:
-            raise self.error(f"precision metadata: malformed leaf {item!r:.200}")
-        name = item["name"]
-        if not isinstance(name, str):
-            raise self.error(f"precision metadata: leaf name {name!r:.200} is not a string")
-        problem = name_problem(name)
-        if problem:
-            raise self.error(f"precision metadata of {name[:200]!r}...: {problem}")
+    def _leaf_from_metadata(self, item: Any) -> Leaf:
+        name = self._leaf_name(item)
 
         def bad(what: str) -> CheckpointError:
             return self.error(f"precision metadata of {name!r}: {what}")
 
-        path = item["path"]
-        key_path = key_path_of(path)
-        if key_path is None:
-            raise bad(f"bad key path {path!r:.200}")
-        if path_name(key_path) != name:
-            raise bad(f"key path {path!r:.200} does not give the name {name!r}")
-        shape = item["shape"]
-        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-            raise bad(f"bad shape {shape!r:.200}")
-        problem = shape_problem(tuple(shape))
-        if problem:
-            raise bad(f"its logical shape: {problem}")
+        found = path_and_shape(item["path"], item["shape"], name)
+        if isinstance(found, str):
+            raise bad(found)
+        key_path, shape = found
         entry = self.entries.get(name)
         if entry is None:
             raise bad("its data tensor is missing from the file")
@@ -449,6 +433,20 @@ class Reader:
         )
         self._check_arrays(leaf, bad)
         return leaf
+
+    def _leaf_name(self, item: Any) -> str:
+        """The name of one leaf of the metadata, once the leaf has the keys of this
+        version's leaves and the name is one a checkpoint may hold."""
+        keys = _LEAF_KEYS[self.version]
+        if not isinstance(item, dict) or item.keys() != keys:
+            raise self.error(f"precision metadata: malformed leaf {item!r:.200}")
+        name = item["name"]
+        if not isinstance(name, str):
+            raise self.error(f"precision metadata: leaf name {name!r:.200} is not a string")
+        problem = name_problem(name)
+        if problem:
+            raise self.error(f"precision metadata of {name[:200]!r}...: {problem}")
+        return name
 
     def _tensor_dtype(
         self,
@@ -583,12 +581,12 @@ class Reader:
             yield out
         self.check_crc(name, crc)
 
-    def read_leaf(self, leaf: Leaf) -> Stored:
+    def read_leaf(self, leaf: Leaf) -> LeafArrays:
         """Every array of one leaf (data, and its scales, tensor scale and zero points)."""
         if leaf.scale is None and leaf.tensor_scale is None and leaf.zero_point is None:
-            return Stored(self.read(leaf.name))  # its data alone (arrays(): one, named as it)
+            return LeafArrays(self.read(leaf.name))  # its data alone (arrays(): one, named as it)
         arrays = {
             role: self.read(name)
             for (name, _, _), role in zip(leaf.arrays(), leaf.roles(), strict=True)
         }
-        return Stored(**arrays)
+        return LeafArrays(**arrays)

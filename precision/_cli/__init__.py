@@ -1,6 +1,6 @@
 """The `precision` command line: `formats`, `convert`, `report` and `demo`.
 
-`_main` parses arguments and dispatches, `_convert` and `_report` hold the
+`_main` parses arguments and dispatches, `_convert_command` and `_report` hold the
 two checkpoint commands, `_output` their shared table and error helpers, and
 `_demo` the training demo. Importing this package loads none of them: `main`
 first starts recording Ctrl-C (when it runs as the program), then loads them.

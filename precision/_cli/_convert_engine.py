@@ -38,7 +38,7 @@ from ._convert_stats import (
     _int_rows_part,
     _Part,
     _scratch,
-    _Stats,
+    _SignalNoise,
 )
 from ._interrupts import check_interrupt, import_jax
 
@@ -138,7 +138,7 @@ class _Engine:
         parts: tuple[Any, ...] = self._jit(ck, build)(x, key)
         return parts
 
-    def slice_energy(self, out: Leaf, x: Any, parts: tuple[Any, ...]) -> tuple[bool, _Stats]:
+    def slice_energy(self, out: Leaf, x: Any, parts: tuple[Any, ...]) -> tuple[bool, _SignalNoise]:
         """Statistics and finiteness of a whole-tensor encode, taken in row slices."""
         import jax
         import jax.numpy as jnp
@@ -148,7 +148,7 @@ class _Engine:
         data, scale, tensor_scale, zero_point = parts
         shape, scale_shape = out.shape, out.scale_shape
         last = (shape[-1] if shape else None) if fmt.packed else None
-        stats = _Stats()
+        stats = _SignalNoise()
         finite = True
         rows = shape[0] if len(shape) >= 2 else 0
         sliceable = rows > 1 and (scale_shape is None or scale_shape[0] in (1, rows))
@@ -315,7 +315,7 @@ class _Converter:
         (`scratch`: that many float32 buffers like `x`, slot 0 the statistics'); their
         energies added up, the tensor's SQNR kept. `redo(x)`, asked after the parts,
         may instead give the block's output and energies (the compiled encode's)."""
-        stats = _Stats()
+        stats = _SignalNoise()
         for block in blocks:
             check_interrupt()
             x = block if block.dtype == np.float32 else block.astype(np.float32)
@@ -337,28 +337,16 @@ class _Converter:
         out, engine = plan.out, self.engine
         scaling = out.scaling
         total = math.prod(out.shape)
-        g = _granule(plan)
+        g = _block_multiple(plan)
         per_block = _block_values(total, g)
-        if plan.mode in ("rows", "columns", "introws"):
-            shape: tuple[int, ...] = (per_block // math.prod(out.shape[1:]), *out.shape[1:])
-        elif isinstance(scaling, dtypes.PerBlock):
-            size = int(scaling.size)
-            shape = (per_block // size, size)
-        else:
-            shape = (per_block,)
+        shape = _block_shape(plan, per_block)
         blocks = _Blocks(plan.reader, plan.leaf.name)
         if plan.mode == "introws":
             yield from self._int_row_blocks(plan, blocks.blocks(per_block), shape, extras)
             return
         absmax: np.floating | np.ndarray | None = None
         if plan.mode in ("twopass", "twolevel", "intcast"):  # the absmax first (a maximum)
-            absmax = np.float32(0)
-            for block in blocks.blocks(per_block):
-                # two reductions, no |x| array
-                m = np.float32(np.maximum(np.max(block), -np.min(block)))  # NaN kept
-                if not np.isfinite(m):
-                    raise self._not_finite(plan)
-                absmax = max(absmax, m)
+            absmax = self._absmax(plan, blocks, per_block)
         elif plan.mode == "columns":  # every group's absmax first, as a slab of one row
             absmax = self._slab(plan, blocks, per_block)
         if plan.mode == "intcast":
@@ -367,7 +355,7 @@ class _Converter:
                 yield from self._int_blocks(plan, blocks, np.float32(absmax), extras)
                 return
             import_jax()  # the library's special scales: its compiled encode
-        stats = _Stats()
+        stats = _SignalNoise()
         done = 0
         # per-group arrays of each block, or (a per-tensor or per-axis scale
         # computed from the absmax given) one copy shared by every block
@@ -387,18 +375,22 @@ class _Converter:
             # Padding is proportional in every mode: whole rows, whole scale
             # groups, or (packed) a multiple of a byte's worth of values.
             yield data.reshape(-1)[: data.size * n // per_block].view(out.data_dtype)
-            for role, array in zip(("scale", "tensor_scale", "zero_point"), parts[1:], strict=True):
-                if array is None:
-                    continue
-                kept = extras[role]
-                if role == "tensor_scale" or shared:
-                    kept[:] = [array.reshape(-1)]  # the same in every block
-                else:
-                    kept.append(array.reshape(-1)[: array.size * n // per_block])
+            _keep_extras(extras, parts[1:], n, per_block, shared)
             done += n
             self.progress.update(n * plan.leaf.data_dtype.itemsize)
         if engine.stats:
             self.sqnr[plan.leaf.name] = stats.sqnr
+
+    def _absmax(self, plan: _Plan, blocks: _Blocks, per_block: int) -> np.float32:
+        """The tensor's absmax (a maximum over its blocks), refusing NaN and inf."""
+        absmax = np.float32(0)
+        for block in blocks.blocks(per_block):
+            # two reductions, no |x| array
+            m = np.float32(np.maximum(np.max(block), -np.min(block)))  # NaN kept
+            if not np.isfinite(m):
+                raise self._not_finite(plan)
+            absmax = max(absmax, m)
+        return absmax
 
     def _int_blocks(
         self, plan: _Plan, blocks: _Blocks, absmax: np.float32, extras: dict[str, list[np.ndarray]]
@@ -504,7 +496,39 @@ class _Converter:
             del array
 
 
-def _granule(plan: _Plan) -> int:
+def _block_shape(plan: _Plan, per_block: int) -> tuple[int, ...]:
+    """The shape a block of `per_block` values is encoded in: whole rows, whole scale
+    groups, or flat."""
+    out = plan.out
+    if plan.mode in ("rows", "columns", "introws"):
+        return (per_block // math.prod(out.shape[1:]), *out.shape[1:])
+    if isinstance(out.scaling, dtypes.PerBlock):
+        size = int(out.scaling.size)
+        return (per_block // size, size)
+    return (per_block,)
+
+
+def _keep_extras(
+    extras: dict[str, list[np.ndarray]],
+    arrays: tuple[Any, ...],
+    n: int,
+    per_block: int,
+    shared: bool,
+) -> None:
+    """Keep one block's scales, tensor scale and zero points (`arrays`, each None where the
+    encoding has none) of its `n` values in `extras`: appended per block, or one copy
+    when every block shares it (a tensor scale, or any array when `shared`)."""
+    for role, array in zip(("scale", "tensor_scale", "zero_point"), arrays, strict=True):
+        if array is None:
+            continue
+        kept = extras[role]
+        if role == "tensor_scale" or shared:
+            kept[:] = [array.reshape(-1)]  # the same in every block
+        else:
+            kept.append(array.reshape(-1)[: array.size * n // per_block])
+
+
+def _block_multiple(plan: _Plan) -> int:
     """Values a block holds a multiple of (packing, block groups, rows)."""
     out = plan.out
     fmt = out.format

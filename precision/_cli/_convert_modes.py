@@ -1,6 +1,6 @@
 """How `precision convert` converts each planned tensor: its mode.
 
-What each tensor becomes is decided by the command (`_convert._plan`); how
+What each tensor becomes is decided by the command (`_convert_command._plan`); how
 it is converted, its mode, by `_mode` here. The conversion itself
 (`_convert_engine`) never holds more than one tensor's input, and usually
 only one block of it:

@@ -34,7 +34,7 @@ def _sqnr(signal: float, noise: float) -> float:
     return 10 * math.log10(signal / noise)
 
 
-class _Stats:
+class _SignalNoise:
     """Σx² and Σ(x - decoded)² over the finite values of one tensor, in float64."""
 
     def __init__(self) -> None:
@@ -74,7 +74,7 @@ def _energy(x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array
 _TINY_ENERGY = 2.0**-60
 
 
-def _trusted(energy: float, v: np.ndarray) -> bool:
+def _float32_energy_trusted(energy: float, v: np.ndarray) -> bool:
     """Whether a float32 Σv² is trustworthy: finite, and not made of underflowed squares."""
     if energy == 0:
         return not np.any(v)
@@ -134,7 +134,7 @@ def _numpy_energy(x: np.ndarray, y: np.ndarray, d: np.ndarray) -> tuple[float, f
         else:
             np.subtract(x, y, out=d, dtype=np.float32)
         sig, noi = float(np.dot(x, x)), float(np.dot(d, d))
-        if _trusted(sig, x) and _trusted(noi, d):
+        if _float32_energy_trusted(sig, x) and _float32_energy_trusted(noi, d):
             return sig, noi
         sig = float(np.einsum("i,i->", x, x, dtype=np.float64))
         noi = float(np.einsum("i,i->", d, d, dtype=np.float64))

@@ -37,7 +37,7 @@ from jax import lax
 
 import dtypes
 
-from .. import _attach  # noqa: F401  (Tensor's operators, used by the demo's models)
+from .. import _applied_operators  # noqa: F401  (Tensor's operators, used by the demo's models)
 from .._apply import apply
 from .._contract import Contract
 from .._loss_scale import DynamicLossScale, NoOpLossScale, all_finite, select_tree
@@ -528,10 +528,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `precision demo`; returns the exit status."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+def _checked_modes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The modes `--modes` names, once every argument is checked (`parser.error` exits)."""
     if args.modes == "all":
         modes = list(MODES)
     else:
@@ -554,6 +552,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--json {args.json}: its directory does not exist")
     if args.json and os.path.lexists(args.json) and not os.path.isfile(args.json):
         parser.error(f"--json {args.json}: it exists and is not a regular file; name a file")
+    return modes
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `precision demo`; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    modes = _checked_modes(parser, args)
     try:
         dataset = load_data(args.data)
     except (OSError, ValueError) as e:
@@ -568,22 +574,12 @@ def main(argv: list[str] | None = None) -> int:
     # Progress: tqdm's bars on a terminal; elsewhere (a log, a pipe) a plain line per mode.
     lines = not args.no_progress and not sys.stderr.isatty()
     rows: list[Row] = []
+    options = {k: getattr(args, k) for k in ("epochs", "seed", "batch_size", "lr", "steps")}
     for i, name in enumerate(modes, 1):
         if lines:
             print(f"[{i}/{len(modes)}] {name}: compiling, then training", file=sys.stderr)
         start = time.perf_counter()
-        rows.append(
-            train(
-                MODES[name],
-                dataset,
-                epochs=args.epochs,
-                seed=args.seed,
-                batch_size=args.batch_size,
-                lr=args.lr,
-                steps=args.steps,
-                progress=not args.no_progress,
-            )
-        )
+        rows.append(train(MODES[name], dataset, **options, progress=not args.no_progress))
         if lines:
             r, took = rows[-1], time.perf_counter() - start
             print(

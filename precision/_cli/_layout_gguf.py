@@ -1,6 +1,6 @@
 """`precision convert --layout gguf`: a GGUF file llama.cpp runs.
 
-The plan (`_convert._plan`) is made on the Hugging Face tensors as usual; `prepare`
+The plan (`_convert_command._plan`) is made on the Hugging Face tensors as usual; `prepare`
 then reads the model's `config.json` and `tokenizer.json` (`_checkpoint._gguf_model`,
 `_gguf_vocab`), refuses what llama.cpp would not run as the model runs, and adjusts
 the plan to llama.cpp's habits:
@@ -34,8 +34,8 @@ from .._errors import SaveError
 from ._convert_engine import _Converter
 from ._convert_modes import _mode, _Plan
 from ._interrupts import deferred_interrupts
-from ._layouts import model_directory
 from ._output import PROG
+from ._output_layouts import model_directory
 
 __all__ = ["Prepared", "prepare", "write"]
 

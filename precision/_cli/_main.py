@@ -9,7 +9,7 @@ Errors are one line on stderr, never a traceback.
 This module holds the parser, the `formats` subcommand and `main`. It
 imports neither JAX nor the commands until the arguments are parsed, so
 `--help`, `--version` and usage errors answer at once; `convert` and
-`report` live in `_convert` and `_report`, what they share (the one-line
+`report` live in `_convert_command` and `_report`, what they share (the one-line
 errors, table formatting) in `_output`.
 """
 
@@ -55,7 +55,7 @@ def _version() -> str:
 # dtypes.get resolves to one: f32, bf16, fp16, e4m3, e8m0). Without SCALES a
 # named encoding keeps its own scale format and anything else stores float32.
 # SCALES is resolved, and the whole scaling checked against --to, in
-# _convert before anything is read.
+# _convert_command before anything is read.
 _SCALING = re.compile(
     r"none|(per-tensor|per-axis:-?\d{1,3}|per-block:\d{1,9})(:pow2)?(:[a-z][a-z0-9_]{0,31})?"
 )
@@ -180,7 +180,7 @@ def _unrecognized(extras: list[str], parser: argparse.ArgumentParser) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     """The argument parser of every command: a table, one `add_argument` per option
-    with its help text, read best whole (it is the one function over 80 lines that
+    with its help text, read best whole (it is the one function over 60 lines that
     tests/test_module_sizes.py allows)."""
     parser = _Parser(
         prog=PROG,
@@ -515,7 +515,7 @@ def _run(args: argparse.Namespace) -> int:
     # a SIGINT during these imports is only recorded, and acted on after them.
     if args.command == "convert":
         with deferring():
-            from ._convert import _cmd_convert
+            from ._convert_command import _cmd_convert
         return _cmd_convert(args)
     with deferring():
         from ._report import _cmd_report

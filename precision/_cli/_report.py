@@ -198,27 +198,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         _require("matplotlib", "report --plot")
     rows: list[dict[str, Any]] = []
     hists: dict[str, np.ndarray] = {}
-    problems: list[str] = []
     with Source(args.ref) as ref, Source(args.other) as other:
-        ref_leaves = {leaf.name: (r, leaf) for r, leaf in ref.items}
-        other_leaves = {leaf.name: (r, leaf) for r, leaf in other.items}
-        only_ref = [n for n in ref_leaves if n not in other_leaves]
-        only_other = [n for n in other_leaves if n not in ref_leaves]
-        pairs = []
-        for name, (oreader, oleaf) in other_leaves.items():
-            if name not in ref_leaves:
-                continue
-            rreader, rleaf = ref_leaves[name]
-            if rleaf.shape != oleaf.shape:
-                problems.append(
-                    f"{name!r} has shape {list(rleaf.shape)} in REF but {list(oleaf.shape)} "
-                    "in OTHER"
-                )
-                continue
-            if _floating(rleaf) and _floating(oleaf):
-                pairs.append((name, rreader, rleaf, oreader, oleaf))
-        if problems:
-            raise dtypes.ShapeError("; ".join(problems))
+        pairs, only_ref, only_other = _pairs(ref, other)
         progress = _progress(len(pairs), args.quiet, "comparing", unit="tensor")
         try:
             for name, rreader, rleaf, oreader, oleaf in pairs:
@@ -228,17 +209,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
                 o = _values(oreader, oleaf)
                 stats, hist = _compare(r, o)
                 del r, o
-                fmt_name = oleaf.format.name if oleaf.format is not None else oleaf.dtype.name
-                rows.append(
-                    {
-                        "name": name,
-                        "format": fmt_name,
-                        "scaling": None if oleaf.scaling is None else str(oleaf.scaling),
-                        "shape": list(oleaf.shape),
-                        "bytes": leaf_nbytes(oleaf),
-                        **stats,
-                    }
-                )
+                rows.append(_row(name, oleaf, stats))
                 hists[name] = hist
                 progress.update(1)
         finally:
@@ -260,6 +231,47 @@ def _cmd_report(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"wrote {args.plot}")
     return 0
+
+
+_Pair = tuple[str, Reader, Leaf, Reader, Leaf]
+
+
+def _pairs(ref: Source, other: Source) -> tuple[list[_Pair], list[str], list[str]]:
+    """The floating tensors both checkpoints hold, by name, as (name, REF's reader and
+    leaf, OTHER's reader and leaf), and the names only REF, only OTHER holds; tensors of
+    the same name but different shapes are refused, all at once."""
+    problems: list[str] = []
+    ref_leaves = {leaf.name: (r, leaf) for r, leaf in ref.items}
+    other_leaves = {leaf.name: (r, leaf) for r, leaf in other.items}
+    only_ref = [n for n in ref_leaves if n not in other_leaves]
+    only_other = [n for n in other_leaves if n not in ref_leaves]
+    pairs = []
+    for name, (oreader, oleaf) in other_leaves.items():
+        if name not in ref_leaves:
+            continue
+        rreader, rleaf = ref_leaves[name]
+        if rleaf.shape != oleaf.shape:
+            problems.append(
+                f"{name!r} has shape {list(rleaf.shape)} in REF but {list(oleaf.shape)} in OTHER"
+            )
+            continue
+        if _floating(rleaf) and _floating(oleaf):
+            pairs.append((name, rreader, rleaf, oreader, oleaf))
+    if problems:
+        raise dtypes.ShapeError("; ".join(problems))
+    return pairs, only_ref, only_other
+
+
+def _row(name: str, leaf: Leaf, stats: dict[str, Any]) -> dict[str, Any]:
+    """One tensor's row of the report: OTHER's `leaf` as stored, and its `stats`."""
+    return {
+        "name": name,
+        "format": leaf.format.name if leaf.format is not None else leaf.dtype.name,
+        "scaling": None if leaf.scaling is None else str(leaf.scaling),
+        "shape": list(leaf.shape),
+        "bytes": leaf_nbytes(leaf),
+        **stats,
+    }
 
 
 def _ordered(rows: list[dict[str, Any]], how: str) -> list[dict[str, Any]]:
@@ -371,8 +383,17 @@ def _plot(hists: dict[str, np.ndarray], rows: list[dict[str, Any]], path: str) -
     fig, (ax, bx) = plt.subplots(
         1, 2, figsize=(15, height), gridspec_kw={"width_ratios": [1, 1.15]}
     )
+    _plot_worst_sqnr(ax, bars, len(changed))
+    _plot_error_distributions(bx, hists, changed, worst[:_PLOT_LINES])
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110)
+    plt.close(fig)
 
-    # Left: the worst SQNRs as a sorted bar chart, worst on top.
+
+def _plot_worst_sqnr(ax: Any, bars: list[dict[str, Any]], changed: int) -> None:
+    """Left: the worst SQNRs as a sorted bar chart, worst on top (`changed` tensors in all)."""
+    import matplotlib.pyplot as plt
+
     finite = [r["sqnr_db"] for r in bars if math.isfinite(r["sqnr_db"])]
     top = max([*finite, 1.0]) * 1.15
     formats = sorted({r["format"] for r in bars})
@@ -390,17 +411,21 @@ def _plot(hists: dict[str, np.ndarray], rows: list[dict[str, Any]], path: str) -
     ax.set_xlim(0, top * 1.12)
     ax.axvline(15, color="0.3", linestyle=":", linewidth=1)
     ax.set_xlabel("SQNR (dB, higher is better; dotted line: 15 dB warning threshold)")
-    title = f"worst {len(bars)} of {len(changed)} changed tensors by SQNR"
-    if len(changed) <= len(bars):
-        title = f"SQNR of the {len(changed)} changed tensor(s), worst first"
+    title = f"worst {len(bars)} of {changed} changed tensors by SQNR"
+    if changed <= len(bars):
+        title = f"SQNR of the {changed} changed tensor(s), worst first"
     ax.set_title(title, fontsize=10)
     if len(formats) > 1:
         handles = [plt.Rectangle((0, 0), 1, 1, color=colors[f]) for f in formats]
         ax.legend(handles, formats, fontsize=7, loc="lower right", title="format")
 
-    # Right: the error distribution of each of the worst tensors, normalised
-    # per tensor (|error| / max |ref|, as a fraction of its values), and the
-    # average over every changed tensor as a grey band.
+
+def _plot_error_distributions(
+    bx: Any, hists: dict[str, np.ndarray], changed: list[dict[str, Any]], lines: list[Any]
+) -> None:
+    """Right: the error distribution of each of the worst tensors (`lines`), normalised
+    per tensor (|error| / max |ref|, as a fraction of its values), and the average over
+    every changed tensor as a grey band."""
     centers = np.sqrt(_EDGES[:-1] * _EDGES[1:])
 
     counted = {r["name"]: max(r["size"] - r["nonfinite"], 1) for r in changed}
@@ -412,7 +437,7 @@ def _plot(hists: dict[str, np.ndarray], rows: list[dict[str, Any]], path: str) -
     everyone = np.mean([fractions(r["name"]) for r in changed], axis=0)
     bx.fill_between(centers, everyone, step="mid", color="0.85", label="mean of all changed")
     styles = ["-", "--", "-.", ":"]
-    for i, r in enumerate(worst[:_PLOT_LINES]):
+    for i, r in enumerate(lines):
         f = fractions(r["name"])
         bx.step(
             centers,
@@ -431,6 +456,3 @@ def _plot(hists: dict[str, np.ndarray], rows: list[dict[str, Any]], path: str) -
     bx.set_ylabel("fraction of the tensor's values")
     bx.set_title("error distribution, normalised per tensor (worst SQNR)", fontsize=10)
     bx.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=110)
-    plt.close(fig)

@@ -38,8 +38,8 @@ from jax import lax
 import dtypes
 
 from .._storage import is_float
+from ._explain_notes import emitted, explained_backend, note, observe, settle
 from ._int_operands import codes, dot_operands, kept_scale
-from ._notes import emitted, explained_backend, note, observe, settle
 from ._quantized import quantized_contraction
 from ._rules import Val, op_state, operands_at_use, rounded_outputs
 from ._state import Context, Stored

@@ -18,7 +18,7 @@ from typing import Any
 from jax.extend import source_info_util
 
 from .._errors import PrecisionFallbackError, PrecisionFallbackWarning
-from ._notes import mark_fallback
+from ._explain_notes import mark_fallback
 from ._state import Context
 
 __all__ = ["fall_back"]

@@ -22,7 +22,7 @@ Two kinds of move qualify:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 from jax import lax
 
@@ -69,7 +69,7 @@ def moved_storage(eqn: Any, vals: list[Val]) -> Stored | None:
     if op in IDENTITIES:
         return stored
     if op in CUTS:
-        cut = _cut(eqn, enc, [v for v, _ in vals[1:]])
+        cut = _sliced_encoding(eqn, enc, [v for v, _ in vals[1:]])
         if cut is not None:
             return Stored(cut, stored.dtype)
     if enc.format.packed or not isinstance(enc.scaling, dtypes.PerTensor):
@@ -87,7 +87,17 @@ def moved_storage(eqn: Any, vals: list[Val]) -> Stored | None:
     return Stored(moved, stored.dtype)
 
 
-def _cut(eqn: Any, enc: dtypes.Encoded, indices: list[Any]) -> dtypes.Encoded | None:
+class _Cut(NamedTuple):
+    """An encoding's arrays as a cut moves them: scales and zero points shaped one entry
+    per group along each dim, the tensor scale as stored."""
+
+    data: Any
+    scale: Any
+    zero_point: Any
+    tensor_scale: Any
+
+
+def _sliced_encoding(eqn: Any, enc: dtypes.Encoded, indices: list[Any]) -> dtypes.Encoded | None:
     """`enc` sliced or squeezed as `eqn` moves its values, or None where groups would split."""
     shape, packed = enc.shape, enc.format.packed
     n = len(shape)
@@ -97,70 +107,98 @@ def _cut(eqn: Any, enc: dtypes.Encoded, indices: list[Any]) -> dtypes.Encoded | 
     groups = None if sc is None or enc.scale is None else sc.scale_shape(shape)
     scale = None if groups is None or enc.scale is None else enc.scale.reshape(groups)
     zp = None if groups is None or enc.zero_point is None else enc.zero_point.reshape(groups)
-    # a tensor scale per layer of a stack (shape (layers, 1, 1)) is cut like the scales
-    ts = enc.tensor_scale
-    ts_axes = [] if ts is None or not ts.ndim else [a for a in range(n) if ts.shape[a] != 1]
-    op, p = eqn.primitive.name, eqn.params
-    if op == "squeeze":
-        dims = tuple(d % n for d in p["dimensions"])
-        if packed and n - 1 in dims:
-            return None
-        fits, scaling = squeezed_scaling(sc, dims, n)
-        if not fits:
-            return None
-        data = lax.squeeze(enc.data, dims)
-        scale = None if scale is None else lax.squeeze(scale, dims)
-        zp = None if zp is None else lax.squeeze(zp, dims)
-        ts = ts if ts is None or not ts.ndim else lax.squeeze(ts, dims)
-        new_shape = tuple(s for i, s in enumerate(shape) if i not in dims)
+    arrays = _Cut(enc.data, scale, zp, enc.tensor_scale)
+    if eqn.primitive.name == "squeeze":
+        done = _squeezed(enc, arrays, tuple(d % n for d in eqn.params["dimensions"]))
     else:
-        if op == "slice":
-            start, limit = tuple(p["start_indices"]), tuple(p["limit_indices"])
-            strides = tuple(p["strides"] or (1,) * n)
-            full = [start[a] == 0 and limit[a] == shape[a] and strides[a] == 1 for a in range(n)]
-        else:
-            sizes = tuple(p["slice_sizes"])
-            full = [sizes[a] == shape[a] for a in range(n)]
-        if packed and not full[-1]:
-            return None
-        cut_axes = [a for a in range(n) if not full[a]]
-        if groups is not None and any(groups[a] not in (1, shape[a]) for a in cut_axes):
-            return None  # a block axis cut part-way: groups would split
-
-        def cut(x: Any, along: list[int]) -> Any:
-            if op == "slice":
-                lo = [start[a] if a in along else 0 for a in range(x.ndim)]
-                hi = [limit[a] if a in along else x.shape[a] for a in range(x.ndim)]
-                st = [strides[a] if a in along else 1 for a in range(x.ndim)]
-                return lax.slice(x, lo, hi, st)
-            at = [indices[a] if a in along else 0 for a in range(x.ndim)]
-            size = [sizes[a] if a in along else x.shape[a] for a in range(x.ndim)]
-            return lax.dynamic_slice(x, at, size)
-
-        data = cut(enc.data, cut_axes)
-        if groups is not None:
-            # a scale axis of length 1 is shared along a cut axis; a full one is cut with it
-            along = [a for a in cut_axes if groups[a] == shape[a] != 1]
-            scale = None if scale is None else cut(scale, along)
-            zp = None if zp is None else cut(zp, along)
-        ts = ts if not ts_axes else cut(ts, [a for a in cut_axes if a in ts_axes])
-        scaling = sc
-        if op == "slice":
-            new_shape = tuple(len(range(start[a], limit[a], strides[a])) for a in range(n))
-        else:
-            new_shape = tuple(sizes)
+        done = _sliced(eqn, enc, arrays, groups, indices)
+    if done is None:
+        return None
+    cut, scaling, new_shape = done
     last = new_shape[-1] if packed and new_shape else None
     if packed and not new_shape:
         return None
     return dtypes.Encoded(
-        data,
-        scale,
+        cut.data,
+        cut.scale,
         enc.format,
         scaling,
         last,
-        tensor_scale=ts,
-        zero_point=zp,
+        tensor_scale=cut.tensor_scale,
+        zero_point=cut.zero_point,
     )
+
+
+def _squeezed(
+    enc: dtypes.Encoded, arrays: _Cut, dims: tuple[int, ...]
+) -> tuple[_Cut, dtypes.Scaling | None, tuple[int, ...]] | None:
+    """`arrays` with the unit `dims` squeezed out, the scaling and the shape left, or None
+    where the packed last axis or a block axis would go."""
+    shape = enc.shape
+    n = len(shape)
+    if enc.format.packed and n - 1 in dims:
+        return None
+    fits, scaling = squeezed_scaling(enc.scaling, dims, n)
+    if not fits:
+        return None
+    scale, zp, ts = arrays.scale, arrays.zero_point, arrays.tensor_scale
+    # a tensor scale per layer of a stack (shape (layers, 1, 1)) is cut like the scales
+    cut = _Cut(
+        lax.squeeze(arrays.data, dims),
+        None if scale is None else lax.squeeze(scale, dims),
+        None if zp is None else lax.squeeze(zp, dims),
+        ts if ts is None or not ts.ndim else lax.squeeze(ts, dims),
+    )
+    return cut, scaling, tuple(s for i, s in enumerate(shape) if i not in dims)
+
+
+def _sliced(
+    eqn: Any, enc: dtypes.Encoded, arrays: _Cut, groups: Any, indices: list[Any]
+) -> tuple[_Cut, dtypes.Scaling | None, tuple[int, ...]] | None:
+    """`arrays` sliced (`slice`, `dynamic_slice` at `indices`) as `eqn` slices the values,
+    the scaling and the new shape, or None where a group or the packed last axis would
+    be cut part-way."""
+    shape, packed = enc.shape, enc.format.packed
+    n = len(shape)
+    op, p = eqn.primitive.name, eqn.params
+    if op == "slice":
+        start, limit = tuple(p["start_indices"]), tuple(p["limit_indices"])
+        strides = tuple(p["strides"] or (1,) * n)
+        full = [start[a] == 0 and limit[a] == shape[a] and strides[a] == 1 for a in range(n)]
+    else:
+        sizes = tuple(p["slice_sizes"])
+        full = [sizes[a] == shape[a] for a in range(n)]
+    if packed and not full[-1]:
+        return None
+    cut_axes = [a for a in range(n) if not full[a]]
+    if groups is not None and any(groups[a] not in (1, shape[a]) for a in cut_axes):
+        return None  # a block axis cut part-way: groups would split
+
+    def cut(x: Any, along: list[int]) -> Any:
+        if op == "slice":
+            lo = [start[a] if a in along else 0 for a in range(x.ndim)]
+            hi = [limit[a] if a in along else x.shape[a] for a in range(x.ndim)]
+            st = [strides[a] if a in along else 1 for a in range(x.ndim)]
+            return lax.slice(x, lo, hi, st)
+        at = [indices[a] if a in along else 0 for a in range(x.ndim)]
+        size = [sizes[a] if a in along else x.shape[a] for a in range(x.ndim)]
+        return lax.dynamic_slice(x, at, size)
+
+    data = cut(arrays.data, cut_axes)
+    scale, zp, ts = arrays.scale, arrays.zero_point, arrays.tensor_scale
+    if groups is not None:
+        # a scale axis of length 1 is shared along a cut axis; a full one is cut with it
+        along = [a for a in cut_axes if groups[a] == shape[a] != 1]
+        scale = None if scale is None else cut(scale, along)
+        zp = None if zp is None else cut(zp, along)
+    # a tensor scale per layer of a stack (shape (layers, 1, 1)) is cut like the scales
+    ts_axes = [] if ts is None or not ts.ndim else [a for a in range(n) if ts.shape[a] != 1]
+    ts = ts if not ts_axes else cut(ts, [a for a in cut_axes if a in ts_axes])
+    if op == "slice":
+        new_shape = tuple(len(range(start[a], limit[a], strides[a])) for a in range(n))
+    else:
+        new_shape = tuple(sizes)
+    return _Cut(data, scale, zp, ts), enc.scaling, new_shape
 
 
 def squeezed_scaling(

@@ -60,12 +60,12 @@ from jax import lax
 import dtypes
 
 from .._storage import decode_storage
+from ._explain_notes import emitted
 from ._fallback import fall_back
 from ._int_operands import codes, dot_operands, kept_scale
-from ._notes import emitted
 from ._rules import Val, decode_at_use, in_compute_format, rounded_outputs
 from ._state import Context, State, Stored
-from ._views import through_views
+from ._transposed_operands import through_views
 
 __all__ = [
     "MX",
@@ -325,7 +325,7 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
     fmt, scaling = spec.forward, spec.scaling
     params = dict(eqn.params)
     if op == "dot_general" and fmt.kind == "int":
-        # A transposed operand is taken where it lies, its dims moved (see `_views`):
+        # A transposed operand is taken where it lies, its dims moved (see `_transposed_operands`):
         # the same codes, quantized in the weight's own layout. (Integer sums are
         # exact in any order; fp8 ones are float32 sums, which a new operand layout
         # could reorder, so they keep the operands as given.)
@@ -367,7 +367,7 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
     a, b = in_compute_format([(a, sa), (b, sb)], state)
     own_a = stored_a.enc if same_a and stored_a is not None else None
     own_b = stored_b.enc if same_b and stored_b is not None else None
-    plan = _Plan(
+    plan = _QuantizedContraction(
         eqn,
         params,
         fmt,
@@ -407,7 +407,7 @@ class _Side:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class _Plan:
+class _QuantizedContraction:
     """What one quantized contraction computes, decided while tracing its equation:
     the contraction (`eqn` with `params`), the formats, and how each operand is taken.
 
@@ -500,7 +500,9 @@ class _Plan:
         return da.astype(self.a.dtype), db.astype(self.b.dtype)
 
 
-def _straight_through(plan: _Plan) -> Callable[[jax.Array, jax.Array, _Ext], jax.Array]:
+def _straight_through(
+    plan: _QuantizedContraction,
+) -> Callable[[jax.Array, jax.Array, _Ext], jax.Array]:
     """`plan`'s contraction of (a, b, what is used as stored), straight-through the
     quantization for gradients; its residuals are the narrow operands."""
 

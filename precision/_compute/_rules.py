@@ -39,7 +39,7 @@ from .._jax_compat import bind_eqn
 from .._storage import decode_encoded, full_format, is_float, round_nearest
 from ._moves import moved_storage
 from ._state import Context, State, Stored, mismatch
-from ._views import transposed
+from ._transposed_operands import transposed
 
 __all__ = [
     "GRID_PRESERVING",

@@ -397,15 +397,15 @@ def _init(model, x, seed):
 
 @pytest.mark.parametrize("method", ["awq", "smoothquant"])
 def test_folded_scales_leave_the_float32_function_unchanged(method, monkeypatch):
-    from precision._calibrate import _convert
+    from precision._calibrate import _weight_conversion
 
     model = _Block.make()
     rng = np.random.default_rng(8)
     batches = _batches_3d(rng)
     params = _init(model, batches[0], 0)
     # stop before rounding (and AWQ's clipping): the folded float32 weights come back
-    monkeypatch.setattr(_convert, "_convert_rtn", lambda leaf, *args: leaf)
-    monkeypatch.setattr(_convert, "_clip_for_awq", lambda leaf, *args: leaf)
+    monkeypatch.setattr(_weight_conversion, "_convert_rtn", lambda leaf, *args: leaf)
+    monkeypatch.setattr(_weight_conversion, "_clip_for_awq", lambda leaf, *args: leaf)
     folded = precision.calibrate(model.apply, params, batches, method=method)
     for x in batches:
         want, got = model.apply(params, x), model.apply(folded, x)

@@ -26,7 +26,7 @@ import dtypes
 import precision
 from precision import Tensor
 from precision._cli import _arguments as _cli_arguments
-from precision._cli import _convert as _cli_convert
+from precision._cli import _convert_command as _cli_convert
 from precision._cli import _convert_modes as _cli_modes
 from precision._cli import _convert_stats as _cli_stats
 from precision._cli import _main as _cli

@@ -17,7 +17,7 @@ import pytest
 from gpt2_like import SIDE_FILES, write_gpt2_like
 
 import precision
-from precision._cli import _convert, _layouts, main
+from precision._cli import _convert_command, _output_layouts, main
 
 SHAPE = {"n_embd": 32, "n_layer": 1, "vocab": 64, "n_ctx": 16}
 
@@ -95,15 +95,15 @@ def test_an_existing_output_is_replaced_only_with_overwrite(hub, tmp_path, capsy
 def test_a_failure_or_an_interrupt_after_the_copies_leaves_nothing(
     hub, tmp_path, capsys, monkeypatch, layout, failure
 ):
-    copy = _layouts.copy_files
+    copy = _output_layouts.copy_files
 
     def copy_then_fail(*args, **kwargs):
         copied = copy(*args, **kwargs)
         assert copied[0]
         raise failure
 
-    monkeypatch.setattr(_layouts, "copy_files", copy_then_fail)
-    monkeypatch.setattr(_convert, "copy_files", copy_then_fail)
+    monkeypatch.setattr(_output_layouts, "copy_files", copy_then_fail)
+    monkeypatch.setattr(_convert_command, "copy_files", copy_then_fail)
     code = convert(hub, tmp_path / "out", "--layout", layout)
     assert code == (130 if failure is KeyboardInterrupt else 1)
     assert names(tmp_path) == ["gpt2"]  # no output, no hidden temporary directory

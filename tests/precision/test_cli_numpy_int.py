@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import dtypes
 import precision
-from precision._cli import _convert as _cli_convert
+from precision._cli import _convert_command as _cli_convert
 from precision._cli import _convert_engine as _cli_engine
 from precision._cli import _convert_modes as _cli_modes
 from precision._cli import _convert_stats as _cli_stats

@@ -141,7 +141,7 @@ def test_dry_run_lists_every_tensor_and_writes_nothing(sharded, tmp_path, capsys
 def test_default_keep_matches_common_names(name):
     import re
 
-    from precision._cli._convert import DEFAULT_KEEP
+    from precision._cli._convert_command import DEFAULT_KEEP
 
     assert re.search(DEFAULT_KEEP, name, re.IGNORECASE)
 
@@ -152,7 +152,7 @@ def test_default_keep_matches_common_names(name):
 def test_default_keep_spares_weights(name):
     import re
 
-    from precision._cli._convert import DEFAULT_KEEP
+    from precision._cli._convert_command import DEFAULT_KEEP
 
     assert not re.search(DEFAULT_KEEP, name, re.IGNORECASE)
 

@@ -15,7 +15,7 @@ import safetensors.numpy
 
 import precision
 from precision._checkpoint._atomic_file import host_tag
-from precision._cli import _convert, main
+from precision._cli import _convert_command, main
 
 X = {"w": np.linspace(-1, 1, 64 * 32, dtype=np.float32).reshape(64, 32)}
 
@@ -34,7 +34,7 @@ def test_an_output_that_appears_during_the_conversion_is_kept(
     # a second convert (or anyone) creates the output after the start-up check:
     # without --overwrite the commit is exclusive, so theirs stays and this run fails
     out = tmp_path / ("out" if sharded else "out.safetensors")
-    checked = _convert._check_paths
+    checked = _convert_command._check_paths
 
     def check_then_someone_writes(src, dst, overwrite):
         checked(src, dst, overwrite)
@@ -44,7 +44,7 @@ def test_an_output_that_appears_during_the_conversion_is_kept(
         else:
             out.write_text("keep me")
 
-    monkeypatch.setattr(_convert, "_check_paths", check_then_someone_writes)
+    monkeypatch.setattr(_convert_command, "_check_paths", check_then_someone_writes)
     argv = ["convert", str(source), "-o", str(out), "--to", "int8", "-q"]
     if sharded:
         argv += ["--max-shard-size", "1KB"]

@@ -21,7 +21,7 @@ import pytest
 
 import precision
 from precision import PrecisionFallbackWarning, Tensor
-from precision._compute import _notes
+from precision._compute import _explain_notes
 
 
 class Block(nn.Module):
@@ -166,10 +166,10 @@ def test_the_report_is_json_and_nothing_records_outside_explain():
         data["rows"][0]["where"].startswith(__file__.rsplit("/", 1)[-1])
         or __file__ in (data["rows"][0]["where"])
     )
-    assert _notes._NOTES.get() is None
+    assert _explain_notes._NOTES.get() is None
     plain = jax.jit(precision.apply(lambda x, w: x @ w, contract="int8"))
     text = plain.lower(jnp.ones((4, 16)), w).compile().as_text()
-    assert _notes.SCOPE not in text  # no name scopes outside explain
+    assert _explain_notes.SCOPE not in text  # no name scopes outside explain
 
 
 @pytest.mark.parametrize("order", ["explain first", "run first"])
@@ -237,7 +237,7 @@ def test_a_contraction_in_scan_is_measured_over_every_step():
     def loop(x, w):
         return jax.lax.scan(lambda h, _: (h @ w, None), x, None, length=5)[0]
 
-    with _notes.recording(capture=True) as notes:
+    with _explain_notes.recording(capture=True) as notes:
         jax.block_until_ready(jax.jit(precision.apply(loop))(jnp.ones((2, 8)), w))
     jax.effects_barrier()
     assert len(notes) == 1

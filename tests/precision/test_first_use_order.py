@@ -109,7 +109,7 @@ def test_paths_in_any_order_in_a_fresh_process(order, tmp_path):
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
 
-# Tensor's operators are attached by `precision._attach`, which the package loads
+# Tensor's operators are attached by `precision._applied_operators`, which the package loads
 # before handing out any name that computes. A process whose first Tensor comes
 # from another public path than `precision.Tensor` must still have them.
 _ENTRIES = {

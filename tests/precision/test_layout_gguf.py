@@ -265,7 +265,7 @@ def test_without_the_gguf_package_the_extra_is_named(tmp_path, capsys, monkeypat
 
 def test_loading_the_library_imports_no_gguf():
     code = (
-        "import sys, precision; precision.load; import precision._cli._layouts; "
+        "import sys, precision; precision.load; import precision._cli._output_layouts; "
         "assert 'gguf' not in sys.modules and 'jax' not in sys.modules, sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

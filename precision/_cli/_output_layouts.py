@@ -238,7 +238,7 @@ def _ignore(plans: list[_Plan], model: ct.Model) -> list[str]:
     return ct.ignore_list(quantized, kept, model)
 
 
-def _notes(plans: list[_Plan], config: dict[str, Any]) -> list[str]:
+def _loading_notes(plans: list[_Plan], config: dict[str, Any]) -> list[str]:
     """What to know to load the compressed-tensors output (printed by `convert`)."""
     notes = []
     kept = sum(p.reason is not None and p.leaf.name.endswith(".weight") for p in plans)
@@ -287,7 +287,7 @@ def fit(
     if layout == "compressed-tensors":
         config = _model_config(source, dst)
         plans = _keep_for_readers(plans, ct.Model.of(config))
-        notes = _notes(plans, config)
+        notes = _loading_notes(plans, config)
     if layout in GGUF:
         if args.max_shard_size is not None:
             raise UsageError(f"--layout {layout} writes one file: drop --max-shard-size")

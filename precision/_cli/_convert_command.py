@@ -25,7 +25,7 @@ from .._checkpoint._io import write
 from .._checkpoint._layout import Leaf
 from .._checkpoint._source import Source
 from .._errors import UsageError
-from .._keep import KEEP
+from .._kept_in_float32 import KEEP
 from ._arguments import _check_pair, _format, _scaling, resolve_preset
 
 # the tests reach these through this module
@@ -35,10 +35,11 @@ from ._convert_modes import _HOW, _NUMPY_MODES, _mode, _Plan
 from ._convert_stats import _widened as _widened
 from ._files import DEFAULT_SHARD_BYTES, leaf_nbytes, write_shards
 from ._interrupts import deferred_interrupts, import_jax
+from ._layout_gguf import Prepared
 from ._layout_gguf import prepare as _prepare_gguf
 from ._layout_gguf import write as _write_gguf
-from ._layouts import GGUF, copy_files, fit, report_copied, write_layout
 from ._output import PROG, _fmt_db, _human, _progress, _table
+from ._output_layouts import GGUF, copy_files, fit, report_copied, write_layout
 from ._temp_directory import TempDirectory, recover_leftovers
 
 #: What `--keep` keeps by default for formats of 8 bits or fewer: norms,
@@ -199,10 +200,9 @@ def _check_paths(src: str, dst: str, overwrite: bool) -> None:
             raise FileExistsError(f"{dst} already exists; pass --overwrite to replace it")
 
 
-def _cmd_convert(args: argparse.Namespace) -> int:
-    if args.list_keep:
-        print(DEFAULT_KEEP)
-        return 0
+def _target(args: argparse.Namespace) -> tuple[dtypes.Format, dtypes.Scaling | None, str | None]:
+    """The format and scaling that `--preset`, `--to` and `--scaling` ask for, checked with
+    `--rounding`, and the scaling as typed (None: none given, the default applies)."""
     to, scaling_text = resolve_preset(args.preset, args.to, args.scaling)
     if args.input is None:
         raise UsageError("the following arguments are required: IN (the checkpoint to read)")
@@ -216,6 +216,14 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         scaling_text = "per-block:32:fp16"  # ggml's Q8_0 and Q4_0: the only scales GGUF holds
     scaling = _scaling(scaling_text, fmt)
     _check_pair(fmt, scaling, scaling_text, args.rounding)
+    return fmt, scaling, scaling_text
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    if args.list_keep:
+        print(DEFAULT_KEEP)
+        return 0
+    fmt, scaling, scaling_text = _target(args)
     rules = _rules(args, fmt)
     if args.output is None and not args.dry_run:
         raise UsageError("the following arguments are required: -o/--output (or --dry-run)")
@@ -239,12 +247,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             return 0
         assert dst is not None
         if not converted and prepared is None:  # (llama.cpp's file of stored codes is one)
-            reasons = _reasons(plans)
-            raise UsageError(
-                f"nothing to convert to {fmt.name}: every tensor would be kept ("
-                + "; ".join(f"{n}: {r}" for r, n in reasons)
-                + "); check --include/--exclude/--keep/--scaling, or see --dry-run"
-            )
+            raise _nothing_to_convert(plans, fmt)
         if any(p.reason is None and p.mode not in _NUMPY_MODES for p in plans):
             import_jax()  # (numpy casts need no JAX: they start in a fraction of the time)
         engine = _Engine(fmt, scaling, args.rounding, stats=not args.no_stats)
@@ -252,34 +255,57 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         progress = _progress(total, args.quiet, "converting")
         converter = _Converter(engine, args.rounding, args.seed, progress)
         metadata = {**source.metadata, "converted_by": _provenance(args, fmt, scaling)}
-        sharded = args.max_shard_size is not None or (
-            (source.sharded or os.path.isdir(src)) and not dst.endswith(".safetensors")
-        )
         try:
-            if prepared is not None:
-                size_out = _write_gguf(prepared, converter, dst, args, metadata)
-            elif args.layout != "precision":
-                size_out = write_layout(source, plans, converter, dst, args, metadata)
-            elif sharded:
-                size_out = _write_shards(source, plans, converter, dst, args, metadata)
-            else:
-                # without --overwrite the commit is an exclusive create: a file that
-                # appeared at dst meanwhile (another convert) is never replaced
-                size_out = write(
-                    dst,
-                    [p.out for p in plans],
-                    converter.arrays(plans),
-                    overwrite=args.overwrite,
-                    metadata=metadata,
-                    guard=deferred_interrupts,
-                    mode=_source_mode(src),
-                )
+            size_out = _write(prepared, source, plans, converter, dst, args, metadata)
         finally:
             progress.close()
     _summary(plans, fmt, scaling, source, size_out, dst, dry=False)
     _print_notes(notes, args.layout)
     _report_sqnr(converter.sqnr, args)
     return 0
+
+
+def _nothing_to_convert(plans: list[_Plan], fmt: dtypes.Format) -> UsageError:
+    """The refusal of a conversion that would keep every tensor, with why each is kept."""
+    return UsageError(
+        f"nothing to convert to {fmt.name}: every tensor would be kept ("
+        + "; ".join(f"{n}: {r}" for r, n in _reasons(plans))
+        + "); check --include/--exclude/--keep/--scaling, or see --dry-run"
+    )
+
+
+def _write(
+    prepared: Prepared | None,
+    source: Source,
+    plans: list[_Plan],
+    converter: _Converter,
+    dst: str,
+    args: argparse.Namespace,
+    metadata: dict[str, str],
+) -> int:
+    """The converted tensors written to `dst` in the layout asked for (llama.cpp's GGUF
+    when `prepared`, another tool's layout, shards, or one file); returns the bytes."""
+    src = args.input
+    sharded = args.max_shard_size is not None or (
+        (source.sharded or os.path.isdir(src)) and not dst.endswith(".safetensors")
+    )
+    if prepared is not None:
+        return _write_gguf(prepared, converter, dst, args, metadata)
+    if args.layout != "precision":
+        return write_layout(source, plans, converter, dst, args, metadata)
+    if sharded:
+        return _write_shards(source, plans, converter, dst, args, metadata)
+    # without --overwrite the commit is an exclusive create: a file that
+    # appeared at dst meanwhile (another convert) is never replaced
+    return write(
+        dst,
+        [p.out for p in plans],
+        converter.arrays(plans),
+        overwrite=args.overwrite,
+        metadata=metadata,
+        guard=deferred_interrupts,
+        mode=_source_mode(src),
+    )
 
 
 def _print_notes(notes: list[str], layout: str) -> None:

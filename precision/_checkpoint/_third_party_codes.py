@@ -20,7 +20,7 @@ from dtypes import Format, IntFormat, PerAxis, PerBlock, Scaling
 
 from .._errors import CheckpointError
 from ._invariants import violation
-from ._layout import Leaf, Stored
+from ._layout import Leaf, LeafArrays
 
 __all__ = ["checked", "codes_of", "packed", "stored", "tensor_leaf"]
 
@@ -86,7 +86,7 @@ def stored(
     scale: np.ndarray,
     scaling: Scaling,
     where: str,
-) -> tuple[Leaf, Stored]:
+) -> tuple[Leaf, LeafArrays]:
     """The leaf and arrays of integer `codes` (int8 or wider, the tensor's shape) with
     float scales (`scale`, one per group of `scaling`, in its scale format's dtype).
 
@@ -105,12 +105,12 @@ def stored(
     if fmt is None:
         wide = _expand(scale.astype(np.float32), scaling, shape)
         values = codes.astype(np.float32) * wide
-        return tensor_leaf(name, shape, dtypes.float32, None), Stored(values)
+        return tensor_leaf(name, shape, dtypes.float32, None), LeafArrays(values)
     data = packed(codes.reshape(-1, shape[-1] if shape else 1).astype(np.int8), fmt.bits)
     return checked(tensor_leaf(name, shape, fmt, scaling), data, scale, where)
 
 
-def checked(leaf: Leaf, data: np.ndarray, scale: np.ndarray, where: str) -> tuple[Leaf, Stored]:
+def checked(leaf: Leaf, data: np.ndarray, scale: np.ndarray, where: str) -> tuple[Leaf, LeafArrays]:
     """`leaf` with its arrays in our stored dtypes and shapes, refused if they break an
     invariant of its encoding (as `load` refuses such bytes in our own files)."""
     arrays = leaf.arrays()
@@ -124,4 +124,4 @@ def checked(leaf: Leaf, data: np.ndarray, scale: np.ndarray, where: str) -> tupl
                 f"{where}: tensor {leaf.name!r}: its {leaf.format.name} {role}: the encoding "
                 f"{problem}, which this library does not hold"
             )
-    return leaf, Stored(data, scale)
+    return leaf, LeafArrays(data, scale)
