@@ -124,39 +124,47 @@ def group_extreme(values: jax.Array, scaling: Scaling, reduce: Reduction) -> jax
 
 
 Reduction = Callable[..., jax.Array]
-_STAGE_LAST = 32  # the longest last-axis reduction XLA:CPU vectorises well (64: 4x slower)
-_STAGE_INNER = 8  # rows reduced at a time across a kept last axis
+_LANES = 32  # the longest last axis XLA:CPU reduces well (64: 4x slower)
+_STAGE_INNER = 8  # rows reduced at a time across a kept last axis wider than the lanes
 _SMALL = 1 << 14  # elements left that one plain reduction finishes quickly
 
 
 def _staged(reduce: Reduction, a: jax.Array, axes: tuple[int, ...]) -> jax.Array:
     """`reduce(a, axes, keepdims=True, initial=0)` of integer `a`, in stages XLA:CPU runs
-    fast: each stage reduces at most 32 consecutive elements of the last axis (or 8
-    rows across a kept last axis) and is materialized (`_materialized`): XLA would
-    otherwise fuse the stages back into one loop that recomputes each inner stage
-    for every element of the next. Once what is left is small, one reduction
-    finishes it. Zero padding changes nothing: 0 is among the values reduced anyway."""
+    fast.
+
+    XLA:CPU vectorises a reduction across rows (elementwise, one vector per row) but
+    not along a long last axis. So a reduced last axis longer than 32 is first cut
+    into rows of 32 *lanes* (`(n / 32, 32)`): every stage then reduces at most 32 rows
+    across the lanes (8 across a kept last axis wider than that) and is materialized
+    (`_materialized`: XLA would otherwise fuse the stages back into one loop that
+    recomputes each inner stage for every element of the next). Once what is left is
+    small, one reduction finishes it, the lanes included. Zero padding changes
+    nothing: 0 is among the values reduced anyway."""
     zero = jnp.zeros((), a.dtype)
     out_shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
     left = sorted(axes)
+    lanes = bool(left) and left[-1] == a.ndim - 1 and a.shape[-1] > _LANES and a.size > _SMALL
+    if lanes:  # the last axis as (rows, lanes); the rows reduce in stages, the lanes last
+        a = _split_axis(a, a.ndim - 1, _LANES)
+        left[-1] = a.ndim - 2
     while left and a.size > _SMALL:
-        last = a.ndim - 1
-        if left[-1] == last:
-            if a.shape[-1] <= _STAGE_LAST:
-                a = reduce(a, axis=-1, initial=zero)
-                left.pop()
-            else:
-                a = reduce(_split_axis(a, last, _STAGE_LAST), axis=-1)
+        d = left[-1]
+        if d == a.ndim - 1:  # a reduced last axis of at most 32 (no lanes were cut)
+            a = reduce(a, axis=-1, initial=zero)
+            left.pop()
         else:
-            d = left[-1]
-            if a.shape[d] <= _STAGE_INNER:
+            stage = _LANES if lanes or a.shape[-1] <= _LANES else _STAGE_INNER
+            if a.shape[d] <= stage:
                 a = reduce(a, axis=d, initial=zero)
                 left.pop()
                 left = [i if i < d else i - 1 for i in left]
             else:
-                a = reduce(_split_axis(a, d, _STAGE_INNER), axis=d + 1)
-        if left:
+                a = reduce(_split_axis(a, d, stage), axis=d + 1)
+        if left or lanes:
             a = _materialized(a)  # (XLA:CPU would fuse the next stage into this one)
+    if lanes:
+        left.append(a.ndim - 1)
     if left:
         a = reduce(a, axis=tuple(left), initial=zero)
     return a.reshape(out_shape)
