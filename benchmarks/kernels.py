@@ -214,6 +214,12 @@ def _round(name: str, scaling: Any = None, rounding: str = "nearest_even"):
     return lambda x: fmt.round(x, scaling=scaling, rounding=rounding)
 
 
+def _group_absmax(scaling: Any) -> Callable[[jax.Array], jax.Array]:
+    from dtypes._scale_rules import group_absmax
+
+    return lambda x: group_absmax(x, scaling)
+
+
 def _tensor_matmul(name: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
     import precision
 
@@ -307,6 +313,11 @@ def kernels() -> list[Kernel]:
                _stochastic_int8, 1.2, _values_key),
         Kernel("bfloat16 stochastic round", _round("bfloat16", None, "stochastic"),
                _stochastic_bf16, 1.2, _values_key),
+        # the integer and fp8 rows' absmax alone (NaN found in the same pass): a part
+        Kernel("absmax per tensor (part)", _group_absmax(T), lambda x: _absmax(x, None), None,
+               _values),
+        Kernel("absmax per row (part)", _group_absmax(R), lambda x: _absmax(x, -1), None,
+               _values),
     ]  # fmt: skip
     return rows
 
