@@ -54,6 +54,10 @@ class Row:
         compiled: the dots XLA emitted for it, as `operand x operand -> result`
             types (`s8[4,16] x s8[16,8] -> s32[4,8]`); empty if XLA folded it away.
         fallback: a declared narrow path that did not happen, and why; else None.
+        gpu: what keeps a narrow dot off a GPU's fast GEMM path (an operand whose
+            contracting dim is not its last, which a GPU transposes before the GEMM at
+            every call; fp8 without fast accumulation); else None. Read from the
+            program the library emits, whatever backend compiles it here.
         widened: the numbers are as declared but the backend compiled the narrow dot
             the library emitted with wider operands (XLA:CPU runs f8 and bf16 dots in
             float32): the narrow kernel does not run on this backend; else None.
@@ -80,6 +84,7 @@ class Row:
     sqnr_db: float | None = None
     relative_error: float | None = None
     widened: str | None = None
+    gpu: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +160,8 @@ def _row_lines(i: int, r: Row) -> list[str]:
         lines.append(f"     FALLBACK  {r.fallback}")
     if r.widened is not None:
         lines.append(f"     WIDENED   {r.widened}")
+    if r.gpu is not None:
+        lines.append(f"     GPU       {r.gpu}")
     return lines
 
 
@@ -381,6 +388,7 @@ def _row(n: Note, compiled: list[Dot], rate: Rates | None, backend: str) -> Row:
         sum(d.bytes for d in compiled),
         None if rate is None or not compiled else sum(rate.dot_seconds(d) for d in compiled),
         widened=_widened(n, compiled, backend),
+        gpu=n.gpu,
     )
 
 

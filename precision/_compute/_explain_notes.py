@@ -32,6 +32,7 @@ __all__ = [
     "describe_operand",
     "emitted",
     "explained_backend",
+    "gpu_slow_path",
     "mark_fallback",
     "note",
     "observe",
@@ -58,6 +59,7 @@ class Note:
     flops: int  # multiply-adds times two
     fallback: str | None = None  # a declared narrow path that did not happen, and why
     emitted: tuple[str, ...] | None = None  # the narrow operand dtypes handed to the dot
+    gpu: str | None = None  # what keeps the narrow dot off a GPU's fast GEMM path
     outputs: list[np.ndarray] = dataclasses.field(default_factory=list)  # when capturing
 
 
@@ -114,6 +116,9 @@ def describe_operand(value: Any, state: State | None) -> tuple[str, int]:
     """(what an operand is, the bytes it holds as stored: 0 for a computed value)."""
     if state is None:
         return f"{np.dtype(value.dtype).name} array", 0
+    if state.stored is None and state.view is not None and state.view.state.stored is not None:
+        inner, held = describe_operand(state.view.value, state.view.state)
+        return f"{inner}, transposed {list(state.view.perm)}", held
     if state.stored is not None:
         enc = state.stored.enc
         scaling = "" if enc.scaling is None else f", {enc.scaling.describe()}"
@@ -222,6 +227,13 @@ def emitted(*dtypes: Any) -> None:
     notes = _NOTES.get()
     if notes:
         notes[-1].emitted = tuple(np.dtype(d).name for d in dtypes)
+
+
+def gpu_slow_path(reason: str) -> None:
+    """Say what keeps the dot of the contraction noted last off a GPU's fast GEMM path."""
+    notes = _NOTES.get()
+    if notes:
+        notes[-1].gpu = reason
 
 
 def mark_fallback(reason: str) -> None:

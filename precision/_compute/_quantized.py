@@ -60,7 +60,7 @@ from jax import lax
 import dtypes
 
 from .._storage import decode_storage
-from ._explain_notes import emitted
+from ._explain_notes import emitted, gpu_slow_path
 from ._fallback import fall_back
 from ._int_operands import codes, dot_operands, kept_scale
 from ._rules import Val, decode_at_use, in_compute_format, rounded_outputs
@@ -324,18 +324,6 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
     op = eqn.primitive.name
     fmt, scaling = spec.forward, spec.scaling
     params = dict(eqn.params)
-    if op == "dot_general" and fmt.kind == "int":
-        # A transposed operand is taken where it lies, its dims moved (see `_transposed_operands`):
-        # the same codes, quantized in the weight's own layout. (Integer sums are
-        # exact in any order; fp8 ones are float32 sums, which a new operand layout
-        # could reorder, so they keep the operands as given.)
-        vals, params["dimension_numbers"] = through_views(vals, params["dimension_numbers"])
-    (a, sa), (b, sb) = vals
-    stored_a = sa.stored if sa is not None else None
-    stored_b = sb.stored if sb is not None else None
-    la, lb = layouts(
-        eqn, a.shape, b.shape, params["dimension_numbers"] if op == "dot_general" else None
-    )
     # Tensorwise and rowwise scales factor out of the sum: the narrow codes go to the
     # dot themselves (s8 x s8 -> s32, f8 x f8 -> f32) and the scales multiply its
     # result. Nothing then feeds a float dot through a quantize -> dequantize round
@@ -344,6 +332,18 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
     # a dot-capable container are dequantized from their bits (`dtypes` decode: no
     # conversion for a simplifier to remove) and contract in float32.
     integer = scaling != "mx" and (fmt.kind == "int" or _native_fp8(fmt))
+    if op == "dot_general" and integer:
+        # A transposed operand is taken where it lies, its dims moved (see
+        # `_transposed_operands`): the same codes, quantized in the weight's own layout,
+        # and a weight stored (out, in) and used as `x @ w.T` reaches the dot as stored,
+        # its contracting dim last, as a GPU's fp8 and int8 GEMMs take it.
+        vals, params["dimension_numbers"] = through_views(vals, params["dimension_numbers"])
+    (a, sa), (b, sb) = vals
+    stored_a = sa.stored if sa is not None else None
+    stored_b = sb.stored if sb is not None else None
+    la, lb = layouts(
+        eqn, a.shape, b.shape, params["dimension_numbers"] if op == "dot_general" else None
+    )
     if not integer:
         fall_back(eqn, ctx, _why_no_narrow_dot(fmt, scaling))
 
@@ -378,6 +378,8 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
         _Side(lb, moved_b, same_b, _packed_last(own_b), b.dtype),
         spec.fast_accumulation,
     )
+    if integer:
+        _note_gpu_path((la, ext_a is not None), (lb, ext_b is not None), plan)
     out = _straight_through(plan)(a, b, (ext_a, ext_b, own_a, own_b))
     return rounded_outputs(op, [out], state)
 
@@ -523,6 +525,31 @@ def _straight_through(
 
     contract.defvjp(contract_fwd, contract_bwd)
     return contract
+
+
+def _note_gpu_path(
+    a: tuple[Layout, bool], b: tuple[Layout, bool], plan: _QuantizedContraction
+) -> None:
+    """For `explain`: what keeps a narrow dot off a GPU's fast GEMM path, given each
+    operand's layout and whether it reaches the dot as stored.
+
+    Before Blackwell, cuBLASLt's fp8 and int8 GEMMs take both operands with the
+    summed dims minor (A row-major, B column-major). A stored operand laid out
+    otherwise is transposed by XLA before the GEMM, a pass over the weight at every
+    call (a computed operand is written in the layout the GEMM wants by the fusion
+    that quantizes it). fp8 without fast accumulation runs at a lower rate.
+    """
+    why = [
+        f"operand {name} {layout.shape} is stored with its summed dim(s) "
+        f"{list(layout.summed)} not last: a GPU transposes it before the GEMM at every call "
+        "(store a weight as (out, in) and contract `x @ w.T`)"
+        for name, (layout, stored) in (("a", a), ("b", b))
+        if stored and layout.summed != tuple(range(len(layout.kept), len(layout.shape)))
+    ]
+    if plan.fmt.kind != "int" and not plan.fast_accumulation:
+        why.append("fast accumulation is off (`Contract(fast_accumulation=False)`)")
+    if why:
+        gpu_slow_path("; ".join(why))
 
 
 def _why_no_narrow_dot(fmt: dtypes.Format, scaling: str) -> str:

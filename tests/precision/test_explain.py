@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import dtypes
 import precision
 from precision import PrecisionFallbackWarning, Tensor
 from precision._compute import _explain_notes
@@ -154,6 +155,34 @@ def test_an_fp8_dot_the_cpu_widens_is_said_apart_from_a_fallback(scaling):
     a = Tensor(np.ones((4, 64), np.float32)).to_reduced_precision("bfloat16")
     (bf16,) = precision.explain(lambda a, b: a @ b, a, a.T).rows
     assert bf16.widened is None
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "int8"])
+def test_a_weight_a_gpu_would_transpose_before_its_gemm_is_named(name):
+    """A stored weight contracted along its first dim (`x @ w`, w stored (in, out)) runs
+    behind a transpose on a GPU: the row says so and how to store it; stored (out, in)
+    and contracted as `x @ w.T`, nothing to say. fp8 without fast accumulation is named."""
+    x = jnp.ones((4, 64))
+    w_in_out = Tensor(np.ones((64, 8), np.float32)).to_reduced_precision(
+        name, scaling=dtypes.PerAxis(1)
+    )
+    w_out_in = Tensor(np.ones((8, 64), np.float32)).to_reduced_precision(
+        name, scaling=dtypes.PerAxis(0)
+    )
+    contract = precision.Contract(name, scaling="rowwise")
+    (row,) = precision.explain(lambda x, w: x @ w, x, w_in_out, contract=contract).rows
+    assert "operand b (64, 8) is stored with its summed dim(s) [0] not last" in row.gpu
+    assert "x @ w.T" in row.gpu
+    (row,) = precision.explain(lambda x, w: x @ w.T, x, w_out_in, contract=contract).rows
+    assert row.gpu is None
+    assert row.operands[1] == f"{name} storage, per-axis 0, transposed [1, 0]"
+    if name != "int8":
+        off = precision.Contract(name, scaling="rowwise", fast_accumulation=False)
+        (row,) = precision.explain(lambda x, w: x @ w.T, x, w_out_in, contract=off).rows
+        assert row.gpu == "fast accumulation is off (`Contract(fast_accumulation=False)`)"
+        assert "GPU       fast accumulation is off" in str(
+            precision.explain(lambda x, w: x @ w.T, x, w_out_in, contract=off)
+        )
 
 
 def test_the_report_is_json_and_nothing_records_outside_explain():

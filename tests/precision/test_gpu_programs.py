@@ -115,6 +115,32 @@ def test_w8a8_dots_are_s8_with_int32_sums(stored):
     assert lhs_contracting == "1"
 
 
+@pytest.mark.parametrize(
+    ("name", "scaling", "storage"),
+    [
+        ("float8_e4m3fn", "tensorwise", dtypes.PerTensor()),
+        ("float8_e4m3fn", "rowwise", dtypes.PerAxis(0)),
+        ("int8", "rowwise", dtypes.PerAxis(0)),
+    ],
+)
+def test_a_weight_stored_out_in_reaches_the_gemm_as_stored(name, scaling, storage):
+    """A weight stored (out, in), as checkpoints of `nn.Linear` hold it, and used as
+    `x @ w.T`: the dot takes the stored codes themselves, contracting dim last on both
+    operands (A row-major, B column-major, as cuBLASLt's fp8 and int8 GEMMs take them
+    before Blackwell): no transpose in the program and no re-quantization."""
+    x = jax.random.normal(jax.random.key(0), (M, K))
+    w = precision.Tensor(jax.random.normal(jax.random.key(1), (N, K)))
+    w = w.to_reduced_precision(name, scaling=storage)
+    f = precision.apply(lambda x, w: x @ w.T, contract=precision.Contract(name, scaling=scaling))
+    text = export.export(jax.jit(f), platforms=("cuda",))(x, w).mlir_module()
+    (dot,) = [m.groupdict() for m in _DOT.finditer(text)]
+    assert _CONTRACTING.search(dot["attrs"]).groups() == ("1", "1")
+    container = "i8" if name == "int8" else "f8E4M3FN"
+    assert dot["b"] == f"{N}x{K}x{container}"
+    assert dot["args"].split(", ")[1] == "%arg1"  # the stored codes, as passed in
+    assert "stablehlo.transpose" not in text
+
+
 def test_fp8_training_step_keeps_forward_dots_fp8():
     """The backward of an fp8 contraction (e5m2 cotangents) is float32 by the
     documented recipe; the forward dot stays fp8 under `grad`."""
