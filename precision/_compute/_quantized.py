@@ -516,6 +516,9 @@ def _straight_through(
         a: jax.Array, b: jax.Array, ext: _Ext
     ) -> tuple[jax.Array, tuple[Any, Any, _Ext]]:
         qa, qb = plan.operands(a, b, ext)
+        ea, eb, sta, stb = ext
+        qa = qa if ea is not None or sta is not None else _computed_once(qa)
+        qb = qb if eb is not None or stb is not None else _computed_once(qb)
         return plan.forward(qa, qb), (qa, qb, ext)
 
     def contract_bwd(res: tuple[Any, Any, _Ext], g: jax.Array) -> tuple[jax.Array, jax.Array, Any]:
@@ -550,6 +553,39 @@ def _note_gpu_path(
         why.append("fast accumulation is off (`Contract(fast_accumulation=False)`)")
     if why:
         gpu_slow_path("; ".join(why))
+
+
+def _computed_once(q: Any) -> Any:
+    """A quantized operand's arrays, held in buffers of their own on a CPU.
+
+    Differentiated, the codes have two users: the forward dot and the backward pass's
+    decode (`codes x scale`). XLA:CPU takes an elementwise chain with one large input as
+    free to repeat, and fused the whole encode a second time into that decode, reading
+    the float32 operand again instead of the one-byte codes (the W8A8 training step of
+    `benchmarks/peers.py`'s transformer blocks: 11% of its time). An optimization
+    barrier does not last until XLA:CPU's fusion pass, and an identity reduce-window
+    copy of a large operand is slower than the repeat; a conditional is never fused
+    into, so the codes pass through one whose predicate is always true, but not known
+    to be by XLA. Other platforms fuse as they see fit (a GPU's conditional would wait
+    for its predicate on the host).
+    """
+    leaves, tree = jax.tree_util.tree_flatten(q)
+
+    def held(*xs: jax.Array) -> list[jax.Array]:
+        bits = lax.bitcast_convert_type(xs[-1].ravel()[0].astype(jnp.float32), jnp.uint32)
+        always = (bits | jnp.uint32(1)) != 0  # true for every value; XLA cannot tell
+        out: list[jax.Array] = lax.cond(
+            always, lambda t: list(t), lambda t: [jnp.zeros_like(v) for v in t], list(xs)
+        )
+        return out
+
+    def as_they_are(*xs: jax.Array) -> list[jax.Array]:
+        return list(xs)
+
+    if not leaves:
+        return q
+    made = lax.platform_dependent(*leaves, cpu=held, default=as_they_are)
+    return jax.tree_util.tree_unflatten(tree, made)
 
 
 def _why_no_narrow_dot(fmt: dtypes.Format, scaling: str) -> str:

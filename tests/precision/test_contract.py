@@ -226,6 +226,34 @@ def test_w8a8_quantizes_a_transposed_weight_where_it_lies(weights):
     np.testing.assert_array_equal(run_both(f, x, w), ref)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's fusion decisions")
+@pytest.mark.parametrize(
+    "contract",
+    ["int8", Contract("float8_e4m3fn", backward="float8_e5m2")],
+    ids=["w8a8", "fp8-hybrid"],
+)
+def test_a_training_step_encodes_each_operand_once(contract):
+    """Differentiated, the codes feed the forward dot and the backward pass's decode.
+    XLA:CPU fused the whole encode a second time into that decode (and, for fp8, into
+    the dot's widening convert), reading the float32 weight again: now no fusion of the
+    compiled step turns the weight into float32 values of its shape (its absmax and its
+    encode read it; the decode reads the codes)."""
+    k, n = 256, 128
+    x, w = normal(64, k), normal(k, n)
+    f = precision.apply(lambda x, w: jnp.sum(jnp.tanh(x @ w)), contract=contract)
+    compiled = jax.jit(jax.grad(f, argnums=(0, 1))).lower(x, w).compile().as_text()
+    entry = compiled[compiled.index("\nENTRY ") :]
+    (weight,) = re.findall(rf"(%\S+) = f32\[{k},{n}\]\{{1,0\}} parameter\(1\)", entry)
+    again = [
+        line.strip()
+        for line in entry.splitlines()
+        if " fusion(" in line
+        and re.search(re.escape(weight) + r"[,)]", line)
+        and re.search(rf"= f32\[{k},{n}\]", line)
+    ]
+    assert not again, again
+
+
 @pytest.mark.parametrize(
     ("perm", "dims"),
     [
