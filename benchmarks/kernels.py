@@ -240,10 +240,10 @@ def _tensor_matmul(name: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
 
 def _activation(name: str, scaling: str) -> Callable[[jax.Array], Any]:
     """The activation operand's quantization under `apply(contract=...)`."""
-    from precision._compute import _quantized
+    from precision._compute import _operand_layouts, _quantized
 
     fmt = dtypes.get(name)
-    layout = _quantized.Layout((0, 0), (0,), (1,))
+    layout = _operand_layouts.Layout((0, 0), (0,), (1,))
 
     def f(x: jax.Array) -> Any:
         return _quantized.quantize(x, dataclasses.replace(layout, shape=x.shape), fmt, scaling)

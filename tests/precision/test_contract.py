@@ -22,7 +22,8 @@ from jax import lax
 import dtypes
 import precision
 from precision import Contract, Tensor
-from precision._compute._quantized import layouts, quantize
+from precision._compute._operand_layouts import layouts
+from precision._compute._quantized import quantize
 
 rng = np.random.default_rng(7)
 MX = dtypes.PerBlock(32, axis=-1, power_of_two=True, scale_format="float8_e8m0fnu")
