@@ -104,6 +104,16 @@ def _recording_only() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def recorded_only() -> Iterator[None]:
+    """Only record SIGINTs while the block runs; the next `check_interrupt` raises.
+
+    For a block that makes something its caller must clean up (a temporary directory):
+    an interrupt there would otherwise land before the caller's `try` holds it."""
+    with _recording_only():
+        yield
+
+
+@contextlib.contextmanager
 def deferring() -> Iterator[None]:
     """Only record SIGINTs while the block runs (module imports); stop after it if one came."""
     with _recording_only():

@@ -29,7 +29,7 @@ from .._checkpoint._atomic_file import (
     rename_noreplace,
     umask,
 )
-from ._interrupts import deferred_interrupts
+from ._interrupts import deferred_interrupts, recorded_only
 
 __all__ = ["TempDirectory", "recover_leftovers"]
 
@@ -91,13 +91,16 @@ class TempDirectory:
         self.path = os.path.abspath(path)
         self.overwrite = overwrite
         parent = os.path.dirname(self.path)
-        try:
-            self.name = tempfile.mkdtemp(prefix=_prefix(self.path), suffix=".tmp", dir=parent)
-        except OSError as exc:
-            raise type(exc)(
-                exc.errno, f"cannot write {path}: no directory can be created in {parent}"
-            ) from None
-        os.chmod(self.name, 0o777 & ~umask() if mode is None else mode)
+        # A SIGINT while the directory is made is held for the caller's next check, inside
+        # the `try` that discards it: raised here, it left the directory behind.
+        with recorded_only():
+            try:
+                self.name = tempfile.mkdtemp(prefix=_prefix(self.path), suffix=".tmp", dir=parent)
+            except OSError as exc:
+                raise type(exc)(
+                    exc.errno, f"cannot write {path}: no directory can be created in {parent}"
+                ) from None
+            os.chmod(self.name, 0o777 & ~umask() if mode is None else mode)
 
     def commit(self) -> None:
         """Put the directory in place of `path`: replacing what is there under
