@@ -87,13 +87,15 @@ def recording_from_start(*, interrupted: bool = False) -> Iterator[None]:
         return
     signal.signal(signal.SIGINT, _on_sigint)
     _interrupted = _interrupted or interrupted
-    with _recording_only():
+    with recorded_only():
         yield
 
 
 @contextlib.contextmanager
-def _recording_only() -> Iterator[None]:
-    """While the block runs, the handler records a SIGINT and raises nothing."""
+def recorded_only() -> Iterator[None]:
+    """While the block runs, the handler records a SIGINT and raises nothing; the next
+    `check_interrupt` raises it. For a block that makes what its caller must clean up
+    (a temporary directory): raised there, it would land before the caller's `try`."""
     global _deferring
     outer = _deferring
     _deferring = True
@@ -104,19 +106,9 @@ def _recording_only() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def recorded_only() -> Iterator[None]:
-    """Only record SIGINTs while the block runs; the next `check_interrupt` raises.
-
-    For a block that makes something its caller must clean up (a temporary directory):
-    an interrupt there would otherwise land before the caller's `try` holds it."""
-    with _recording_only():
-        yield
-
-
-@contextlib.contextmanager
 def deferring() -> Iterator[None]:
     """Only record SIGINTs while the block runs (module imports); stop after it if one came."""
-    with _recording_only():
+    with recorded_only():
         yield
     check_interrupt()
 
