@@ -15,6 +15,7 @@ first, as `pip install` does. Every tensor is converted by
 both (no --keep), so the work is the same.
 
 Run:  python benchmarks/convert.py [--formats bf16,fp16,int8,int4] [--dir /tmp] [--repeat 1]
+      [--small]  (a 71 MiB checkpoint of the same names instead)
 Needs about 1.5 GiB of free disk in --dir.
 """
 
@@ -38,6 +39,7 @@ MiB = 1 << 20
 PLAIN = r"""
 import sys, numpy as np, ml_dtypes, safetensors.numpy as st
 src, dst, fmt = sys.argv[1:4]
+durable = sys.argv[4:] == ["fsync"]
 tensors = st.load_file(src)
 out = {}
 for name, x in tensors.items():
@@ -58,6 +60,11 @@ for name, x in tensors.items():
         out[name + ":scale"] = scale.reshape(*x.shape[:-1], -1)
     del x
 st.save_file(out, dst)
+if durable:  # on disk before it is reported written, as precision convert does
+    import os
+    fd = os.open(dst, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
 """
 
 # format, scaling, whether the conversion compiles (imports JAX: the numpy paths
@@ -70,8 +77,10 @@ FORMATS = {
 }
 
 
-def gpt2_small() -> list[tuple[str, tuple[int, ...]]]:
-    d, layers, vocab, ctx = 768, 12, 50257, 1024
+def gpt2_small(small: bool = False) -> list[tuple[str, tuple[int, ...]]]:
+    """GPT-2 small's tensor names and shapes (475 MiB); `small`: the same names at width
+    384, 6 layers and a 20,000-token vocabulary (18.7M parameters, 71 MiB)."""
+    d, layers, vocab, ctx = (384, 6, 20000, 1024) if small else (768, 12, 50257, 1024)
     out = [("wte.weight", (vocab, d)), ("wpe.weight", (ctx, d))]
     for i in range(layers):
         p = f"h.{i}."
@@ -86,13 +95,14 @@ def gpt2_small() -> list[tuple[str, tuple[int, ...]]]:
     return [*out, ("ln_f.weight", (d,)), ("ln_f.bias", (d,))]
 
 
-def write_checkpoint(path: str) -> int:
+def write_checkpoint(path: str, small: bool) -> int:
     import safetensors.numpy
 
     rng = np.random.default_rng(0)
-    tensors = {n: (rng.standard_normal(s, dtype=np.float32) * 0.02) for n, s in gpt2_small()}
+    shapes = gpt2_small(small)
+    tensors = {n: (rng.standard_normal(s, dtype=np.float32) * 0.02) for n, s in shapes}
     safetensors.numpy.save_file(tensors, path, metadata={"format": "pt"})
-    return sum(int(np.prod(s)) for _, s in gpt2_small())
+    return sum(int(np.prod(s)) for _, s in shapes)
 
 
 def measure(cmd: list[str]) -> tuple[float, int, str]:
@@ -117,10 +127,11 @@ def main() -> None:
     ap.add_argument("--formats", default="bf16,fp16,int8,int4")
     ap.add_argument("--dir", default=None)
     ap.add_argument("--repeat", type=int, default=1, help="best of N runs (time), max RSS")
+    ap.add_argument("--small", action="store_true", help="a 71 MiB checkpoint (see gpt2_small)")
     ap.add_argument("--write", metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.write:
-        write_checkpoint(args.write)
+        write_checkpoint(args.write, args.small)
         return
     # byte-compiled first, as `pip install` does (an editable install writes
     # the bytecode on its first run, unless PYTHONDONTWRITEBYTECODE is set)
@@ -134,9 +145,10 @@ def main() -> None:
         src = os.path.join(work, "model.safetensors")
         # Written by a child: a child's peak RSS counts from the size of the
         # process it was forked from, so this one must stay small.
-        subprocess.run([sys.executable, __file__, "--write", src], check=True)
-        params = sum(int(np.prod(s)) for _, s in gpt2_small())
-        largest = max(int(np.prod(s)) * 4 for _, s in gpt2_small())
+        small = ["--small"] if args.small else []
+        subprocess.run([sys.executable, __file__, "--write", src, *small], check=True)
+        params = sum(int(np.prod(s)) for _, s in gpt2_small(args.small))
+        largest = max(int(np.prod(s)) * 4 for _, s in gpt2_small(args.small))
         print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
               f"Python {platform.python_version()}")  # fmt: skip
         size = os.path.getsize(src) / MiB
@@ -146,14 +158,19 @@ def main() -> None:
         print(f"# import precision, jax: {base_t:.2f} s, {base_rss / MiB:.0f} MiB (report's start)")
         print("# start: the same convert command with --dry-run (imports, header, plan); memory")
         print("# above it counts from importing precision and JAX where a conversion compiles")
-        print("| format | plain script | precision convert | ratio | --no-stats | ratio |"
-              " plain peak RSS | precision peak RSS | start | precision RSS - start |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("# plain + fsync: the plain script, then its output fsynced (precision convert")
+        print("# writes a temporary file, fsyncs it and renames it: never a half-written file)")
+        print("| format | plain script | plain + fsync | precision convert | ratio | ratio to"
+              " plain + fsync | --no-stats | ratio | plain peak RSS | precision peak RSS |"
+              " start | precision RSS - start |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         pcmd = [sys.executable, "-m", "precision", "convert"]
         for name in args.formats.split(","):
             fmt, scaling, compiles = FORMATS[name]
             out = os.path.join(work, f"out-{name}.safetensors")
             plain_t, plain_rss = best([sys.executable, "-c", PLAIN, src, out, name], args.repeat)
+            os.unlink(out)
+            durable_t, _ = best([sys.executable, "-c", PLAIN, src, out, name, "fsync"], args.repeat)
             os.unlink(out)
             cmd = [*pcmd, src, "-o", out, "--to", fmt, "--scaling", scaling, "--keep", "none"]
             cmd += ["-q", "--overwrite", "--warn-sqnr=-inf"]
@@ -162,7 +179,8 @@ def main() -> None:
             start_t, start_rss = best([*cmd, "--dry-run"], args.repeat)
             # a conversion that compiles starts by importing JAX, which --dry-run does not
             base = max(start_rss, base_rss) if compiles else start_rss
-            print(f"| {fmt} ({scaling}) | {plain_t:.2f} s | {t:.2f} s | {t / plain_t:.2f}x | "
+            print(f"| {fmt} ({scaling}) | {plain_t:.2f} s | {durable_t:.2f} s | {t:.2f} s | "
+                  f"{t / plain_t:.2f}x | {t / durable_t:.2f}x | "
                   f"{t_ns:.2f} s | {t_ns / plain_t:.2f}x | {plain_rss / MiB:.0f} MiB | "
                   f"{rss / MiB:.0f} MiB | {start_t:.2f} s, {start_rss / MiB:.0f} MiB | "
                   f"{(rss - base) / MiB:.0f} MiB "

@@ -30,7 +30,6 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from fractions import Fraction
 from typing import Any, ClassVar
 
 import numpy as np
@@ -79,7 +78,10 @@ class CodebookFormat(Format):
             raise PrecisionTypeError(
                 f"CodebookFormat needs a sequence of numbers, got {self.values!r}"
             ) from None
-        table32 = np.unique(table.astype(np.float32))
+        # sorted and distinct (as np.unique, whose first call imports numpy.ma: a fifth of
+        # the command line's start)
+        table32 = np.sort(table.astype(np.float32))
+        table32 = table32[np.concatenate([[True], table32[1:] != table32[:-1]])]
         if not np.all(np.isfinite(table32)) or not 2 <= table32.size <= 1 << 16:
             raise FormatError(
                 f"CodebookFormat needs 2 to 65536 distinct finite values, got {table.size} "
@@ -148,6 +150,8 @@ _TINY = np.float32(2.0**-126)  # float32's smallest normal
 @functools.lru_cache(maxsize=64)
 def _thresholds(values: tuple[float, ...]) -> np.ndarray[Any, np.dtype[np.float32]]:
     """See `CodebookFormat._thresholds` (cached: exact rational arithmetic per entry)."""
+    from fractions import Fraction  # (only here: its import is most of `fractions`' cost)
+
     v = [Fraction(a) for a in values]
     out = []
     for k in range(len(v) - 1):

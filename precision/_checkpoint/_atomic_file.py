@@ -23,8 +23,6 @@ import contextlib
 import errno
 import os
 import re
-import secrets
-import socket
 import stat
 
 from .._errors import SaveTypeError
@@ -49,14 +47,23 @@ _LINKABLE: dict[int, bool] = {}
 _MARK = ".precision-tmp."
 
 
+def _node_name() -> str:
+    """This machine's network name (`socket.gethostname`, without importing `socket`)."""
+    if hasattr(os, "uname"):
+        return os.uname().nodename
+    import socket  # pragma: no cover - Windows
+
+    return socket.gethostname()  # pragma: no cover
+
+
 def host_tag() -> str:
     # Only characters that are safe in a file name and in the pattern below.
-    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
+    return re.sub(r"[^A-Za-z0-9-]", "-", _node_name())[:64] or "host"
 
 
 def _temp_name(directory: str, path: str) -> str:
     """A fresh hidden name beside `path` that says which process owns it."""
-    token = secrets.token_hex(6)
+    token = os.urandom(6).hex()  # (`secrets.token_hex`, without importing hashlib)
     return os.path.join(
         directory, f".{os.path.basename(path)}{_MARK}{host_tag()}.{os.getpid()}.{token}"
     )
