@@ -36,9 +36,12 @@ contraction runs on the narrow values:
 - **Gradients** (custom vjp): straight-through the quantization. The
   cotangent, quantized to `Contract.backward` when one is declared (per
   tensor / per row of the output / MX blocks along its last dim, by the
-  same `scaling`), contracts with the *dequantized* forward operands in
-  float32: the two backward GEMMs of the fp8 HYBRID recipe. Residuals are
-  the narrow codes and scales, never float32 copies.
+  same `scaling`), contracts with the forward operands: the two backward
+  GEMMs of the fp8 HYBRID recipe. Per tensor (one scale each, which factors
+  out of every sum) and with an fp8 `backward`, those take the fp8 codes
+  themselves (`f8e5m2 x f8e4m3 -> f32`, exact accumulation: they sum over the
+  batch or the output features); otherwise the dequantized operands, in
+  float32. Residuals are the narrow codes and scales, never float32 copies.
 
 NaN and inf in an operand make its group's scale NaN (the `dtypes` rule),
 so they reach exactly the outputs that row (or the whole tensor, per
@@ -316,9 +319,7 @@ class _QuantizedContraction:
                 level = lax.Precision.DEFAULT if self.fast_accumulation else lax.Precision.HIGHEST
                 iparams["precision"] = (level, level)
             if eqn.primitive.name == "dot_general":
-                (lc, rc), (lbatch, rbatch) = params["dimension_numbers"]
-                (lc, lbatch), (rc, rbatch) = self.a.dims(lc, lbatch), self.b.dims(rc, rbatch)
-                iparams["dimension_numbers"] = ((lc, rc), (lbatch, rbatch))
+                iparams["dimension_numbers"] = self.code_dims()
                 ca, cb = dot_operands(ca, cb, iparams["dimension_numbers"])
             emitted(ca.dtype, cb.dtype)
             acc: jax.Array = eqn.primitive.bind(ca, cb, **iparams)
@@ -327,10 +328,56 @@ class _QuantizedContraction:
         va, vb = self.values(qa, self.a), self.values(qb, self.b)
         return self.bind_f32(va, vb).astype(out_dtype)
 
+    def code_dims(self) -> Any:
+        """A `dot_general`'s dimension numbers as its operands' codes are laid out."""
+        (lc, rc), (lbatch, rbatch) = self.params["dimension_numbers"]
+        (lc, lbatch), (rc, rbatch) = self.a.dims(lc, lbatch), self.b.dims(rc, rbatch)
+        return (lc, rc), (lbatch, rbatch)
+
+    @property
+    def fp8_gradients(self) -> bool:
+        """Whether the gradient dots take fp8 operands too: fp8 codes scaled per tensor
+        (the only scales that factor out of the gradients' sums as well), a cotangent
+        declared in a format XLA contracts natively, and a `dot_general`."""
+        return (
+            self.integer
+            and self.fmt.kind != "int"
+            and self.scaling == "tensorwise"
+            and self.backward is not None
+            and _native_fp8(self.backward)
+            and self.eqn.primitive.name == "dot_general"
+        )
+
+    def fp8_grads(self, qa: Any, qb: Any, g: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Both cotangents from fp8 dots: the cotangent's codes (in `backward`, one scale)
+        with each forward operand's codes, accumulated in float32 without cuBLASLt's
+        fast mode (the gradients sum over the batch or the output features), then the
+        two scalar scales."""
+        assert self.backward is not None  # (`fp8_gradients`)
+        g8, sg = _int_rows(g, grad_layout(self.eqn, g.shape), self.backward, "tensorwise", False)
+        (ca, sa), (cb, sb) = qa, qb
+        sg, sa, sb = sg.reshape(()), sa.reshape(()), sb.reshape(())
+        precision = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
+        f32 = np.dtype(np.float32)
+        (dims_a, perm_a), (dims_b, perm_b) = _gradient_dots(ca.ndim, cb.ndim, self.code_dims())
+        da = lax.dot_general(g8, cb, dims_a, precision, preferred_element_type=f32)
+        db = lax.dot_general(ca, g8, dims_b, precision, preferred_element_type=f32)
+        da = jnp.transpose(da, perm_a) * sg * sb
+        db = jnp.transpose(db, perm_b) * sa * sg
+        if self.a.moved:
+            da = self.a.layout.unmoved(da)
+        if self.b.moved:
+            db = self.b.layout.unmoved(db)
+        return da, db
+
     def backward_grads(self, qa: Any, qb: Any, g: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Cotangents of both operands: `g` (quantized to `backward` when declared)
-        contracted with the dequantized forward operands in float32."""
+        contracted with the forward operands, as fp8 codes (`fp8_gradients`) or
+        dequantized in float32."""
         g = g.astype(jnp.float32)
+        if self.fp8_gradients:
+            da, db = self.fp8_grads(qa, qb, g)
+            return da.astype(self.a.dtype), db.astype(self.b.dtype)
         if self.backward is not None:
             gl = grad_layout(self.eqn, g.shape)
             g = dequantize(quantize(g, gl, self.backward, self.scaling), gl, self.scaling)
@@ -339,6 +386,27 @@ class _QuantizedContraction:
         _, vjp = jax.vjp(self.bind_f32, va, vb)
         da, db = vjp(g)
         return da.astype(self.a.dtype), db.astype(self.b.dtype)
+
+
+def _gradient_dots(a_ndim: int, b_ndim: int, dims: Any) -> tuple[Any, Any]:
+    """For `out = dot_general(a, b, dims)`, the dimension numbers of the dots that give
+    the cotangents of `a` (`g` with `b`) and of `b` (`a` with `g`), each with the
+    permutation that puts its result in its operand's dim order."""
+    (lc, rc), (lb, rb) = (tuple(map(tuple, d)) for d in dims)
+    nb = len(lb)
+    a_free = [d for d in range(a_ndim) if d not in lc and d not in lb]
+    b_free = [d for d in range(b_ndim) if d not in rc and d not in rb]
+    g_a = tuple(range(nb, nb + len(a_free)))  # the cotangent's dims: batch, a's, b's
+    g_b = tuple(range(nb + len(a_free), nb + len(a_free) + len(b_free)))
+    g_batch = tuple(range(nb))
+    # g with b: sums b's free dims; the result is batch, a's free dims, b's summed dims
+    to_a = [*lb, *a_free, *(lc[rc.index(d)] for d in sorted(rc))]
+    # a with g: sums a's free dims; the result is batch, a's summed dims, b's free dims
+    to_b = [*rb, *(rc[lc.index(d)] for d in sorted(lc)), *b_free]
+    return (
+        (((g_b, tuple(b_free)), (g_batch, rb)), [to_a.index(d) for d in range(a_ndim)]),
+        (((tuple(a_free), g_a), (lb, g_batch)), [to_b.index(d) for d in range(b_ndim)]),
+    )
 
 
 def _straight_through(

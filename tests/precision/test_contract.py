@@ -456,6 +456,52 @@ def test_fp8_backward_cotangents_are_encoded_when_declared(backward, scaling):
         assert np.abs(dx - unquantized).max() > 1e-3 * np.abs(unquantized).max()
 
 
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "dims"),
+    [
+        ((6, 32), (16, 32), (((1,), (1,)), ((), ()))),  # x @ w.T: w summed on its last dim
+        ((32, 6), (32, 16), (((0,), (0,)), ((), ()))),  # x.T @ w
+        ((3, 5, 16), (3, 16, 4), (((2,), (1,)), ((0,), (0,)))),  # batched
+        ((4, 2, 8, 3), (8, 4, 6), (((2,), (0,)), ((0,), (1,)))),  # a batch dim not first
+        ((8, 4, 3), (6, 4, 8), (((0,), (2,)), ((1,), (1,)))),  # results put back by 3-cycles
+    ],
+    ids=["xwT", "xTw", "batched", "batch-inside", "cycled"],
+)
+def test_fp8_gradient_dots_per_tensor_take_the_codes_exactly(a_shape, b_shape, dims):
+    # Per tensor, the gradient dots take the fp8 codes (the cotangent's e5m2 with each
+    # operand's e4m3) for any dimension numbers: the same numbers as the cotangent and
+    # the operands decoded by `dtypes` and contracted here in float64.
+    a, b = normal(*a_shape), normal(*b_shape)
+    contract = Contract("float8_e4m3fn", backward="float8_e5m2", scaling="tensorwise")
+    f = precision.apply(lambda a, b: lax.dot_general(a, b, dims), contract=contract)
+    out, vjp = jax.vjp(f, a, b)
+    g = normal(*out.shape, scale=1e-2)
+    da, db = (np.asarray(t, np.float64) for t in jax.jit(vjp)(g))
+
+    def decoded(x, fmt):
+        enc = dtypes.get(fmt).encode(x, scaling=dtypes.PerTensor())
+        return np.asarray(enc.decode(np.float32), np.float64)
+
+    qa, qb, qg = decoded(a, "float8_e4m3fn"), decoded(b, "float8_e4m3fn"), decoded(g, "float8_e5m2")
+    # the dot as an einsum (numpy, float64): out = a·b, so da = g·b and db = a·g
+    (lc, rc), (lb, rb) = dims
+    letters = iter("abcdefghijklmnop")
+    sa, sb = [""] * a.ndim, [""] * b.ndim
+    for i, j in [*zip(lb, rb, strict=True), *zip(lc, rc, strict=True)]:
+        sa[i] = sb[j] = next(letters)
+    a_free = [i for i in range(a.ndim) if not sa[i]]
+    b_free = [j for j in range(b.ndim) if not sb[j]]
+    for i in a_free:
+        sa[i] = next(letters)
+    for j in b_free:
+        sb[j] = next(letters)
+    so = "".join([sa[i] for i in lb] + [sa[i] for i in a_free] + [sb[j] for j in b_free])
+    sa, sb = "".join(sa), "".join(sb)
+    np.testing.assert_allclose(np.einsum(f"{sa},{sb}->{so}", qa, qb), out, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(da, np.einsum(f"{so},{sb}->{sa}", qg, qb), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(db, np.einsum(f"{sa},{so}->{sb}", qa, qg), rtol=1e-5, atol=1e-7)
+
+
 def test_w8a8_gradients_are_straight_through_under_jit():
     x, w, g = normal(5, 16), normal(16, 8), normal(5, 8)
     f = precision.apply(lambda x, w: x @ w, contract="int8")

@@ -141,16 +141,25 @@ def test_a_weight_stored_out_in_reaches_the_gemm_as_stored(name, scaling, storag
     assert "stablehlo.transpose" not in text
 
 
-def test_fp8_training_step_keeps_forward_dots_fp8():
-    """The backward of an fp8 contraction (e5m2 cotangents) is float32 by the
-    documented recipe; the forward dot stays fp8 under `grad`."""
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+def test_fp8_training_step_dots(scaling):
+    """Per tensor, all three dots of an fp8 HYBRID training step are fp8: the forward
+    (e4m3 x e4m3, fast accumulation) and both gradient dots (the e5m2 cotangent with
+    each operand's e4m3 codes, without it). Per row the weight's scales vary along the
+    gradients' sums, so those two dots are float32; the forward stays fp8."""
     x, w = _operands()
-    contract = precision.Contract("float8_e4m3fn", backward="float8_e5m2")
+    contract = precision.Contract("float8_e4m3fn", backward="float8_e5m2", scaling=scaling)
     f = precision.apply(lambda x, w: jnp.sum((x @ w) ** 2), contract=contract)
-    dots = _dots(jax.grad(f, argnums=1), x, w)
-    fp8 = [d for d in dots if _elem(d["a"]).startswith("f8")]
-    assert len(fp8) == 1
-    assert all(_elem(d["a"]) in ("f8E4M3FN", "f32") for d in dots)
+    dots = _dots(jax.grad(f, argnums=(0, 1)), x, w)
+    assert len(dots) == 3
+    kinds = sorted((_elem(d["a"]), _elem(d["b"]), "HIGHEST" in d["attrs"]) for d in dots)
+    forward = ("f8E4M3FN", "f8E4M3FN", False)
+    if scaling == "tensorwise":
+        gradients = [("f8E4M3FN", "f8E5M2", True), ("f8E5M2", "f8E4M3FN", True)]
+        assert kinds == sorted([forward, *gradients])
+        assert all(_elem(d["out"]) == "f32" for d in dots)
+    else:
+        assert kinds == sorted([forward, ("f32", "f32", False), ("f32", "f32", False)])
 
 
 def test_bfloat16_compute_model_dots_are_bf16():
