@@ -6,7 +6,9 @@ same float32 parameters and inputs for every row:
 - `float32`: the plain model (the reference);
 - W8A8 QAT (dynamic int8 activations and weights, straight-through training):
   `precision.apply(model.apply, contract="int8")` and Qwix's `QtProvider` with
-  `QtRule(weight_qtype=int8, act_qtype=int8)`;
+  `QtRule(weight_qtype=int8, act_qtype=int8)`; and ours under Qwix's backward
+  rule, `Contract("int8", backward_operands="original")` (the cotangent meets
+  the operands as given, not as quantized);
 - W8A8 PTQ (int8 weights stored, activations quantized at run time): int8
   storage Tensors (`PerAxis` on the output channel) through the same
   `contract="int8"`, and Qwix's `PtqProvider` + `quantize_params`;
@@ -158,6 +160,10 @@ def run(width: int, batch: int, repeats: int, kind: str = "mlp") -> tuple[list[R
     # -- W8A8 QAT ------------------------------------------------------------
     ours = precision.apply(model.apply, contract="int8")
     rows.append(_row("precision W8A8 QAT", ours, params, x, ref, training(ours)))
+    # Qwix's backward rule: the cotangent meets the operands as given, not as quantized
+    qwix_rule = precision.Contract("int8", backward_operands="original")
+    ours_orig = precision.apply(model.apply, contract=qwix_rule)
+    rows.append(_row("  original operands", ours_orig, params, x, ref, training(ours_orig)))
     try:
         import qwix
     except ImportError:

@@ -219,6 +219,7 @@ def quantized_contraction(eqn: Any, vals: list[Val], ctx: Context, state: State)
         _Side(la, moved_a, same_a, _packed_last(own_a), a.dtype),
         _Side(lb, moved_b, same_b, _packed_last(own_b), b.dtype),
         spec.fast_accumulation,
+        spec.backward_operands == "original",
     )
     if integer:
         _note_gpu_path((la, ext_a is not None), (lb, ext_b is not None), plan)
@@ -269,6 +270,7 @@ class _QuantizedContraction:
     a: _Side
     b: _Side
     fast_accumulation: bool = True
+    original: bool = False  # the backward dots take the operands as given
 
     def bind_f32(self, x: jax.Array, y: jax.Array) -> jax.Array:
         """The contraction of float operands, accumulated in float32."""
@@ -278,20 +280,25 @@ class _QuantizedContraction:
 
     def operands(self, a: jax.Array, b: jax.Array, ext: _Ext) -> tuple[Any, Any]:
         """Residuals: the narrow operands (codes and scales), never float copies."""
-        fmt, scaling = self.fmt, self.scaling
         ea, eb, sta, stb = ext
-        qa: Any  # (codes, kept-dim scale) for an integer format, else an encoding
-        qb: Any
+        return self.operand(a, self.a, ea, sta), self.operand(b, self.b, eb, stb)
+
+    def operand(
+        self, x: jax.Array, side: _Side, codes: _IntOperand | None, own: dtypes.Encoded | None
+    ) -> Any:
+        """One narrow operand: (codes, kept-dim scale) for an integer or fp8 dot, else an
+        encoding; `codes` or `own` when it is used as stored."""
         if self.integer:
-            qa = ea if ea is not None else _int_rows(a, self.a.layout, fmt, scaling, self.a.moved)
-            qb = eb if eb is not None else _int_rows(b, self.b.layout, fmt, scaling, self.b.moved)
-            return qa, qb
-        qa = sta if self.a.same else quantize(a, self.a.layout, fmt, scaling)
-        qb = stb if self.b.same else quantize(b, self.b.layout, fmt, scaling)
-        return qa, qb
+            if codes is not None:
+                return codes
+            return _int_rows(x, side.layout, self.fmt, self.scaling, side.moved)
+        return own if side.same else quantize(x, side.layout, self.fmt, self.scaling)
 
     def values(self, q: Any, side: _Side) -> jax.Array:
-        """Float32 values of a quantized operand (what the backward pass contracts with)."""
+        """Float32 values of a quantized operand (what the backward pass contracts with);
+        with `original`, `q` is the operand as given."""
+        if self.original:
+            return jnp.asarray(q, jnp.float32)
         layout = side.layout
         if self.integer:
             int_codes: jax.Array
@@ -341,6 +348,7 @@ class _QuantizedContraction:
         declared in a format XLA contracts natively, and a `dot_general`."""
         return (
             self.integer
+            and not self.original
             and self.fmt.kind != "int"
             and self.scaling == "tensorwise"
             and self.backward is not None
@@ -422,14 +430,21 @@ def _straight_through(
     def contract_fwd(
         a: jax.Array, b: jax.Array, ext: _Ext
     ) -> tuple[jax.Array, tuple[Any, Any, _Ext]]:
-        qa, qb = plan.operands(a, b, ext)
         ea, eb, sta, stb = ext
-        qa = qa if ea is not None or sta is not None else _computed_once(qa)
-        qb = qb if eb is not None or stb is not None else _computed_once(qb)
+        if plan.original:  # the codes have one user, the forward dot
+            return plan.forward(*plan.operands(a, b, ext)), (a, b, ext)
+        if ea is None and sta is None:  # quantized here: once (`_computed_once`)
+            qa = _computed_once(lambda x: plan.operand(x, plan.a, None, None), a)
+        else:
+            qa = plan.operand(a, plan.a, ea, sta)
+        if eb is None and stb is None:
+            qb = _computed_once(lambda x: plan.operand(x, plan.b, None, None), b)
+        else:
+            qb = plan.operand(b, plan.b, eb, stb)
         return plan.forward(qa, qb), (qa, qb, ext)
 
     def contract_bwd(res: tuple[Any, Any, _Ext], g: jax.Array) -> tuple[jax.Array, jax.Array, Any]:
-        qa, qb, ext = res
+        qa, qb, ext = res  # (the operands as given, with `original`)
         da, db = plan.backward_grads(qa, qb, g)
         return da, db, jax.tree_util.tree_map(_zero_cotangent, ext)
 
@@ -462,8 +477,9 @@ def _note_gpu_path(
         gpu_slow_path("; ".join(why))
 
 
-def _computed_once(q: Any) -> Any:
-    """A quantized operand's arrays, held in buffers of their own on a CPU.
+def _computed_once(quantized: Callable[[jax.Array], Any], x: jax.Array) -> Any:
+    """`quantized(x)` (a quantized operand's arrays), computed in buffers of their own on
+    a CPU.
 
     Differentiated, the codes have two users: the forward dot and the backward pass's
     decode (`codes x scale`). XLA:CPU takes an elementwise chain with one large input as
@@ -472,27 +488,24 @@ def _computed_once(q: Any) -> Any:
     `benchmarks/peers.py`'s transformer blocks: 11% of its time). An optimization
     barrier does not last until XLA:CPU's fusion pass, and an identity reduce-window
     copy of a large operand is slower than the repeat; a conditional is never fused
-    into, so the codes pass through one whose predicate is always true, but not known
-    to be by XLA. Other platforms fuse as they see fit (a GPU's conditional would wait
-    for its predicate on the host).
+    into, so the quantization runs inside one whose predicate is always true, but not
+    known to be by XLA. It runs there whole: a branch that only passed the codes
+    through would copy them into its result (XLA's buffers of a conditional's result
+    are its own), a pass over every code at every step. Other platforms fuse as they
+    see fit (a GPU's conditional would wait for its predicate on the host).
     """
-    leaves, tree = jax.tree_util.tree_flatten(q)
 
-    def held(*xs: jax.Array) -> list[jax.Array]:
-        bits = lax.bitcast_convert_type(xs[-1].ravel()[0].astype(jnp.float32), jnp.uint32)
+    def held(x: jax.Array) -> Any:
+        bits = lax.bitcast_convert_type(x.ravel()[0].astype(jnp.float32), jnp.uint32)
         always = (bits | jnp.uint32(1)) != 0  # true for every value; XLA cannot tell
-        out: list[jax.Array] = lax.cond(
-            always, lambda t: list(t), lambda t: [jnp.zeros_like(v) for v in t], list(xs)
-        )
-        return out
 
-    def as_they_are(*xs: jax.Array) -> list[jax.Array]:
-        return list(xs)
+        def never(x: jax.Array) -> Any:
+            shapes = jax.eval_shape(quantized, x)
+            return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
-    if not leaves:
-        return q
-    made = lax.platform_dependent(*leaves, cpu=held, default=as_they_are)
-    return jax.tree_util.tree_unflatten(tree, made)
+        return lax.cond(always, quantized, never, x)
+
+    return lax.platform_dependent(x, cpu=held, default=quantized)
 
 
 def _why_no_narrow_dot(fmt: dtypes.Format, scaling: str) -> str:

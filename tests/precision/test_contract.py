@@ -8,6 +8,7 @@ numpy (int64 dots of the codes, float64 sums of decoded values).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
 
@@ -538,6 +539,7 @@ def test_contract_without_compute_keeps_the_no_mixing_rule():
         ({"forward": "int8", "scaling": "blockwise"}, ValueError, "tensorwise, rowwise, mx"),
         ({"forward": "float8_e4m3fn", "backward": "float16"}, ValueError, "backward"),
         ({"forward": "nope"}, ValueError, "nope"),
+        ({"forward": "int8", "backward_operands": "float"}, ValueError, "'quantized', 'original'"),
     ],
 )
 def test_contract_refuses_what_it_cannot_do(kwargs, error, match):
@@ -554,6 +556,43 @@ def test_contract_shorthand_and_defaults():
     assert Contract("int8") == Contract(dtypes.int8, scaling="rowwise")
     assert Contract("e4m3").scaling == "tensorwise"
     assert Contract("e4m3", backward="e5m2").backward == dtypes.float8_e5m2
+    assert Contract("int8").backward_operands == "quantized"
+    assert Contract("int8", backward_operands="original").describe() == (
+        "int8 forward, rowwise scales, original operands backward"
+    )
+
+
+@pytest.mark.parametrize(
+    "contract",
+    [
+        Contract("int8", backward_operands="original"),
+        Contract("float8_e4m3fn", scaling="rowwise", backward_operands="original"),
+        Contract("float8_e4m3fn", backward="float8_e5m2", backward_operands="original"),
+    ],
+    ids=["int8", "fp8-rowwise", "fp8-e5m2-cotangent"],
+)
+def test_original_backward_operands_meet_the_cotangent_as_given(contract):
+    # The forward is the declared contraction's, bit for bit; the backward contracts
+    # the cotangent (quantized to `backward` when declared) with the operands as
+    # given: under jit, plain JAX's gradient of the float product, bit for bit.
+    x, w, g = normal(6, 32), normal(32, 16), normal(6, 16)
+    default = dataclasses.replace(contract, backward_operands="quantized")
+    f = precision.apply(lambda x, w: x @ w, contract=contract)
+    np.testing.assert_array_equal(
+        f(x, w), precision.apply(lambda x, w: x @ w, contract=default)(x, w)
+    )
+    if contract.backward is not None:
+        enc = contract.backward.encode(g, scaling=dtypes.PerTensor())
+        g_in = np.asarray(enc.decode(np.float32))  # the cotangent as the contraction sees it
+    else:
+        g_in = g
+    ours = jax.jit(lambda x, w, g: jax.vjp(f, x, w)[1](g))(x, w, g)
+    plain = jax.jit(lambda x, w, g: jax.vjp(jnp.matmul, x, w)[1](g))(x, w, g_in)
+    for a, b in zip(ours, plain, strict=True):
+        np.testing.assert_array_equal(a, b)
+    f_q = precision.apply(lambda x, w: x @ w, contract=default)
+    dq = jax.jit(lambda x, w, g: jax.vjp(f_q, x, w)[1](g))(x, w, g)
+    assert not np.array_equal(dq[0], ours[0])  # the default is another rule
 
 
 @pytest.mark.parametrize("name", ["int4", "int2"])
