@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from checks import assert_covers, fid, params_of, registry
 from reference import int_quantize, pack, unpack
+from sampling import HUNT
 
 import dtypes
 from dtypes import Encoded, PerAxis, PerBlock, PerTensor
@@ -27,7 +28,22 @@ INTS = registry(plain_int)
 MULTIBIT = [f for f in INTS if not f.binary]
 PACKED = [f for f in INTS if f.packed]
 DETERMINISTIC = ("nearest_even", "nearest_away", "toward_zero", "up", "down")
-_HUNT = os.environ.get("HYPOTHESIS_PROFILE") == "hunt"
+
+
+@functools.cache
+def _jitted_encode(fmt, scaling, rounding):
+    """One `jax.jit` of encode per (format, scaling, mode), shared by the tests below: a
+    fresh `jax.jit(lambda ...)` compiles anew, and the codes, bit-exact scale, mode and
+    error-bound tests encode many of the same combinations on the same (8, 100) data."""
+    return jax.jit(lambda v: fmt.encode(v, scaling=scaling, rounding=rounding))
+
+
+def _encode(eager_and_jit, fmt, x, scaling, rounding="nearest_even"):
+    """`fmt.encode` of `x` eagerly, or under the shared `jax.jit` (the `eager_and_jit`
+    variant; its eager one returns its argument itself)."""
+    if eager_and_jit(jax.jit) is jax.jit:
+        return fmt.encode(x, scaling=scaling, rounding=rounding)
+    return _jitted_encode(fmt, scaling, rounding)(x)
 
 
 def _data(shape=(8, 100), seed=0) -> np.ndarray:
@@ -87,7 +103,7 @@ INT_CASES = [
 @pytest.mark.parametrize(("fmt", "name", "scaling", "ref_kw"), INT_CASES)
 def test_codes_and_scales_match_numpy_reference(fmt, name, scaling, ref_kw, eager_and_jit):
     x = _data()
-    enc = eager_and_jit(lambda v: fmt.encode(v, scaling=scaling))(jnp.asarray(x))
+    enc = _encode(eager_and_jit, fmt, jnp.asarray(x), scaling)
     assert enc.scale.shape == scaling.scale_shape(x.shape)
     assert enc.scale.dtype == jnp.float32
     assert enc.shape == x.shape
@@ -103,7 +119,7 @@ def test_codes_and_scales_match_numpy_reference(fmt, name, scaling, ref_kw, eage
 def test_scales_are_bit_exact_absmax_over_qmax(fmt, name, scaling, ref_kw):
     """docs/design.md §2: the stored scale is `absmax / qmax` in float32 (correctly rounded)."""
     x = _data()
-    enc = jax.jit(lambda v: fmt.encode(v, scaling=scaling))(jnp.asarray(x))
+    enc = _jitted_encode(fmt, scaling, "nearest_even")(jnp.asarray(x))
     _, scale = _codes_and_scale(enc)
     _, ref_scale = int_quantize(x, fmt.qmax, **ref_kw)
     np.testing.assert_array_equal(scale, ref_scale)
@@ -151,7 +167,7 @@ def test_several_axes_refuse_what_names_no_grouping(axis, message):
 def test_every_deterministic_mode_matches_numpy_reference(fmt, mode, eager_and_jit):
     x = _data(seed=1)
     scaling = PerAxis(0)
-    enc = eager_and_jit(lambda v: fmt.encode(v, scaling=scaling, rounding=mode))(jnp.asarray(x))
+    enc = _encode(eager_and_jit, fmt, jnp.asarray(x), scaling, mode)
     codes, _ = _codes_and_scale(enc)
     ref_codes, _ = int_quantize(x, fmt.qmax, kind="axis", axis=0, mode=mode)
     np.testing.assert_array_equal(codes, ref_codes)
@@ -162,7 +178,7 @@ def test_every_deterministic_mode_matches_numpy_reference(fmt, mode, eager_and_j
 @pytest.mark.parametrize("fmt", MULTIBIT, ids=fid)
 def test_nearest_error_is_at_most_half_a_scale(fmt, scaling, mode):
     x = _data(seed=2)
-    enc = jax.jit(lambda v: fmt.encode(v, scaling=scaling, rounding=mode))(jnp.asarray(x))
+    enc = _jitted_encode(fmt, scaling, mode)(jnp.asarray(x))
     y = np.asarray(enc.decode(), np.float64)
     scale = _codes_and_scale(enc)[1]
     err = np.abs(y - x)
@@ -296,13 +312,13 @@ def _held_bytes(enc: Encoded) -> int:
 
 # Every shape and scaling for a packed, a binary and an unpacked scaled format; the
 # other formats share their arithmetic and take the 3-D shape in CI, every shape when
-# hunting (tests/conftest.py).
+# hunting (tests/sampling.py).
 _NBYTES_EVERY_SHAPE = ("int4", "int1", "float8_e4m3fn")
 _NBYTES_CASES = [
     pytest.param(fmt, shape, id=f"{fmt.name}-{shape}")
     for fmt in [*INTS, dtypes.float16, dtypes.float8_e4m3fn]
     for shape in [(5,), (3, 17), (2, 3, 33)]
-    if fmt.name in _NBYTES_EVERY_SHAPE or shape == (2, 3, 33) or _HUNT
+    if fmt.name in _NBYTES_EVERY_SHAPE or shape == (2, 3, 33) or HUNT
 ]
 
 
