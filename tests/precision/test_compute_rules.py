@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from jax import lax
+from sampling import sample
 
 import dtypes
 import precision
@@ -290,6 +291,13 @@ CUTS = {
 }
 
 
+# `apply` runs each call inside its own `jax.jit` (one per static signature), so an
+# outer `jax.jit` compiles the same interpreter's program again, over traced Tensor
+# leaves. Every stack runs eagerly; in CI the stacks whose cuts split scale groups and
+# the first (a plain per-tensor int4) also run under an outer jit; all under hunt.
+_OUTER_JIT = sample(STACKS, lambda stack: stack[2] != () or stack is STACKS[0])
+
+
 @pytest.mark.parametrize(("name", "scaling", "splitting"), STACKS)
 def test_slices_of_stacked_storage_keep_their_codes(name, scaling, splitting):
     """A slice that splits no scaling group (nor the packed last axis) is storage."""
@@ -297,8 +305,12 @@ def test_slices_of_stacked_storage_keep_their_codes(name, scaling, splitting):
     t = Tensor(w).to_reduced_precision(name, **({} if scaling is None else {"scaling": scaling}))
     whole = np.asarray(t)  # decoded once, then cut by numpy
     shape = t.encoded.scaling.scale_shape(t.shape)
+    outer_jit = (name, scaling, splitting) in _OUTER_JIT
     for what, cut in CUTS.items():
-        for f in (jax.jit(precision.apply(cut)), precision.apply(cut)):
+        runs = [precision.apply(cut)]
+        if outer_jit:
+            runs.append(jax.jit(precision.apply(cut)))
+        for f in runs:
             out = f(t)
             np.testing.assert_array_equal(np.asarray(out), cut(whole), err_msg=what)
             # a block axis cut part-way (its groups would split), or the packed last axis cut
