@@ -38,6 +38,30 @@ def _jitted_encode(fmt, scaling, rounding):
     return jax.jit(lambda v: fmt.encode(v, scaling=scaling, rounding=rounding))
 
 
+# `encode` runs one jitted kernel per (format, scaling, mode, shape) eagerly and inlines
+# that kernel under an outer jit (dtypes/_int_codec.py): the sweeps below run every case
+# under jit, and in CI eagerly for int4 (packed codes) and int1 (mean scales) only; every
+# case both ways under the hunt profile.
+_EAGER = ("int4", "int1")
+
+
+def _both_ways(cases: list) -> list:
+    """`("eager" | "jit", *case)` params for `cases` (format first), sampled as above."""
+    out = []
+    for how in ("eager", "jit"):
+        for case in cases:
+            values = case.values if hasattr(case, "values") else case
+            if HUNT or how == "jit" or values[0].name in _EAGER:
+                name = case.id if hasattr(case, "id") else "-".join(map(str, values))
+                out.append(pytest.param(how, *values, id=f"{how}-{name}"))
+    return out
+
+
+def _runner(how: str):
+    """What the suite's `eager_and_jit` fixture gives for `how`."""
+    return jax.jit if how == "jit" else (lambda f: f)
+
+
 def _encode(eager_and_jit, fmt, x, scaling, rounding="nearest_even"):
     """`fmt.encode` of `x` eagerly, or under the shared `jax.jit` (the `eager_and_jit`
     variant; its eager one returns its argument itself)."""
@@ -100,8 +124,9 @@ INT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("fmt", "name", "scaling", "ref_kw"), INT_CASES)
-def test_codes_and_scales_match_numpy_reference(fmt, name, scaling, ref_kw, eager_and_jit):
+@pytest.mark.parametrize(("how", "fmt", "name", "scaling", "ref_kw"), _both_ways(INT_CASES))
+def test_codes_and_scales_match_numpy_reference(how, fmt, name, scaling, ref_kw):
+    eager_and_jit = _runner(how)
     x = _data()
     enc = _encode(eager_and_jit, fmt, jnp.asarray(x), scaling)
     assert enc.scale.shape == scaling.scale_shape(x.shape)
@@ -125,14 +150,22 @@ def test_scales_are_bit_exact_absmax_over_qmax(fmt, name, scaling, ref_kw):
     np.testing.assert_array_equal(scale, ref_scale)
 
 
-@pytest.mark.parametrize(
-    "scaling",
-    [PerAxis((0, -1)), PerAxis((2, 0), power_of_two=True), PerAxis((1, 2)), PerAxis((0, 1, 2))],
-    ids=str,
-)
-@pytest.mark.parametrize("fmt", INTS, ids=fid)
-def test_several_axes_match_numpy_reference(fmt, scaling, eager_and_jit):
+SEVERAL_AXES = [
+    pytest.param(fmt, scaling, id=f"{fid(fmt)}-{scaling}")
+    for scaling in [
+        PerAxis((0, -1)),
+        PerAxis((2, 0), power_of_two=True),
+        PerAxis((1, 2)),
+        PerAxis((0, 1, 2)),
+    ]
+    for fmt in INTS
+]
+
+
+@pytest.mark.parametrize(("how", "fmt", "scaling"), _both_ways(SEVERAL_AXES))
+def test_several_axes_match_numpy_reference(how, fmt, scaling):
     """One scale per index combination of the named axes (a scale per layer and channel)."""
+    eager_and_jit = _runner(how)
     if fmt.binary and scaling.power_of_two:
         pytest.skip("int1 scales are means: no power-of-two variant")
     x = _data((4, 6, 50), seed=5)
@@ -254,9 +287,14 @@ def test_all_zero_group_gets_scale_one_and_code_zero(fmt):
 # -- packing ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n", [1, 3, 8, 9, 33])
-@pytest.mark.parametrize("fmt", PACKED, ids=fid)
-def test_pack_matches_reference_for_every_code_and_odd_lengths(fmt, n, eager_and_jit):
+PACK_LENGTHS = [
+    pytest.param(fmt, n, id=f"{fid(fmt)}-{n}") for n in [1, 3, 8, 9, 33] for fmt in PACKED
+]
+
+
+@pytest.mark.parametrize(("how", "fmt", "n"), _both_ways(PACK_LENGTHS))
+def test_pack_matches_reference_for_every_code_and_odd_lengths(how, fmt, n):
+    eager_and_jit = _runner(how)
     valid = np.array([-1, 1]) if fmt.binary else np.arange(-fmt.qmax, fmt.qmax + 1)
     rng = np.random.default_rng(n)
     codes = np.stack([np.resize(np.roll(valid, r), n) for r in range(len(valid))])
