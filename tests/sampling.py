@@ -28,8 +28,3 @@ def sample(cases: Iterable[T], keep: Callable[[T], bool]) -> list[T]:
     if cases and not chosen:
         raise AssertionError(f"{keep.__name__} keeps none of {len(cases)} cases")
     return chosen
-
-
-def hunt_only(cases: Iterable[T]) -> list[T]:
-    """Cases that add nothing a default-run case does not reach: under the hunt profile only."""
-    return list(cases) if HUNT else []
