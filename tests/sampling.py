@@ -23,8 +23,8 @@ HUNT = os.environ.get("HYPOTHESIS_PROFILE") == "hunt"
 
 def sample(cases: Iterable[T], keep: Callable[[T], bool]) -> list[T]:
     """Every case under the hunt profile; else those `keep` admits, in order."""
-    cases = list(cases)
-    chosen = [c for c in cases if HUNT or keep(c)]
-    if cases and not chosen:
-        raise AssertionError(f"{keep.__name__} keeps none of {len(cases)} cases")
+    every = list(cases)
+    chosen = [c for c in every if HUNT or keep(c)]
+    if every and not chosen:
+        raise AssertionError(f"{keep.__name__} keeps none of {len(every)} cases")
     return chosen
