@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from checks import assert_covers, fid, params_of, registry
 from reference import int_quantize, pack, unpack
+from sampling import HUNT
 
 import dtypes
 from dtypes import Encoded, PerAxis, PerBlock, PerTensor
@@ -27,7 +28,46 @@ INTS = registry(plain_int)
 MULTIBIT = [f for f in INTS if not f.binary]
 PACKED = [f for f in INTS if f.packed]
 DETERMINISTIC = ("nearest_even", "nearest_away", "toward_zero", "up", "down")
-_HUNT = os.environ.get("HYPOTHESIS_PROFILE") == "hunt"
+
+
+@functools.cache
+def _jitted_encode(fmt, scaling, rounding):
+    """One `jax.jit` of encode per (format, scaling, mode), shared by the tests below: a
+    fresh `jax.jit(lambda ...)` compiles anew, and the codes, bit-exact scale, mode and
+    error-bound tests encode many of the same combinations on the same (8, 100) data."""
+    return jax.jit(lambda v: fmt.encode(v, scaling=scaling, rounding=rounding))
+
+
+# `encode` runs one jitted kernel per (format, scaling, mode, shape) eagerly and inlines
+# that kernel under an outer jit (dtypes/_int_codec.py): the sweeps below run every case
+# under jit, and in CI eagerly for int4 (packed codes) and int1 (mean scales) only; every
+# case both ways under the hunt profile.
+_EAGER = ("int4", "int1")
+
+
+def _both_ways(cases: list) -> list:
+    """`("eager" | "jit", *case)` params for `cases` (format first), sampled as above."""
+    out = []
+    for how in ("eager", "jit"):
+        for case in cases:
+            values = case.values if hasattr(case, "values") else case
+            if HUNT or how == "jit" or values[0].name in _EAGER:
+                name = case.id if hasattr(case, "id") else "-".join(map(str, values))
+                out.append(pytest.param(how, *values, id=f"{how}-{name}"))
+    return out
+
+
+def _runner(how: str):
+    """What the suite's `eager_and_jit` fixture gives for `how`."""
+    return jax.jit if how == "jit" else (lambda f: f)
+
+
+def _encode(eager_and_jit, fmt, x, scaling, rounding="nearest_even"):
+    """`fmt.encode` of `x` eagerly, or under the shared `jax.jit` (the `eager_and_jit`
+    variant; its eager one returns its argument itself)."""
+    if eager_and_jit(jax.jit) is jax.jit:
+        return fmt.encode(x, scaling=scaling, rounding=rounding)
+    return _jitted_encode(fmt, scaling, rounding)(x)
 
 
 def _data(shape=(8, 100), seed=0) -> np.ndarray:
@@ -84,10 +124,11 @@ INT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("fmt", "name", "scaling", "ref_kw"), INT_CASES)
-def test_codes_and_scales_match_numpy_reference(fmt, name, scaling, ref_kw, eager_and_jit):
+@pytest.mark.parametrize(("how", "fmt", "name", "scaling", "ref_kw"), _both_ways(INT_CASES))
+def test_codes_and_scales_match_numpy_reference(how, fmt, name, scaling, ref_kw):
+    eager_and_jit = _runner(how)
     x = _data()
-    enc = eager_and_jit(lambda v: fmt.encode(v, scaling=scaling))(jnp.asarray(x))
+    enc = _encode(eager_and_jit, fmt, jnp.asarray(x), scaling)
     assert enc.scale.shape == scaling.scale_shape(x.shape)
     assert enc.scale.dtype == jnp.float32
     assert enc.shape == x.shape
@@ -103,20 +144,28 @@ def test_codes_and_scales_match_numpy_reference(fmt, name, scaling, ref_kw, eage
 def test_scales_are_bit_exact_absmax_over_qmax(fmt, name, scaling, ref_kw):
     """docs/design.md §2: the stored scale is `absmax / qmax` in float32 (correctly rounded)."""
     x = _data()
-    enc = jax.jit(lambda v: fmt.encode(v, scaling=scaling))(jnp.asarray(x))
+    enc = _jitted_encode(fmt, scaling, "nearest_even")(jnp.asarray(x))
     _, scale = _codes_and_scale(enc)
     _, ref_scale = int_quantize(x, fmt.qmax, **ref_kw)
     np.testing.assert_array_equal(scale, ref_scale)
 
 
-@pytest.mark.parametrize(
-    "scaling",
-    [PerAxis((0, -1)), PerAxis((2, 0), power_of_two=True), PerAxis((1, 2)), PerAxis((0, 1, 2))],
-    ids=str,
-)
-@pytest.mark.parametrize("fmt", INTS, ids=fid)
-def test_several_axes_match_numpy_reference(fmt, scaling, eager_and_jit):
+SEVERAL_AXES = [
+    pytest.param(fmt, scaling, id=f"{fid(fmt)}-{scaling}")
+    for scaling in [
+        PerAxis((0, -1)),
+        PerAxis((2, 0), power_of_two=True),
+        PerAxis((1, 2)),
+        PerAxis((0, 1, 2)),
+    ]
+    for fmt in INTS
+]
+
+
+@pytest.mark.parametrize(("how", "fmt", "scaling"), _both_ways(SEVERAL_AXES))
+def test_several_axes_match_numpy_reference(how, fmt, scaling):
     """One scale per index combination of the named axes (a scale per layer and channel)."""
+    eager_and_jit = _runner(how)
     if fmt.binary and scaling.power_of_two:
         pytest.skip("int1 scales are means: no power-of-two variant")
     x = _data((4, 6, 50), seed=5)
@@ -151,7 +200,7 @@ def test_several_axes_refuse_what_names_no_grouping(axis, message):
 def test_every_deterministic_mode_matches_numpy_reference(fmt, mode, eager_and_jit):
     x = _data(seed=1)
     scaling = PerAxis(0)
-    enc = eager_and_jit(lambda v: fmt.encode(v, scaling=scaling, rounding=mode))(jnp.asarray(x))
+    enc = _encode(eager_and_jit, fmt, jnp.asarray(x), scaling, mode)
     codes, _ = _codes_and_scale(enc)
     ref_codes, _ = int_quantize(x, fmt.qmax, kind="axis", axis=0, mode=mode)
     np.testing.assert_array_equal(codes, ref_codes)
@@ -162,7 +211,7 @@ def test_every_deterministic_mode_matches_numpy_reference(fmt, mode, eager_and_j
 @pytest.mark.parametrize("fmt", MULTIBIT, ids=fid)
 def test_nearest_error_is_at_most_half_a_scale(fmt, scaling, mode):
     x = _data(seed=2)
-    enc = jax.jit(lambda v: fmt.encode(v, scaling=scaling, rounding=mode))(jnp.asarray(x))
+    enc = _jitted_encode(fmt, scaling, mode)(jnp.asarray(x))
     y = np.asarray(enc.decode(), np.float64)
     scale = _codes_and_scale(enc)[1]
     err = np.abs(y - x)
@@ -238,9 +287,14 @@ def test_all_zero_group_gets_scale_one_and_code_zero(fmt):
 # -- packing ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n", [1, 3, 8, 9, 33])
-@pytest.mark.parametrize("fmt", PACKED, ids=fid)
-def test_pack_matches_reference_for_every_code_and_odd_lengths(fmt, n, eager_and_jit):
+PACK_LENGTHS = [
+    pytest.param(fmt, n, id=f"{fid(fmt)}-{n}") for n in [1, 3, 8, 9, 33] for fmt in PACKED
+]
+
+
+@pytest.mark.parametrize(("how", "fmt", "n"), _both_ways(PACK_LENGTHS))
+def test_pack_matches_reference_for_every_code_and_odd_lengths(how, fmt, n):
+    eager_and_jit = _runner(how)
     valid = np.array([-1, 1]) if fmt.binary else np.arange(-fmt.qmax, fmt.qmax + 1)
     rng = np.random.default_rng(n)
     codes = np.stack([np.resize(np.roll(valid, r), n) for r in range(len(valid))])
@@ -296,13 +350,13 @@ def _held_bytes(enc: Encoded) -> int:
 
 # Every shape and scaling for a packed, a binary and an unpacked scaled format; the
 # other formats share their arithmetic and take the 3-D shape in CI, every shape when
-# hunting (tests/conftest.py).
+# hunting (tests/sampling.py).
 _NBYTES_EVERY_SHAPE = ("int4", "int1", "float8_e4m3fn")
 _NBYTES_CASES = [
     pytest.param(fmt, shape, id=f"{fmt.name}-{shape}")
     for fmt in [*INTS, dtypes.float16, dtypes.float8_e4m3fn]
     for shape in [(5,), (3, 17), (2, 3, 33)]
-    if fmt.name in _NBYTES_EVERY_SHAPE or shape == (2, 3, 33) or _HUNT
+    if fmt.name in _NBYTES_EVERY_SHAPE or shape == (2, 3, 33) or HUNT
 ]
 
 

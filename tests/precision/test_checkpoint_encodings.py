@@ -196,10 +196,18 @@ def test_cases_cover_every_named_encoding_and_scale_format():
     assert formats == set(dtypes.SCALE_FORMATS)
 
 
+@pytest.fixture(scope="module")
+def loads(saved):
+    """The file loaded once as Tensors and once as arrays (each load reads and, as arrays,
+    decodes every tensor of the file: once per module, not once per case)."""
+    path, _ = saved
+    return precision.load(path), precision.load(path, as_arrays=True)
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_round_trip_is_bit_exact(saved, name):
-    path, tree = saved
-    loaded = precision.load(path)
+def test_round_trip_is_bit_exact(saved, loads, name):
+    _, tree = saved
+    loaded, arrays = loads
     original, back = tree[name].encoded, loaded[name].encoded
     assert (back.format, back.scaling, back.shape) == (
         original.format,
@@ -214,7 +222,6 @@ def test_round_trip_is_bit_exact(saved, name):
             assert (a.dtype, a.shape, a.tobytes()) == (b.dtype, b.shape, b.tobytes()), part
     expected = np.asarray(tree[name].to_full_precision().numpy())
     assert np.asarray(loaded[name].to_full_precision().numpy()).tobytes() == expected.tobytes()
-    arrays = precision.load(path, as_arrays=True)
     assert np.asarray(arrays[name]).tobytes() == expected.tobytes()
 
 
