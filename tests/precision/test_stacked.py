@@ -138,8 +138,9 @@ def test_formats_that_take_no_scaling_refuse_per_layer_ones_by_name(name):
 def test_a_stack_scaled_per_layer_maps_from_outside_apply(name, scaling, mapped, outer):
     t = Tensor(W).to_reduced_precision(name, scaling=scaling)
     ref = _reference(t)
+    # (a batched dot sums in another order than each layer's own: float32 rounding apart)
     for run in (jax.jit(mapped), mapped) if outer else (mapped,):
-        np.testing.assert_allclose(np.asarray(run(t)), ref, rtol=2e-6, atol=2e-7)
+        np.testing.assert_allclose(np.asarray(run(t)), ref, rtol=2e-6, atol=1e-6)
 
 
 def test_one_layer_of_the_stack_has_its_own_scaling():
