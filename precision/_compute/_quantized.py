@@ -505,6 +505,8 @@ def _computed_once(quantized: Callable[[jax.Array], Any], x: jax.Array) -> Any:
 
         return lax.cond(always, quantized, never, x)
 
+    if not x.size:  # (nothing to read a predicate from, nor to compute twice)
+        return quantized(x)
     return lax.platform_dependent(x, cpu=held, default=quantized)
 
 

@@ -257,6 +257,26 @@ def test_a_training_step_encodes_each_operand_once(contract):
 
 
 @pytest.mark.parametrize(
+    "contract",
+    [
+        "int8",
+        Contract("float8_e4m3fn", backward="float8_e5m2"),
+        Contract("int8", backward_operands="original"),
+    ],
+    ids=["w8a8", "fp8-hybrid", "original"],
+)
+def test_an_empty_batch_trains(contract):
+    # No element to read the CPU conditional's predicate from: quantized as it is.
+    x, w = np.zeros((0, 16), np.float32), normal(16, 8)
+    f = precision.apply(lambda x, w: x @ w, contract=contract)
+    out, vjp = jax.vjp(f, x, w)
+    dx, dw = vjp(jnp.zeros(out.shape))
+    assert out.shape == (0, 8)
+    assert dx.shape == (0, 16)
+    np.testing.assert_array_equal(dw, np.zeros((16, 8), np.float32))
+
+
+@pytest.mark.parametrize(
     ("perm", "dims"),
     [
         ((1, 0), (((1,), (0,)), ((), ()))),
