@@ -295,10 +295,7 @@ class _QuantizedContraction:
         return own if side.same else quantize(x, side.layout, self.fmt, self.scaling)
 
     def values(self, q: Any, side: _Side) -> jax.Array:
-        """Float32 values of a quantized operand (what the backward pass contracts with);
-        with `original`, `q` is the operand as given."""
-        if self.original:
-            return jnp.asarray(q, jnp.float32)
+        """Float32 values of a quantized operand (what the backward pass contracts with)."""
         layout = side.layout
         if self.integer:
             int_codes: jax.Array
@@ -389,8 +386,10 @@ class _QuantizedContraction:
         if self.backward is not None:
             gl = grad_layout(self.eqn, g.shape)
             g = dequantize(quantize(g, gl, self.backward, self.scaling), gl, self.scaling)
-        va = self.values(qa, self.a)
-        vb = self.values(qb, self.b)
+        if self.original:  # `qa`, `qb` are the operands as given
+            va, vb = jnp.asarray(qa, jnp.float32), jnp.asarray(qb, jnp.float32)
+        else:
+            va, vb = self.values(qa, self.a), self.values(qb, self.b)
         _, vjp = jax.vjp(self.bind_f32, va, vb)
         da, db = vjp(g)
         return da.astype(self.a.dtype), db.astype(self.b.dtype)
@@ -499,11 +498,20 @@ def _computed_once(quantized: Callable[[jax.Array], Any], x: jax.Array) -> Any:
         bits = lax.bitcast_convert_type(x.ravel()[0].astype(jnp.float32), jnp.uint32)
         always = (bits | jnp.uint32(1)) != 0  # true for every value; XLA cannot tell
 
+        made: list[Any] = []
+
+        def once(x: jax.Array) -> Any:
+            out = quantized(x)
+            shape = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
+            made.append(jax.tree_util.tree_map(shape, out))
+            return out
+
         def never(x: jax.Array) -> Any:
-            shapes = jax.eval_shape(quantized, x)
+            # zeros shaped like `once`'s result, traced first; traced again only if not
+            shapes = made[0] if made else jax.eval_shape(quantized, x)
             return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
-        return lax.cond(always, quantized, never, x)
+        return lax.cond(always, once, never, x)
 
     if not x.size:  # (nothing to read a predicate from, nor to compute twice)
         return quantized(x)
