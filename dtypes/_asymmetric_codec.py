@@ -19,7 +19,7 @@ from . import _codec, _packing, _scale_storage
 from ._bit_rounding import round_integer
 from ._encoded import Encoded
 from ._ieee import divide, is_finite, is_nan, nan_where, select, times_pow2, times_scale
-from ._rounding_modes import ROUNDING_MODES
+from ._rounding_modes import NEAREST_MODES, ROUNDING_MODES
 from ._scale_rules import TINY, flush_subnormals, group_extreme, per_group, times_reciprocal
 from ._scaling import Scaling
 
@@ -123,16 +123,59 @@ def _encode_jit(
     low = lo if pre is None else times_pow2(lo, pre)
     zero_point = jnp.clip(jnp.round(-low * inv), 0, fmt.qmax)
     inv, pre, zero_point = per_group(inv, pre, zero_point)
-    y = times_reciprocal(xs, scaling, inv, pre, rounding=rounding, signed_zero=False)
-    rounded = round_integer(y, rounding, key)
-    codes = jnp.clip(rounded + scaling.broadcast(zero_point, xs.shape), 0, fmt.qmax)
-    codes = codes.astype(jnp.uint8)
+    if rounding in NEAREST_MODES and xs.dtype == jnp.float32:
+        codes = lax.platform_dependent(
+            xs, inv, zero_point, *(() if pre is None else (pre,)),
+            cpu=functools.partial(_nearest_codes_cpu, fmt.qmax, scaling, rounding),
+            default=functools.partial(_exact_codes, fmt.qmax, scaling, rounding, None),
+        )  # fmt: skip
+    else:
+        codes = _exact_codes(fmt.qmax, scaling, rounding, key, xs, inv, zero_point, pre)
     zero_point = zero_point.astype(jnp.uint8)
     if scalar:
         codes, stored, zero_point = codes.reshape(()), stored.reshape(()), zero_point.reshape(())
     data = codes if fmt.bits == 8 else _packing.pack(codes.reshape(codes.shape or (1,)), fmt.bits)
     last = None if (scalar or fmt.bits == 8) else x.shape[-1]
     return Encoded(data, stored, fmt, scaling, last, zero_point=zero_point)
+
+
+def _exact_codes(
+    qmax: int,
+    scaling: Scaling,
+    rounding: str,
+    key: Any,
+    x: jax.Array,
+    inv: jax.Array,
+    zero_point: jax.Array,
+    pre: jax.Array | None = None,
+) -> jax.Array:
+    """uint8 codes `clip(round(x * inv) + zero_point, 0, qmax)` on any backend: subnormals
+    flushed and NaN and inf made +0 on the bits before the product."""
+    y = times_reciprocal(x, scaling, inv, pre, rounding=rounding, signed_zero=False)
+    rounded = round_integer(y, rounding, key)
+    codes = jnp.clip(rounded + scaling.broadcast(zero_point, x.shape), 0, qmax)
+    return codes.astype(jnp.uint8)
+
+
+def _nearest_codes_cpu(
+    qmax: int,
+    scaling: Scaling,
+    rounding: str,
+    x: jax.Array,
+    inv: jax.Array,
+    zero_point: jax.Array,
+    pre: jax.Array | None = None,
+) -> jax.Array:
+    """`_exact_codes` in the nearest modes as XLA:CPU computes it fastest, with the same
+    bits (as `_int_codec._nearest_codes_cpu`): the product flushes subnormals there,
+    a group holding NaN or inf has reciprocal 0 and every code its zero point, and
+    the zero point is added and the codes clipped as integers."""
+    inv_b = scaling.broadcast(inv, x.shape)
+    zero_b = scaling.broadcast(zero_point.astype(jnp.int32), x.shape)
+    prescaled = x if pre is None else times_pow2(x, scaling.broadcast(pre, x.shape))
+    steps = round_integer(prescaled * inv_b, rounding).astype(jnp.int32)  # (saturating)
+    codes = jnp.clip(jnp.where(inv_b == 0, 0, steps) + zero_b, 0, qmax)
+    return codes.astype(jnp.uint8)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -91,17 +92,11 @@ class Encoded:
         the scaling: one layer of a `PerAxis(0)` stack is `PerTensor`
         (`Scaling.refit`). Leaves without shapes (JAX's placeholders) leave it as is.
         """
-        if not isinstance(fmt, Format) or not isinstance(scaling, Scaling | None):
-            raise PrecisionTypeError(
-                f"Encoded.fitted_scaling takes a Format and a Scaling (or None), got "
-                f"{type(fmt).__name__} and {type(scaling).__name__}"
-            )
         shape, groups = getattr(data, "shape", None), getattr(scale, "shape", None)
-        if scaling is None or not isinstance(shape, tuple) or not isinstance(groups, tuple):
-            return scaling
-        if fmt.packed and shape:
-            shape = shape[:-1] if last is None else (*shape[:-1], last)
-        return scaling._refit(shape, groups)  # unchecked: an unflatten must never raise
+        try:
+            return _fitted(fmt, scaling, last, shape, groups)
+        except TypeError:  # (something unhashable: worked out each time)
+            return _fitted.__wrapped__(fmt, scaling, last, shape, groups)
 
     @staticmethod
     def fitted_tensor_scale(tensor_scale: Any, scale: Any) -> Any:
@@ -177,6 +172,24 @@ class Encoded:
         except (AttributeError, TypeError, ValueError):  # hand-built, holding non-arrays
             held = f"data={type(self.data).__name__}, format={name!r:.60}{scaling}"
         return f"Encoded({held})"
+
+
+@functools.lru_cache(maxsize=4096)
+def _fitted(
+    fmt: Format, scaling: Scaling | None, last: int | None, shape: Any, groups: Any
+) -> Scaling | None:
+    """`Encoded.fitted_scaling` of the arrays' shapes, worked out once per combination:
+    an unflatten runs for every result of every jitted call."""
+    if not isinstance(fmt, Format) or not isinstance(scaling, Scaling | None):
+        raise PrecisionTypeError(
+            f"Encoded.fitted_scaling takes a Format and a Scaling (or None), got "
+            f"{type(fmt).__name__} and {type(scaling).__name__}"
+        )
+    if scaling is None or not isinstance(shape, tuple) or not isinstance(groups, tuple):
+        return scaling
+    if fmt.packed and shape:
+        shape = shape[:-1] if last is None else (*shape[:-1], last)
+    return scaling._refit(shape, groups)  # unchecked: an unflatten must never raise
 
 
 def format_of(enc: Encoded) -> Format:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ._errors import RoundingError
 
-__all__ = ["CODEBOOK_ROUNDINGS", "ROUNDING_MODES", "check_rounding"]
+__all__ = ["CODEBOOK_ROUNDINGS", "NEAREST_MODES", "ROUNDING_MODES", "check_rounding"]
 
 ROUNDING_MODES: tuple[str, ...] = (
     "nearest_even",
@@ -22,6 +22,10 @@ ROUNDING_MODES: tuple[str, ...] = (
     "stochastic",
 )
 """The rounding modes every format accepts; `nearest_even` is the default."""
+
+NEAREST_MODES: tuple[str, ...] = ("nearest_even", "nearest_away")
+"""The modes that round every value below half a step to zero: a product XLA:CPU
+flushes to zero rounds as the exact one does (the CPU forms of the integer codes)."""
 
 CODEBOOK_ROUNDINGS: tuple[str, ...] = ("nearest_even", "stochastic")
 """The modes of a code book (NF4): its values are not ordered like a float grid's, so

@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from backend_bits import adversarial
+from sampling import sample
 
 import dtypes
 from dtypes import _scale_rules
@@ -77,3 +78,79 @@ def test_nan_group_scales_are_the_quiet_nan_in_a_narrow_scale_format(name, scali
     quiet = int(np.float32(np.nan).astype(dtype).view(np.uint16))
     assert bits[1] == bits[2] == quiet, [hex(b) for b in bits]
     assert np.isfinite(np.asarray(enc.scale, np.float32)[[0, 3]]).all()
+
+
+# The integer encodes' elementwise pass, in the nearest modes, has a CPU form that
+# leaves the flush of subnormals to XLA:CPU and zeroes a NaN group's codes as integers
+# (`_int_codec._nearest_codes_cpu`). A GPU runs the exact form. Both are forced here
+# and must give the same codes, scales, rounded values and gradient masks.
+INT_SCALINGS = [
+    dtypes.PerTensor(),
+    dtypes.PerAxis(0),
+    dtypes.PerAxis(1),
+    dtypes.PerBlock(32),
+    dtypes.PerBlock(7, axis=0),
+    dtypes.PerAxis(0, power_of_two=True),
+    dtypes.PerBlock(32, scale_format="bfloat16"),
+    dtypes.PerBlock(32, power_of_two=True, scale_format="float8_e8m0fnu"),
+]
+# each scaling once, spread over the formats (the paths: per tensor, per group, a
+# narrow scale format, power-of-two's clipped codes; int2's prescaled reciprocal)
+INT_FORMATS = ("int8", "int4", "int2")
+INT_CASES = sample(
+    [(n, s) for n in INT_FORMATS for s in INT_SCALINGS],
+    lambda c: INT_SCALINGS.index(c[1]) % 3 == INT_FORMATS.index(c[0]),
+)
+
+
+def _forced(form, monkeypatch, fn, *args):
+    """`jax.jit(fn)(*args)` with every `lax.platform_dependent` taking `form`'s branch,
+    and the compiled program's text (so the test sees the forms differ)."""
+
+    def chosen(*a, form=form, **branches):
+        return branches[form](*a)
+
+    jax.clear_caches()  # (the library's inner jits would reuse the other form's trace)
+    monkeypatch.setattr(_scale_rules.lax, "platform_dependent", chosen)
+    try:
+        f = jax.jit(fn)
+        text = f.lower(*args).compile().as_text()
+        return jax.tree.map(lambda a: np.asarray(a), f(*args)), text
+    finally:
+        monkeypatch.undo()
+        jax.clear_caches()
+
+
+# and the zero-point codes (`_asymmetric_codec._nearest_codes_cpu`): minmax and absmax
+# ranges, 8 bits and the prescaled 2 bits
+UINT_CASES = [
+    (dtypes.get("uint8"), dtypes.PerTensor()),
+    (dtypes.get("uint4"), dtypes.PerBlock(32)),
+    (dtypes.AsymmetricIntFormat(2, calibration="absmax"), dtypes.PerAxis(0)),
+    (dtypes.AsymmetricIntFormat(3), dtypes.PerBlock(16, scale_format="bfloat16")),
+]
+
+
+@pytest.mark.parametrize(("name", "scaling"), INT_CASES + UINT_CASES, ids=str)
+def test_both_forms_of_the_integer_codes_give_the_same_bits(name, scaling, monkeypatch):
+    fmt = dtypes.get(name) if isinstance(name, str) else name
+    x = adversarial(1 << 12).reshape(-1, 64)  # groups with NaN or inf, and without
+    if isinstance(scaling, dtypes.PerTensor):  # (one NaN would make every code 0)
+        x = np.where(np.isfinite(x), x, np.float32(1))
+
+    def run(v):
+        out = {}
+        for mode in ("nearest_even", "nearest_away"):
+            enc = fmt.encode(v, scaling=scaling, rounding=mode)
+            mask = jax.grad(
+                lambda u, mode=mode: fmt.round(u, scaling=scaling, rounding=mode).sum()
+            )(v)
+            out[mode] = (enc.data, enc.scale, fmt.round(v, scaling=scaling, rounding=mode), mask)
+        return out
+
+    bits = lambda t: [a.view(np.uint8) for a in jax.tree.leaves(t)]
+    cpu, cpu_text = _forced("cpu", monkeypatch, run, x)
+    exact, exact_text = _forced("default", monkeypatch, run, x)
+    assert cpu_text != exact_text  # the two forms were compiled
+    for a, b in zip(bits(cpu), bits(exact), strict=True):
+        np.testing.assert_array_equal(a, b)
