@@ -168,13 +168,15 @@ def _nearest_codes_cpu(
 ) -> jax.Array:
     """`_exact_codes` in the nearest modes as XLA:CPU computes it fastest, with the same
     bits (as `_int_codec._nearest_codes_cpu`): the product flushes subnormals there,
-    a group holding NaN or inf has reciprocal 0 and every code its zero point, and
-    the zero point is added and the codes clipped as integers."""
+    a group holding NaN or inf has reciprocal 0 and every code its zero point (its
+    steps cleared by a per-group mask), and the zero point is added and the codes
+    clipped as integers."""
     inv_b = scaling.broadcast(inv, x.shape)
     zero_b = scaling.broadcast(zero_point.astype(jnp.int32), x.shape)
     prescaled = x if pre is None else times_pow2(x, scaling.broadcast(pre, x.shape))
     steps = round_integer(prescaled * inv_b, rounding).astype(jnp.int32)  # (saturating)
-    codes = jnp.clip(jnp.where(inv_b == 0, 0, steps) + zero_b, 0, qmax)
+    keep = per_group(jnp.where(inv == 0, jnp.int32(0), jnp.int32(-1)))
+    codes = jnp.clip((steps & scaling.broadcast(keep, x.shape)) + zero_b, 0, qmax)
     return codes.astype(jnp.uint8)
 
 

@@ -29,7 +29,7 @@ from ._encode_input_checks import (
 from ._encoded import Encoded
 from ._ieee import times_pow2, times_scale, unsigned_zero
 from ._rounding_modes import NEAREST_MODES
-from ._scale_rules import flush_subnormals, mean_abs, scales, times_reciprocal
+from ._scale_rules import flush_subnormals, mean_abs, per_group, scales, times_reciprocal
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
@@ -144,11 +144,14 @@ def _nearest_codes_cpu(
     the product flushes `x` as `_exact_codes` does on the bits, and a product it
     flushes rounds to 0 in a nearest mode either way. NaN and inf elements lie
     only in groups whose reciprocal is 0 (their scale is NaN), as do the zeros
-    of an all-zero group: every code of such a group is 0, selected as an integer
-    after the conversion (whatever the product was, under flags that assume no
-    NaN too; an integer has no -0). Other products are finite, so the conversion
-    is exact after rounding and the clip is on integers (int32: as wide as the
-    float32 lanes, which XLA:CPU vectorises better than a mix of widths).
+    of an all-zero group: every code of such a group is 0, cleared as an integer
+    after the conversion by a per-group mask (whatever the product was: under
+    flags that assume no NaN, a NaN's conversion is anything, and the fast-math
+    bit test fails without the mask; an integer has no -0). The mask is ANDed in,
+    not selected: a select on a broadcast per-block value kept XLA:CPU from
+    vectorising the packing of int4 codes (2x slower). Other products are finite,
+    so the conversion is exact after rounding and the clip is on integers (int32:
+    as wide as the float32 lanes, which XLA:CPU vectorises better than a mix).
     `tests/dtypes/test_backend_forms.py` checks both forms against each other on
     adversarial input.
     """
@@ -156,7 +159,8 @@ def _nearest_codes_cpu(
     prescaled = x if pre is None else times_pow2(x, scaling.broadcast(pre, x.shape))
     rounded = round_integer(prescaled * inv_b, rounding)
     as_int = jnp.clip(rounded.astype(jnp.int32), -qmax, qmax)  # (a saturating conversion)
-    return jnp.where(inv_b == 0, jnp.int32(0), as_int).astype(jnp.int8)
+    keep = per_group(jnp.where(inv == 0, jnp.int32(0), jnp.int32(-1)))
+    return (as_int & scaling.broadcast(keep, x.shape)).astype(jnp.int8)
 
 
 # One compiled kernel per (format, scaling, mode, shape): an eager call is a
