@@ -95,7 +95,7 @@ class Encoded:
         shape, groups = getattr(data, "shape", None), getattr(scale, "shape", None)
         try:
             return _fitted(fmt, scaling, last, shape, groups)
-        except TypeError:  # (something unhashable: worked out each time)
+        except Exception:  # (a key that cannot be hashed or compared: worked out each time)
             return _fitted.__wrapped__(fmt, scaling, last, shape, groups)
 
     @staticmethod
