@@ -175,6 +175,9 @@ def _nearest_codes_cpu(
     zero_b = scaling.broadcast(zero_point.astype(jnp.int32), x.shape)
     prescaled = x if pre is None else times_pow2(x, scaling.broadcast(pre, x.shape))
     steps = round_integer(prescaled * inv_b, rounding).astype(jnp.int32)  # (saturating)
+    # (clipped before the zero point is added: under a float16 scale, clipped at
+    # 65504, a product can pass 2**31, and int32 + zero point would wrap)
+    steps = jnp.clip(steps, -qmax, qmax)
     keep = per_group(jnp.where(inv == 0, jnp.int32(0), jnp.int32(-1)))
     codes = jnp.clip((steps & scaling.broadcast(keep, x.shape)) + zero_b, 0, qmax)
     return codes.astype(jnp.uint8)
