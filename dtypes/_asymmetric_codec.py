@@ -20,7 +20,14 @@ from ._bit_rounding import round_integer
 from ._encoded import Encoded
 from ._ieee import divide, is_finite, is_nan, nan_where, select, times_pow2, times_scale
 from ._rounding_modes import NEAREST_MODES, ROUNDING_MODES
-from ._scale_rules import TINY, flush_subnormals, group_extreme, per_group, times_reciprocal
+from ._scale_rules import (
+    TINY,
+    flush_subnormals,
+    group_extreme,
+    nearest_steps_cpu,
+    per_group,
+    times_reciprocal,
+)
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
@@ -167,19 +174,13 @@ def _nearest_codes_cpu(
     pre: jax.Array | None = None,
 ) -> jax.Array:
     """`_exact_codes` in the nearest modes as XLA:CPU computes it fastest, with the same
-    bits (as `_int_codec._nearest_codes_cpu`): the product flushes subnormals there,
-    a group holding NaN or inf has reciprocal 0 and every code its zero point (its
-    steps cleared by a per-group mask), and the zero point is added and the codes
-    clipped as integers."""
-    inv_b = scaling.broadcast(inv, x.shape)
+    bits (`nearest_steps_cpu`: a group holding NaN or inf has reciprocal 0 and every
+    code its zero point), the zero point added and the codes clipped as integers
+    (the steps are clipped first: under a float16 scale, clipped at 65504, a product
+    can pass 2**31, and int32 + zero point would wrap)."""
+    steps = nearest_steps_cpu(x, scaling, inv, pre, rounding=rounding, qmax=qmax)
     zero_b = scaling.broadcast(zero_point.astype(jnp.int32), x.shape)
-    prescaled = x if pre is None else times_pow2(x, scaling.broadcast(pre, x.shape))
-    steps = round_integer(prescaled * inv_b, rounding).astype(jnp.int32)  # (saturating)
-    # (clipped before the zero point is added: under a float16 scale, clipped at
-    # 65504, a product can pass 2**31, and int32 + zero point would wrap)
-    steps = jnp.clip(steps, -qmax, qmax)
-    keep = per_group(jnp.where(inv == 0, jnp.int32(0), jnp.int32(-1)))
-    codes = jnp.clip((steps & scaling.broadcast(keep, x.shape)) + zero_b, 0, qmax)
+    codes = jnp.clip(steps + zero_b, 0, qmax)
     return codes.astype(jnp.uint8)
 
 

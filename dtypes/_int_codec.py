@@ -27,9 +27,15 @@ from ._encode_input_checks import (
     special_values_now,
 )
 from ._encoded import Encoded
-from ._ieee import times_pow2, times_scale, unsigned_zero
+from ._ieee import times_scale, unsigned_zero
 from ._rounding_modes import NEAREST_MODES
-from ._scale_rules import flush_subnormals, mean_abs, per_group, scales, times_reciprocal
+from ._scale_rules import (
+    flush_subnormals,
+    mean_abs,
+    nearest_steps_cpu,
+    scales,
+    times_reciprocal,
+)
 from ._scaling import Scaling
 
 if TYPE_CHECKING:
@@ -138,29 +144,12 @@ def _nearest_codes_cpu(
     pre: jax.Array | None = None,
 ) -> jax.Array:
     """The int8 codes of `_exact_codes` in the nearest modes, as XLA:CPU computes them
-    fastest: the same bits there, in half the operations per element.
-
-    XLA:CPU reads subnormal operands as zero and flushes subnormal products, so
-    the product flushes `x` as `_exact_codes` does on the bits, and a product it
-    flushes rounds to 0 in a nearest mode either way. NaN and inf elements lie
-    only in groups whose reciprocal is 0 (their scale is NaN), as do the zeros
-    of an all-zero group: every code of such a group is 0, cleared as an integer
-    after the conversion by a per-group mask (whatever the product was: under
-    flags that assume no NaN, a NaN's conversion is anything, and the fast-math
-    bit test fails without the mask; an integer has no -0). The mask is ANDed in,
-    not selected: a select on a broadcast per-block value kept XLA:CPU from
-    vectorising the packing of int4 codes (2x slower). Other products are finite,
-    so the conversion is exact after rounding and the clip is on integers (int32:
-    as wide as the float32 lanes, which XLA:CPU vectorises better than a mix).
+    fastest, with the same bits there (`nearest_steps_cpu`: every code of a group
+    whose reciprocal is 0 is 0, as the exact form gives it; an integer has no -0).
     `tests/dtypes/test_backend_forms.py` checks both forms against each other on
-    adversarial input.
-    """
-    inv_b = scaling.broadcast(inv, x.shape)
-    prescaled = x if pre is None else times_pow2(x, scaling.broadcast(pre, x.shape))
-    rounded = round_integer(prescaled * inv_b, rounding)
-    as_int = jnp.clip(rounded.astype(jnp.int32), -qmax, qmax)  # (a saturating conversion)
-    keep = per_group(jnp.where(inv == 0, jnp.int32(0), jnp.int32(-1)))
-    return (as_int & scaling.broadcast(keep, x.shape)).astype(jnp.int8)
+    adversarial input."""
+    steps = nearest_steps_cpu(x, scaling, inv, pre, rounding=rounding, qmax=qmax)
+    return steps.astype(jnp.int8)
 
 
 # One compiled kernel per (format, scaling, mode, shape): an eager call is a
