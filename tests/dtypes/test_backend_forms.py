@@ -21,7 +21,7 @@ from backend_bits import adversarial
 from sampling import sample
 
 import dtypes
-from dtypes import _scale_rules
+from dtypes import _asymmetric_codec, _int_codec, _scale_rules
 
 SCALINGS = [
     dtypes.PerTensor(),
@@ -105,16 +105,26 @@ INT_CASES = sample(
 
 def _forced(form, monkeypatch, fn, *args):
     """`jax.jit(fn)(*args)` with every `lax.platform_dependent` taking `form`'s branch,
-    and the compiled program's text (so the test sees the forms differ)."""
+    and the compiled program's text; the CPU form of the codes is seen traced in the
+    "cpu" run only (so the test knows which form it compared)."""
 
     def chosen(*a, form=form, **branches):
         return branches[form](*a)
 
+    steps = []  # the CPU form's traces: some in "cpu", none in "default"
+
+    def counted(*a, **k):
+        steps.append(1)
+        return _scale_rules.nearest_steps_cpu(*a, **k)
+
     jax.clear_caches()  # (the library's inner jits would reuse the other form's trace)
     monkeypatch.setattr(_scale_rules.lax, "platform_dependent", chosen)
+    for codec in (_int_codec, _asymmetric_codec):
+        monkeypatch.setattr(codec, "nearest_steps_cpu", counted)
     try:
         f = jax.jit(fn)
         text = f.lower(*args).compile().as_text()
+        assert bool(steps) == (form == "cpu"), (form, len(steps))
         return jax.tree.map(lambda a: np.asarray(a), f(*args)), text
     finally:
         monkeypatch.undo()
