@@ -82,13 +82,13 @@ def encode(fmt: IntFormat, x: Any, scaling: Scaling | None, rounding: str, key: 
 
 def _int_codes(
     fmt: IntFormat, x: jax.Array, scaling: Scaling, rounding: str, key: Any, *, stored: bool
-) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array, jax.Array | None]:
+) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array | None, jax.Array | None]:
     """(codes, stored scale, reciprocal, unclipped rounded codes, tensor scale).
 
     `stored`: the codes as int8, to be stored (`encode`), computed in the CPU's
-    form there (`_nearest_codes_cpu`); else as float32 (`round`), and the rounded
-    values alongside (read by a power-of-two scaling's gradient mask; `encode`
-    reads none)."""
+    form there (`_nearest_codes_cpu`), which gives no rounded values (None);
+    else as float32 (`round`), and the rounded values alongside (read by a
+    power-of-two scaling's gradient mask)."""
     if fmt.binary:
         x = flush_subnormals(x)
         # A group holding NaN or ±inf gets a NaN scale, like every scale.
@@ -112,7 +112,7 @@ def _int_codes(
             cpu=functools.partial(_nearest_codes_cpu, fmt.qmax, scaling, rounding),
             default=exact,
         )  # fmt: skip
-        return codes, scale, inv, codes, tensor_scale
+        return codes, scale, inv, None, tensor_scale
     codes, rounded = _exact_codes(fmt.qmax, scaling, rounding, key, x, inv, pre)
     return (codes.astype(jnp.int8) if stored else codes), scale, inv, rounded, tensor_scale
 
@@ -198,6 +198,7 @@ def _round_with_mask(
     scale = _scale_storage.widen(stored, tensor_scale, scaling, fmt.top_exponent)
     # An integer code times a normal scale is never subnormal (|code| >= 1 or 0).
     out = times_scale(codes, scaling.broadcast(scale, xf.shape), flush=False)
+    assert rounded is not None  # (`stored=False` always gives them)
     if scaling.power_of_two and not fmt.binary:
         # Only power-of-two scales can push a code out of range: those
         # elements were clipped and pass no gradient (clipped STE).

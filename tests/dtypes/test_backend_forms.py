@@ -32,17 +32,22 @@ SCALINGS = [
 ]
 
 
+def _choose(form, monkeypatch):
+    """Every `lax.platform_dependent` takes `form`'s branch until `monkeypatch.undo()`."""
+
+    def chosen(*args, **branches):
+        return branches[form](*args)
+
+    monkeypatch.setattr(_scale_rules.lax, "platform_dependent", chosen)
+
+
 @pytest.mark.parametrize("scaling", SCALINGS, ids=str)
 def test_both_forms_of_the_group_absmax_give_the_same_bits(scaling, monkeypatch):
     x = adversarial(1 << 16).reshape(-1, 64)
     got = {}
     assert x.size > _scale_rules._SMALL  # the CPU's form stages it
     for form in ("cpu", "default"):
-
-        def chosen(*args, form=form, **branches):
-            return branches[form](*args)
-
-        monkeypatch.setattr(_scale_rules.lax, "platform_dependent", chosen)
+        _choose(form, monkeypatch)
         f = jax.jit(lambda v: _scale_rules.group_absmax(v, scaling))
         got[form] = np.asarray(f(x)).view(np.uint32)
     monkeypatch.undo()
@@ -85,11 +90,7 @@ def test_nan_group_scales_are_the_quiet_nan_in_a_narrow_scale_format(name, scali
 # (`_int_codec._nearest_codes_cpu`). A GPU runs the exact form. Both are forced here
 # and must give the same codes, scales, rounded values and gradient masks.
 INT_SCALINGS = [
-    dtypes.PerTensor(),
-    dtypes.PerAxis(0),
-    dtypes.PerAxis(1),
-    dtypes.PerBlock(32),
-    dtypes.PerBlock(7, axis=0),
+    *SCALINGS,
     dtypes.PerAxis(0, power_of_two=True),
     dtypes.PerBlock(32, scale_format="bfloat16"),
     dtypes.PerBlock(32, power_of_two=True, scale_format="float8_e8m0fnu"),
@@ -108,9 +109,6 @@ def _forced(form, monkeypatch, fn, *args):
     and the compiled program's text; the CPU form of the codes is seen traced in the
     "cpu" run only (so the test knows which form it compared)."""
 
-    def chosen(*a, form=form, **branches):
-        return branches[form](*a)
-
     steps = []  # the CPU form's traces: some in "cpu", none in "default"
 
     def counted(*a, **k):
@@ -118,7 +116,7 @@ def _forced(form, monkeypatch, fn, *args):
         return _scale_rules.nearest_steps_cpu(*a, **k)
 
     jax.clear_caches()  # (the library's inner jits would reuse the other form's trace)
-    monkeypatch.setattr(_scale_rules.lax, "platform_dependent", chosen)
+    _choose(form, monkeypatch)
     for codec in (_int_codec, _asymmetric_codec):
         monkeypatch.setattr(codec, "nearest_steps_cpu", counted)
     try:
