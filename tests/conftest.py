@@ -10,7 +10,9 @@ examples, for looking for counterexamples before a release), chosen by
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 
 import jax
@@ -62,6 +64,31 @@ settings.register_profile(
 )
 _ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if _ci else "dev"))
+
+# One compilation cache for the whole run. The suite is compile-bound, and the same
+# programs (an encoder at a shape, a model's step) are compiled in many tests, in both
+# xdist workers and in the subprocesses tests start; XLA keys each entry by the program,
+# the JAX and XLA versions, the XLA flags and the devices, so a cached executable is the
+# one the compiler would give again. The directory is made by the first process of the
+# run (pytest's controller), reaches the others through the environment and is removed
+# at the end; a cache the user configured (JAX_COMPILATION_CACHE_DIR) is used as it is.
+_CACHE_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
+_own_cache: str | None = None
+if not os.environ.get(_CACHE_VARIABLE):
+    _own_cache = tempfile.mkdtemp(prefix="precision-tests-xla-cache-")
+    os.environ[_CACHE_VARIABLE] = _own_cache
+    # Every program, however quick to compile: most of the suite's are small.
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    jax.config.update("jax_compilation_cache_dir", _own_cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _own_cache is not None:
+        shutil.rmtree(_own_cache, ignore_errors=True)
+
 
 # Mixing ranks or dtypes implicitly is refused in the whole suite, so the
 # library cannot rely on it by accident.
