@@ -149,9 +149,12 @@ def test_both_forms_of_the_integer_codes_give_the_same_bits(name, scaling, monke
     # (the symmetric formats' `round` takes the exact form on every platform: only their
     # codes compare two forms; the zero-point formats' `round` decodes their encode)
     fmt = dtypes.get(name) if isinstance(name, str) else name
-    x = adversarial(1 << 12).reshape(-1, 64)  # groups with NaN or inf, and without
+    xs = [adversarial(1 << 12).reshape(-1, 64)]  # groups with NaN or inf, and without
+    if getattr(fmt, "qmax", None) == 1:  # int2: groups of 128 take the threshold form
+        wide = adversarial(1 << 14).reshape(-1, 128)
+        xs += [wide, np.ascontiguousarray(wide.T)]  # ties along either axis
     if isinstance(scaling, dtypes.PerTensor):  # (one NaN would make every code 0)
-        x = np.where(np.isfinite(x), x, np.float32(1))
+        xs = [np.where(np.isfinite(x), x, np.float32(1)) for x in xs]
 
     def run(v):
         out = {}
@@ -164,8 +167,9 @@ def test_both_forms_of_the_integer_codes_give_the_same_bits(name, scaling, monke
         return out
 
     bits = lambda t: [a.view(np.uint8) for a in jax.tree.leaves(t)]
-    cpu, cpu_text = _forced("cpu", monkeypatch, run, x)
-    exact, exact_text = _forced("default", monkeypatch, run, x)
-    assert cpu_text != exact_text  # the two forms were compiled
-    for a, b in zip(bits(cpu), bits(exact), strict=True):
-        np.testing.assert_array_equal(a, b)
+    for x in xs:
+        cpu, cpu_text = _forced("cpu", monkeypatch, run, x)
+        exact, exact_text = _forced("default", monkeypatch, run, x)
+        assert cpu_text != exact_text  # the two forms were compiled
+        for a, b in zip(bits(cpu), bits(exact), strict=True):
+            np.testing.assert_array_equal(a, b)
