@@ -424,18 +424,17 @@ def nearest_steps_cpu(
     code is a comparison with the group's threshold (`_unit_threshold`) instead: no
     prescale on the bits, no product, no rounding.
     """
+    keep = jnp.where(inv == 0, jnp.int32(0), jnp.int32(-1))
     if qmax == 1 and x.size >= _UNIT_THRESHOLD_GROUP * inv.size:
-        keep, threshold = per_group(
-            jnp.where(inv == 0, jnp.int32(0), jnp.int32(-1)), _unit_threshold(inv, pre, rounding)
-        )
+        keep, threshold = per_group(keep, _unit_threshold(inv, pre, rounding))
         unit = jnp.where(x > 0, jnp.int32(1), jnp.int32(-1))
         steps = jnp.where(jnp.abs(x) >= scaling.broadcast(threshold, x.shape), unit, 0)
-        return steps & scaling.broadcast(keep, x.shape)
-    inv_b = scaling.broadcast(inv, x.shape)
-    prescaled = x if pre is None else _ieee.times_pow2(x, scaling.broadcast(pre, x.shape))
-    steps = round_integer(prescaled * inv_b, rounding).astype(jnp.int32)
-    steps = jnp.clip(steps, -qmax, qmax)
-    keep = per_group(jnp.where(inv == 0, jnp.int32(0), jnp.int32(-1)))
+    else:
+        inv_b = scaling.broadcast(inv, x.shape)
+        prescaled = x if pre is None else _ieee.times_pow2(x, scaling.broadcast(pre, x.shape))
+        steps = round_integer(prescaled * inv_b, rounding).astype(jnp.int32)
+        steps = jnp.clip(steps, -qmax, qmax)
+        keep = per_group(keep)
     return steps & scaling.broadcast(keep, x.shape)
 
 
@@ -478,7 +477,7 @@ def _unit_threshold(inv: jax.Array, pre: jax.Array | None, rounding: str) -> jax
     w = jnp.min(jnp.where(one, tried, jnp.float32(np.finfo(np.float32).max)), axis=-1)
     if pre is None:
         return w
-    return jnp.maximum(_ieee.times_pow2(w, jnp.where(pre < 1, jnp.float32(2.0**64), 1)), TINY)
+    return _ieee.times_pow2(w, jnp.where(pre < 1, jnp.float32(2.0**64), 1))  # (w >= 2**-126)
 
 
 def per_group(*values: Any) -> Any:
