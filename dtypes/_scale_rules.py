@@ -96,8 +96,37 @@ def group_absmax(x: jax.Array, scaling: Scaling) -> jax.Array:
 
 
 def max_bits(mag: jax.Array, scaling: Scaling) -> jax.Array:
-    """Per-group max of uint32 `mag` (0 for an empty group), shaped like the scales."""
-    return group_extreme(mag, scaling, jnp.max)
+    """Per-group max of float32 magnitude bits `mag` (uint32, sign cleared; 0 for an
+    empty group), shaped like the scales; a group holding NaN gives at least inf's bits
+    (NaN's own or inf's), so `>= 0x7F800000` says it holds NaN or inf.
+
+    On XLA:CPU groups along a short last axis (blocks of at most 32) compare the bits
+    as floats: the float max over such an axis vectorises where the integer max does
+    not (2**21 values in blocks of 32: 0.44 ms against 0.69), while across rows, as
+    `_staged` reduces longer groups, the integer max is the faster (0.19 ms against
+    0.28 per tensor). NaN bits are first lowered to inf's, with an integer min, so no
+    NaN enters the comparison (a vectorised float max may drop one); the magnitudes of
+    non-NaN floats order as their bits do, so the float max is the integer max, except
+    among subnormals, which a CPU flushing them may compare as zeros: the result is
+    then another subnormal or 0, and every caller takes a subnormal absmax as 0.
+    """
+
+    def cpu(m: jax.Array) -> jax.Array:
+        return scaling.group_reduce(m, _max_bits_cpu)
+
+    out: jax.Array = lax.platform_dependent(
+        mag, cpu=cpu, default=lambda m: group_extreme(m, scaling, jnp.max)
+    )
+    return out
+
+
+def _max_bits_cpu(m: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """`max_bits`' reduction on XLA:CPU: a short last axis as floats, others staged."""
+    if tuple(axes) != (m.ndim - 1,) or m.shape[-1] > _LANES:
+        return _staged(jnp.max, m, axes)
+    f = lax.bitcast_convert_type(jnp.minimum(m, jnp.uint32(0x7F800000)), jnp.float32)
+    top = jnp.max(f, axis=-1, keepdims=True, initial=jnp.float32(0))
+    return lax.bitcast_convert_type(top, jnp.uint32)
 
 
 def group_extreme(values: jax.Array, scaling: Scaling, reduce: Reduction) -> jax.Array:
