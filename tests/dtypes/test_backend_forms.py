@@ -173,3 +173,46 @@ def test_both_forms_of_the_integer_codes_give_the_same_bits(name, scaling, monke
         assert cpu_text != exact_text  # the two forms were compiled
         for a, b in zip(bits(cpu), bits(exact), strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+# The scaled fp8 encodes have a CPU form too (`_float_codec._byte_codes`): NaN and inf
+# made +0 on the bits, subnormals left to XLA:CPU's flush, and no clip where float32
+# absmax scales cannot overshoot. Both forms must give the same codes and scales.
+FP8_CASES = [
+    ("float8_e4m3fn", dtypes.PerTensor()),
+    ("float8_e5m2", dtypes.PerTensor()),
+    ("float8_e4m3fn", dtypes.PerAxis(0)),
+    ("float8_e5m2", dtypes.PerAxis(1)),
+    ("float8_e4m3fn", dtypes.PerBlock(32)),
+    ("float8_e5m2", dtypes.PerBlock(7, axis=0)),
+    ("float8_e4m3fn", dtypes.PerAxis(0, scale_format="float16")),  # (clipped at 65504)
+    ("float8_e5m2", dtypes.PerBlock(32, scale_format="bfloat16")),
+    ("float8_e4m3fn", dtypes.PerBlock(32, power_of_two=True, scale_format="float8_e8m0fnu")),
+    ("float8_e5m2", dtypes.PerAxis(0, power_of_two=True)),
+]
+
+
+@pytest.mark.skipif(
+    jax.default_backend() != "cpu", reason="the CPU form relies on XLA:CPU's flush of subnormals"
+)
+@pytest.mark.parametrize(("name", "scaling"), FP8_CASES, ids=str)
+def test_both_forms_of_the_fp8_codes_give_the_same_bits(name, scaling, monkeypatch):
+    fmt = dtypes.get(name)
+    x = adversarial(1 << 12).reshape(-1, 64)  # groups with NaN or inf, and without
+    if isinstance(scaling, dtypes.PerTensor):  # (one NaN would make every code 0)
+        x = np.where(np.isfinite(x), x, np.float32(1))
+    got, texts = {}, {}
+    for form in ("cpu", "default"):
+        jax.clear_caches()  # (the library's inner jits would reuse the other form's trace)
+        _choose(form, monkeypatch)
+        try:
+            f = jax.jit(lambda v: fmt.encode(v, scaling=scaling))
+            texts[form] = f.lower(x).compile().as_text()
+            enc = f(x)
+            got[form] = [np.asarray(a).view(np.uint8) for a in (enc.data, enc.scale)]
+        finally:
+            monkeypatch.undo()
+            jax.clear_caches()
+    assert texts["cpu"] != texts["default"]  # the two forms were compiled
+    for a, b in zip(got["cpu"], got["default"], strict=True):
+        np.testing.assert_array_equal(a, b)
