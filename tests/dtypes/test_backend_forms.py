@@ -216,3 +216,31 @@ def test_both_forms_of_the_fp8_codes_give_the_same_bits(name, scaling, monkeypat
     assert texts["cpu"] != texts["default"]  # the two forms were compiled
     for a, b in zip(got["cpu"], got["default"], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(
+    jax.default_backend() != "cpu", reason="the CPU form relies on XLA:CPU's flush of subnormals"
+)
+def test_both_forms_of_the_float16_rounding_give_the_same_bits(monkeypatch):
+    # (`_float_codec._round_float16_cpu`: XLA's conversion there and back, NaN and the
+    # overflow written on the bits)
+    edges = np.array(
+        [0x7F800001, 0xFFC00001, 0x7FFFFFFF, 0x7FA00000, 0x7F800000, 0xFF800000,
+         0x477FEFFF, 0x477FF000, 0xC77FF000, 0x477FE000, 0x33000000, 0x33000001,
+         0xB3000000, 0x33800000, 0x387FE000, 0x387FF000, 0x00000001, 0x80000001],
+        np.uint32,
+    ).view(np.float32)  # fmt: skip
+    x = np.concatenate([adversarial(1 << 12).ravel(), edges])
+    got, texts = {}, {}
+    for form in ("cpu", "default"):
+        jax.clear_caches()
+        _choose(form, monkeypatch)
+        try:
+            f = jax.jit(lambda v: dtypes.get("float16").round(v))
+            texts[form] = f.lower(x).compile().as_text()
+            got[form] = np.asarray(f(x)).view(np.uint32)
+        finally:
+            monkeypatch.undo()
+            jax.clear_caches()
+    assert texts["cpu"] != texts["default"]  # the two forms were compiled
+    np.testing.assert_array_equal(got["cpu"], got["default"])
