@@ -44,6 +44,7 @@ __all__ = [
     "nan_where",
     "select",
     "times_pow2",
+    "times_pow2_down",
     "times_scale",
     "to_float32",
     "unsigned_zero",
@@ -134,6 +135,20 @@ def times_pow2(x: jax.Array, p: Any) -> jax.Array:
         jnp.clip(e, 1, 254).astype(jnp.uint32) << 23
     )
     return from_bits(jnp.where(keep, moved, u & jnp.uint32(_SIGN)))
+
+
+def times_pow2_down(x: jax.Array, p: Any) -> jax.Array:
+    """`times_pow2(x, p)` for powers of two `p <= 1` (a prescale), in five operations.
+
+    The same bits as `times_pow2` for every finite `x`: with `p = 2**-k`, the product
+    is `x` with `k` taken off its exponent field where that field exceeds `k`, and
+    zero of `x`'s sign elsewhere (a subnormal product, or `x` zero or subnormal).
+    `k << 23` is the difference of the bits of 1 and of `p`. (NaN and inf keep their
+    exponent field where `times_pow2` would saturate it; callers set them aside.)
+    """
+    u = _bits(x)
+    drop = jnp.uint32(np.float32(1).view(np.uint32)) - _bits(p)
+    return from_bits(jnp.where((u & jnp.uint32(_EXP_ONES)) > drop, u - drop, u & jnp.uint32(_SIGN)))
 
 
 def _bits(x: Any) -> jax.Array:

@@ -413,7 +413,7 @@ def times_reciprocal(
     inv_b = scaling.broadcast(inv, x.shape)
     if x.dtype == jnp.float32:
         x = _finite_normal(x, signed_zero=signed_zero)
-        prescaled = x if pre is None else _ieee.times_pow2(x, scaling.broadcast(pre, x.shape))
+        prescaled = x if pre is None else _ieee.times_pow2_down(x, scaling.broadcast(pre, x.shape))
     else:  # float64 under x64
         x = flush_subnormals(x)
         prescaled = x if pre is None else x * scaling.broadcast(pre, x.shape)
@@ -449,18 +449,33 @@ def nearest_steps_cpu(
     are finite; the conversion saturates and the clip is on integers (int32: as
     wide as the float32 lanes, which XLA:CPU vectorises better than a mix).
 
-    On a grid of one step (int2: -1, 0, 1) in groups of 128 values or more, each
-    code is a comparison with the group's threshold (`_unit_threshold`) instead: no
-    prescale on the bits, no product, no rounding.
+    On a grid of one step (int2: -1, 0, 1) there is nothing to round: in groups of
+    128 values or more each code is a comparison of `|x|` with the group's threshold
+    (`_unit_threshold`), in smaller groups two comparisons of the product with a bound
+    per group (1/2, or 2**63 where the prescale is 2**-64): no prescale on the bits,
+    no rounding, no clip.
     """
     keep = jnp.where(inv == 0, jnp.int32(0), jnp.int32(-1))
     if qmax == 1 and x.size >= _UNIT_THRESHOLD_GROUP * inv.size:
         keep, threshold = per_group(keep, _unit_threshold(inv, pre, rounding))
         unit = jnp.where(x > 0, jnp.int32(1), jnp.int32(-1))
         steps = jnp.where(jnp.abs(x) >= scaling.broadcast(threshold, x.shape), unit, 0)
+    elif qmax == 1:
+        # clip(round(y), -1, 1) is sign(y) where |y| passes 1/2 (nearest_away: reaches
+        # it), for every y; and with a prescale 2**-64 the product of the prescaled
+        # value passes 1/2 exactly when the unscaled one passes 2**63 (exact scaling by
+        # a power of two; a prescaled value that would flush lies far below either).
+        # So each code is a product and two comparisons with a per-group bound.
+        half = np.float32(0.5)
+        bound = half if pre is None else jnp.where(pre < 1, np.float32(2.0**63), half)
+        keep, bound = per_group(keep, bound)
+        y = x * scaling.broadcast(inv, x.shape)
+        b = scaling.broadcast(bound, x.shape)
+        up, down = (y > b, y < -b) if rounding == "nearest_even" else (y >= b, y <= -b)
+        steps = jnp.where(up, jnp.int32(1), jnp.where(down, jnp.int32(-1), jnp.int32(0)))
     else:
         inv_b = scaling.broadcast(inv, x.shape)
-        prescaled = x if pre is None else _ieee.times_pow2(x, scaling.broadcast(pre, x.shape))
+        prescaled = x if pre is None else _ieee.times_pow2_down(x, scaling.broadcast(pre, x.shape))
         steps = round_integer(prescaled * inv_b, rounding).astype(jnp.int32)
         steps = jnp.clip(steps, -qmax, qmax)
         keep = per_group(keep)
@@ -469,7 +484,8 @@ def nearest_steps_cpu(
 
 # The group size from which a one-step grid's codes come from a threshold per group
 # (`_unit_threshold`: 13 products a group) rather than a product per value: per block
-# of 32 the search cost 1.18x the product form, per row of 2048 0.85x (int2, 2**21 values).
+# of 32 the search cost 1.18x the rounded product, per row of 2048 0.85x (int2, 2**21
+# values); against the product compared with a bound, per block of 32 it cost 1.02x.
 _UNIT_THRESHOLD_GROUP = 128
 
 # How far, in float32 steps, the estimate of a unit threshold may lie from it: the

@@ -141,6 +141,22 @@ UINT_CASES = [
 ]
 
 
+def _unit_ties() -> np.ndarray:
+    """Rows of 32 whose absmax is a power of two 2**k (so a reciprocal is exact and
+    half of it a tie for int2's one step), holding +-2**(k-1) and their neighbours,
+    for k from -120 to 127 (past 2**100 the reciprocal is prescaled)."""
+    rows = []
+    for k in range(-120, 128, 3):
+        top, half = np.float32(2.0**k), np.float32(2.0 ** (k - 1))
+        up, down = np.nextafter(half, np.float32(np.inf)), np.nextafter(half, np.float32(0))
+        row = np.float32([top, half, -half, up, -up, down, -down, 0.0] * 4)
+        rows.append(row)
+    return np.stack(rows)
+
+
+INT_CASES += [("int2", dtypes.PerBlock(32))]  # (groups of 32: products and comparisons)
+
+
 @pytest.mark.skipif(
     jax.default_backend() != "cpu", reason="the CPU form relies on XLA:CPU's flush of subnormals"
 )
@@ -153,6 +169,7 @@ def test_both_forms_of_the_integer_codes_give_the_same_bits(name, scaling, monke
     if getattr(fmt, "qmax", None) == 1:  # int2: groups of 128 take the threshold form
         wide = adversarial(1 << 14).reshape(-1, 128)
         xs += [wide, np.ascontiguousarray(wide.T)]  # ties along either axis
+        xs.append(_unit_ties())  # exact ties in blocks of 32, prescaled ones among them
     if isinstance(scaling, dtypes.PerTensor):  # (one NaN would make every code 0)
         xs = [np.where(np.isfinite(x), x, np.float32(1)) for x in xs]
 
