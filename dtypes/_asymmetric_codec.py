@@ -28,7 +28,7 @@ from ._scale_rules import (
     per_group,
     times_reciprocal,
 )
-from ._scaling import Scaling
+from ._scaling import PerBlock, Scaling
 
 if TYPE_CHECKING:
     from ._asymmetric import AsymmetricIntFormat
@@ -72,17 +72,33 @@ def _extremes(
     (flushed, as everywhere); NaN and inf lie beyond the keys of every finite
     value, on the side of their sign.
     """
-    u = lax.bitcast_convert_type(lax.stop_gradient(x), jnp.uint32)
-    mag = u & jnp.uint32(0x7FFFFFFF)
-    mag = jnp.where(mag < jnp.uint32(0x00800000), jnp.uint32(0), mag)
     inf = jnp.int32(0x7F800000)
+    normal = jnp.int32(0x00800000)
     if fmt.calibration == "minmax":
-        signed = mag.astype(jnp.int32)
-        key = jnp.where(u >= jnp.uint32(0x80000000), -signed, signed)
-        hi_key = group_extreme(key, scaling, jnp.max)
-        lo_key = group_extreme(key, scaling, jnp.min)
+        if _short_blocks(scaling, x.shape):
+            # the key of a flushed value: its magnitude bits, negated where negative
+            u = lax.bitcast_convert_type(lax.stop_gradient(x), jnp.uint32)
+            mag = u & jnp.uint32(0x7FFFFFFF)
+            signed = jnp.where(mag < jnp.uint32(0x00800000), jnp.uint32(0), mag).astype(jnp.int32)
+            key = jnp.where(u >= jnp.uint32(0x80000000), -signed, signed)
+            hi_key = group_extreme(key, scaling, jnp.max)
+            lo_key = group_extreme(key, scaling, jnp.min)
+        else:
+            # the key of a negative value is -1 - its magnitude bits: its bits with the
+            # magnitude's flipped, as int32 (three operations instead of seven);
+            # subnormal extremes are flushed after the reductions, which changes
+            # nothing (0 is among the values)
+            i = lax.bitcast_convert_type(lax.stop_gradient(x), jnp.int32)
+            key = i ^ ((i >> 31) & jnp.int32(0x7FFFFFFF))
+            hi_key = group_extreme(key, scaling, jnp.max)
+            lo_mag = ~group_extreme(key, scaling, jnp.min)  # (-0's key -1 gives 0)
+            hi_key = jnp.where(hi_key < normal, 0, hi_key)
+            lo_key = -jnp.where(lo_mag < normal, 0, lo_mag)
         bad = (hi_key >= inf) | (lo_key <= -inf)
     else:
+        u = lax.bitcast_convert_type(lax.stop_gradient(x), jnp.uint32)
+        mag = u & jnp.uint32(0x7FFFFFFF)
+        mag = jnp.where(mag < jnp.uint32(0x00800000), jnp.uint32(0), mag)
         hi_key = group_extreme(mag, scaling, jnp.max).astype(jnp.int32)
         lo_key = -hi_key
         bad = hi_key >= inf
@@ -91,6 +107,17 @@ def _extremes(
     hi = lax.bitcast_convert_type(hi_key, jnp.float32)
     lo = -lax.bitcast_convert_type(-lo_key, jnp.float32)
     return lo, hi, bad
+
+
+def _short_blocks(scaling: Scaling, shape: tuple[int, ...]) -> bool:
+    """Whether the groups are blocks of at most 32 along the last axis: there the
+    select form of the order key reduces faster on XLA:CPU (uint4 per block of 32:
+    0.87x the time of the flipped bits), elsewhere the flipped bits (uint8 per tensor:
+    0.52x the select form's time)."""
+    if not isinstance(scaling, PerBlock) or not shape:
+        return False
+    axis = scaling._axis(len(shape))
+    return axis == len(shape) - 1 and scaling._block(shape[axis]) <= 32
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
