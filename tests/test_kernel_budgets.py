@@ -49,7 +49,7 @@ BUDGETS = {
     "int4 per block 32 encode": 465,  # 373
     "int4 per block 32 round": 455,  # 364
     "int2 per tensor encode": 915,  # 733: the unit threshold's search, fused (timed 0.81-0.86x)
-    "int2 per tensor round": 870,  # 693: the unit threshold, as the encode (timed 0.87x)
+    "int2 per tensor round": 870,  # 693: the unit threshold, as the encode (timed 0.72x)
     "int2 per row encode": 630,  # 504
     "int2 per row round": 530,  # 426
     "int2 per block 32 encode": 530,  # 425

@@ -162,8 +162,9 @@ INT_CASES += [("int2", dtypes.PerBlock(32))]  # (groups of 32: products and comp
 )
 @pytest.mark.parametrize(("name", "scaling"), INT_CASES + UINT_CASES, ids=str)
 def test_both_forms_of_the_integer_codes_give_the_same_bits(name, scaling, monkeypatch):
-    # (`round` takes the CPU form too, but under power-of-two scales, whose gradient
-    # mask reads the rounded values; the zero-point formats' `round` decodes their encode)
+    # (int2's `round` takes the CPU form too, but under power-of-two scales, whose
+    # gradient mask reads the rounded values; wider grids' `round` the exact form; the
+    # zero-point formats' `round` decodes their encode)
     fmt = dtypes.get(name) if isinstance(name, str) else name
     xs = [adversarial(1 << 12).reshape(-1, 64)]  # groups with NaN or inf, and without
     if getattr(fmt, "qmax", None) == 1:  # int2: groups of 128 take the threshold form
