@@ -225,7 +225,7 @@ def _time(fn: Callable[..., Any], *args: Any) -> float:
 
 
 def _steps(n: int) -> list[str]:
-    from dtypes import _custom_float_bits, _packing, _scale_rules
+    from dtypes import _custom_float_bits, _packing, _per_group
 
     lines = [f"\n## 4. encode steps, {n:,} values, time / astype(bfloat16)\n"]
     x = jnp.asarray(np.random.default_rng(1).standard_normal(n, np.float32))
@@ -244,7 +244,7 @@ def _steps(n: int) -> list[str]:
             x,
         ),
         "group_absmax per tensor": (
-            lambda v: _scale_rules.group_absmax(v, dtypes.PerTensor()),
+            lambda v: _per_group.group_absmax(v, dtypes.PerTensor()),
             x,
         ),
         "textbook int8: round(x * c) to s8": (

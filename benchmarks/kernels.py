@@ -215,7 +215,7 @@ def _round(name: str, scaling: Any = None, rounding: str = "nearest_even"):
 
 
 def _group_absmax(scaling: Any) -> Callable[[jax.Array], jax.Array]:
-    from dtypes._scale_rules import group_absmax
+    from dtypes._per_group import group_absmax
 
     return lambda x: group_absmax(x, scaling)
 

@@ -19,15 +19,9 @@ from . import _codec, _packing, _scale_storage
 from ._bit_rounding import round_integer
 from ._encoded import Encoded
 from ._ieee import divide, is_finite, is_nan, nan_where, select, times_pow2, times_scale
+from ._per_group import group_extreme, per_group
 from ._rounding_modes import NEAREST_MODES, ROUNDING_MODES
-from ._scale_rules import (
-    TINY,
-    flush_subnormals,
-    group_extreme,
-    nearest_steps_cpu,
-    per_group,
-    times_reciprocal,
-)
+from ._scale_rules import TINY, flush_subnormals, nearest_steps_cpu, times_reciprocal
 from ._scaling import PerBlock, Scaling
 
 if TYPE_CHECKING:

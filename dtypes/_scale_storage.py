@@ -49,7 +49,7 @@ import numpy as np
 from jax import lax
 
 from ._ieee import divide, from_float32, is_finite, is_nan, nan_where, select, to_float32
-from ._scale_rules import group_absmax, per_group
+from ._per_group import group_absmax, per_group
 from ._scaling import Scaling, scale_dtype
 
 __all__ = ["narrow", "widen"]

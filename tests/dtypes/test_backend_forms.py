@@ -21,7 +21,7 @@ from backend_bits import adversarial
 from sampling import sample
 
 import dtypes
-from dtypes import _asymmetric_codec, _int_codec, _scale_rules
+from dtypes import _asymmetric_codec, _int_codec, _per_group, _scale_rules
 
 SCALINGS = [
     dtypes.PerTensor(),
@@ -45,10 +45,10 @@ def _choose(form, monkeypatch):
 def test_both_forms_of_the_group_absmax_give_the_same_bits(scaling, monkeypatch):
     x = adversarial(1 << 16).reshape(-1, 64)
     got = {}
-    assert x.size > _scale_rules._SMALL  # the CPU's form stages it
+    assert x.size > _per_group._SMALL  # the CPU's form stages it
     for form in ("cpu", "default"):
         _choose(form, monkeypatch)
-        f = jax.jit(lambda v: _scale_rules.group_absmax(v, scaling))
+        f = jax.jit(lambda v: _per_group.group_absmax(v, scaling))
         got[form] = np.asarray(f(x)).view(np.uint32)
     monkeypatch.undo()
     np.testing.assert_array_equal(got["cpu"], got["default"])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import dtypes
-from dtypes import _scale_rules
+from dtypes import _per_group
 
 SHAPES_AND_SCALINGS = [
     ((7,), dtypes.PerTensor()),
@@ -89,7 +89,7 @@ def _absmax_reference(x: np.ndarray, scaling: dtypes.Scaling) -> np.ndarray:
 
 @pytest.mark.parametrize(("shape", "scaling"), SHAPES_AND_SCALINGS, ids=_IDS)
 def test_group_absmax_is_numpys(shape, scaling):
-    f = jax.jit(lambda x: _scale_rules.group_absmax(x, scaling))
+    f = jax.jit(lambda x: _per_group.group_absmax(x, scaling))
     for seed in range(8):
         x = _values(shape, seed)
         got = np.asarray(f(jnp.asarray(x)))
@@ -107,7 +107,7 @@ def test_group_extremes_are_numpys(shape, scaling):
     g = _groups(keys, scaling)
     for reduce, ref in ((jnp.max, np.max), (jnp.min, np.min)):
         want = ref(g, axis=-1, initial=0)
-        got = jax.jit(lambda k, r=reduce: _scale_rules.group_extreme(k, scaling, r))(keys)
+        got = jax.jit(lambda k, r=reduce: _per_group.group_extreme(k, scaling, r))(keys)
         np.testing.assert_array_equal(np.asarray(got), want)
         direct = jax.jit(
             lambda k, r=reduce: scaling.group_reduce(
@@ -119,5 +119,5 @@ def test_group_extremes_are_numpys(shape, scaling):
 
 def test_an_empty_group_has_absmax_zero():
     x = jnp.zeros((3, 0), jnp.float32)
-    got = jax.jit(lambda x: _scale_rules.group_absmax(x, dtypes.PerAxis(0)))(x)
+    got = jax.jit(lambda x: _per_group.group_absmax(x, dtypes.PerAxis(0)))(x)
     np.testing.assert_array_equal(np.asarray(got), np.zeros((3, 1), np.float32))

@@ -1,0 +1,300 @@
+"""Per-group work: reductions over each group of a scaling, and per-group values made
+once before an elementwise pass reads them.
+
+The reductions (`group_absmax`, `max_bits`, `group_extreme`, `pairwise_sum`) give the same
+numbers on every backend; how they are cut is the platform's (`lax.platform_dependent`,
+so a program lowered for a GPU on a CPU machine gets the GPU's form): XLA:CPU vectorises
+an integer reduction across rows but not along a long last axis, and a float one along a
+short last axis, so there groups are reduced in stages or as floats. `per_group` keeps
+XLA:CPU from repeating a per-group computation for every element that reads it. The
+scale rules that use them are in `_scale_rules`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from . import _ieee
+from ._ieee import is_finite, nan_where
+from ._scaling import PerBlock, Scaling
+
+__all__ = [
+    "Reduction",
+    "group_absmax",
+    "group_extreme",
+    "group_sizes",
+    "max_bits",
+    "pairwise_sum",
+    "per_group",
+]
+
+
+def group_absmax(x: jax.Array, scaling: Scaling) -> jax.Array:
+    """Per-group max(|x|), NaN for a group that holds NaN or ±inf, 0 for a subnormal one.
+
+    For float32 one integer max over the magnitude bits does all three: finite
+    magnitudes order as their bits do, and inf and NaN lie above every finite
+    one, so the group's largest magnitude bits are its absmax, or say that it
+    holds NaN or inf. An integer max drops nothing (XLA:CPU's vectorised float
+    max may drop NaN) and reads the input once: a separate search for NaN and
+    inf would cost a second pass over it. A subnormal absmax reads as 0, as a
+    backend that flushes subnormals sees it.
+    """
+    # Scales are treated as constants by autodiff (straight-through): the
+    # gradient of decode(encode(x)) is 1, not the sensitivity of the
+    # rounding error to the group's absmax.
+    x = lax.stop_gradient(x)
+    if x.dtype == jnp.float32:
+        mag = lax.bitcast_convert_type(x, jnp.uint32) & jnp.uint32(0x7FFFFFFF)
+        top = max_bits(mag, scaling)
+        top = jnp.where(top < jnp.uint32(0x00800000), jnp.uint32(0), top)
+        return nan_where(top >= jnp.uint32(0x7F800000), _ieee.from_bits(top))
+    # float64 under x64 (its own subnormals kept); `initial=0` gives an empty group
+    # absmax 0, hence scale 1 like an all-zero group
+    absmax = scaling.group_reduce(
+        jnp.abs(x), lambda a, axes: jnp.max(a, axis=axes, keepdims=True, initial=0.0)
+    )
+    # (read from the bits of its float32 value: past float32's range is inf there)
+    poison = scaling.group_reduce(
+        ~is_finite(x.astype(jnp.float32)), lambda a, axes: jnp.any(a, axis=axes, keepdims=True)
+    )
+    return nan_where(poison, absmax.astype(jnp.float32)).astype(absmax.dtype)
+
+
+def max_bits(mag: jax.Array, scaling: Scaling) -> jax.Array:
+    """Per-group max of float32 magnitude bits `mag` (uint32, sign cleared; 0 for an
+    empty group), shaped like the scales; a group holding NaN gives at least inf's bits
+    (NaN's own or inf's), so `>= 0x7F800000` says it holds NaN or inf.
+
+    On XLA:CPU groups along a short last axis (blocks of at most 32) compare the bits
+    as floats: the float max over such an axis vectorises where the integer max does
+    not (2**21 values in blocks of 32: 0.44 ms against 0.69), while across rows, as
+    `_staged` reduces longer groups, the integer max is the faster (0.19 ms against
+    0.28 per tensor). NaN bits are first lowered to inf's, with an integer min, so no
+    NaN enters the comparison (a vectorised float max may drop one); the magnitudes of
+    non-NaN floats order as their bits do, so the float max is the integer max, except
+    among subnormals, which a CPU flushing them may compare as zeros: the result is
+    then another subnormal or 0, and every caller takes a subnormal absmax as 0.
+    """
+
+    def cpu(m: jax.Array) -> jax.Array:
+        return scaling.group_reduce(m, _max_bits_cpu)
+
+    out: jax.Array = lax.platform_dependent(
+        mag, cpu=cpu, default=lambda m: group_extreme(m, scaling, jnp.max)
+    )
+    return out
+
+
+def _max_bits_cpu(m: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """`max_bits`' reduction on XLA:CPU: a short last axis as floats, others staged."""
+    if tuple(axes) != (m.ndim - 1,) or m.shape[-1] > _LANES:
+        return _staged(jnp.max, m, axes)
+    f = lax.bitcast_convert_type(jnp.minimum(m, jnp.uint32(0x7F800000)), jnp.float32)
+    top = jnp.max(f, axis=-1, keepdims=True, initial=jnp.float32(0))
+    return lax.bitcast_convert_type(top, jnp.uint32)
+
+
+def group_extreme(values: jax.Array, scaling: Scaling, reduce: Reduction) -> jax.Array:
+    """Per-group `reduce` (`jnp.max` or `jnp.min`) of integer `values` with 0 among them,
+    shaped like the scales.
+
+    The same integers on every backend; how the reduction is cut is the
+    platform's (`lax.platform_dependent`, so a program lowered for a GPU on a
+    CPU machine gets the GPU's form): XLA:CPU vectorises an integer reduction
+    over a short last axis but not over a long one or across rows, so there the
+    groups are reduced in stages of at most 32 consecutive elements
+    (`_staged`); elsewhere one reduction.
+    """
+    zero = jnp.zeros((), values.dtype)
+
+    def direct(m: jax.Array) -> jax.Array:
+        return scaling.group_reduce(
+            m, lambda a, axes: reduce(a, axis=axes, keepdims=True, initial=zero)
+        )
+
+    def staged(m: jax.Array) -> jax.Array:
+        return scaling.group_reduce(m, functools.partial(_staged, reduce))
+
+    out: jax.Array = lax.platform_dependent(values, cpu=staged, default=direct)
+    return out
+
+
+Reduction = Callable[..., jax.Array]
+_LANES = 32  # the longest last axis XLA:CPU reduces well (64: 4x slower)
+_STAGE_INNER = 8  # rows reduced at a time across a kept last axis wider than the lanes
+_SMALL = 1 << 14  # elements left that one plain reduction finishes quickly
+
+
+def _staged(reduce: Reduction, a: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """`reduce(a, axes, keepdims=True, initial=0)` of integer `a`, in stages XLA:CPU runs
+    fast.
+
+    XLA:CPU vectorises a reduction across rows (elementwise, one vector per row) but
+    not along a long last axis. So a reduced last axis longer than 32 is first cut
+    into rows of 32 *lanes* (`(n / 32, 32)`): every stage then reduces at most 32 rows
+    across the lanes (8 across a kept last axis wider than that) and is materialized
+    (`_materialized`: XLA would otherwise fuse the stages back into one loop that
+    recomputes each inner stage for every element of the next). Once what is left is
+    small, one reduction finishes it, the lanes included. Zero padding changes
+    nothing: 0 is among the values reduced anyway."""
+    zero = jnp.zeros((), a.dtype)
+    out_shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
+    left = sorted(axes)
+    lanes = bool(left) and left[-1] == a.ndim - 1 and a.shape[-1] > _LANES and a.size > _SMALL
+    if lanes:  # the last axis as (rows, lanes); the rows reduce in stages, the lanes last
+        a = _split_axis(a, a.ndim - 1, _LANES)
+        left[-1] = a.ndim - 2
+    while left and a.size > _SMALL:
+        d = left[-1]
+        if d == a.ndim - 1:  # a reduced last axis of at most 32 (no lanes were cut)
+            a = reduce(a, axis=-1, initial=zero)
+            left.pop()
+        else:
+            stage = _LANES if lanes or a.shape[-1] <= _LANES else _STAGE_INNER
+            if a.shape[d] <= stage:
+                a = reduce(a, axis=d, initial=zero)
+                left.pop()
+                left = [i if i < d else i - 1 for i in left]
+            else:
+                a = reduce(_split_axis(a, d, stage), axis=d + 1)
+        if left or lanes:
+            a = _materialized(a)  # (XLA:CPU would fuse the next stage into this one)
+    if lanes:
+        left.append(a.ndim - 1)
+    if left:
+        a = reduce(a, axis=tuple(left), initial=zero)
+    return a.reshape(out_shape)
+
+
+def _split_axis(a: jax.Array, d: int, size: int) -> jax.Array:
+    """`a` with axis `d` zero-padded to a multiple of `size` and split into
+    (length / size, size) at `d`, `d + 1`."""
+    n = a.shape[d]
+    pad = -n % size
+    if pad:
+        widths = [(0, 0)] * a.ndim
+        widths[d] = (0, pad)
+        a = jnp.pad(a, widths)
+    return a.reshape((*a.shape[:d], (n + pad) // size, size, *a.shape[d + 1 :]))
+
+
+def pairwise_sum(a: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """Sum over `axes` (dims kept) by pairwise halving, in one fixed order.
+
+    For n non-negative float32 terms the relative error is at most
+    ceil(log2 n) * 2**-24 (a plain float32 reduction's bound grows with n),
+    and the order, hence the result, is the same on every backend.
+    """
+    keep = [i for i in range(a.ndim) if i not in axes]
+    moved = jnp.transpose(a, keep + list(axes))
+    lead = moved.shape[: len(keep)]
+    n = math.prod(moved.shape[len(keep) :])
+    out_shape = tuple(1 if i in axes else a.shape[i] for i in range(a.ndim))
+    if n == 0:
+        return jnp.zeros(out_shape, a.dtype)
+    flat = moved.reshape((*lead, n))
+    while flat.shape[-1] > 1:
+        m = flat.shape[-1]
+        half = m // 2
+        summed = flat[..., :half] + flat[..., half : 2 * half]
+        flat = jnp.concatenate([summed, flat[..., 2 * half :]], axis=-1) if m % 2 else summed
+    return flat.reshape(out_shape)
+
+
+def per_group(*values: Any) -> Any:
+    """`values` (per-group arrays, or None), each computed once before an elementwise
+    pass reads it per element.
+
+    XLA:CPU fuses a cheap per-group computation into the elementwise kernel that
+    broadcasts it, and so repeats it for every element of the group: a reciprocal's
+    correctly rounded division (`_ieee.divide`, a few dozen operations) would then
+    cost more than all the rest of an encode. An optimization barrier does not
+    survive to XLA:CPU's fusion pass, but a reduce-window is never fused into a
+    consumer that reads its elements many times: on a CPU the values pass through
+    one identity reduce-window (`_materialized`), those of one shape together (as
+    32-bit words: XLA:CPU hands a reduce-window of bytes to a library that took 0.85
+    ms for 131,072 of them), so one small kernel makes them all. Other platforms fuse
+    as they see fit. One value for the whole tensor is left alone: a loop computes it
+    once anyway.
+    """
+    out: list[Any] = list(values)
+    together: dict[tuple[int, ...], list[int]] = {}
+    for i, v in enumerate(values):
+        if v is not None and v.size > 1:
+            together.setdefault(tuple(v.shape), []).append(i)
+    for members in together.values():
+        made = _once([values[i] for i in members])
+        for i, v in zip(members, made, strict=True):
+            out[i] = v
+    return tuple(out) if len(out) != 1 else out[0]
+
+
+def _once(vs: list[jax.Array]) -> list[jax.Array]:
+    """Arrays of one shape, materialized together on a CPU (`per_group`), each as the
+    32-bit word of its bits."""
+
+    def identity(*a: jax.Array) -> list[jax.Array]:
+        return list(a)
+
+    def word(v: jax.Array) -> jax.Array:
+        return lax.bitcast_convert_type(v, _UINT[v.dtype.itemsize]).astype(jnp.uint32)
+
+    def back(w: jax.Array, v: jax.Array) -> jax.Array:
+        return lax.bitcast_convert_type(w.astype(_UINT[v.dtype.itemsize]), v.dtype)
+
+    def materialized(*a: jax.Array) -> list[jax.Array]:
+        made = _materialized(jnp.stack([word(v) for v in a], axis=-1))
+        return [back(made[..., i], v) for i, v in enumerate(a)]
+
+    out: list[jax.Array] = lax.platform_dependent(*vs, cpu=materialized, default=identity)
+    return out
+
+
+_UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
+
+
+def _materialized(a: jax.Array) -> jax.Array:
+    """`a` itself, through an identity reduce-window (the max of each element's bits and
+    a zero): XLA:CPU fuses neither a reduce-window into its consumers nor its operand
+    into it, so `a` is computed once, into a buffer of its own. (An optimization
+    barrier does not last until XLA:CPU's fusion pass.)"""
+    uint = _UINT[a.dtype.itemsize]
+    bits = lax.bitcast_convert_type(a, uint)[..., None]
+    padded = jnp.pad(bits, [(0, 0)] * (bits.ndim - 1) + [(0, 1)])
+    window = (1,) * (bits.ndim - 1) + (2,)
+    out = lax.reduce_window(padded, uint(0), lax.max, window, window, "VALID")
+    return lax.bitcast_convert_type(out[..., 0], a.dtype)
+
+
+def group_sizes(scaling: Scaling, shape: tuple[int, ...]) -> jnp.ndarray:
+    """Number of real (unpadded) elements in each group, shaped like the scale.
+
+    Counted with Python integers from the static shape (a float32 sum of ones
+    stops counting at 2**24), then given as float32.
+    """
+    shape = tuple(shape)
+    scale_shape = scaling.scale_shape(shape)
+    total = math.prod(shape)
+    if isinstance(scaling, PerBlock) and shape:
+        a = scaling._axis(len(shape))
+        n = shape[a]
+        size = scaling._block(n)
+        counts = np.full(scale_shape[a], size, np.float64)  # one block is one group
+        if counts.size and n % size:
+            counts[-1] = n % size
+        bshape = [1] * len(shape)
+        bshape[a] = scale_shape[a]
+        counts = np.broadcast_to(counts.reshape(bshape), scale_shape)
+    else:
+        groups = math.prod(scale_shape)
+        counts = np.full(scale_shape, total // groups if groups else 0, np.float64)
+    return jnp.asarray(counts.astype(np.float32))
