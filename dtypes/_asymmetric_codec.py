@@ -61,10 +61,14 @@ def _extremes(
 
     Found as integer reductions of an order-preserving key of the bits, in one
     reading of `x` each: a float max may drop NaN on XLA:CPU, and a separate
-    search for NaN and inf would read `x` once more. The key of a float is its
-    magnitude bits, negated for a negative one, and 0 for zeros and subnormals
-    (flushed, as everywhere); NaN and inf lie beyond the keys of every finite
-    value, on the side of their sign.
+    search for NaN and inf would read `x` once more. NaN and inf lie beyond the
+    keys of every finite value, on the side of their sign. In blocks of up to 32
+    along the last axis the key of a float is its magnitude bits, negated where
+    negative, with zeros and subnormals 0 (flushed, as everywhere); elsewhere its
+    bits with the magnitude's flipped where negative (`-1 - magnitude`), whose
+    subnormal extremes are flushed after the reductions (`_short_blocks` says why
+    both). (One tail for both forms, and `max_bits` for the absmax range, measured
+    5-9% slower: kept apart.)
     """
     inf = jnp.int32(0x7F800000)
     normal = jnp.int32(0x00800000)

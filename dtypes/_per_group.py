@@ -40,13 +40,14 @@ __all__ = [
 def group_absmax(x: jax.Array, scaling: Scaling) -> jax.Array:
     """Per-group max(|x|), NaN for a group that holds NaN or ±inf, 0 for a subnormal one.
 
-    For float32 one integer max over the magnitude bits does all three: finite
+    For float32 one max over the magnitude bits does all three: finite
     magnitudes order as their bits do, and inf and NaN lie above every finite
     one, so the group's largest magnitude bits are its absmax, or say that it
-    holds NaN or inf. An integer max drops nothing (XLA:CPU's vectorised float
-    max may drop NaN) and reads the input once: a separate search for NaN and
-    inf would cost a second pass over it. A subnormal absmax reads as 0, as a
-    backend that flushes subnormals sees it.
+    holds NaN or inf. The max (`max_bits`) is an integer one, or on XLA:CPU over
+    short blocks a float one after NaN's bits are lowered to inf's: neither can
+    drop a NaN (XLA:CPU's vectorised float max may), and the input is read once:
+    a separate search for NaN and inf would cost a second pass over it. A
+    subnormal absmax reads as 0, as a backend that flushes subnormals sees it.
     """
     # Scales are treated as constants by autodiff (straight-through): the
     # gradient of decode(encode(x)) is 1, not the sensitivity of the
