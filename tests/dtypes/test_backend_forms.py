@@ -193,6 +193,23 @@ def test_both_forms_of_the_integer_codes_give_the_same_bits(name, scaling, monke
             np.testing.assert_array_equal(a, b)
 
 
+def _both_forms(monkeypatch, fn, x):
+    """`jax.jit(fn)(x)`'s leaves (numpy) and compiled text with every
+    `lax.platform_dependent` forced to each branch in turn: ({form: leaves}, {form: text})."""
+    got, texts = {}, {}
+    for form in ("cpu", "default"):
+        jax.clear_caches()  # (the library's inner jits would reuse the other form's trace)
+        _choose(form, monkeypatch)
+        try:
+            f = jax.jit(fn)
+            texts[form] = f.lower(x).compile().as_text()
+            got[form] = [np.asarray(a) for a in jax.tree.leaves(f(x))]
+        finally:
+            monkeypatch.undo()
+            jax.clear_caches()
+    return got, texts
+
+
 # The scaled fp8 encodes have a CPU form too (`_float_codec._byte_codes`): NaN and inf
 # made +0 on the bits, subnormals left to XLA:CPU's flush, and no clip where float32
 # absmax scales cannot overshoot. Both forms must give the same codes and scales.
@@ -219,21 +236,10 @@ def test_both_forms_of_the_fp8_codes_give_the_same_bits(name, scaling, monkeypat
     x = adversarial(1 << 12).reshape(-1, 64)  # groups with NaN or inf, and without
     if isinstance(scaling, dtypes.PerTensor):  # (one NaN would make every code 0)
         x = np.where(np.isfinite(x), x, np.float32(1))
-    got, texts = {}, {}
-    for form in ("cpu", "default"):
-        jax.clear_caches()  # (the library's inner jits would reuse the other form's trace)
-        _choose(form, monkeypatch)
-        try:
-            f = jax.jit(lambda v: fmt.encode(v, scaling=scaling))
-            texts[form] = f.lower(x).compile().as_text()
-            enc = f(x)
-            got[form] = [np.asarray(a).view(np.uint8) for a in (enc.data, enc.scale)]
-        finally:
-            monkeypatch.undo()
-            jax.clear_caches()
+    got, texts = _both_forms(monkeypatch, lambda v: fmt.encode(v, scaling=scaling), x)
     assert texts["cpu"] != texts["default"]  # the two forms were compiled
     for a, b in zip(got["cpu"], got["default"], strict=True):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
 @pytest.mark.skipif(
@@ -249,16 +255,6 @@ def test_both_forms_of_the_float16_rounding_give_the_same_bits(monkeypatch):
         np.uint32,
     ).view(np.float32)  # fmt: skip
     x = np.concatenate([adversarial(1 << 12).ravel(), edges])
-    got, texts = {}, {}
-    for form in ("cpu", "default"):
-        jax.clear_caches()
-        _choose(form, monkeypatch)
-        try:
-            f = jax.jit(lambda v: dtypes.get("float16").round(v))
-            texts[form] = f.lower(x).compile().as_text()
-            got[form] = np.asarray(f(x)).view(np.uint32)
-        finally:
-            monkeypatch.undo()
-            jax.clear_caches()
+    got, texts = _both_forms(monkeypatch, lambda v: dtypes.get("float16").round(v), x)
     assert texts["cpu"] != texts["default"]  # the two forms were compiled
-    np.testing.assert_array_equal(got["cpu"], got["default"])
+    np.testing.assert_array_equal(got["cpu"][0].view(np.uint32), got["default"][0].view(np.uint32))
