@@ -129,15 +129,15 @@ def _encode_jit(
     # a subnormal span reads as 0 everywhere (XLA:CPU flushes it, GPUs keep it)
     span = flush_subnormals(hi - lo)
     qmax32 = np.float32(fmt.qmax)
-    scale = divide(select(is_finite(span), span, 0.0), qmax32)  # correctly rounded
     # A span that may pass float32's range (3e38 and -3e38 in one group) is taken in
     # halves: halving is exact there, so the scale is still the correctly rounded
     # span / qmax. Decided by the ends' size, never by an infinity (flags that assume
-    # none would make `hi - lo` anything there).
+    # none would make `hi - lo` anything there). One division serves both.
     big = (hi >= np.float32(2.0**126)) | (lo <= np.float32(-(2.0**126)))
     half = np.float32(0.5)
     half_span = times_pow2(hi, half) - times_pow2(lo, half)
-    scale = select(big, divide(select(big, half_span, 0.0), qmax32) * 2, scale)
+    quotient = divide(select(big, half_span, select(is_finite(span), span, 0.0)), qmax32)
+    scale = select(big, quotient * 2, quotient)  # correctly rounded
     scale = jnp.where(span == 0, jnp.float32(1), jnp.maximum(scale, TINY))
     scale = nan_where(bad, scale)
     # A scale is below 2**129 / qmax: from 8 codes up its reciprocal is a normal float32;
