@@ -277,12 +277,19 @@ def quantized(
     t_bf16 = _median_time(lambda: bf16(a16, b16), 10, rounds)
     w8 = Tensor(b).to_reduced_precision("int8", scaling=dtypes.PerAxis(1))
     f8 = Tensor(b).to_reduced_precision("float8_e4m3fn", scaling=dtypes.PerTensor())
+    # the same codes held (n, k): no transpose before the GEMM (`layout="transposed"`)
+    w8t = Tensor(b).to_reduced_precision("int8", scaling=dtypes.PerAxis(1), layout="transposed")
+    f8t = Tensor(b).to_reduced_precision(
+        "float8_e4m3fn", scaling=dtypes.PerTensor(), layout="transposed"
+    )
     e4m3 = precision.Contract("float8_e4m3fn")
     cases = (
         ("W8A8, float32 operands", "int8", b),
         ("W8A8 dynamic, stored int8 weight", "int8", w8),
+        ("W8A8 dynamic, stored int8 weight held transposed", "int8", w8t),
         ("fp8 e4m3 per tensor", e4m3, b),
         ("fp8 e4m3 per tensor, stored fp8 weight", e4m3, f8),
+        ("fp8 e4m3 per tensor, stored fp8 weight held transposed", e4m3, f8t),
         ("fp8 e4m3 per row", precision.Contract("float8_e4m3fn", scaling="rowwise"), b),
         ("MXFP8 e4m3 blocks of 32", precision.Contract("float8_e4m3fn", scaling="mx"), b),
     )

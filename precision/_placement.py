@@ -15,6 +15,7 @@ import numpy as np
 
 import dtypes
 
+from ._codes_layout import held_placement
 from ._errors import DeviceMismatchError
 from ._jax_compat import is_tracer
 from ._storage import check_placement, is_placement, replicated, scale_sharding
@@ -58,6 +59,8 @@ def check_devices(leaves: Any) -> None:
 
 def _storage_sharding(t: Tensor, target: Any, where: str) -> tuple[Any, Any]:
     """(data sharding, scale sharding) for Tensor `t` placed like its logical values."""
+    if t.layout is not None:
+        target = held_placement(target, t.shape)
     if not isinstance(target, jax.sharding.NamedSharding):
         return target, target
     spec = list(target.spec) + [None] * (t.ndim - len(target.spec))
@@ -128,7 +131,7 @@ def storage_shardings(tree: Any, shardings: Any) -> Any:
                 tensor_scale=None if enc.tensor_scale is None else replicated(target),
                 zero_point=None if enc.zero_point is None else scale_s,
             )
-            out.append(Tensor._make(placed, leaf.dtype))
+            out.append(Tensor._make(placed, leaf.dtype, None, leaf.layout))
         else:
             out.append(target)
     return jax.tree_util.tree_unflatten(treedef, out)

@@ -64,6 +64,8 @@ def _per_layer(t: Tensor, axis: int) -> Tensor:
     if enc.scaling is None or not shape:
         return t  # unscaled, or nothing to stack
     where = _axis(axis, len(shape))
+    if t.layout is not None:  # the codes held with the last two axes swapped
+        where = {len(shape) - 1: len(shape) - 2, len(shape) - 2: len(shape) - 1}.get(where, where)
     ts = enc.tensor_scale
     ts_per_layer = ts is None or (ts.ndim > 0 and ts.shape[where] == shape[where])
     if enc.scale is None or (enc.scale.shape[where] == shape[where] and ts_per_layer):
@@ -89,7 +91,7 @@ def _per_layer(t: Tensor, axis: int) -> Tensor:
     out = dtypes.Encoded(
         enc.data, scale, enc.format, scaling, last, tensor_scale=ts, zero_point=zero_point
     )
-    return Tensor.from_encoded(out, t.dtype)
+    return Tensor._make(out, t.dtype, None, t.layout)
 
 
 def _axis(axis: int, ndim: int) -> int:

@@ -14,7 +14,9 @@ import numpy as np
 import dtypes
 from dtypes import PrecisionTypeError, ShapeError
 
+from . import _codes_layout as codes_layout
 from . import _operators
+from ._codes_layout import Layout
 from ._context import get_default_format, resolve_format
 from ._errors import PrecisionMismatchError, TensorIndexError
 from ._jax_compat import is_tracer
@@ -81,9 +83,10 @@ class Tensor:
         (6, 12)
     """
 
-    __slots__ = ("_dtype", "_encoded", "_signature", "_straight_through")
+    __slots__ = ("_dtype", "_encoded", "_layout", "_signature", "_straight_through")
     _dtype: np.dtype[Any]
     _encoded: dtypes.Encoded
+    _layout: Layout
     _signature: tuple[Any, ...] | None
     _straight_through: jax.Array | None
 
@@ -93,7 +96,7 @@ class Tensor:
             if logical != x._dtype and not x.is_reduced_precision:
                 self._set(_unscaled(x._encoded.data.astype(logical), full_format(logical)), logical)
             else:
-                self._set(x._encoded, logical, x._straight_through)
+                self._set(x._encoded, logical, x._straight_through, x._layout)
             return
         arr, given = as_array(x)
         logical = logical_dtype(dtype, given)
@@ -107,7 +110,9 @@ class Tensor:
             arr = np.asarray(arr, logical)
         self._set(_unscaled(jnp.asarray(arr, logical), full_format(logical)), logical)
 
-    def _set(self, encoded: dtypes.Encoded, dtype: np.dtype[Any], st: Any = None) -> None:
+    def _set(
+        self, encoded: dtypes.Encoded, dtype: np.dtype[Any], st: Any = None, layout: Layout = None
+    ) -> None:
         # Immutability is by interface: public attributes are read-only
         # properties and __slots__ forbids new ones; plain stores keep the
         # constructor fast (it runs for every result of every operation).
@@ -119,13 +124,16 @@ class Tensor:
         # codes, scaled or coded floats). Equal to the decoded storage, with
         # derivative 1 (0 where an encoding clipped) towards the source.
         self._straight_through = st
+        self._layout = layout  # codes held with the last two axes swapped (`_layout.py`)
 
     @classmethod
-    def _make(cls, encoded: dtypes.Encoded, dtype: np.dtype[Any], st: Any = None) -> Tensor:
+    def _make(
+        cls, encoded: dtypes.Encoded, dtype: np.dtype[Any], st: Any = None, layout: Layout = None
+    ) -> Tensor:
         """The Tensor over `encoded` with logical `dtype`, unchecked: the library's one
         constructor from storage (pytree unflattening, conversions, the interpreter)."""
         t = object.__new__(cls)
-        t._set(encoded, dtype, st)
+        t._set(encoded, dtype, st, layout)
         return t
 
     @classmethod
@@ -150,7 +158,7 @@ class Tensor:
         if sig is None:
             children, aux = self._encoded.tree_flatten()
             shapes = tuple(None if a is None else a.shape for a in children)
-            sig = (aux, self._dtype, shapes, self._straight_through is not None)
+            sig = (aux, self._dtype, shapes, self._straight_through is not None, self._layout)
             sig = self._signature = _SIGNATURES.setdefault(sig, sig)
         return sig
 
@@ -161,11 +169,11 @@ class Tensor:
 
     def tree_flatten(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         children, aux = self._encoded.tree_flatten()
-        return (*children, self._straight_through), (aux, self._dtype)
+        return (*children, self._straight_through), (aux, self._dtype, self._layout)
 
     @classmethod
     def tree_unflatten(cls, aux: tuple[Any, ...], children: tuple[Any, ...]) -> Tensor:
-        encoded_aux, dtype = aux
+        encoded_aux, dtype, layout = aux
         st = children[4]
         # one layer of a stack under vmap/scan, or a batch of encodings made under vmap:
         # the Encoded refits its scaling to the arrays it is given
@@ -175,7 +183,7 @@ class Tensor:
             # `grad` (an aux output, a jitted step's result) it would be a float32 copy
             # that `nbytes` does not count, so it is dropped.
             st = None
-        return cls._make(encoded, dtype, st)
+        return cls._make(encoded, dtype, st, layout)
 
     # -- properties ---------------------------------------------------------
     @property
@@ -190,13 +198,24 @@ class Tensor:
 
     @property
     def scaling(self) -> dtypes.Scaling | None:
-        """The scaling of the storage, or None for an unscaled float format."""
-        return self._encoded.scaling
+        """The scaling of the storage, or None for an unscaled float format (its axes
+        those of the logical values, whatever the `layout`)."""
+        if self._layout is None:
+            return self._encoded.scaling
+        return codes_layout.held_scaling(self._encoded.scaling, len(self._encoded.shape))
 
     @property
     def shape(self) -> tuple[int, ...]:
         """Logical shape (derived from the storage, so batching stays correct)."""
-        return self._encoded.shape
+        if self._layout is None:
+            return self._encoded.shape
+        return codes_layout.held_shape(self._encoded.shape)
+
+    @property
+    def layout(self) -> Layout:
+        """How the codes are held: None (as the values lie) or `"transposed"` (the last two
+        axes swapped, as GPU GEMMs read `w` of `x @ w`: see `to_reduced_precision`)."""
+        return self._layout
 
     @property
     def ndim(self) -> int:
@@ -261,13 +280,16 @@ class Tensor:
 
     @property
     def encoded(self) -> dtypes.Encoded:
-        """The storage as a `dtypes.Encoded` (scale None when unscaled)."""
+        """The storage as a `dtypes.Encoded` (scale None when unscaled), as held: under
+        `layout="transposed"` its arrays have the last two axes swapped."""
         return self._encoded
 
     # -- values ---------------------------------------------------------------
     def _values(self) -> jax.Array:
         if self._straight_through is not None:
             return self._straight_through
+        if self._layout is not None:
+            return decoder(self._dtype)(self._encoded).swapaxes(-1, -2)
         enc = self._encoded
         data, fmt = enc.data, enc.format
         if enc.scale is None and fmt.kind == "float" and not fmt.packed:
@@ -337,6 +359,7 @@ class Tensor:
         scaling: dtypes.Scaling | None = None,
         rounding: str = "nearest_even",
         key: jax.Array | None = None,
+        layout: Layout = None,
     ) -> Tensor:
         """Re-encode the logical values in `format` (default: bfloat16 or the context's).
 
@@ -350,6 +373,9 @@ class Tensor:
                 formats default to per-tensor.
             rounding: one of `dtypes.ROUNDING_MODES`.
             key: a `jax.random` key, required for `rounding="stochastic"`.
+            layout: `"transposed"` holds int8/fp8 codes (per tensor or axis) with the last
+                two axes swapped, as GPU GEMMs read `w` of `x @ w` (a Flax `(in, out)`
+                kernel): no transpose precedes the GEMM; the Tensor is the same otherwise.
 
         Raises:
             FormatError: an unknown format name.
@@ -364,11 +390,14 @@ class Tensor:
         """
         fmt = get_default_format() if format is None else resolve_format(format)
         x = self._values()
-        if fmt == full_format(self._dtype) and scaling is None:
+        if fmt == full_format(self._dtype) and scaling is None and layout is None:
             return Tensor._make(_unscaled(x, fmt), self._dtype)
         dtypes.check_rounding(rounding, key)
         if scaling is None:
             scaling = fmt.default_scaling()
+        if codes_layout.check_layout(layout, fmt, scaling, tuple(x.shape)) is not None:
+            enc = codes_layout.encoded_transposed(x, fmt, scaling, rounding, key)
+            return Tensor._make(enc, self._dtype, None, layout)
         fmt.check(x, scaling=scaling)
         if needs_straight_through(x, fmt, scaling):
             # Differentiated: the codes carry no gradient, so the Tensor keeps
@@ -419,6 +448,8 @@ class Tensor:
         and replicated otherwise.
         """
         check_placement(device_or_sharding, "to_device")
+        if self._layout is not None:
+            device_or_sharding = codes_layout.held_placement(device_or_sharding, self.shape)
         enc = self._encoded
         data = jax.device_put(enc.data, device_or_sharding)
         put = functools.partial(_placed_like_data, device_or_sharding, enc.data)
@@ -438,14 +469,16 @@ class Tensor:
         st = self._straight_through
         if st is not None:
             st = jax.device_put(st, device_or_sharding)
-        return Tensor._make(placed, self._dtype, st)
+        return Tensor._make(placed, self._dtype, st, self._layout)
 
     # -- display ------------------------------------------------------------------
     def __repr__(self) -> str:
         enc = self._encoded
         fmt = enc.format.name
         if enc.scaling is not None:
-            fmt += f", scaling={enc.scaling.describe()}"
+            fmt += f", scaling={self.scaling.describe()}"  # type: ignore[union-attr]
+        if self._layout is not None:
+            fmt += f", layout={self._layout}"
         if not isinstance(enc.data, jax.Array | np.ndarray) and not is_tracer(enc.data):
             # A tree_map put other leaves in the storage's place (shapes, None, a
             # ShapeDtypeStruct for a restore target): show them, as JAX shows any pytree.
@@ -526,12 +559,16 @@ class Tensor:
                     f"Tensor.transpose: {axes!r:.60} is not a permutation of the {n} axes of a "
                     f"Tensor of shape {self.shape}; pass each once, e.g. {tuple(range(n))[::-1]}"
                 )
+        if self._layout is not None and codes_layout.swaps_last_two(axes, self.ndim):
+            return Tensor._make(self._encoded, self._dtype)  # the codes as held
         out: Tensor = _operators.method("transpose")(self, tuple(axes) if axes else None)
         return out
 
     @property
     def T(self) -> Tensor:
         """Axes reversed."""
+        if self._layout is not None and self.ndim == 2:
+            return Tensor._make(self._encoded, self._dtype)  # the codes as held
         out: Tensor = _operators.method("transpose")(self, None)
         return out
 

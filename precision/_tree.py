@@ -28,6 +28,7 @@ import numpy as np
 import dtypes
 from dtypes import PrecisionTypeError
 
+from ._codes_layout import Layout
 from ._context import get_default_format
 from ._errors import SelectionError, SelectionWarning
 from ._kept_in_float32 import KEEP
@@ -164,6 +165,7 @@ def to_reduced_precision(
     key: jax.Array | None = None,
     where: Where = None,
     exclude: str | None = None,
+    layout: Layout = None,
 ) -> Any:
     """Convert the floating leaves of any pytree into reduced-precision Tensors.
 
@@ -187,6 +189,9 @@ def to_reduced_precision(
         where: a predicate `where(path, leaf) -> bool` or a regex searched in
             `jax.tree_util.keystr(path)`; only matching leaves are converted.
         exclude: a regex; leaves whose key path matches are left alone.
+        layout: `"transposed"` holds each converted leaf's codes with its last two
+            axes swapped, as GPU GEMMs read the weight of `x @ w` (Flax and Haiku
+            `(in, out)` kernels; see `Tensor.to_reduced_precision`).
 
     Returns:
         A tree of the same structure.
@@ -231,7 +236,9 @@ def to_reduced_precision(
         try:
             t = leaf if isinstance(leaf, Tensor) else Tensor(leaf)
             chosen_scaling = scaling(path, leaf) if callable(scaling) else scaling
-            out[i] = t.to_reduced_precision(fmt, scaling=chosen_scaling, rounding=rounding, key=k)
+            out[i] = t.to_reduced_precision(
+                fmt, scaling=chosen_scaling, rounding=rounding, key=k, layout=layout
+            )
         except (TypeError, ValueError) as err:
             errors.append((_path_str(path), err))
     _raise_collected(errors, f"converted to {fmt.name}")

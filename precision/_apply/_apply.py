@@ -21,7 +21,8 @@ import dtypes
 from dtypes import PrecisionTypeError
 
 from .. import _jax_compat as compat
-from .._compute import Context, State, Stored
+from .._codes_layout import as_logical
+from .._compute import Context, State, Stored, View
 from .._context import FormatLike, resolve_format
 from .._contract import ContractLike, as_contract
 from .._errors import PrecisionError
@@ -229,7 +230,15 @@ def _tensor_input(t: Tensor) -> tuple[Any, State]:
         stored = None if fmt.is_full_precision else Stored(enc, dtype)
         return value, State(fmt, True, stored)
     # storage: counts as its logical dtype
-    return value, State(full_format(dtype), True, Stored(enc, dtype), fmt.name)
+    state = State(full_format(dtype), True, Stored(enc, dtype), fmt.name)
+    if t._layout is None:
+        return value, state
+    # codes held transposed: the logical value is a view of the held one, which a
+    # quantized contraction reads as held; every other op sees the logical storage
+    n = value.ndim
+    logical = State(state.format, True, Stored(as_logical(enc), dtype), fmt.name)
+    perm = (*range(n - 2), n - 1, n - 2)
+    return value.swapaxes(-1, -2), logical._replace(view=View(value, state, perm))
 
 
 def _tensor_outputs(

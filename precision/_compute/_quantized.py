@@ -466,7 +466,7 @@ def _note_gpu_path(
     why = [
         f"operand {name} {layout.shape} is stored with its summed dim(s) "
         f"{list(layout.summed)} not last: a GPU transposes it before the GEMM at every call "
-        "(store a weight as (out, in) and contract `x @ w.T`)"
+        '(convert it with layout="transposed", or store it (out, in) and contract `x @ w.T`)'
         for name, (layout, stored) in (("a", a), ("b", b))
         if stored and layout.summed != tuple(range(len(layout.kept), len(layout.shape)))
     ]

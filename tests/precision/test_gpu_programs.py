@@ -141,6 +141,46 @@ def test_a_weight_stored_out_in_reaches_the_gemm_as_stored(name, scaling, storag
     assert "stablehlo.transpose" not in text
 
 
+@pytest.mark.parametrize(
+    ("name", "scaling", "storage"),
+    [
+        ("float8_e4m3fn", "tensorwise", dtypes.PerTensor()),
+        ("float8_e4m3fn", "rowwise", dtypes.PerAxis(-1)),
+        ("int8", "rowwise", dtypes.PerAxis(-1)),
+        ("int8", "rowwise", dtypes.PerTensor()),
+    ],
+)
+@pytest.mark.parametrize("layout", [None, "transposed"])
+def test_a_flax_kernel_held_transposed_reaches_the_gemm_as_held(name, scaling, storage, layout):
+    """A Flax `Dense` kernel, `(in, out)` and contracted as `x @ w`: converted with
+    `layout="transposed"` its codes are held `(out, in)`, and the dot takes them as held,
+    the summed dim last on both operands, with no transpose in the program; without
+    the layout the summed dim of the stored codes is first (XLA:GPU transposes them)."""
+    import flax.linen as nn
+
+    x = jax.random.normal(jax.random.key(0), (M, K))
+    model = nn.Dense(N)
+    params = model.init(jax.random.key(1), x)
+    stored = precision.to_reduced_precision(
+        params, name, scaling=storage, where="kernel", layout=layout
+    )
+    contract = precision.Contract(name, scaling=scaling)
+    text = export.export(
+        jax.jit(precision.apply(model.apply, contract=contract)), platforms=("cuda",)
+    )(stored, x).mlir_module()
+    (dot,) = [m.groupdict() for m in _DOT.finditer(text)]
+    container = "i8" if name == "int8" else "f8E4M3FN"
+    kernel = dot["args"].split(", ")[1]
+    if layout is None:
+        assert dot["b"] == f"{K}x{N}x{container}"
+        assert _CONTRACTING.search(dot["attrs"]).groups() == ("1", "0")
+    else:
+        assert dot["b"] == f"{N}x{K}x{container}"
+        assert _CONTRACTING.search(dot["attrs"]).groups() == ("1", "1")
+        assert kernel.startswith("%arg")  # the held codes, as passed in
+        assert "stablehlo.transpose" not in text
+
+
 @pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
 def test_fp8_training_step_dots(scaling):
     """Per tensor, all three dots of an fp8 HYBRID training step are fp8: the forward

@@ -217,3 +217,30 @@ def test_storage_shardings_and_device_put_of_a_tree_of_placements():
         in out
     )
     assert out.strip().endswith("ok")
+
+
+def test_a_tensor_held_transposed_is_placed_along_its_logical_axes():
+    out = run_script(
+        """
+        w = np.arange(64 * 16, dtype=np.float32).reshape(64, 16) / 100  # (in, out)
+        held = Tensor(w).to_reduced_precision(
+            "int8", scaling=dtypes.PerAxis(-1), layout="transposed"
+        )
+        rows = NamedSharding(mesh, P("data", None))  # split the logical `in` axis
+        placed = held.to_device(rows)
+        assert placed.layout == "transposed"
+        assert placed.encoded.data.sharding.spec == P(None, "data"), placed.encoded.data.sharding
+        np.testing.assert_array_equal(np.asarray(placed), np.asarray(held))
+        tree = {"w": held}
+        storage = precision.storage_shardings(tree, {"w": rows})
+        assert storage["w"].encoded.data.spec == P(None, "data")
+        put = precision.device_put(tree, {"w": rows})
+        x = jnp.ones((4, 64))
+        f = jax.jit(precision.apply(lambda p, x: x @ p["w"], contract="int8"),
+                    in_shardings=(storage, NamedSharding(mesh, P())))
+        g = precision.apply(lambda p, x: x @ p["w"], contract="int8")
+        np.testing.assert_array_equal(np.asarray(f(put, x)), np.asarray(g(tree, x)))
+        print("ok")
+        """
+    )
+    assert out.strip().endswith("ok")
