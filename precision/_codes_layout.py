@@ -11,9 +11,10 @@ GEMM (`tests/precision/test_gpu_programs.py` reads the CUDA program).
 
 Only what reaches those GEMMs is held so: one-byte codes (int8, the fp8 formats)
 with one scale per tensor or per axis. The logical arrays of such an
-encoding are its held arrays with the last two axes swapped back (`as_logical`),
+encoding are its held arrays with the last two axes swapped back (`swapped`),
 a move of bytes, so every other operation sees the Tensor as it would without the
-layout; results of operations are held in the logical layout.
+layout; results of operations are held in the logical layout. Converting a Tensor to the
+encoding it already has, with another layout, moves its codes (`laid_out`): no re-encoding.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from ._errors import PrecisionTypeError
 __all__ = [
     "TRANSPOSED",
     "Layout",
-    "as_logical",
     "check_layout",
     "encoded_transposed",
     "held_placement",
     "held_scaling",
     "held_shape",
+    "laid_out",
+    "swapped",
     "swaps_last_two",
 ]
 
@@ -92,9 +94,9 @@ def held_scaling(scaling: dtypes.Scaling | None, ndim: int) -> dtypes.Scaling | 
     )
 
 
-def as_logical(enc: dtypes.Encoded) -> dtypes.Encoded:
-    """The encoding of the logical values whose held encoding is `enc`: the same codes and
-    scales with the last two axes swapped back."""
+def swapped(enc: dtypes.Encoded) -> dtypes.Encoded:
+    """`enc` with the last two axes of its codes and scales swapped (and its scaling's):
+    the logical encoding of a held one, and the held encoding of a logical one."""
     shape = enc.data.shape
     scale = enc.scale
     if scale is not None and getattr(scale, "ndim", 0) == len(shape):
@@ -150,3 +152,42 @@ def swaps_last_two(axes: tuple[Any, ...], ndim: int) -> bool:
     `ndim` Tensor and keeps the others."""
     perm = tuple(int(a) % ndim for a in axes) if axes else tuple(range(ndim))[::-1]
     return perm == (*range(ndim - 2), ndim - 1, ndim - 2)
+
+
+def laid_out(
+    enc: dtypes.Encoded,
+    held: Layout,
+    at_rest: bool,
+    x: Any,
+    fmt: dtypes.Format,
+    scaling: dtypes.Scaling | None,
+    conversion: tuple[str, Any],
+    layout: Any,
+) -> tuple[dtypes.Encoded, Layout] | None:
+    """`to_reduced_precision(fmt, scaling, layout=layout)` of the Tensor whose logical values
+    are `x`, held as `enc` in layout `held` (`at_rest`: not differentiated): the encoding and
+    its layout, or None where neither side has a layout (the plain encode's case).
+
+    A Tensor already in `fmt` with `scaling` only moves its codes into the new layout;
+    anything else is encoded from `x` (`conversion`: the rounding mode and key)."""
+    ndim = len(x.shape)
+    same = (
+        at_rest
+        and enc.format == fmt
+        and _canonical(held_scaling(enc.scaling, ndim) if held else enc.scaling, ndim)
+        == _canonical(scaling, ndim)
+    )
+    if layout is None:
+        return (swapped(enc), None) if held is not None and same else None
+    checked = check_layout(layout, fmt, scaling, tuple(x.shape))
+    if same:
+        return (enc if held is not None else swapped(enc)), checked
+    return encoded_transposed(x, fmt, scaling, *conversion), checked
+
+
+def _canonical(scaling: dtypes.Scaling | None, ndim: int) -> Any:
+    """`scaling` with its axes counted from the front (PerAxis(-1) of a matrix is PerAxis(1))."""
+    if not isinstance(scaling, dtypes.PerAxis):
+        return scaling
+    axes = tuple(a % ndim for a in scaling.axes)
+    return (type(scaling), axes, scaling.scale_format, scaling.power_of_two)

@@ -375,7 +375,7 @@ class Tensor:
             key: a `jax.random` key, required for `rounding="stochastic"`.
             layout: `"transposed"` holds int8/fp8 codes (per tensor or axis) with the last
                 two axes swapped, as GPU GEMMs read `w` of `x @ w` (a Flax `(in, out)`
-                kernel): no transpose precedes the GEMM; the Tensor is the same otherwise.
+                kernel). In the same format and scaling, only the codes move (both ways).
 
         Raises:
             FormatError: an unknown format name.
@@ -395,9 +395,12 @@ class Tensor:
         dtypes.check_rounding(rounding, key)
         if scaling is None:
             scaling = fmt.default_scaling()
-        if codes_layout.check_layout(layout, fmt, scaling, tuple(x.shape)) is not None:
-            enc = codes_layout.encoded_transposed(x, fmt, scaling, rounding, key)
-            return Tensor._make(enc, self._dtype, None, layout)
+        at_rest, conversion = self._straight_through is None, (rounding, key)
+        laid = codes_layout.laid_out(
+            self._encoded, self._layout, at_rest, x, fmt, scaling, conversion, layout
+        )
+        if laid is not None:  # a layout: held codes moved, or encoded transposed
+            return Tensor._make(laid[0], self._dtype, None, laid[1])
         fmt.check(x, scaling=scaling)
         if needs_straight_through(x, fmt, scaling):
             # Differentiated: the codes carry no gradient, so the Tensor keeps
@@ -567,10 +570,7 @@ class Tensor:
     @property
     def T(self) -> Tensor:
         """Axes reversed."""
-        if self._layout is not None and self.ndim == 2:
-            return Tensor._make(self._encoded, self._dtype)  # the codes as held
-        out: Tensor = _operators.method("transpose")(self, None)
-        return out
+        return self.transpose()
 
 
 _getitem = _operators.method("getitem")

@@ -21,7 +21,7 @@ import dtypes
 from dtypes import PrecisionTypeError
 
 from .. import _jax_compat as compat
-from .._codes_layout import as_logical
+from .._codes_layout import swapped
 from .._compute import Context, State, Stored, View
 from .._context import FormatLike, resolve_format
 from .._contract import ContractLike, as_contract
@@ -236,7 +236,7 @@ def _tensor_input(t: Tensor) -> tuple[Any, State]:
     # codes held transposed: the logical value is a view of the held one, which a
     # quantized contraction reads as held; every other op sees the logical storage
     n = value.ndim
-    logical = State(state.format, True, Stored(as_logical(enc), dtype), fmt.name)
+    logical = State(state.format, True, Stored(swapped(enc), dtype), fmt.name)
     perm = (*range(n - 2), n - 1, n - 2)
     return value.swapaxes(-1, -2), logical._replace(view=View(value, state, perm))
 

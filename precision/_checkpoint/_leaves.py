@@ -14,7 +14,7 @@ import numpy as np
 
 import dtypes
 
-from .._codes_layout import as_logical
+from .._codes_layout import swapped
 from .._errors import CheckpointError, SaveError, SaveTypeError
 from ._invariants import violation
 from ._layout import (
@@ -71,7 +71,7 @@ def _describe(
         leaf.check_holds_arrays(f"cannot save leaf {name!r}")
         enc, dtype = leaf.encoded, np.dtype(leaf.dtype)
         if leaf.layout is not None:  # held transposed: saved as the logical values lie
-            enc = as_logical(enc)
+            enc = swapped(enc)
     elif isinstance(leaf, dtypes.Encoded):
         enc, dtype = leaf, np.dtype(np.float32)
     else:

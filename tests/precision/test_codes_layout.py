@@ -160,6 +160,33 @@ def test_moves_and_operations_see_the_logical_tensor():
     np.testing.assert_array_equal(np.asarray(again), values)
 
 
+def test_a_tensor_already_so_encoded_moves_its_codes_without_re_encoding():
+    """Codes that do not reach the grid's top (a calibrated clip, a loaded file) would get
+    another scale if encoded again from their values; a change of layout moves them."""
+    rng = np.random.default_rng(0)
+    codes = rng.integers(-100, 101, (K, N)).astype(np.int8)
+    scale = rng.uniform(0.001, 0.01, (1, N)).astype(np.float32)
+    enc = dtypes.Encoded(jnp.asarray(codes), jnp.asarray(scale), dtypes.int8, dtypes.PerAxis(-1))
+    plain = Tensor.from_encoded(enc)
+    reencoded = Tensor(np.asarray(plain)).to_reduced_precision("int8", scaling=dtypes.PerAxis(-1))
+    assert not np.array_equal(np.asarray(reencoded.encoded.data), codes)  # (the premise)
+    held = plain.to_reduced_precision("int8", scaling=dtypes.PerAxis(1), layout="transposed")
+    np.testing.assert_array_equal(np.asarray(held.encoded.data), codes.T)
+    np.testing.assert_array_equal(np.asarray(held.encoded.scale), scale.T)
+    back = held.to_reduced_precision("int8", scaling=dtypes.PerAxis(-1))
+    assert back.layout is None
+    np.testing.assert_array_equal(np.asarray(back.encoded.data), codes)
+    np.testing.assert_array_equal(np.asarray(back.encoded.scale), scale)
+    assert (
+        held.to_reduced_precision("int8", scaling=dtypes.PerAxis(-1), layout="transposed").encoded
+        is held.encoded
+    )
+    # another scaling (or format) is an encode of the logical values, held transposed
+    other = plain.to_reduced_precision("int8", scaling=dtypes.PerTensor(), layout="transposed")
+    want = Tensor(np.asarray(plain)).to_reduced_precision("int8", scaling=dtypes.PerTensor())
+    np.testing.assert_array_equal(np.asarray(other.encoded.data), np.asarray(want.encoded.data).T)
+
+
 def test_saved_in_the_logical_layout(tmp_path):
     w = _weights()
     held = Tensor(w).to_reduced_precision(
@@ -175,7 +202,10 @@ def test_saved_in_the_logical_layout(tmp_path):
         np.asarray(back).view(np.uint32), np.asarray(held).view(np.uint32)
     )
     again = back.to_reduced_precision(back.format, scaling=back.scaling, layout="transposed")
-    np.testing.assert_array_equal(np.asarray(again.encoded.data), np.asarray(held.encoded.data))
+    assert again.layout == "transposed"  # its codes moved back, as saved
+    np.testing.assert_array_equal(
+        np.asarray(again.encoded.data).view(np.uint8), np.asarray(held.encoded.data).view(np.uint8)
+    )
 
 
 def test_explain_names_no_transpose_for_a_held_kernel():
