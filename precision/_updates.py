@@ -274,7 +274,7 @@ def _update_leaf(p: Any, u: jax.Array, rounding: str, key: jax.Array | None) -> 
         if not p.is_reduced_precision:
             return Tensor(total, dtype=p.dtype)
         return Tensor(total, dtype=p.dtype).to_reduced_precision(
-            p.format, scaling=p.scaling, rounding=rounding, key=key
+            p.format, scaling=p.scaling, rounding=rounding, key=key, layout=p.layout
         )
     p = jnp.asarray(p)  # a numpy float64 becomes float32 without x64, as JAX does anywhere
     dtype = np.dtype(p.dtype)

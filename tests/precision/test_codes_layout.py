@@ -187,6 +187,21 @@ def test_a_tensor_already_so_encoded_moves_its_codes_without_re_encoding():
     np.testing.assert_array_equal(np.asarray(other.encoded.data), np.asarray(want.encoded.data).T)
 
 
+def test_an_update_keeps_the_layout_inside_and_outside_jit():
+    w = _weights()
+    u = np.full((K, N), 0.25, np.float32)
+    plain = Tensor(w).to_reduced_precision("int8", scaling=dtypes.PerAxis(-1))
+    held = Tensor(w).to_reduced_precision("int8", scaling=dtypes.PerAxis(-1), layout="transposed")
+    want = precision.apply_updates({"w": plain}, {"w": u})["w"]
+    for update in (precision.apply_updates, jax.jit(precision.apply_updates)):
+        got = update({"w": held}, {"w": u})["w"]
+        assert got.layout == "transposed"
+        np.testing.assert_array_equal(np.asarray(got.encoded.data), np.asarray(want.encoded.data).T)
+    # a loop carrying the weight keeps one structure
+    steps = jax.lax.fori_loop(0, 3, lambda i, p: precision.apply_updates(p, {"w": u}), {"w": held})
+    assert steps["w"].layout == "transposed"
+
+
 def test_saved_in_the_logical_layout(tmp_path):
     w = _weights()
     held = Tensor(w).to_reduced_precision(
