@@ -12,10 +12,13 @@ GPU program that reads the held codes with the summed dim last on both operands
 from __future__ import annotations
 
 import flax.linen as nn
+import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import dtypes
 import precision
@@ -64,6 +67,31 @@ def test_the_held_codes_are_the_plain_codes_swapped(name, scaling, contract):
     for values in (np.asarray(held), np.asarray(jax.jit(lambda t: t.to_full_precision())(held))):
         np.testing.assert_array_equal(values.view(np.uint32), np.asarray(plain).view(np.uint32))
     assert "layout=transposed" in repr(held)
+
+
+@given(
+    data=st.data(),
+    shape=st.sampled_from([(3, 5), (2, 4, 6), (17, 33)]),
+    name=st.sampled_from(["int8", "float8_e4m3fn", "float8_e5m2"]),
+    axis=st.sampled_from([None, -1, -2, 0]),
+)
+def test_any_values_hold_the_same_codes(data, shape, name, axis):
+    """Finite float32 values of every size (zeros, subnormals, float32's extremes)."""
+    values = data.draw(
+        hnp.arrays(
+            np.float32, shape, elements=st.floats(width=32, allow_nan=False, allow_infinity=False)
+        )
+    )
+    scaling = dtypes.PerTensor() if axis is None else dtypes.PerAxis(axis)
+    plain = Tensor(values).to_reduced_precision(name, scaling=scaling)
+    held = Tensor(values).to_reduced_precision(name, scaling=scaling, layout="transposed")
+    bits = np.asarray(plain.encoded.data).view(np.uint8)
+    np.testing.assert_array_equal(
+        np.asarray(held.encoded.data).view(np.uint8), bits.swapaxes(-1, -2)
+    )
+    np.testing.assert_array_equal(
+        np.asarray(held).view(np.uint32), np.asarray(plain).view(np.uint32)
+    )
 
 
 def test_converting_inside_jit_gives_the_same_tensor():
