@@ -11,6 +11,9 @@ GPU program that reads the held codes with the summed dim last on both operands
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import flax.linen as nn
 import hypothesis.extra.numpy as hnp
 import jax
@@ -182,6 +185,10 @@ def test_moves_and_operations_see_the_logical_tensor():
     np.testing.assert_array_equal(np.asarray(row), values[3])
     np.testing.assert_array_equal(np.asarray(held * 2.0), values * 2.0)
     np.testing.assert_array_equal(np.asarray(held.sum(axis=0)), np.asarray(Tensor(values).sum(0)))
+    # pickled and copied, it keeps its layout
+    for twin in (pickle.loads(pickle.dumps(held)), copy.deepcopy(held)):
+        assert twin.layout == "transposed"
+        np.testing.assert_array_equal(np.asarray(twin.encoded.data), np.asarray(held.encoded.data))
     # converting again starts from the logical values
     again = held.to_reduced_precision("int8", scaling=dtypes.PerAxis(-1))
     assert again.layout is None
