@@ -30,10 +30,12 @@ __all__ = [
     "Layout",
     "check_layout",
     "encoded_transposed",
+    "held_axis",
     "held_placement",
     "held_scaling",
     "held_shape",
     "laid_out",
+    "swap_perm",
     "swapped",
     "swaps_last_two",
 ]
@@ -74,9 +76,19 @@ def check_layout(
     return TRANSPOSED
 
 
-def held_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+def swap_perm(ndim: int) -> tuple[int, ...]:
+    """The permutation of `ndim` axes that swaps the last two (its own inverse)."""
+    return (*range(ndim - 2), ndim - 1, ndim - 2)
+
+
+def held_axis(axis: int, ndim: int) -> int:
+    """Where axis `axis` (of `ndim`, from 0) lies once the last two are swapped, and back."""
+    return swap_perm(ndim)[axis]
+
+
+def held_shape(shape: tuple[Any, ...]) -> tuple[Any, ...]:
     """`shape` with its last two axes swapped (the held shape of a logical one, and back)."""
-    return (*shape[:-2], shape[-1], shape[-2])
+    return tuple(shape[i] for i in swap_perm(len(shape)))
 
 
 def held_scaling(scaling: dtypes.Scaling | None, ndim: int) -> dtypes.Scaling | None:
@@ -84,9 +96,8 @@ def held_scaling(scaling: dtypes.Scaling | None, ndim: int) -> dtypes.Scaling | 
     per-axis scale along the last axis is along the one before it once held so."""
     if not isinstance(scaling, dtypes.PerAxis):
         return scaling
-    swap = {ndim - 1: ndim - 2, ndim - 2: ndim - 1}
     # each axis counted as it was given, from the front or (negative) from the back
-    axes = tuple(swap.get(a % ndim, a % ndim) - ndim * (a < 0) for a in scaling.axes)
+    axes = tuple(held_axis(a % ndim, ndim) - ndim * (a < 0) for a in scaling.axes)
     return type(scaling)(
         axes[0] if len(axes) == 1 else axes,
         scale_format=scaling.scale_format,
@@ -151,7 +162,7 @@ def swaps_last_two(axes: tuple[Any, ...], ndim: int) -> bool:
     """Whether `transpose(*axes)` (checked; empty: reversed) swaps the last two axes of an
     `ndim` Tensor and keeps the others."""
     perm = tuple(int(a) % ndim for a in axes) if axes else tuple(range(ndim))[::-1]
-    return perm == (*range(ndim - 2), ndim - 1, ndim - 2)
+    return perm == swap_perm(ndim)
 
 
 def laid_out(

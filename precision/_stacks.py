@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 import dtypes
 
+from ._codes_layout import held_axis
 from ._tensor import Tensor
 
 
@@ -65,7 +66,7 @@ def _per_layer(t: Tensor, axis: int) -> Tensor:
         return t  # unscaled, or nothing to stack
     where = _axis(axis, len(shape))
     if t.layout is not None:  # the codes held with the last two axes swapped
-        where = {len(shape) - 1: len(shape) - 2, len(shape) - 2: len(shape) - 1}.get(where, where)
+        where = held_axis(where, len(shape))
     ts = enc.tensor_scale
     ts_per_layer = ts is None or (ts.ndim > 0 and ts.shape[where] == shape[where])
     if enc.scale is None or (enc.scale.shape[where] == shape[where] and ts_per_layer):

@@ -21,7 +21,7 @@ import dtypes
 from dtypes import PrecisionTypeError
 
 from .. import _jax_compat as compat
-from .._codes_layout import swapped
+from .._codes_layout import swap_perm, swapped
 from .._compute import Context, State, Stored, View
 from .._context import FormatLike, resolve_format
 from .._contract import ContractLike, as_contract
@@ -235,10 +235,9 @@ def _tensor_input(t: Tensor) -> tuple[Any, State]:
         return value, state
     # codes held transposed: the logical value is a view of the held one, which a
     # quantized contraction reads as held; every other op sees the logical storage
-    n = value.ndim
     logical = State(state.format, True, Stored(swapped(enc), dtype), fmt.name)
-    perm = (*range(n - 2), n - 1, n - 2)
-    return value.swapaxes(-1, -2), logical._replace(view=View(value, state, perm))
+    view = View(value, state, swap_perm(value.ndim))
+    return value.swapaxes(-1, -2), logical._replace(view=view)
 
 
 def _tensor_outputs(
