@@ -150,9 +150,9 @@ def encoded_transposed(
             "being differentiated: convert outside of jax.grad (the stored weights), or "
             "pass layout=None"
         )
+    fmt.check(x, scaling=scaling)  # (a refusal names the value where it lies logically)
     held = x.swapaxes(-1, -2)
     along = held_scaling(scaling, x.ndim)
-    fmt.check(held, scaling=along)
     encode = guarded_encoder if is_tracer(held) else encoder
     enc: dtypes.Encoded = encode(fmt, along, rounding)(held, key)
     return enc

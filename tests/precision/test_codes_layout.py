@@ -286,6 +286,13 @@ def test_what_cannot_be_held_transposed_is_refused_by_name(shape, name, scaling,
         assert word in str(info.value)
 
 
+def test_a_non_finite_value_is_refused_where_it_lies_logically():
+    w = np.ones((6, 4), np.float32)
+    w[5, 3] = np.nan
+    with pytest.raises(dtypes.NonFiniteError, match=r"nan at index \(5, 3\)"):
+        Tensor(w).to_reduced_precision("int8", scaling=dtypes.PerAxis(-1), layout="transposed")
+
+
 def test_a_bad_layout_and_a_differentiated_conversion_are_refused():
     t = Tensor(_weights())
     with pytest.raises(precision.PrecisionTypeError, match="layout='transposed'"):
