@@ -197,8 +197,10 @@ def laid_out(
 
 
 def _canonical(scaling: dtypes.Scaling | None, ndim: int) -> Any:
-    """`scaling` with its axes counted from the front (PerAxis(-1) of a matrix is PerAxis(1))."""
-    if not isinstance(scaling, dtypes.PerAxis):
+    """`scaling` with its axes counted from the front (PerAxis(-1) of a matrix is PerAxis(1));
+    one naming an axis the tensor lacks as it is, equal to no fitted scaling (the encode
+    that follows refuses it)."""
+    if not isinstance(scaling, dtypes.PerAxis) or any(not -ndim <= a < ndim for a in scaling.axes):
         return scaling
     axes = tuple(a % ndim for a in scaling.axes)
     return (type(scaling), axes, scaling.scale_format, scaling.power_of_two)

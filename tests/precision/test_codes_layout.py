@@ -293,6 +293,13 @@ def test_a_non_finite_value_is_refused_where_it_lies_logically():
         Tensor(w).to_reduced_precision("int8", scaling=dtypes.PerAxis(-1), layout="transposed")
 
 
+def test_an_axis_the_tensor_lacks_is_refused_even_where_codes_would_move():
+    held = Tensor(_weights()).to_reduced_precision("int8", scaling=dtypes.PerAxis(-1))
+    for axis in (5, -3):
+        with pytest.raises(dtypes.PrecisionError, match=str(axis)):
+            held.to_reduced_precision("int8", scaling=dtypes.PerAxis(axis), layout="transposed")
+
+
 def test_a_bad_layout_and_a_differentiated_conversion_are_refused():
     t = Tensor(_weights())
     with pytest.raises(precision.PrecisionTypeError, match="layout='transposed'"):
