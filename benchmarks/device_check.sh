@@ -35,14 +35,17 @@ has() { [[ "$parts" == *" $1 "* ]]; }
 keep=$(mktemp -d)
 mkdir -p "$keep/hlo"
 
-{ nvidia-smi -L 2>/dev/null; python -c "import jax, jaxlib, ml_dtypes, numpy; \
+# JAX must start on the accelerator within a minute, or nothing else is worth the lease
+# (a machine whose GPU hung once took the whole lease without a line of output)
+{ timeout 20 nvidia-smi -L; timeout 60 python -c "import jax, jaxlib, ml_dtypes, numpy; \
 print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, 'ml_dtypes', ml_dtypes.__version__, \
-'numpy', numpy.__version__); print(jax.devices())"; } >"$OUT/device.txt" 2>&1
+'numpy', numpy.__version__); print(jax.devices())"; } >"$OUT/device.txt" 2>&1 || {
+    cat "$OUT/device.txt"; echo "JAX did not start on this machine; nothing else run"; exit 1; }
 
 # Correctness first, side by side (nothing here is timed): the CI case list (every format
 # and encoding; see backend_bits.cases) on 1M values on both backends,
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
-accel=$(python -c "import jax; print(jax.devices()[0].platform)")
+accel=$(timeout 60 python -c "import jax; print(jax.devices()[0].platform)")
 if has bits; then
     timeout 150 python tests/dtypes/backend_bits.py "$keep/$accel.json" --size "$size" \
         --device "$accel" --quick >"$keep/run_$accel.txt" 2>&1 &
