@@ -116,6 +116,28 @@ def _encode_native_float(
     return fmt.encode(x, scaling=scaling)
 
 
+def code_values(codes: jax.Array, fmt: dtypes.Format) -> jax.Array:
+    """float32 values of a quantized operand's codes, before their scales.
+
+    Integer codes convert exactly. fp8 codes convert on XLA:CPU and are read from their
+    bits elsewhere (`dtypes`' decode): XLA:GPU deletes a chain of float converts where
+    excess precision is allowed, its default (its `SimplifyFPConversions` pass), so the
+    codes of float32 values quantized in the same program would widen back into the
+    unquantized values, and the backward pass would contract other operands than every
+    other backend's (`tests/precision/test_gpu_programs.py` reads the CUDA programs).
+    """
+    if not jnp.issubdtype(codes.dtype, jnp.floating):
+        return codes.astype(jnp.float32)
+
+    def from_bits(c: jax.Array) -> jax.Array:
+        return fmt.decode(dtypes.Encoded(c, None, fmt, None), np.float32)
+
+    values: jax.Array = lax.platform_dependent(
+        codes, cpu=lambda c: c.astype(jnp.float32), default=from_bits
+    )
+    return values
+
+
 def dequantize(enc: dtypes.Encoded, layout: Layout, scaling: str) -> jax.Array:
     """Float32 values of a quantized operand (`quantize(x, layout, fmt, scaling)`), in
     its own layout: what the backward pass contracts with, and the forward
@@ -128,7 +150,7 @@ def dequantize(enc: dtypes.Encoded, layout: Layout, scaling: str) -> jax.Array:
         and _native_fp8(enc.format)
     ):
         scale = enc.scale.reshape(()) if enc.scale.size == 1 else enc.scale
-        values = enc.data.astype(jnp.float32) * scale
+        values = code_values(enc.data, enc.format) * scale
     else:
         values = enc.decode(np.float32)
     return values if layout.direct(scaling) is not None else layout.back(values)
@@ -301,10 +323,11 @@ class _QuantizedContraction:
             int_codes: jax.Array
             row_scale: jax.Array
             int_codes, row_scale = q
+            values = code_values(int_codes, self.fmt)
             if not side.moved:
-                return int_codes.astype(jnp.float32) * layout.spread(row_scale)
+                return values * layout.spread(row_scale)
             rows = row_scale.reshape(row_scale.shape + (1,) * len(layout.summed))
-            return layout.unmoved(int_codes.astype(jnp.float32) * rows)
+            return layout.unmoved(values * rows)
         if side.same:
             return decode_storage(q.format, q.data, q.scale, q.scaling, side.last, np.float32)
         return dequantize(q, layout, self.scaling)

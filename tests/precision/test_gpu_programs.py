@@ -227,3 +227,172 @@ def test_the_cpu_program_of_the_same_call_is_float32():
     ).mlir_module()
     (dot,) = [m.groupdict() for m in _DOT.finditer(text)]
     assert (_elem(dot["a"]), _elem(dot["b"])) == ("f32", "f32")
+
+
+# --- float convert round trips: what XLA:GPU's SimplifyFPConversions deletes ------------
+
+_NAME = r'"[^"]+"|[\w.$-]+'
+_FUNC = re.compile(rf"func\.func (?:public |private )?@(?P<name>{_NAME})\((?P<args>.*?)\) ->")
+_CONVERT = re.compile(
+    r"(?P<out>%[\w#]+) = stablehlo\.convert (?P<src>%[\w#]+) : "
+    r"\(tensor<(?P<a>[^>]*)>\) -> tensor<(?P<b>[^>]*)>"
+)
+_CALL = re.compile(
+    rf"(?P<out>%\w+)(?::(?P<n>\d+))? = (?:func\.)?call @(?P<f>{_NAME})\((?P<ops>[^)]*)\)"
+)
+_RETURN = re.compile(r"^\s*(?:func\.)?return (?P<ops>[^:]*) :")
+_REGION_OP = re.compile(r'(?P<out>%\w+)(?::(?P<n>\d+))? = "stablehlo\.\w+"\(.*\(\{$')
+_DEF = re.compile(r"\s*(%\w+)(?::\d+)? = (.*)")
+# A narrowing convert of a value already on the narrow grid changes nothing, and neither
+# does deleting its round trip: a `reduce_precision`, a format's exact rounding (the
+# straight-through `round_ste` of `dtypes`), or a value widened from that type.
+_ON_GRID = re.compile(
+    r"stablehlo\.reduce_precision|call @\"?round_ste"
+    r"|stablehlo\.convert .*\(tensor<[^>]*(?:bf16|f16|f8\w*)>\)"
+)
+_REGION_RETURN = re.compile(r"^\s*stablehlo\.return (?P<ops>[^:]*) :")
+_WIDTH = {"f64": 64, "f32": 32, "bf16": 16, "f16": 16}
+
+
+def _float_width(t: str) -> int | None:
+    elem = t.split("x")[-1]
+    if elem in _WIDTH:
+        return _WIDTH[elem]
+    return 8 if elem.startswith("f8") else (4 if elem.startswith("f4") else None)
+
+
+def _convert_round_trips(text: str) -> list[tuple[str, str]]:
+    """Float converts that widen a value a float convert narrowed, followed across the
+    module's function calls (XLA inlines them): XLA:GPU's SimplifyFPConversions pass
+    replaces such a chain with its input where excess precision is allowed, its default,
+    so the widened value would be the unrounded one. (narrow type, wide type) of each."""
+    funcs: dict[str, tuple[list[str], list[str]]] = {}
+    current = None
+    for line in text.splitlines():
+        m = _FUNC.search(line)
+        if m:
+            current = m.group("name")
+            args = re.findall(r"(%arg\d+):", m.group("args"))
+            funcs[current] = (args, [])
+        elif current is not None:
+            funcs[current][1].append(line)
+    narrowed: set[tuple[str, str]] = set()  # (function, value) made by a narrowing convert
+    returns: dict[str, set[int]] = {}  # function -> positions of narrowed results
+    found: set[tuple[str, str, str, str]] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, (_, lines) in funcs.items():
+            stack: list[tuple[str, str | None]] = []
+            defs: dict[str, str] = {}  # value -> the op that makes it
+            for line in lines:
+                d = _DEF.match(line)
+                if d:
+                    defs[d.group(1)] = d.group(2)
+                c = _CONVERT.search(line)
+                if c:
+                    wa, wb = _float_width(c.group("a")), _float_width(c.group("b"))
+                    on_grid = _ON_GRID.match(defs.get(c.group("src").split("#")[0], ""))
+                    if (
+                        wa
+                        and wb
+                        and wb < wa
+                        and not on_grid
+                        and (name, c.group("out")) not in narrowed
+                    ):
+                        narrowed.add((name, c.group("out")))
+                        changed = True
+                    if wa and wb and wb > wa and (name, c.group("src")) in narrowed:
+                        found.add((name, c.group("out"), c.group("a"), c.group("b")))
+                call = _CALL.search(line)
+                if call and call.group("f") in funcs:
+                    callee_args = funcs[call.group("f")][0]
+                    ops = [o.strip() for o in call.group("ops").split(",") if o.strip()]
+                    for op, arg in zip(ops, callee_args, strict=False):
+                        if (name, op) in narrowed and (call.group("f"), arg) not in narrowed:
+                            narrowed.add((call.group("f"), arg))
+                            changed = True
+                    for i in returns.get(call.group("f"), set()):
+                        out = call.group("out") + (f"#{i}" if call.group("n") else "")
+                        if (name, out) not in narrowed:
+                            narrowed.add((name, out))
+                            changed = True
+                region = _REGION_OP.search(line.rstrip())
+                if region:  # a conditional (or a reduction): its results are its regions'
+                    stack.append((region.group("out"), region.group("n")))
+                elif line.strip().startswith("})") and stack:
+                    stack.pop()
+                r = _REGION_RETURN.search(line)
+                if r and stack:
+                    out, n = stack[-1]
+                    for i, op in enumerate(o.strip() for o in r.group("ops").split(",")):
+                        result = out + (f"#{i}" if n else "")
+                        if (name, op) in narrowed and (name, result) not in narrowed:
+                            narrowed.add((name, result))
+                            changed = True
+                r = _RETURN.search(line)
+                if r:
+                    ops = [o.strip() for o in r.group("ops").split(",")]
+                    for i, op in enumerate(ops):
+                        if (name, op) in narrowed and i not in returns.setdefault(name, set()):
+                            returns[name].add(i)
+                            changed = True
+    return sorted({(_elem(a), _elem(b)) for _, _, a, b in found})
+
+
+def _cuda_text(fn, *args):
+    return export.export(jax.jit(fn), platforms=("cuda",))(*args).mlir_module()
+
+
+def test_the_round_trip_detector_sees_a_plain_astype_round_trip():
+    """The check below must see what XLA:GPU deletes: an `astype` there and back, also
+    across a jitted function's boundary."""
+    x, _ = _operands()
+    assert _convert_round_trips(
+        _cuda_text(lambda x: x.astype(jnp.float8_e4m3fn).astype(jnp.float32), x)
+    ) == [("f8E4M3FN", "f32")]
+    inner = jax.jit(lambda x: x.astype(jnp.bfloat16) * 2)
+    assert _convert_round_trips(_cuda_text(lambda x: inner(x).astype(jnp.float32), x)) == []
+    narrow = jax.jit(lambda x: x.astype(jnp.float8_e5m2))
+    assert _convert_round_trips(_cuda_text(lambda x: narrow(x).astype(jnp.float32), x)) == [
+        ("f8E5M2", "f32")
+    ]
+
+
+@pytest.mark.parametrize(
+    "contract",
+    [
+        precision.Contract("float8_e4m3fn"),
+        precision.Contract("float8_e4m3fn", scaling="rowwise"),
+        precision.Contract("float8_e4m3fn", backward="float8_e5m2"),
+        precision.Contract("float8_e4m3fn", backward="float8_e5m2", scaling="rowwise"),
+        precision.Contract("float8_e5m2"),
+        precision.Contract("int8"),
+    ],
+    ids=["e4m3", "e4m3-rowwise", "hybrid", "hybrid-rowwise", "e5m2", "int8"],
+)
+def test_no_quantized_value_is_widened_by_a_convert_in_a_training_step(contract):
+    """The backward pass contracts the quantized operands' values. Taken from the codes
+    with a float convert, XLA:GPU would delete the quantize-and-widen pair and hand the
+    gradients the unquantized operands (other bits than every other backend's). The
+    codes' values are read from their bits there."""
+    x, w = _operands()
+    f = precision.apply(lambda x, w: jnp.sum((x @ w) ** 2), contract=contract)
+    assert _convert_round_trips(_cuda_text(jax.grad(f, argnums=(0, 1)), x, w)) == []
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"])
+def test_no_rounded_value_is_widened_by_a_convert_in_tensor_programs(name):
+    """Encoding, decoding, arithmetic and contractions of unscaled float Tensors, and a
+    compute-format model: every value a convert narrowed is read back from its bits or
+    was on the format's grid before the convert (a `reduce_precision` first)."""
+    x, w = _operands()
+
+    def f(x, w):
+        a = precision.Tensor(x).to_reduced_precision(name)
+        b = precision.Tensor(w).to_reduced_precision(name)
+        return ((a @ b) * 3.0 + 1.0).to_full_precision()
+
+    assert _convert_round_trips(_cuda_text(f, x, w)) == []
+    model = precision.apply(lambda x, w: jax.nn.gelu(x @ w).sum(), compute="bfloat16")
+    assert _convert_round_trips(_cuda_text(jax.grad(model, argnums=(0, 1)), x, w)) == []
