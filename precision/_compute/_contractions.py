@@ -82,17 +82,48 @@ def _cpu_container(op: str, native: np.dtype | None) -> np.dtype | None:
     return None
 
 
+@jax.custom_jvp
+def _bfloat16_gradient(x: jax.Array) -> jax.Array:
+    """`x`, whose tangents (and so, transposed, its cotangents) are rounded to bfloat16.
+
+    A bfloat16 contraction on a GPU or TPU is differentiated as its narrow dot: the
+    cotangent entering the gradient dots is converted to bfloat16 and their results are
+    written in bfloat16. The float32 dot that stands for it on XLA:CPU rounds the same
+    two values through this identity, so that the gradients are the same numbers on
+    every platform (`reduce_precision` is linear to JAX: its transpose rounds too).
+    """
+    return x
+
+
+@_bfloat16_gradient.defjvp
+def _bfloat16_gradient_jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> Any:
+    (x,), (t,) = primals, tangents
+    return _bfloat16_gradient(x), lax.reduce_precision(t, exponent_bits=8, mantissa_bits=7)
+
+
 def _float_contraction(
-    eqn: Any, vals: list[Val], state: Any, native: np.dtype | None, *, narrow_result: bool = False
+    eqn: Any,
+    vals: list[Val],
+    state: Any,
+    native: np.dtype | None,
+    *,
+    narrow_result: bool = False,
+    bfloat16_gradients: bool = False,
 ) -> jax.Array:
     """The contraction of `vals` in their compute format, its operands in `native` (with
     float32 sums) or in float32 (None), made where they are used.
 
     With `narrow_result` the dot writes its result in `native` itself: the float32 sums
     rounded once to nearest-even, the very rounding `rounded_outputs` applies next (so
-    that one finds every value already on its grid), and half the bytes written.
+    that one finds every value already on its grid), and half the bytes written. With
+    `bfloat16_gradients` the cotangent into the contraction and the cotangents out of
+    it are rounded to bfloat16 (`_bfloat16_gradient`): what a bfloat16 dot's own
+    derivative does, made explicit so that a float32 dot standing for it does the same
+    and no backend can skip it (a convert pair may be deleted; `reduce_precision` is not).
     """
     a, b = operands_at_use(vals, state, native)
+    if bfloat16_gradients:
+        a, b = _bfloat16_gradient(a), _bfloat16_gradient(b)
     params = dict(eqn.params)
     wanted = eqn.outvars[0].aval.dtype
     if native is not None:
@@ -100,6 +131,8 @@ def _float_contraction(
     elif state.format == dtypes.tf32:
         params["precision"] = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
     out: jax.Array = eqn.primitive.bind(a, b, **params)
+    if bfloat16_gradients:
+        out = _bfloat16_gradient(out)
     return out.astype(wanted) if narrow_result else out
 
 
@@ -141,15 +174,18 @@ def _contraction(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
             if here is not None:
                 emitted(here, here)
         pair = [(a, sa), (b, sb)]
+        # bfloat16 results come out of the GPU's and TPU's dots as bfloat16: their float32
+        # sums rounded to nearest-even, as `rounded_outputs` rounds them; and every path
+        # of a bfloat16 contraction differentiates as that dot does
+        narrow = native is not None and native == np.dtype(jnp.bfloat16)
         if on_cpu == native:
-            out = _float_contraction(eqn, pair, state, native)
+            out = _float_contraction(eqn, pair, state, native, bfloat16_gradients=narrow)
         else:
-            # bfloat16 results come out of the GPU's and TPU's dots as bfloat16: their
-            # float32 sums rounded to nearest-even, as `rounded_outputs` rounds them
-            narrow = native is not None and native == np.dtype(jnp.bfloat16)
             out = _per_platform(
-                cpu=lambda: _float_contraction(eqn, pair, state, on_cpu),
-                default=lambda: _float_contraction(eqn, pair, state, native, narrow_result=narrow),
+                cpu=lambda: _float_contraction(eqn, pair, state, on_cpu, bfloat16_gradients=narrow),
+                default=lambda: _float_contraction(
+                    eqn, pair, state, native, narrow_result=narrow, bfloat16_gradients=narrow
+                ),
             )
         return rounded_outputs(op, [out], state)
 

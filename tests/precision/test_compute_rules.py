@@ -528,7 +528,9 @@ def test_float32_weights_rounded_at_use_give_the_same_gradients_on_both_paths(na
     # float32 operands under a declared compute format are rounded inside the contraction's
     # conditional, their derivative outside it: both dot paths agree, and for bfloat16 with
     # plain JAX rounding the same values by lax.reduce_precision, straight through (the
-    # derivative of a rounding is 1 where the value did not overflow)
+    # derivative of a rounding is 1 where the value did not overflow), and contracting
+    # them in a bfloat16 dot, whose derivative takes the cotangent in bfloat16 and
+    # writes the gradients in bfloat16 (run op by op: each bfloat16 array is held)
     a = rng.standard_normal((8, 32)).astype(np.float32)
     b = rng.standard_normal((32, 4)).astype(np.float32)
 
@@ -546,7 +548,9 @@ def test_float32_weights_rounded_at_use_give_the_same_gradients_on_both_paths(na
             def r(v):
                 return v + lax.stop_gradient(lax.reduce_precision(v, 8, 7) - v)
 
-            return jnp.sum(r(jnp.matmul(r(a), r(b))) ** 2)
+            bf16 = jnp.bfloat16
+            out = jnp.matmul(r(a).astype(bf16), r(b).astype(bf16), preferred_element_type=bf16)
+            return jnp.sum(r(out.astype(jnp.float32)) ** 2)
 
         for s, p in zip(slow, jax.grad(plain, (0, 1))(a, b), strict=True):
             np.testing.assert_allclose(np.asarray(s), np.asarray(p), rtol=1e-6)
@@ -571,3 +575,35 @@ def test_vmap_of_apply_places_each_weight_once_for_the_batch():
     looped = np.stack([np.asarray(run(ws, x[i])) for i in range(x.shape[0])])
     # the batched matmul sums in another order: at most one bfloat16 step apart
     np.testing.assert_allclose(np.asarray(batched(ws, x)), looped, rtol=0, atol=2**-7)
+
+
+def _bf16(x):
+    return np.asarray(x, np.float64).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+@pytest.mark.parametrize("where", ["cpu-program", "gpu-program"])
+def test_bfloat16_contraction_gradients_are_those_of_a_bfloat16_dot(where, monkeypatch):
+    """Under `compute="bfloat16"` a GPU's dot takes the cotangent in bfloat16 and writes the
+    gradients in bfloat16; the float32 dot that stands for it on XLA:CPU rounds the same two
+    values, so a training step has the same gradients on every platform. The reference
+    is numpy's: the cotangent `cos(a @ b)` rounded to bfloat16, contracted in float64,
+    rounded once (within one bfloat16 step of it: float32 sums in another order may fall
+    on the other side of a midpoint). `gpu-program` runs the GPU's branch here."""
+    if where == "gpu-program":
+        monkeypatch.setattr(_contractions, "_per_platform", lambda cpu, default: default())
+    jax.clear_caches()
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((16, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 8)).astype(np.float32)
+    f = precision.apply(lambda a, b: jnp.sum(jnp.sin(a @ b)), compute="bfloat16")
+    da, db = (np.asarray(v, np.float64) for v in jax.jit(jax.grad(f, argnums=(0, 1)))(a, b))
+    ar, br = _bf16(a), _bf16(b)
+    out = _bf16(ar @ br)
+    g = _bf16(np.cos(out))
+    want_a, want_b = _bf16(g @ br.T), _bf16(ar.T @ g)
+    for got, want in ((da, want_a), (db, want_b)):
+        assert np.array_equal(_bf16(got), got)  # on the bfloat16 grid
+        step = np.abs(want) * 2.0**-7 + 2.0**-133
+        assert np.all(np.abs(got - want) <= step)
+        assert np.mean(got == want) > 0.99
+    jax.clear_caches()
