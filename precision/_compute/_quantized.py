@@ -116,7 +116,7 @@ def _encode_native_float(
     return fmt.encode(x, scaling=scaling)
 
 
-def code_values(codes: jax.Array, fmt: dtypes.Format) -> jax.Array:
+def _code_values(codes: jax.Array, fmt: dtypes.Format) -> jax.Array:
     """float32 values of a quantized operand's codes, before their scales.
 
     Integer codes convert exactly. fp8 codes convert on XLA:CPU and are read from their
@@ -150,7 +150,7 @@ def dequantize(enc: dtypes.Encoded, layout: Layout, scaling: str) -> jax.Array:
         and _native_fp8(enc.format)
     ):
         scale = enc.scale.reshape(()) if enc.scale.size == 1 else enc.scale
-        values = code_values(enc.data, enc.format) * scale
+        values = _code_values(enc.data, enc.format) * scale
     else:
         values = enc.decode(np.float32)
     return values if layout.direct(scaling) is not None else layout.back(values)
@@ -323,7 +323,7 @@ class _QuantizedContraction:
             int_codes: jax.Array
             row_scale: jax.Array
             int_codes, row_scale = q
-            values = code_values(int_codes, self.fmt)
+            values = _code_values(int_codes, self.fmt)
             if not side.moved:
                 return values * layout.spread(row_scale)
             rows = row_scale.reshape(row_scale.shape + (1,) * len(layout.summed))
