@@ -61,7 +61,7 @@ sys.exit(any(e.name == 'precision' for e in m.entry_points(group='pytest11')))" 
     workers=""
     PYTHONPATH=.:.gpu_site python -c "import xdist" 2>/dev/null && workers="-n 14 --dist loadfile"
     files=${PYTEST_FILES:-tests/dtypes tests/precision/test_contract.py \
-tests/precision/test_compute_rules.py tests/precision/test_models.py}
+tests/precision/test_compute_rules.py tests/precision/test_models.py tests/precision/test_gpu_programs.py}
     # shellcheck disable=SC2086
     PYTHONPATH=.:.gpu_site timeout "${PYTEST_SECONDS:-200}" python -m pytest $plugin \
         -o addopts="" -p no:cacheprovider -p no:benchmark -q -rfE --maxfail=60 $workers \

@@ -15,6 +15,8 @@ import re
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
 import pytest
 from jax import export
 
@@ -396,3 +398,47 @@ def test_no_rounded_value_is_widened_by_a_convert_in_tensor_programs(name):
     assert _convert_round_trips(_cuda_text(f, x, w)) == []
     model = precision.apply(lambda x, w: jax.nn.gelu(x @ w).sum(), compute="bfloat16")
     assert _convert_round_trips(_cuda_text(jax.grad(model, argnums=(0, 1)), x, w)) == []
+
+
+# --- on an accelerator: its gradients against the host CPU's (skipped on a CPU) --------
+
+
+def _on_both(fn, *args):
+    """`fn(*args)` jitted on the default device and on the host CPU, as float64 arrays."""
+    if jax.default_backend() == "cpu":
+        pytest.skip("needs an accelerator: compares its gradients with the host CPU's")
+    here = jax.jit(fn)(*args)
+    cpu = jax.devices("cpu")[0]
+    host = jax.jit(fn)(*jax.device_put(args, cpu))
+    as64 = lambda t: [np.asarray(v, np.float64) for v in jax.tree_util.tree_leaves(t)]
+    return as64(here), as64(host)
+
+
+def test_on_an_accelerator_fp8_gradients_take_the_quantized_operands():
+    """The gradient into the activation of a rowwise fp8 contraction is the cotangent
+    contracted with the *quantized* weight on the accelerator as on the host CPU: closer
+    to that than to the float32 weight's product by far (a deleted convert round trip
+    would give the latter)."""
+    x, w = _operands()
+    contract = precision.Contract("float8_e4m3fn", scaling="rowwise")
+    f = precision.apply(lambda x, w: jnp.sum(x @ w), contract=contract)
+    (gx, _), (hx, _) = _on_both(jax.grad(f, argnums=(0, 1)), x, w)
+    w8 = precision.Tensor(w).to_reduced_precision("float8_e4m3fn", scaling=dtypes.PerAxis(1))
+    quantized = np.asarray(w8.to_full_precision(), np.float64).sum(axis=1)
+    plain = np.asarray(w, np.float64).sum(axis=1)
+    for got in (gx, hx):
+        assert np.max(np.abs(got - quantized)) < 1e-5 * np.max(np.abs(quantized))
+        assert np.max(np.abs(got - plain)) > 1e-3 * np.max(np.abs(plain))
+
+
+def test_on_an_accelerator_bfloat16_gradients_equal_the_host_cpus():
+    """Under `compute="bfloat16"` both backends round the contraction's cotangent and
+    gradients to bfloat16: the same values, but where float32 sums in another order
+    fall on the other side of a bfloat16 midpoint (one step)."""
+    x, w = _operands()
+    f = precision.apply(lambda x, w: jnp.sum(jnp.sin(x @ w)), compute="bfloat16")
+    here, host = _on_both(jax.grad(f, argnums=(0, 1)), x, w)
+    for a, b in zip(here, host, strict=True):
+        assert np.array_equal(a.astype(ml_dtypes.bfloat16).astype(np.float64), a)
+        assert np.all(np.abs(a - b) <= np.abs(b) * 2.0**-7 + 2.0**-133)
+        assert np.mean(a == b) > 0.99
