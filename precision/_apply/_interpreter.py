@@ -108,10 +108,25 @@ def _abstract_states(
 
 
 def _adopt_to(value: Any, state: State | None, target: State | None) -> Any:
-    """A loop carry or branch output brought to the format its slot holds."""
-    if target is None or state is not None or not is_float(value):
+    """A loop carry or branch output brought to the format its slot holds: a weak value,
+    or a full-precision one in a slot of the declared compute format (`_join`)."""
+    if target is None or not is_float(value):
         return value
-    return in_compute_format([(value, None)], target)[0]
+    if state is not None and (state.format == target.format or not state.format.is_full_precision):
+        return value
+    return in_compute_format([(value, state)], target)[0]
+
+
+def _join(op: str, a: State | None, b: State | None, ctx: Context) -> State | None:
+    """The state a loop carry or a branch output holds: `join`, except that under a
+    declared compute format a full-precision value meeting that format adopts it, as
+    every op's inputs do (a float32 argument carried through a `scan` of bfloat16 layers
+    is rounded into bfloat16 once, before the loop)."""
+    if ctx.compute is not None and a is not None and b is not None and a.format != b.format:
+        for x, y in ((a, b), (b, a)):
+            if x.format.is_full_precision and y.format == ctx.compute:
+                return State(y.format, a.tensor or b.tensor, None, a.source or b.source)
+    return join(op, a, b)
 
 
 # -- remat, custom_jvp, custom_vjp: the function is their body -------------------
@@ -216,7 +231,7 @@ def _cond(index: Val, branches: list[Any], ops: list[Val], ctx: Context) -> list
     for slot in zip(*per_branch, strict=True):
         acc: State | None = None
         for s in slot:
-            acc = join("cond", acc, s)
+            acc = _join("cond", acc, s, ctx)
         joined.append(acc)
 
     def make(br: Any) -> Callable[..., tuple[Any, ...]]:
@@ -237,12 +252,14 @@ def _fixed_point(
     op: str,
     carry_states: list[State | None],
     abstract_args: Callable[[list[State | None]], list[State | None]],
+    ctx: Context,
 ) -> tuple[list[State | None], list[State | None]]:
-    """Carry states stable under the body: weak carries adopt the body's format."""
+    """Carry states stable under the body: weak carries adopt the body's format (and
+    full-precision ones the declared compute format, `_join`)."""
     states = _plain(list(carry_states))
     for _ in range(len(states) + 2):
         outs = abstract_args(states)
-        new = [join(op, s, o) for s, o in zip(states, outs[: len(states)], strict=True)]
+        new = [_join(op, s, o, ctx) for s, o in zip(states, outs[: len(states)], strict=True)]
         if new == states:
             return states, outs
         states = new
@@ -301,7 +318,7 @@ def _scan(parts: Scan, ins: list[Val], ctx: Context) -> list[Val]:
         args = [*const_vals, *(v for v, _ in carry), *x_specs]
         return _abstract_states(parts.body, args, [*const_states, *states, *x_states], ctx)
 
-    carry_states, outs = _fixed_point("scan", [s for _, s in carry], abstract)
+    carry_states, outs = _fixed_point("scan", [s for _, s in carry], abstract, ctx)
     y_states = outs[nk:]
     init = [_adopt_to(v, s, t) for (v, s), t in zip(carry, carry_states, strict=True)]
 
@@ -384,7 +401,7 @@ def _while(parts: While, ins: list[Val], ctx: Context) -> list[Val]:
         args = [*bvals, *(v for v, _ in carry)]
         return _abstract_states(parts.body, args, [*bstates, *states], ctx)
 
-    carry_states, _ = _fixed_point("while", [s for _, s in carry], abstract)
+    carry_states, _ = _fixed_point("while", [s for _, s in carry], abstract, ctx)
     init = tuple(_adopt_to(v, s, t) for (v, s), t in zip(carry, carry_states, strict=True))
     cond_run = _run(parts.cond, [*cstates, *carry_states], ctx)
     box: list[State | None] = []

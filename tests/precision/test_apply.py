@@ -597,3 +597,47 @@ def test_floats_passed_as_arguments_stay_traced_and_nested_ones_are_static():
     out = g(t, 2.0, {"k": 5.0})  # a nested float is static: traced again, used as Python
     assert len(traces) == 2
     assert out.numpy().tolist() == [10.0, 10.0, 10.0]
+
+
+@pytest.mark.parametrize("loop", ["scan", "fori_loop", "unrolled"])
+def test_a_float32_carry_adopts_the_declared_compute_format(loop, eager_and_jit):
+    """Under `compute="bfloat16"`, a float32 argument carried through a loop of bfloat16
+    layers is rounded into bfloat16 before the loop, as the first op would round it
+    unrolled; it was refused as a mix of formats. Reference: plain JAX rounding every
+    result with `reduce_precision`."""
+    ks = jax.random.split(jax.random.key(7), 2)
+    x = jax.random.normal(ks[0], (4, 16))
+    ws = jax.random.normal(ks[1], (3, 16, 16)) / 4
+
+    def layer(h, w):
+        return jnp.tanh(h @ w)
+
+    def f(x, ws):
+        if loop == "scan":
+            return lax.scan(lambda h, w: (layer(h, w), None), x, ws)[0]
+        if loop == "fori_loop":
+            return lax.fori_loop(0, 3, lambda i, h: layer(h, ws[i]), x)
+        for i in range(3):
+            x = layer(x, ws[i])
+        return x
+
+    got = eager_and_jit(precision.apply(f, compute="bfloat16"))(x, ws)
+
+    def r(v):
+        return lax.reduce_precision(v, exponent_bits=8, mantissa_bits=7)
+
+    h = r(x)
+    for i in range(3):
+        h = r(jnp.tanh(r(jnp.dot(h, r(ws[i]), precision=lax.Precision.HIGHEST))))
+    np.testing.assert_array_equal(np.asarray(precision.to_full_precision(got)), np.asarray(h))
+
+
+def test_a_cond_branch_of_float32_adopts_the_declared_compute_format():
+    x = jax.random.normal(jax.random.key(8), (8,))
+
+    def f(x, flag):
+        return lax.cond(flag, lambda: x, lambda: jnp.sin(x))
+
+    out = precision.apply(f, compute="bfloat16")(x, True)
+    v = np.asarray(precision.to_full_precision(out))
+    np.testing.assert_array_equal(v, np.asarray(x).astype(ml_dtypes.bfloat16).astype(np.float32))
