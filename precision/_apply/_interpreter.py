@@ -121,7 +121,9 @@ def _join(op: str, a: State | None, b: State | None, ctx: Context) -> State | No
     """The state a loop carry or a branch output holds: `join`, except that under a
     declared compute format a full-precision value meeting that format adopts it, as
     every op's inputs do (a float32 argument carried through a `scan` of bfloat16 layers
-    is rounded into bfloat16 once, before the loop)."""
+    is rounded into bfloat16 once, before the loop: one carry has one format, so an op
+    kept in float32 reads the rounded first value, where unrolled it would read the
+    exact one)."""
     if ctx.compute is not None and a is not None and b is not None and a.format != b.format:
         for x, y in ((a, b), (b, a)):
             if x.format.is_full_precision and y.format == ctx.compute:

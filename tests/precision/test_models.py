@@ -885,3 +885,50 @@ def test_int4_mlp_under_scan_decodes_one_layer_at_a_time():
     out = np.asarray(precision.apply(_mlp_scan)(stored, x))
     ref = np.asarray(jax.jit(_mlp_scan)(precision.to_full_precision(stored), x))
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_flax_scanned_stack_trains_under_bfloat16_compute():
+    """`nn.scan` over layers carries the float32 input through bfloat16 layers: under
+    `compute="bfloat16"` the carry adopts the format (it was refused as a mix of
+    formats), rounded once before the loop: the forward is bit for bit the same stack
+    unrolled layer by layer on the input rounded to bfloat16. (Unrolled on the float32
+    input, the first LayerNorm's statistics, which run in float32, would read its exact
+    values.)"""
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, h, _):
+            return jnp.tanh(nn.Dense(16)(nn.LayerNorm()(h))), None
+
+    class Stack(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            scanned = nn.scan(
+                Block, variable_axes={"params": 0}, split_rngs={"params": True}, length=4
+            )
+            return scanned()(x, None)[0]
+
+    model = Stack()
+    x = jax.random.normal(jax.random.key(0), (8, 16))
+    params = model.init(jax.random.key(1), x)
+    run = precision.apply(model.apply, compute="bfloat16")
+    out = np.asarray(precision.to_full_precision(jax.jit(run)(params, x)))
+
+    def unrolled(p, x):
+        h = x
+        for i in range(4):
+            layer = jax.tree_util.tree_map(lambda a, i=i: a[i], p["params"]["ScanBlock_0"])
+            h, _ = Block().apply({"params": layer}, h, None)
+        return h
+
+    rounded = jnp.asarray(np.asarray(x).astype(ml_dtypes.bfloat16).astype(np.float32))
+    want = np.asarray(
+        precision.to_full_precision(precision.apply(unrolled, compute="bfloat16")(params, rounded))
+    )
+    np.testing.assert_array_equal(out, want)
+    assert np.array_equal(out.astype(ml_dtypes.bfloat16).astype(np.float32), out)
+    loss = lambda p: jnp.sum(precision.to_full_precision(run(p, x)) ** 2)
+    grads = jax.jit(jax.grad(loss))(params)
+    kernel = grads["params"]["ScanBlock_0"]["Dense_0"]["kernel"]
+    assert kernel.shape == (4, 16, 16)
+    assert bool(jnp.all(jnp.isfinite(kernel)))
