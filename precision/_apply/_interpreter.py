@@ -109,26 +109,14 @@ def _abstract_states(
 
 def _adopt_to(value: Any, state: State | None, target: State | None) -> Any:
     """A loop carry or branch output brought to the format its slot holds: a weak value,
-    or a full-precision one in a slot of the declared compute format (`_join`)."""
+    or a full-precision one in a slot of the declared compute format (`join`: rounded
+    once, before a loop, so an op kept in float32 reads the rounded first value where
+    unrolled it would read the exact one)."""
     if target is None or not is_float(value):
         return value
     if state is not None and (state.format == target.format or not state.format.is_full_precision):
         return value
     return in_compute_format([(value, state)], target)[0]
-
-
-def _join(op: str, a: State | None, b: State | None, ctx: Context) -> State | None:
-    """The state a loop carry or a branch output holds: `join`, except that under a
-    declared compute format a full-precision value meeting that format adopts it, as
-    every op's inputs do (a float32 argument carried through a `scan` of bfloat16 layers
-    is rounded into bfloat16 once, before the loop: one carry has one format, so an op
-    kept in float32 reads the rounded first value, where unrolled it would read the
-    exact one)."""
-    if ctx.compute is not None and a is not None and b is not None and a.format != b.format:
-        for x, y in ((a, b), (b, a)):
-            if x.format.is_full_precision and y.format == ctx.compute:
-                return State(y.format, a.tensor or b.tensor, None, a.source or b.source)
-    return join(op, a, b)
 
 
 # -- remat, custom_jvp, custom_vjp: the function is their body -------------------
@@ -233,7 +221,7 @@ def _cond(index: Val, branches: list[Any], ops: list[Val], ctx: Context) -> list
     for slot in zip(*per_branch, strict=True):
         acc: State | None = None
         for s in slot:
-            acc = _join("cond", acc, s, ctx)
+            acc = join("cond", acc, s, ctx.compute)
         joined.append(acc)
 
     def make(br: Any) -> Callable[..., tuple[Any, ...]]:
@@ -257,11 +245,13 @@ def _fixed_point(
     ctx: Context,
 ) -> tuple[list[State | None], list[State | None]]:
     """Carry states stable under the body: weak carries adopt the body's format (and
-    full-precision ones the declared compute format, `_join`)."""
+    full-precision ones the declared compute format, `join`)."""
     states = _plain(list(carry_states))
     for _ in range(len(states) + 2):
         outs = abstract_args(states)
-        new = [_join(op, s, o, ctx) for s, o in zip(states, outs[: len(states)], strict=True)]
+        new = [
+            join(op, s, o, ctx.compute) for s, o in zip(states, outs[: len(states)], strict=True)
+        ]
         if new == states:
             return states, outs
         states = new

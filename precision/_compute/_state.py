@@ -127,12 +127,22 @@ def mismatch(op: str, a: State, b: State) -> PrecisionMismatchError:
     )
 
 
-def join(op: str, a: State | None, b: State | None) -> State | None:
-    """The common state of two values (without storage), or raise when formats differ."""
+def join(
+    op: str, a: State | None, b: State | None, compute: dtypes.Format | None = None
+) -> State | None:
+    """The common state of two values (without storage), or raise when formats differ.
+
+    Under a declared `compute` format a full-precision value meeting that format adopts
+    it, as every op's inputs do (docs/design.md §5).
+    """
     if a is None:
         return None if b is None else b.plain()
     if b is None:
         return a.plain()
-    if a.format != b.format:
-        raise mismatch(op, a, b)
-    return State(a.format, a.tensor or b.tensor, None, a.source or b.source)
+    fmt = a.format
+    if fmt != b.format:
+        pair = (fmt, b.format)
+        if compute not in pair or not any(f.is_full_precision for f in pair):
+            raise mismatch(op, a, b)
+        fmt = compute
+    return State(fmt, a.tensor or b.tensor, None, a.source or b.source)
