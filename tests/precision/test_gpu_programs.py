@@ -32,14 +32,18 @@ _DOT = re.compile(
 _CONTRACTING = re.compile(r"contracting_dims = \[([\d, ]*)\] x \[([\d, ]*)\]")
 
 
+def _cuda_text(fn, *args):
+    """The StableHLO of `jit(fn)` lowered for CUDA (on any machine)."""
+    return export.export(jax.jit(fn), platforms=("cuda",))(*args).mlir_module()
+
+
 def _dots(fn, *args, highest=False):
     """(lhs type, rhs type, result type, attributes) of each dot in `fn`'s CUDA program."""
-    jitted = jax.jit(fn)
     if highest:
         with jax.default_matmul_precision("highest"):
-            text = export.export(jitted, platforms=("cuda",))(*args).mlir_module()
+            text = _cuda_text(fn, *args)
     else:
-        text = export.export(jitted, platforms=("cuda",))(*args).mlir_module()
+        text = _cuda_text(fn, *args)
     found = [m.groupdict() for m in _DOT.finditer(text)]
     assert found, "no dot in the exported program"
     return found
@@ -340,10 +344,6 @@ def _convert_round_trips(text: str) -> list[tuple[str, str]]:
                             returns[name].add(i)
                             changed = True
     return sorted({(_elem(a), _elem(b)) for _, _, a, b in found})
-
-
-def _cuda_text(fn, *args):
-    return export.export(jax.jit(fn), platforms=("cuda",))(*args).mlir_module()
 
 
 def test_the_round_trip_detector_sees_a_plain_astype_round_trip():
