@@ -73,6 +73,11 @@ def _native_container(op: str, fmt: dtypes.Format) -> np.dtype | None:
     return native
 
 
+# Containers a GPU's or TPU's dot writes its result in (float8 results are not asked for:
+# no accelerator run has checked a dot that writes float8)
+_NARROW_RESULTS = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
+
+
 def _cpu_container(op: str, native: np.dtype | None) -> np.dtype | None:
     """The container XLA:CPU contracts a compute format's operands in: float32 (None)
     unless bfloat16 dots are opted in (XLA's bfloat16 convolutions on CPU are no faster
@@ -82,23 +87,47 @@ def _cpu_container(op: str, native: np.dtype | None) -> np.dtype | None:
     return None
 
 
-@jax.custom_jvp
-def _bfloat16_gradient(x: jax.Array) -> jax.Array:
-    """`x`, whose tangents (and so, transposed, its cotangents) are rounded to bfloat16.
+def _transposed_as_itself(round_: Callable[[jax.Array], jax.Array], t: jax.Array) -> jax.Array:
+    """`round_(t)`, which JAX takes for a linear map whose transpose is `round_` again.
 
-    A bfloat16 contraction on a GPU or TPU is differentiated as its narrow dot: the
-    cotangent entering the gradient dots is converted to bfloat16 and their results are
-    written in bfloat16. The float32 dot that stands for it on XLA:CPU rounds the same
-    two values through this identity, so that the gradients are the same numbers on
-    every platform (`reduce_precision` is linear to JAX: its transpose rounds too).
+    A tangent must be built from operations JAX can transpose. `custom_linear_solve`
+    with the identity as its matrix is one whose solve (and transposed solve) we choose:
+    the rounding. `reduce_precision` is linear to JAX in the same way, but flushes the
+    subnormals of formats with fewer exponent bits than float32's.
+    """
+    rounded: jax.Array = lax.custom_linear_solve(
+        lambda v: v, t, solve=lambda _, b: round_(b), transpose_solve=lambda _, b: round_(b)
+    )
+    return rounded
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _narrow_gradient(fmt: dtypes.FloatFormat, x: jax.Array) -> jax.Array:
+    """`x`, whose tangents (and so, transposed, its cotangents) are rounded to `fmt`.
+
+    A contraction in a narrow compute format (bfloat16, float16, a float8) on a GPU or
+    TPU is differentiated as its narrow dot: the cotangent entering the gradient dots is
+    converted to the format and their results are written in it. The float32 dot that
+    stands for it on XLA:CPU rounds the same two values through this identity, so that
+    the gradients are the same numbers on every platform. The rounding is exact
+    (float16's and float8's subnormals included) and no backend can skip it: a GPU
+    deletes a float32 -> float16 -> float32 convert pair, not this.
     """
     return x
 
 
-@_bfloat16_gradient.defjvp
-def _bfloat16_gradient_jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> Any:
+@_narrow_gradient.defjvp
+def _narrow_gradient_jvp(
+    fmt: dtypes.FloatFormat, primals: tuple[Any, ...], tangents: tuple[Any, ...]
+) -> Any:
     (x,), (t,) = primals, tangents
-    return _bfloat16_gradient(x), lax.reduce_precision(t, exponent_bits=8, mantissa_bits=7)
+    if np.dtype(t.dtype) == fmt.native_dtype:  # held in the format: on its grid already
+        rounded = t
+    elif fmt == dtypes.bfloat16:  # float32's exponent range: one fused op, linear to JAX
+        rounded = lax.reduce_precision(t, exponent_bits=8, mantissa_bits=7)
+    else:
+        rounded = _transposed_as_itself(fmt.round, t)
+    return _narrow_gradient(fmt, x), rounded
 
 
 def _float_contraction(
@@ -108,7 +137,7 @@ def _float_contraction(
     native: np.dtype | None,
     *,
     narrow_result: bool = False,
-    bfloat16_gradients: bool = False,
+    gradients: dtypes.FloatFormat | None = None,
 ) -> jax.Array:
     """The contraction of `vals` in their compute format, its operands in `native` (with
     float32 sums) or in float32 (None), made where they are used.
@@ -116,14 +145,14 @@ def _float_contraction(
     With `narrow_result` the dot writes its result in `native` itself: the float32 sums
     rounded once to nearest-even, the very rounding `rounded_outputs` applies next (so
     that one finds every value already on its grid), and half the bytes written. With
-    `bfloat16_gradients` the cotangent into the contraction and the cotangents out of
-    it are rounded to bfloat16 (`_bfloat16_gradient`): what a bfloat16 dot's own
-    derivative does, made explicit so that a float32 dot standing for it does the same
-    and no backend can skip it (a convert pair may be deleted; `reduce_precision` is not).
+    `gradients` the cotangent into the contraction and the cotangents out of it are
+    rounded to that format (`_narrow_gradient`): what the format's dot's own derivative
+    does, made explicit so that a float32 dot standing for it does the same and no
+    backend can skip it (a convert pair may be deleted; these roundings are not).
     """
     a, b = operands_at_use(vals, state, native)
-    if bfloat16_gradients:
-        a, b = _bfloat16_gradient(a), _bfloat16_gradient(b)
+    if gradients is not None:
+        a, b = _narrow_gradient(gradients, a), _narrow_gradient(gradients, b)
     params = dict(eqn.params)
     wanted = eqn.outvars[0].aval.dtype
     if native is not None:
@@ -131,9 +160,11 @@ def _float_contraction(
     elif state.format == dtypes.tf32:
         params["precision"] = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
     out: jax.Array = eqn.primitive.bind(a, b, **params)
-    if bfloat16_gradients:
-        out = _bfloat16_gradient(out)
-    return out.astype(wanted) if narrow_result else out
+    if narrow_result:
+        out = out.astype(wanted)
+    if gradients is not None:  # in float32: the narrow cotangent is then made from it
+        out = _narrow_gradient(gradients, out)
+    return out
 
 
 def contraction_rule(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
@@ -174,17 +205,20 @@ def _contraction(eqn: Any, vals: list[Val], ctx: Context) -> list[Val]:
             if here is not None:
                 emitted(here, here)
         pair = [(a, sa), (b, sb)]
-        # bfloat16 results come out of the GPU's and TPU's dots as bfloat16: their float32
-        # sums rounded to nearest-even, as `rounded_outputs` rounds them; and every path
-        # of a bfloat16 contraction differentiates as that dot does
-        narrow = native is not None and native == np.dtype(jnp.bfloat16)
+        # bfloat16 and float16 results come out of the GPU's and TPU's dots in their
+        # format: their float32 sums rounded to nearest-even, as `rounded_outputs` rounds
+        # them; and every path of a contraction in a narrow format differentiates as that
+        # format's dot does
+        narrow = native is not None and native in _NARROW_RESULTS
+        fmt = state.format
+        grads = fmt if native is not None and isinstance(fmt, dtypes.FloatFormat) else None
         if on_cpu == native:
-            out = _float_contraction(eqn, pair, state, native, bfloat16_gradients=narrow)
+            out = _float_contraction(eqn, pair, state, native, gradients=grads)
         else:
             out = _per_platform(
-                cpu=lambda: _float_contraction(eqn, pair, state, on_cpu, bfloat16_gradients=narrow),
+                cpu=lambda: _float_contraction(eqn, pair, state, on_cpu, gradients=grads),
                 default=lambda: _float_contraction(
-                    eqn, pair, state, native, narrow_result=narrow, bfloat16_gradients=narrow
+                    eqn, pair, state, native, narrow_result=narrow, gradients=grads
                 ),
             )
         return rounded_outputs(op, [out], state)

@@ -577,33 +577,57 @@ def test_vmap_of_apply_places_each_weight_once_for_the_batch():
     np.testing.assert_allclose(np.asarray(batched(ws, x)), looped, rtol=0, atol=2**-7)
 
 
-def _bf16(x):
-    return np.asarray(x, np.float64).astype(ml_dtypes.bfloat16).astype(np.float64)
+def _ordered_codes(x, dtype):
+    """Values of `dtype` as integers in the order of the values (adjacent values differ
+    by one; both zeros are 0)."""
+    bits = np.asarray(x).astype(dtype)
+    width = {1: np.uint8, 2: np.uint16}[bits.dtype.itemsize]
+    i = bits.view(width).astype(np.int64)
+    sign = 1 << (8 * bits.dtype.itemsize - 1)
+    return np.where(i & sign, -(i & (sign - 1)), i)
+
+
+# (compute format, its numpy dtype, the cotangent's scale): float16's 1e-6 and e5m2's
+# 1e-4 put the cotangents and gradients among the format's subnormals
+_NARROW = [
+    ("bfloat16", ml_dtypes.bfloat16, 1.0),
+    ("float16", np.float16, 1e-6),
+    ("float8_e5m2", ml_dtypes.float8_e5m2, 1e-4),
+    ("float8_e4m3fn", ml_dtypes.float8_e4m3fn, 1.0),
+]
 
 
 @pytest.mark.parametrize("where", ["cpu-program", "gpu-program"])
-def test_bfloat16_contraction_gradients_are_those_of_a_bfloat16_dot(where, monkeypatch):
-    """Under `compute="bfloat16"` a GPU's dot takes the cotangent in bfloat16 and writes the
-    gradients in bfloat16; the float32 dot that stands for it on XLA:CPU rounds the same two
-    values, so a training step has the same gradients on every platform. The reference
-    is numpy's: the cotangent `cos(a @ b)` rounded to bfloat16, contracted in float64,
-    rounded once (within one bfloat16 step of it: float32 sums in another order may fall
+@pytest.mark.parametrize(("name", "dtype", "scale"), _NARROW, ids=[n for n, *_ in _NARROW])
+def test_narrow_contraction_gradients_are_those_of_the_formats_dot(
+    where, name, dtype, scale, monkeypatch
+):
+    """Under a narrow compute format a GPU's dot takes the cotangent in that format and
+    writes the gradients in it; the float32 dot that stands for it on XLA:CPU rounds the
+    same two values (exactly: float16's subnormals kept), so a training step has the
+    same gradients on every platform. The reference is numpy's: the cotangent
+    `scale * cos(a @ b)` rounded to the format (`scale` rounded first), contracted in
+    float64, rounded once (within one step of it: float32 sums in another order may fall
     on the other side of a midpoint). `gpu-program` runs the GPU's branch here."""
     if where == "gpu-program":
         monkeypatch.setattr(_contractions, "_per_platform", lambda cpu, default: default())
     jax.clear_caches()
+
+    def rnd(x):
+        return np.asarray(x, np.float64).astype(dtype).astype(np.float64)
+
     rng = np.random.default_rng(0)
     a = rng.standard_normal((16, 64)).astype(np.float32)
     b = rng.standard_normal((64, 8)).astype(np.float32)
-    f = precision.apply(lambda a, b: jnp.sum(jnp.sin(a @ b)), compute="bfloat16")
+    f = precision.apply(lambda a, b: jnp.sum(jnp.sin(a @ b)) * scale, compute=name)
     da, db = (np.asarray(v, np.float64) for v in jax.jit(jax.grad(f, argnums=(0, 1)))(a, b))
-    ar, br = _bf16(a), _bf16(b)
-    out = _bf16(ar @ br)
-    g = _bf16(np.cos(out))
-    want_a, want_b = _bf16(g @ br.T), _bf16(ar.T @ g)
+    ar, br = rnd(a), rnd(b)
+    out = rnd(ar @ br)
+    g = rnd(np.cos(out) * rnd(scale))  # the constant is rounded into the format too
+    want_a, want_b = rnd(g @ br.T), rnd(ar.T @ g)
     for got, want in ((da, want_a), (db, want_b)):
-        assert np.array_equal(_bf16(got), got)  # on the bfloat16 grid
-        step = np.abs(want) * 2.0**-7 + 2.0**-133
-        assert np.all(np.abs(got - want) <= step)
-        assert np.mean(got == want) > 0.99
+        assert np.array_equal(rnd(got), got)  # on the format's grid
+        steps = np.abs(_ordered_codes(got, dtype) - _ordered_codes(want, dtype))
+        assert steps.max() <= 1
+        assert np.mean(steps == 0) > 0.98
     jax.clear_caches()
