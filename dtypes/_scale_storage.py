@@ -136,8 +136,9 @@ def _two_level(
     shift = jnp.where(tiny, jnp.float32(2.0**24), jnp.float32(1))
     per_block = divide(amax_b * shift, top32)
     q = per_block * divide(g, shift)
-    stored = jnp.minimum(q, np.float32(_E4M3_MAX)).astype(jnp.float8_e4m3fn)
-    s32 = to_float32(stored)
+    # (made once: read three times below, XLA:CPU would call its making as a function
+    # per block and vectorise nothing)
+    s32, byte = _e4m3_of(per_group(jnp.minimum(q, np.float32(_E4M3_MAX))))
     # A nonzero block scale times the tensor scale stays >= 2**-126: at most one
     # e4m3 step above `lo` (<= 1), reached from its rounding by one code up.
     lo = _TINY * g
@@ -145,14 +146,82 @@ def _two_level(
     floor_bits = lax.bitcast_convert_type(floor, jnp.uint8)
     short = to_float32(floor) < lo
     floor = lax.bitcast_convert_type(floor_bits + short.astype(jnp.uint8), jnp.float8_e4m3fn)
-    stored = jnp.where((s32 > 0) & (s32 < lo), floor, stored)
-    s32 = to_float32(stored)
-    inv = divide(g, jnp.where(s32 > 0, s32, jnp.float32(1)))
-    inv = select((s32 > 0) & ~block_nan & ~poisoned, inv, jnp.float32(0))
-    stored = _nan_e4m3_where(block_nan | poisoned, stored)
+    raise_ = (s32 > 0) & (s32 < lo)
+    byte = jnp.where(raise_, lax.bitcast_convert_type(floor, jnp.uint8), byte)
+    s32 = jnp.where(raise_, to_float32(floor), s32)
+    # (a zero scale gives a zero reciprocal: so do NaN blocks and a poisoned tensor)
+    s32 = select(~block_nan & ~poisoned, s32, jnp.float32(0))
+    e4m3 = lax.bitcast_convert_type(byte, jnp.float8_e4m3fn)
+    stored = _nan_e4m3_where(block_nan | poisoned, e4m3)
+    stored, inv = per_group(stored, _divided_by_e4m3(g, s32))
     tensor_scale = nan_where(poisoned, divide(jnp.float32(1), g)).reshape(())
-    stored, inv = per_group(stored, inv)
     return stored, tensor_scale, inv, None
+
+
+_E4M3_SUBNORMAL = np.float32(2.0**-6)  # e4m3's smallest normal value
+
+
+def _e4m3_of(q: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(float32 value, e4m3 byte) of `q` in [0, 448] rounded to e4m3, nearest even.
+
+    Arithmetic rather than a conversion (XLA:CPU expands a float8 conversion into
+    dozens of operations per value): above e4m3's smallest normal value the rounding
+    is of the mantissa alone, `reduce_precision` to 3 bits (float32's exponent range,
+    so nothing it flushes); below, onto multiples of 2**-9, the product by 2**9 (exact)
+    rounded to an integer, which is then the code itself (8 is 2**-6's code).
+    """
+    small = q < _E4M3_SUBNORMAL
+    k = jnp.round(q * np.float32(2.0**9))
+    normal = lax.reduce_precision(q, exponent_bits=8, mantissa_bits=3)
+    value = jnp.where(small, k * np.float32(2.0**-9), normal)
+    bits = lax.bitcast_convert_type(normal, jnp.uint32)
+    exponent = ((bits >> 23) & jnp.uint32(0xFF)) - jnp.uint32(127 - 7)
+    normal_byte = (exponent << 3) | ((bits >> 20) & jnp.uint32(7))
+    byte = jnp.where(small, k.astype(jnp.int32).astype(jnp.uint32), normal_byte).astype(jnp.uint8)
+    return value, byte
+
+
+def _divided_by_e4m3(g: jax.Array, s: jax.Array) -> jax.Array:
+    """`divide(g, s)` for a scalar `g` and block scales `s` that are e4m3 values (0 where
+    `s` is 0).
+
+    On XLA:CPU (`lax.platform_dependent`) by a table: each `s` is `(1 + k/8) * 2**e`,
+    so the quotient is one of eight correctly rounded quotients `(g * 2**c) / (1 + k/8)`
+    (`c` = ±32 keeps them normal), chosen by `k` and multiplied by `2**(-e - c)`: exact
+    in float32's normal range; a product past it is inf, as `divide` gives, and one
+    below it 0. Eight divisions in all instead of one per block, chosen by a tree of
+    selects (a gather by the scale's byte was 4-7x slower than the division). Elsewhere
+    one division per block.
+    """
+
+    def table(g: jax.Array, s: jax.Array) -> jax.Array:
+        # g taken 2**32 times larger below 1 and smaller above (exact), so that no
+        # quotient of the table leaves float32's normal range; the power gives it back
+        c = jnp.where(g < 1, jnp.int32(32), jnp.int32(-32))
+        scaled = g * lax.bitcast_convert_type((c + 127) << 23, jnp.float32)
+        # (made once: fused into the blocks' kernel, XLA:CPU would divide eight times
+        # a block)
+        eighths = np.arange(8, 16, dtype=np.float32) / np.float32(8)
+        quotients = per_group(divide(scaled, eighths))
+        bits = lax.bitcast_convert_type(s, jnp.uint32)
+        k = (bits >> 20) & jnp.uint32(7)
+        pick = [quotients[i] for i in range(8)]
+        while len(pick) > 1:  # a tree of selects on k's bits, low bit first
+            bit = (k & jnp.uint32(1)) == 1
+            pairs = zip(pick[::2], pick[1::2], strict=True)
+            pick = [jnp.where(bit, hi, lo) for lo, hi in pairs]
+            k = k >> 1
+        # 2**(-e - c) from the bits: e is in [-9, 8] for a nonzero e4m3 value
+        exponent = lax.bitcast_convert_type(bits & jnp.uint32(0x7F800000), jnp.int32)
+        power = lax.bitcast_convert_type(jnp.int32(254 << 23) - exponent - (c << 23), jnp.float32)
+        quotient = pick[0] * power
+        return jnp.where((s > 0) & (quotient >= _TINY), quotient, jnp.float32(0))
+
+    def each(g: jax.Array, s: jax.Array) -> jax.Array:
+        return jnp.where(s > 0, divide(g, jnp.where(s > 0, s, jnp.float32(1))), jnp.float32(0))
+
+    out: jax.Array = lax.platform_dependent(g, s, cpu=table, default=each)
+    return out
 
 
 def _nan_e4m3_where(cond: jax.Array, stored: jax.Array) -> jax.Array:

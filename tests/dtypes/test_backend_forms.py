@@ -21,7 +21,7 @@ from backend_bits import adversarial
 from sampling import sample
 
 import dtypes
-from dtypes import _asymmetric_codec, _int_codec, _per_group, _scale_rules
+from dtypes import _asymmetric_codec, _int_codec, _per_group, _scale_rules, _scale_storage
 
 SCALINGS = [
     dtypes.PerTensor(),
@@ -258,3 +258,24 @@ def test_both_forms_of_the_float16_rounding_give_the_same_bits(monkeypatch):
     got, texts = _both_forms(monkeypatch, lambda v: dtypes.get("float16").round(v), x)
     assert texts["cpu"] != texts["default"]  # the two forms were compiled
     np.testing.assert_array_equal(got["cpu"][0].view(np.uint32), got["default"][0].view(np.uint32))
+
+
+def test_both_forms_of_the_nvfp4_block_reciprocals_give_numpys_quotients(monkeypatch):
+    """NVFP4's per-block reciprocal `g / s` (`_scale_storage._divided_by_e4m3`): on
+    XLA:CPU one of eight quotients `g / (1 + k/8)` times `2**-e`, elsewhere a division
+    per block. Both against numpy's float32 division, for every e4m3 value `s` and
+    tensor scales `g` from float32's bottom to its top (quotients past float32 are inf,
+    those below its smallest normal 0)."""
+    s = np.arange(0, 0x7F, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    gs = np.float32([1, 3, 2688 / 7, 2.0**-100 * 1.7, 1.1754944e-38, 2.0**126, 2.0**119 * 1.3])
+    rng = np.random.default_rng(7)
+    gs = np.concatenate([gs, np.exp2(rng.uniform(-110, 120, 40)).astype(np.float32)])
+    g, s = np.meshgrid(gs, s, indexing="ij")
+    each_g = jax.vmap(_scale_storage._divided_by_e4m3)  # (g is one scalar per tensor)
+    got, texts = _both_forms(monkeypatch, lambda a: each_g(a[0][:, 0], a[1]), np.stack([g, s]))
+    assert texts["cpu"] != texts["default"]  # the two forms were compiled
+    with np.errstate(divide="ignore", over="ignore"):
+        want = np.where(s > 0, g / np.where(s > 0, s, np.float32(1)), np.float32(0))
+    want = np.where(want < np.float32(2.0**-126), np.float32(0), want).astype(np.float32)
+    for form in ("cpu", "default"):
+        np.testing.assert_array_equal(got[form][0].view(np.uint32), want.view(np.uint32))

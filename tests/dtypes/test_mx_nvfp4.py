@@ -391,6 +391,40 @@ def test_nvfp4_tiny_and_huge_tensors_keep_normal_scales(fmt, magnitude, eager_an
 
 
 @pytest.mark.parametrize("fmt", TWO_LEVEL, ids=lambda f: f.name)
+def test_nvfp4_block_scales_reach_every_e4m3_code_and_midpoint(fmt, eager_and_jit):
+    """Every positive e4m3 value as a block scale, subnormals included, and every midpoint
+    between two of them (a tie, settled to the even code), with the float32 values on
+    either side of each midpoint: with a block whose absmax is 448 * top the tensor
+    encoding scale is 1, so a block whose absmax is `top * t` asks for the e4m3 scale of
+    `t` itself. Bit for bit the reference's scales, codes and values."""
+    f32 = np.float32
+    top = f32(ml_dtypes.finfo(element_type(fmt)).max)
+    size = fmt.scaling.size
+    grid = np.arange(1, 0x7F, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(f32)
+    mids = ((grid[:-1].astype(np.float64) + grid[1:]) / 2).astype(f32)
+    with np.errstate(over="ignore"):
+        near = np.concatenate([np.nextafter(mids, f32(0)), np.nextafter(mids, f32(np.inf))])
+    targets = np.concatenate([grid, mids, near, [f32(2.0**-10), f32(3 * 2.0**-11)]])
+    amax = (targets * top).astype(f32)
+    assert np.all(amax / top == targets)  # exact: `top * t / top` is `t`
+    rng = np.random.default_rng(5)
+    blocks = rng.uniform(-1, 1, (len(amax) + 1, size)).astype(f32)
+    blocks[:-1] *= amax[:, None]
+    blocks[:-1, 0] = amax  # the block's absmax, exactly
+    blocks[-1] = 0
+    blocks[-1, 0] = f32(448) * top  # the tensor's absmax: g = 1
+    blocks = np.concatenate([blocks, np.zeros((-len(blocks) % 4, size), f32)])
+    x = blocks.reshape(-1, 4 * size)
+    enc = _run(eager_and_jit, fmt.encode)(x)
+    codes, s8, tensor_scale, values = nvfp4_reference(x, fmt)
+    assert tensor_scale == 1
+    np.testing.assert_array_equal(np.asarray(enc.scale).view(np.uint8), s8.view(np.uint8))
+    assert np.float32(enc.tensor_scale) == tensor_scale
+    np.testing.assert_array_equal(_codes(enc), codes)
+    np.testing.assert_array_equal(np.asarray(enc.decode()), values)
+
+
+@pytest.mark.parametrize("fmt", TWO_LEVEL, ids=lambda f: f.name)
 def test_nvfp4_all_zero_tensor(fmt):
     enc = fmt.encode(np.zeros((2, fmt.scaling.size), np.float32))
     assert float(enc.tensor_scale) == 1.0
