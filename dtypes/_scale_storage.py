@@ -164,8 +164,8 @@ _E4M3_SUBNORMAL = np.float32(2.0**-6)  # e4m3's smallest normal value
 def _e4m3_of(q: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(float32 value, e4m3 byte) of `q` in [0, 448] rounded to e4m3, nearest even.
 
-    Arithmetic rather than a conversion (XLA:CPU expands a float8 conversion into
-    dozens of operations per value): above e4m3's smallest normal value the rounding
+    Arithmetic rather than a conversion (on XLA:CPU 109 us against 140 for 131,072
+    block scales, in the same kernel): above e4m3's smallest normal value the rounding
     is of the mantissa alone, `reduce_precision` to 3 bits (float32's exponent range,
     so nothing it flushes); below, onto multiples of 2**-9, the product by 2**9 (exact)
     rounded to an integer, which is then the code itself (8 is 2**-6's code).
