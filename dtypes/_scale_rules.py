@@ -165,11 +165,14 @@ def _scales(
         pre = jnp.where(big, jnp.float32(2.0**-64), jnp.float32(1))
         scale, inv = pow2(k), pow2(jnp.where(big, 64 - k, -k))
     else:
-        scale = divide(absmax, top32)
-        # Near float32's top, qmax * fl(absmax / qmax) can round past max:
-        # take the scale one ulp lower there, so every code decodes finite.
-        over = scale >= _overflows_times(top32)
-        scale = jnp.where(over, jnp.nextafter(scale, jnp.float32(0)), scale)
+        if top32 == 1:  # (int2's grid: the scale is the absmax itself)
+            scale = absmax
+        else:
+            scale = divide(absmax, top32)
+            # Near float32's top, qmax * fl(absmax / qmax) can round past max:
+            # take the scale one ulp lower there, so every code decodes finite.
+            over = scale >= _overflows_times(top32)
+            scale = jnp.where(over, jnp.nextafter(scale, jnp.float32(0)), scale)
         # For absmax beyond 2**100 the reciprocal top / absmax would be a
         # subnormal, which XLA on CPU flushes to zero: divide x and absmax by
         # 2**64 first (exact), which gives the very same codes.
