@@ -115,7 +115,7 @@ def _int_codes(
             return _exact_codes(fmt.qmax, scaling, rounding, None, *args)[0].astype(as_codes)
 
         def cpu(*args: jax.Array) -> jax.Array:
-            codes = _nearest_codes_cpu(fmt.qmax, scaling, rounding, *args)
+            codes = _nearest_codes_cpu(fmt.qmax, scaling, rounding, *args, packed=stored)
             return codes.astype(as_codes)
 
         codes = lax.platform_dependent(
@@ -151,13 +151,15 @@ def _nearest_codes_cpu(
     x: jax.Array,
     inv: jax.Array,
     pre: jax.Array | None = None,
+    *,
+    packed: bool = True,
 ) -> jax.Array:
     """The int8 codes of `_exact_codes` in the nearest modes, as XLA:CPU computes them
     fastest, with the same bits there (`nearest_steps_cpu`: every code of a group
     whose reciprocal is 0 is 0, as the exact form gives it; an integer has no -0).
     `tests/dtypes/test_backend_forms.py` checks both forms against each other on
     adversarial input."""
-    steps = nearest_steps_cpu(x, scaling, inv, pre, rounding=rounding, qmax=qmax)
+    steps = nearest_steps_cpu(x, scaling, inv, pre, rounding=rounding, qmax=qmax, packed=packed)
     return steps.astype(jnp.int8)
 
 
