@@ -13,6 +13,7 @@ over each group, and how per-group values are made once, are in `_per_group`.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -294,11 +295,14 @@ def nearest_steps_cpu(
         # a power of two; a prescaled value that would flush lies far below either).
         # So each code is a product and two comparisons with a per-group bound.
         half = np.float32(0.5)
-        bound = half if pre is None else jnp.where(pre < 1, np.float32(2.0**63), half)
+        b: Any = half
+        if pre is not None:
+            b = jnp.where(pre < 1, np.float32(2.0**63), half)
         if packed:  # (else a compare and a select a value cost less than one more pass)
-            keep, bound = per_group(keep, bound)
+            keep, b = per_group(keep, b)
+        if pre is not None:
+            b = scaling.broadcast(b, x.shape)
         y = x * scaling.broadcast(inv, x.shape)
-        b = scaling.broadcast(bound, x.shape)
         up, down = (y > b, y < -b) if rounding == "nearest_even" else (y >= b, y <= -b)
         steps = jnp.where(up, jnp.int32(1), jnp.where(down, jnp.int32(-1), jnp.int32(0)))
     else:
