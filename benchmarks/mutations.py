@@ -131,6 +131,41 @@ MUTATIONS = (
         ("tests/dtypes/test_check.py",),
     ),
     Mutation(
+        "nvfp4-subnormal-scales-floored",
+        "NVFP4's e4m3 block scales below e4m3's normals are floored, not rounded",
+        "dtypes/_scale_storage.py",
+        "    k = jnp.round(q * np.float32(2.0**9))\n",
+        "    k = jnp.floor(q * np.float32(2.0**9))\n",
+        ("tests/dtypes/test_mx_nvfp4.py",),
+    ),
+    Mutation(
+        "nvfp4-reciprocal-table-shifted",
+        "NVFP4's table of block reciprocals divides by the next mantissa's value",
+        "dtypes/_scale_storage.py",
+        "np.arange(8, 16, dtype=np.float32)",
+        "np.arange(9, 17, dtype=np.float32)",
+        ("tests/dtypes/test_backend_forms.py", "tests/dtypes/test_mx_nvfp4.py"),
+    ),
+    Mutation(
+        "block-absmax-takes-the-min",
+        "the block absmax's select keeps the smaller value",
+        "dtypes/_per_group.py",
+        "    return jnp.where(a > b, a, b)\n",
+        "    return jnp.where(a > b, b, a)\n",
+        ("tests/dtypes/test_backend_forms.py", "tests/dtypes/test_group_reductions.py"),
+    ),
+    Mutation(
+        "float16-cotangent-unrounded",
+        "a float16 contraction's cotangent and gradients are not rounded to float16",
+        "precision/_compute/_contractions.py",
+        "        rounded = _transposed_as_itself(fmt.round, t)\n",
+        "        rounded = t\n",
+        (
+            "tests/precision/test_compute_rules.py"
+            "::test_narrow_contraction_gradients_are_those_of_the_formats_dot",
+        ),
+    ),
+    Mutation(
         "plot-best-first",
         "`report --plot` draws the best SQNR on top instead of the worst",
         "precision/_cli/_report.py",
