@@ -235,7 +235,9 @@ def per_group(*values: Any) -> Any:
     32-bit words: XLA:CPU hands a reduce-window of bytes to a library that took 0.85
     ms for 131,072 of them), so one small kernel makes them all. Other platforms fuse
     as they see fit. One value for the whole tensor is left alone: a loop computes it
-    once anyway.
+    once anyway. Values made together are computed each for its own elements: where one
+    reads another's costly making (a zero point reads its reciprocal), make the first in
+    a call of its own, or the making is repeated for every member.
     """
     out: list[Any] = list(values)
     together: dict[tuple[int, ...], list[int]] = {}
