@@ -397,13 +397,13 @@ def mean_2se(x: np.ndarray) -> tuple[float, float]:
     return float(x.mean()), float(2 * x.std(ddof=1) / math.sqrt(len(x)))
 
 
-def print_row(row, bits, took, base) -> None:
+def print_row(row, bits, took, base, width: int = 22) -> None:
     if bits is None:
-        print(f"{row:<22} {took}", flush=True)
+        print(f"{row:<{width}} {took}", flush=True)
         return
     loss, se = mean_2se(bits - base)
     secs = "-" if took is None else f"{took:.1f}"
-    print(f"{row:<22} {bits.mean():>8.4f} {loss:>+8.4f} {se:>7.4f} {secs:>8}", flush=True)
+    print(f"{row:<{width}} {bits.mean():>8.4f} {loss:>+8.4f} {se:>7.4f} {secs:>8}", flush=True)
 
 
 def half_check(results, row, base_row, reference="float32") -> str:

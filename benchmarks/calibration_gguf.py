@@ -23,6 +23,12 @@ llama.cpp (node-llama-cpp, `tests/precision/llama_cpp.py`) runs each file on the
 windows of `calibration.py` and gives bits per byte, with the loss against F32 paired
 over the windows; our JAX forward of the same F32 weights is shown beside it.
 Target: GPTQ and AWQ Q4_0 lose at most half of what RTN Q4_0 loses.
+
+Then the same rows (F32, RTN, GPTQ and AWQ Q4_0; `--no-outliers` skips them) for the
+same model given activation outlier channels (`calibration.with_outliers`: a few
+LayerNorm features 128x larger, the weight rows reading them 128x smaller; float32 bits
+unchanged, so F32 gives the same bits per byte): the case AWQ exists for, as large
+language models grow such channels.
 """
 
 from __future__ import annotations
@@ -243,23 +249,37 @@ def rows(cfg: bench.Config, args, server, work: Path) -> dict[str, tuple]:
     ]
     params = jax.tree.map(jnp.asarray, params)
     results: dict[str, tuple] = {}
-    write_hf(work / "f32", hf_tree(params, cfg), cfg)
-    convert(work / "f32", work / "f32.gguf", "--to", "float32")
-    results["float32 (JAX)"] = (bench.evaluate(f, params, xy), None)
-    results["F32"] = (llama_bits(server, work / "f32.gguf", xy), None)
-    ggml_rtn(work / "f32.gguf", work / "rtn.gguf")
-    results["RTN Q4_0 (ggml)"] = (llama_bits(server, work / "rtn.gguf", xy), None)
-    for method, fmt in (("gptq", "q4_0"), ("awq", "q4_0"), ("gptq", "int4"), ("awq", "int4")):
-        q, took = calibrated(f, params, batches, method, fmt)
-        name = f"{method}-{fmt}"
-        write_hf(work / name, hf_tree(q, cfg), cfg)
-        convert(work / name, work / f"{name}.gguf", "--preset", "q4_0")
-        row = f"{method.upper()} Q4_0" + ("" if fmt == "q4_0" else " (int4 grid)")
-        results[row] = (llama_bits(server, work / f"{name}.gguf", xy), took)
-        if fmt == "q4_0":
-            run = precision.apply(f)
-            results[f"{method.upper()} q4_0 (JAX)"] = (bench.evaluate(run, q, xy), took)
+    for suffix, model in (("", params), (OUTLIERS, bench.with_outliers(params, cfg))):
+        if suffix and not args.outliers:
+            continue
+        tag = suffix.replace(" + ", "-").replace(" ", "")
+        write_hf(work / f"f32{tag}", hf_tree(model, cfg), cfg)
+        convert(work / f"f32{tag}", work / f"f32{tag}.gguf", "--to", "float32")
+        results["float32 (JAX)" + suffix] = (bench.evaluate(f, model, xy), None)
+        results["F32" + suffix] = (llama_bits(server, work / f"f32{tag}.gguf", xy), None)
+        ggml_rtn(work / f"f32{tag}.gguf", work / f"rtn{tag}.gguf")
+        results["RTN Q4_0 (ggml)" + suffix] = (
+            llama_bits(server, work / f"rtn{tag}.gguf", xy),
+            None,
+        )
+        # (the int4-grid rows on the plain model only: they answer a question of the grid)
+        grids = ("q4_0", "int4") if not suffix else ("q4_0",)
+        for fmt in grids:
+            for method in ("gptq", "awq"):
+                q, took = calibrated(f, model, batches, method, fmt)
+                name = f"{method}-{fmt}{tag}"
+                write_hf(work / name, hf_tree(q, cfg), cfg)
+                convert(work / name, work / f"{name}.gguf", "--preset", "q4_0")
+                row = f"{method.upper()} Q4_0" + ("" if fmt == "q4_0" else " (int4 grid)")
+                results[row + suffix] = (llama_bits(server, work / f"{name}.gguf", xy), took)
+                if fmt == "q4_0" and not suffix:
+                    run = precision.apply(f)
+                    results[f"{method.upper()} q4_0 (JAX)"] = (bench.evaluate(run, q, xy), took)
     return results
+
+
+# The rows of the same model with activation outlier channels (`calibration.with_outliers`)
+OUTLIERS = " + outliers"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,6 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-minutes", type=float, default=15.0)
     parser.add_argument("--eval-windows", type=int, default=None, help="default 128 (quick: 32)")
     parser.add_argument("--calib-batches", type=int, default=16, help="of 8 windows each")
+    parser.add_argument(
+        "--no-outliers",
+        dest="outliers",
+        action="store_false",
+        help="skip the rows of the model given activation outlier channels",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         cfg = bench.Config(layers=2, width=64, heads=4, context=64, lr=3e-3, minutes=1 / 3)
@@ -303,14 +329,19 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\n{len(results['F32'][0])} held-out windows of {cfg.context} bytes; loss = bit/B over F32"
     )
-    print(f"{'row':<22} {'bit/B':>8} {'loss':>8} {'2 se':>7} {'calib s':>8}")
+    width = max(map(len, results))
+    print(f"{'row':<{width}} {'bit/B':>8} {'loss':>8} {'2 se':>7} {'calib s':>8}")
     for row, (bits, took) in results.items():
-        base = results["float32 (JAX)" if "JAX" in row else "F32"][0]
-        bench.print_row(row, bits, took, base)
+        suffix = OUTLIERS if row.endswith(OUTLIERS) else ""
+        base = results[("float32 (JAX)" if "JAX" in row else "F32") + suffix][0]
+        bench.print_row(row, bits, took, base, width)
     print("\ntargets (llama.cpp, against F32):")
-    for row in ("GPTQ Q4_0", "AWQ Q4_0"):
-        check = bench.half_check(results, row, "RTN Q4_0 (ggml)", "F32")
-        print(f"  {row} loses <= half of RTN Q4_0 (ggml): {check}")
+    for suffix in ("", OUTLIERS) if args.outliers else ("",):
+        for row in ("GPTQ Q4_0", "AWQ Q4_0"):
+            check = bench.half_check(
+                results, row + suffix, "RTN Q4_0 (ggml)" + suffix, "F32" + suffix
+            )
+            print(f"  {row + suffix} loses <= half of RTN Q4_0 (ggml){suffix}: {check}")
     return 0
 
 
