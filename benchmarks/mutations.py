@@ -166,6 +166,17 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "int2-prescale-read-late",
+        "int2's prescale, read from the scale, starts at 2**120 instead of 2**100",
+        "dtypes/_scale_rules.py",
+        "        big = scale > np.float32(2.0**100)",
+        "        big = scale > np.float32(2.0**120)",
+        (
+            "tests/dtypes/test_int_quantization.py"
+            "::test_int2_codes_of_groups_near_float32s_top_match_numpy",
+        ),
+    ),
+    Mutation(
         "plot-best-first",
         "`report --plot` draws the best SQNR on top instead of the worst",
         "precision/_cli/_report.py",

@@ -476,3 +476,45 @@ def test_power_of_two_scale_at_the_top_of_float32():
     np.testing.assert_array_equal(scale, np.float32(2.0**127))
     # 3e38 / 2**127 = 1.76 rounds to 2, clipped to qmax = 1; 1.0 / 2**127 rounds to 0
     np.testing.assert_array_equal(codes, [1, 1, -1, 0])
+
+
+def _huge_groups(width: int, seed: int = 3) -> np.ndarray:
+    """Rows whose absmax lies between 2**90 and 2**126 (past 2**100 an absmax scale's
+    reciprocal is taken in two steps), each holding +-absmax/2 and its float32
+    neighbours (int2's ties) and values spread below. (Past 2**126 the reference's
+    one-step reciprocal is subnormal and loses the bits the two steps keep.)"""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k in range(90, 126):
+        top = np.float32(2.0**k * rng.uniform(1.0, 1.99))
+        half = np.float32(top / np.float32(2))
+        near = [np.nextafter(half, np.float32(np.inf)), np.nextafter(half, np.float32(0))]
+        row = (rng.uniform(-1, 1, width) * top).astype(np.float32)
+        row[:4] = [top, -half, near[0], -near[1]]
+        rows.append(rng.permutation(row))
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("mode", ["nearest_even", "nearest_away", "toward_zero"])
+@pytest.mark.parametrize(
+    ("scaling", "ref_kw"),
+    [
+        (PerAxis(0), {"kind": "axis", "axis": 0}),
+        (PerBlock(32), {"kind": "block", "axis": -1, "size": 32}),
+        (PerBlock(32, axis=0), {"kind": "block", "axis": 0, "size": 32}),
+    ],
+    ids=["rows-of-256", "blocks-of-32", "blocks-across-rows"],
+)
+def test_int2_codes_of_groups_near_float32s_top_match_numpy(scaling, ref_kw, mode, eager_and_jit):
+    """int2's reciprocal past 2**100 is prescaled, and its codes come from comparisons on
+    a CPU: both must give the numpy reference's codes and values there (a prescale read
+    wrongly for such groups makes nearly every code +-1)."""
+    fmt = dtypes.int2
+    x = _huge_groups(256)
+    enc = _encode(eager_and_jit, fmt, jnp.asarray(x), scaling, mode)
+    codes, scale = _codes_and_scale(enc)
+    ref_codes, ref_scale = int_quantize(x, fmt.qmax, mode=mode, **ref_kw)
+    np.testing.assert_array_equal(codes, ref_codes)
+    np.testing.assert_array_equal(scale, ref_scale)
+    rounded = eager_and_jit(lambda v: fmt.round(v, scaling=scaling, rounding=mode))(jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(rounded), ref_codes * ref_scale)
