@@ -8,7 +8,8 @@ Text: a byte-level decoder-only transformer (Flax linen, pre-LayerNorm blocks: s
 Dense layers, causal softmax attention, a 4d gelu MLP; an untied Dense head) trained with AdamW
 on the standard library's `.py` files of the running Python (sorted, site-packages left out,
 concatenated as bytes): the first 90% trains, the last 10% is held out. Training runs for a
-wall-clock budget (warmup then cosine over fractions of it), so its step count depends on the
+wall-clock budget (warmup then cosine over fractions of it; `--train-steps N` trains for N
+steps instead, the same model on every machine), so its step count depends on the
 machine and its load; the weights are cached in `$XDG_CACHE_HOME/precision/calibration-bench/`
 (or `~/.cache/...`) and reused, so later runs evaluate the same model. Each row gives bits per
 byte on `--eval-windows` evenly spaced held-out windows, the loss against float32 with twice
@@ -68,15 +69,25 @@ class Config:
     batch: int = 16
     lr: float = 2e-3
     minutes: float = 15.0
+    steps: int | None = None  # a fixed number of steps instead of the time budget
     seed: int = 0
     vocab: int = VOCAB
 
     def name(self) -> str:
         return (
             f"gpt-L{self.layers}-d{self.width}-h{self.heads}-T{self.context}-b{self.batch}"
-            f"-lr{self.lr:g}-{60 * self.minutes:g}s-seed{self.seed}-V{self.vocab}.npz"
+            f"-lr{self.lr:g}-{self.budget()}-seed{self.seed}-V{self.vocab}.npz"
         )
 
+    def budget(self) -> str:
+        """The training's length as the cache name and messages give it."""
+        return f"{self.steps}steps" if self.steps else f"{60 * self.minutes:g}s"
+
+
+STEPS_HELP = (
+    "train for this many steps (learning rate scheduled by step) instead of --train-minutes: "
+    "the same model on every machine, in however long the machine takes"
+)
 
 # (row, method, format, scaling, contract)
 ROWS = [
@@ -212,14 +223,25 @@ def train(cfg: Config, data: np.ndarray, say=print):
 
     state, budget, steps, last = tx.init(params), 60 * cfg.minutes, 0, 0.0
     start = time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < budget:
+
+    def done() -> float | None:
+        """The fraction of the training done, or None when it is over: of the steps
+        where a step count is set (the same model on every machine), else of the
+        wall-clock budget (as many steps as the machine makes in it)."""
+        if cfg.steps:
+            return steps / cfg.steps if steps < cfg.steps else None
+        elapsed = time.perf_counter() - start
+        return elapsed / budget if elapsed < budget else None
+
+    while (frac := done()) is not None:
         starts = rng.integers(0, len(data) - cfg.context - 1, cfg.batch)
         xy = windows(data, starts, cfg.context + 1)
-        params, state, value = step(params, state, xy, rate(elapsed / budget))
+        params, state, value = step(params, state, xy, rate(frac))
         value, steps = float(value), steps + 1  # waits for the step: the clock sees its work
-        if elapsed - last >= budget / 12 or steps == 1:
+        elapsed = time.perf_counter() - start
+        if frac - last >= 1 / 12 or steps == 1:
             say(f"  step {steps:5d}  {elapsed:6.0f} s  loss {value / math.log(2):.3f} bit/B")
-            last = elapsed
+            last = frac
     return params, steps
 
 
@@ -262,7 +284,7 @@ def trained(cfg: Config, data: np.ndarray, retrain: bool):
         params, steps = load_params(path, cfg)
         print(f"weights: {path} ({steps} steps, cached)")
         return params
-    print(f"training {cfg.name()[:-4]} for {60 * cfg.minutes:g} s on {len(data):,} bytes")
+    print(f"training {cfg.name()[:-4]} ({cfg.budget()}) on {len(data):,} bytes")
     params, steps = train(cfg, data)
     save_params(path, params, steps)
     print(f"weights: {path} ({steps} steps, written)")
@@ -535,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 layers, d 64, 20 s of training")
     parser.add_argument("--retrain", action="store_true", help="ignore the cached weights")
     parser.add_argument("--train-minutes", type=float, default=15.0)
+    parser.add_argument("--train-steps", type=int, default=None, help=STEPS_HELP)
     parser.add_argument("--eval-windows", type=int, default=None, help="default 256 (quick: 32)")
     parser.add_argument("--calib-batches", type=int, default=16, help="of 8 windows each")
     parser.add_argument("--skip-digits", action="store_true")
@@ -543,12 +566,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.train_minutes <= 15:
         parser.error("--train-minutes must be within (0, 15]")
+    if args.train_steps is not None and args.train_steps < 1:
+        parser.error("--train-steps must be at least 1")
     if args.quick:
-        cfg = Config(layers=2, width=64, heads=4, context=64, batch=16, lr=3e-3, minutes=1 / 3)
+        cfg = Config(layers=2, width=64, heads=4, context=64, batch=16, lr=3e-3, minutes=1 / 3,
+                     steps=args.train_steps)  # fmt: skip
         args.eval_windows = args.eval_windows or 32
         args.calib_batches = min(args.calib_batches, 4)
     else:
-        cfg = Config(minutes=args.train_minutes)
+        cfg = Config(minutes=args.train_minutes, steps=args.train_steps)
         args.eval_windows = args.eval_windows or 256
     start = time.perf_counter()
     print(f"command: python {' '.join(sys.argv)}")

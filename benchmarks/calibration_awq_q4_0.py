@@ -18,6 +18,7 @@ only, and both (what `calibrate` writes), and prints
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -74,8 +75,11 @@ def err(d: np.ndarray, h: np.ndarray) -> float:
     return float(np.sum((h @ d) * d))
 
 
-def main() -> int:
-    cfg = bench.Config(layers=4, width=128, heads=4, lr=3e-3)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--train-steps", type=int, default=None, help=bench.STEPS_HELP)
+    args = parser.parse_args(argv)
+    cfg = bench.Config(layers=4, width=128, heads=4, lr=3e-3, steps=args.train_steps)
     data = bench.stdlib_bytes()
     cut = int(0.9 * len(data))
     train, held = data[:cut], data[cut:]

@@ -290,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--retrain", action="store_true", help="ignore the cached weights")
     parser.add_argument("--train-minutes", type=float, default=15.0)
+    parser.add_argument("--train-steps", type=int, default=None, help=bench.STEPS_HELP)
     parser.add_argument("--eval-windows", type=int, default=None, help="default 128 (quick: 32)")
     parser.add_argument("--calib-batches", type=int, default=16, help="of 8 windows each")
     parser.add_argument(
@@ -300,14 +301,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        cfg = bench.Config(layers=2, width=64, heads=4, context=64, lr=3e-3, minutes=1 / 3)
+        cfg = bench.Config(
+            layers=2, width=64, heads=4, context=64, lr=3e-3, minutes=1 / 3, steps=args.train_steps
+        )
         args.eval_windows = args.eval_windows or 32
     elif args.small:
-        cfg = bench.Config(layers=4, width=128, heads=4, lr=3e-3, minutes=args.train_minutes)
+        minutes, steps = args.train_minutes, args.train_steps
+        cfg = bench.Config(layers=4, width=128, heads=4, lr=3e-3, minutes=minutes, steps=steps)
         args.eval_windows = args.eval_windows or 128
     else:
-        cfg = bench.Config(minutes=args.train_minutes)
+        cfg = bench.Config(minutes=args.train_minutes, steps=args.train_steps)
         args.eval_windows = args.eval_windows or 128
+    if args.train_steps is not None and args.train_steps < 1:
+        parser.error("--train-steps must be at least 1")
     if llama_cpp.home() is None:
         print(f"llama.cpp (node-llama-cpp) is not installed; run: {llama_cpp.INSTALL}")
         return 1
