@@ -62,14 +62,8 @@ def accumulate(
     totals: dict[SiteKey, dict[str, np.ndarray]] = {}
     for b in range(len(batches)):
         stats: dict[SiteKey, Stats] = _call(run, leaves, batches, b)
+        _refuse_special(stats, paths, found.order, b)
         for key, s in stats.items():
-            bad = int(np.sum(np.asarray(s.bad)))
-            if bad:
-                raise CalibrationError(
-                    f"calibrate: the inputs of {paths[key[0]]} hold {bad} NaN or infinite "
-                    f"value(s) in batch {b}: GPTQ cannot measure them; check that batch "
-                    "(and the layers before this one)"
-                )
             new = {
                 n: np.asarray(getattr(s, n), np.float64) for n in ("h", "absmax", "abssum", "rows")
             }
@@ -94,13 +88,37 @@ def accumulate(
     return totals
 
 
+def _refuse_special(
+    stats: dict[SiteKey, Stats], paths: list[str], order: list[int], b: int
+) -> None:
+    """Refuse NaN or infinity among the recorded inputs of batch `b`, naming the first
+    weight `f` reads them with (its execution order, not the order of the keys: the
+    layer to look at, or the one after the layer that made them)."""
+    first = {leaf: n for n, leaf in enumerate(order)}
+    bad = [
+        (first.get(key[0], len(first)), key, n)
+        for key, s in stats.items()
+        if (n := int(np.sum(np.asarray(s.bad))))
+    ]
+    if not bad:
+        return
+    _, key, n = min(bad, key=lambda t: t[0])
+    more = "" if len(bad) == 1 else f" (and those of {len(bad) - 1} later weight(s))"
+    raise CalibrationError(
+        f"calibrate: the inputs of {paths[key[0]]} hold {n} NaN or infinite value(s) in "
+        f"batch {b}{more}: GPTQ cannot measure them; check that batch (and the layers "
+        "before this one)"
+    )
+
+
 def _call(run: Callable[..., Any], leaves: list[Any], batches: list[Any], b: int) -> Any:
-    """`run(leaves, batches[b])`, a batch `f` cannot take refused by name."""
+    """`run(leaves, batches[b])`, a batch `f` cannot take refused by name (whatever `f`
+    raises on it: a model library's own shape error is no `ValueError`)."""
     try:
         return run(leaves, batches[b])
     except PrecisionError:
         raise
-    except (TypeError, ValueError) as err:
+    except Exception as err:
         first = "" if b == 0 else f" (batch 0 had shapes {shapes_of(batches[0])})"
         raise CalibrationError(
             f"calibrate: f(params, batch) fails on batch {b} of shapes {shapes_of(batches[b])}"

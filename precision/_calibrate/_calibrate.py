@@ -129,13 +129,19 @@ def _picked(
             "calibrate: no weight to calibrate: "
             + (
                 "`where`/`exclude` selects none of the contracted weights "
-                f"({', '.join(sorted(s.path for s in sites.values())[:4])}...)"
+                f"({_listed(sorted(s.path for s in sites.values()))})"
                 if sites
                 else "f contracts no parameter with an activation (the batches do not reach a "
                 "dot_general with a weight of params)"
             )
         )
     return picked
+
+
+def _listed(paths: list[str], most: int = 4) -> str:
+    """The first `most` of `paths`, with how many more there are."""
+    more = len(paths) - most
+    return ", ".join(paths[:most]) + (f" and {more} more" if more > 0 else "")
 
 
 def _folds(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import math
 import os
 import re
@@ -189,6 +190,8 @@ def _source_mode(src: str) -> int | None:
 
 
 def _check_paths(src: str, dst: str, overwrite: bool) -> None:
+    if not os.path.exists(src):  # (said first: an existing output is no news then)
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", src)
     if os.path.lexists(dst):
         same = os.path.exists(src) and os.path.samefile(src, dst)
         if same and not overwrite:

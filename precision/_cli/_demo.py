@@ -144,6 +144,8 @@ class Mode:
         rounding: how updates are rounded into `storage`.
         contract: quantization declared at every contraction (a format name
             or a `precision.Contract`): W8A8 and fp8 training, straight-through.
+        deploy: integer format a contraction-quantized mode deploys its kernels
+            in (W8A8: int8 per output channel, what its dots read), or None.
     """
 
     name: str
@@ -155,6 +157,7 @@ class Mode:
     storage: str | None = None
     rounding: str = "nearest_even"
     contract: Any = None
+    deploy: str | None = None
 
 
 MODES: dict[str, Mode] = {
@@ -199,6 +202,7 @@ MODES: dict[str, Mode] = {
             "w8a8-qat",
             "int8 contractions: per-row activations, per-channel kernels, int32 sums",
             contract="int8",
+            deploy="int8",
         ),
     )
 }
@@ -282,10 +286,11 @@ class Row(NamedTuple):
 
 
 def _stored(mode: Mode, params: Params) -> Any:
-    """The parameters as the mode keeps them (QAT: as it deploys them)."""
-    if mode.weights is not None:
+    """The parameters as the mode keeps them (QAT, W8A8 included: as it deploys them)."""
+    deployed = mode.weights if mode.weights is not None else mode.deploy
+    if deployed is not None:
         return to_reduced_precision(
-            params, mode.weights, scaling=dtypes.PerAxis(-1), where=_kernel_filter(mode)
+            params, deployed, scaling=dtypes.PerAxis(-1), where=_kernel_filter(mode)
         )
     return params
 

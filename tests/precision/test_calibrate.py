@@ -528,3 +528,38 @@ def test_arrays_built_from_nothing_inside_f_are_no_trouble():
     for method in ("rtn", "gptq", "awq"):
         q = precision.calibrate(f, params, [x], method=method, scaling=dtypes.PerBlock(8))
         assert isinstance(q["w"], precision.Tensor)
+
+
+def test_nan_in_a_batch_names_the_first_weight_that_reads_it():
+    # the weights' key order ("a" before "b") is not the order f reads them in
+    rng = np.random.default_rng(7)
+    params = {"a": rng.normal(size=(16, 4)).astype(np.float32)}
+    params["b"] = rng.normal(size=(8, 16)).astype(np.float32)
+    x = np.ones((4, 8), np.float32)
+    bad = x.copy()
+    bad[1, 2] = np.nan
+    with pytest.raises(
+        precision.CalibrationError,
+        match=r"inputs of \['b'\] hold 1 NaN .* batch 1 \(and those of 1 later weight",
+    ):
+        precision.calibrate(lambda p, a: jnp.tanh(a @ p["b"]) @ p["a"], params, [x, bad])
+
+
+def test_a_batch_a_flax_model_cannot_take_is_refused_by_name():
+    nn = pytest.importorskip("flax.linen")
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(4)(nn.LayerNorm()(x))
+
+    model = Model()
+    x = np.ones((4, 8), np.float32)
+    params = model.init(jax.random.key(0), x)
+    # Flax's own error for a parameter of another shape is no ValueError
+    with pytest.raises(
+        precision.CalibrationError,
+        match=r"fails on batch 1 of shapes \(4, 6\) \(batch 0 had shapes \(4, 8\)\): "
+        "ScopeParamShapeError",
+    ):
+        precision.calibrate(model.apply, params, [x, np.ones((4, 6), np.float32)])

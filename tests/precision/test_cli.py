@@ -910,6 +910,10 @@ def _data_error_cases(tmp_path, checkpoint):
         "corrupt input": (["convert", str(corrupt), "-o", out, "--to", "int8"], "truncated"),
         "output exists": (["convert", str(checkpoint), "-o", str(existing), "--to", "int8"],
                           "already exists; pass --overwrite"),
+        # the missing input is named first, not the existing output
+        "missing input, output exists": (
+            ["convert", str(tmp_path / "absent"), "-o", str(existing), "--to", "int8"],
+            "No such file or directory: '" + str(tmp_path / "absent")),
         "nan in scaled": (["convert", str(nan_input), "-o", out, "--to", "int8"],
                           "tensor 'w' holds NaN or inf"),
         "nan in fp4": (["convert", str(nan_input), "-o", out, "--to", "float4_e2m1fn"],
