@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks")]
 import calibration as bench  # noqa: E402
 
-from precision._calibrate import _q4_0  # noqa: E402
 from precision._calibrate._smooth import awq_clip, awq_scales  # noqa: E402
+from precision._checkpoint import _q4_0  # noqa: E402
 
 VARIANTS = ("rtn", "scale", "clip", "both")
 

@@ -14,7 +14,8 @@ llama.cpp's reader needs) and converted with `precision convert --layout gguf`:
 * F32: `--to float32`;
 * RTN Q4_0: the F32 file's matrices quantized by the `gguf` package's Q4_0 (ggml's rule:
   per block of 32, `d = max / -8` of the signed value of largest magnitude, codes 0..15
-  for -8..7), embeddings and norms left F32 as in the others;
+  for -8..7), embeddings and norms left F32 as in the others; and "(convert)", `precision
+  convert --layout gguf --preset q4_0` of the same directory, which rounds by that rule;
 * GPTQ Q4_0, AWQ Q4_0: `precision.calibrate(format="q4_0")`, rounding onto Q4_0's own grid
   in blocks of 32 inputs, written by `convert` as they are; "(int4 grid)": the same with
   `format="int4"` (codes -7..7 times `absmax / 7`: a subset of Q4_0's, one level short).
@@ -260,6 +261,12 @@ def rows(cfg: bench.Config, args, server, work: Path) -> dict[str, tuple]:
         ggml_rtn(work / f"f32{tag}.gguf", work / f"rtn{tag}.gguf")
         results["RTN Q4_0 (ggml)" + suffix] = (
             llama_bits(server, work / f"rtn{tag}.gguf", xy),
+            None,
+        )
+        # this library's own round-to-nearest Q4_0: ggml's rule, so the same file's numbers
+        convert(work / f"f32{tag}", work / f"cli{tag}.gguf", "--preset", "q4_0")
+        results["RTN Q4_0 (convert)" + suffix] = (
+            llama_bits(server, work / f"cli{tag}.gguf", xy),
             None,
         )
         # (the int4-grid rows on the plain model only: they answer a question of the grid)

@@ -23,11 +23,11 @@ import numpy as np
 
 import dtypes
 
+from .._checkpoint import _q4_0
 from .._context import resolve_format
 from .._errors import CalibrationError, CalibrationWarning
 from .._tensor import Tensor
 from .._tree import Where, _path_str, _selector, is_floating, is_tensor
-from . import _q4_0
 from ._batch_passes import accumulate, batches_of, chunks, survey
 from ._record import FoldKey, Found
 from ._smooth import awq_scales, fold_rows, smoothquant_scales

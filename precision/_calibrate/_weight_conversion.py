@@ -18,9 +18,9 @@ import numpy as np
 
 import dtypes
 
+from .._checkpoint import _q4_0
 from .._errors import CalibrationError
 from .._tensor import Tensor
-from . import _q4_0
 from ._gptq import ScaleRule, gptq
 from ._smooth import awq_clip
 

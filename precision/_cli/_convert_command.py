@@ -22,15 +22,13 @@ import numpy as np
 
 import dtypes
 
+from .._checkpoint import _q4_0
 from .._checkpoint._io import write
 from .._checkpoint._layout import Leaf
 from .._checkpoint._source import Source
 from .._errors import UsageError
 from .._kept_in_float32 import KEEP
 from ._arguments import _check_pair, _format, _scaling, resolve_preset
-
-# the tests reach these through this module
-from ._convert_engine import _Blocks as _Blocks
 from ._convert_engine import _Converter, _Engine
 from ._convert_modes import _HOW, _NUMPY_MODES, _mode, _Plan
 from ._convert_stats import _widened as _widened
@@ -41,6 +39,9 @@ from ._layout_gguf import prepare as _prepare_gguf
 from ._layout_gguf import write as _write_gguf
 from ._output import PROG, _fmt_db, _human, _progress, _table
 from ._output_layouts import GGUF, copy_files, fit, report_copied, write_layout
+
+# the tests reach these through this module
+from ._stored_blocks import _Blocks as _Blocks
 from ._temp_directory import TempDirectory, recover_leftovers
 
 #: What `--keep` keeps by default for formats of 8 bits or fewer: norms,
@@ -382,6 +383,12 @@ def _summary(
         f"{verb[0]} {len(converted)} tensor(s) to {fmt.name}{where}, {verb[1]} {kept} "
         f"unchanged{tail}"
     )
+    ggml = sum(p.reason is None and _q4_0.is_q4_0(p.out.format) for p in plans)
+    if ggml:
+        print(
+            f"  Q4_0: {ggml} of them rounded as ggml's quantizer rounds, onto Q4_0's whole "
+            "grid (codes -8..7 times max / -8 per block of 32)"
+        )
     for reason, count in _reasons(plans):
         print(f"  {verb[1]} {count}: {reason}")
     size_in = source.nbytes

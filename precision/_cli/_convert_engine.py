@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import math
-import zlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +24,10 @@ import numpy as np
 
 import dtypes
 
+from .._checkpoint import _q4_0
 from .._checkpoint._io import encoded
 from .._checkpoint._layout import Leaf
-from .._checkpoint._reader import Reader, aligned_empty
+from .._checkpoint._reader import Reader
 from . import _convert_modes as _modes
 from ._convert_modes import _Plan, _raw
 from ._convert_stats import (
@@ -41,6 +41,7 @@ from ._convert_stats import (
     _SignalNoise,
 )
 from ._interrupts import check_interrupt, import_jax
+from ._stored_blocks import _Blocks
 
 if TYPE_CHECKING:
     import jax
@@ -188,48 +189,6 @@ class _Engine:
 
 
 # --------------------------------------------------------------------------
-# reading blocks
-
-
-class _Blocks:
-    """The raw values of one stored array, read in blocks into one reused buffer.
-
-    The reader's CRC-32 (files written by `save`) is checked after the last
-    block, so a caller writing what it computed must discard it then (the
-    writer does, by raising through).
-    """
-
-    def __init__(self, reader: Reader, name: str):
-        self.reader, self.name = reader, name
-        self.entry = reader.entries[name]
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return self.blocks(_modes._BLOCK)
-
-    def blocks(self, values: int, pad: bool = False) -> Iterator[np.ndarray]:
-        """Flat blocks of `values` values; the last one zero-padded to full size when `pad`."""
-        entry, reader = self.entry, self.reader
-        dtype = entry.dtype
-        total = int(np.prod(entry.shape, dtype=np.int64))
-        buf = aligned_empty((min(values, max(total, 1)) if not pad else values,), dtype)
-        crc = 0
-        with open(reader.path, "rb", buffering=0) as f:
-            for start in range(0, total, values):
-                n = min(values, total - start)
-                view = buf[:n].view(np.uint8).data
-                reader.fill(f, entry.begin + start * dtype.itemsize, view, self.name)
-                if reader.crc is not None:
-                    crc = zlib.crc32(view, crc)
-                del view
-                if pad and n < len(buf):
-                    buf[n:] = 0
-                    yield buf
-                else:
-                    yield buf[:n]
-        reader.check_crc(self.name, crc)
-
-
-# --------------------------------------------------------------------------
 # one tensor
 
 
@@ -266,6 +225,8 @@ class _Converter:
                 yield from self._whole(plan, i)
             elif plan.mode == "cast":
                 yield plan.out.name, self._cast(plan)
+            elif plan.mode == "q4_0":
+                yield from self._q4_0(plan)
             else:
                 # per-group arrays, filled while the codes are written
                 extras: dict[str, list[np.ndarray]] = {r: [] for r in plan.out.roles()[1:]}
@@ -292,6 +253,48 @@ class _Converter:
                 reader.check_values(name, block.reshape(shape), whole_rows=done == total)
             yield block
             self.progress.update(block.nbytes)
+
+    def _q4_0(self, plan: _Plan) -> Iterator[tuple[str, Any]]:
+        """ggml's Q4_0 rounding of one tensor, read in blocks of whole rows (of 32 rows
+        where Q4_0's blocks run down its columns), as a uint4 encoding with zero points
+        7 or 8 (`_checkpoint._q4_0`), with its statistics."""
+        out, leaf = plan.out, plan.leaf
+        assert isinstance(out.scaling, dtypes.PerBlock)
+        shape = out.shape
+        axis = out.scaling.axis % len(shape)
+        row = math.prod(shape[1:])
+        step = 32 if axis == 0 else 1
+        rows = max(step, _modes._BLOCK // max(row, 1) // step * step)
+        if _modes._raw(leaf, plan.reader.foreign):
+            chunks: Iterator[np.ndarray] = _Blocks(plan.reader, leaf.name).blocks(rows * row)
+        else:  # stored encoded: decoded (one tensor), then taken in the same blocks
+            whole = encoded(leaf, plan.reader.read_leaf(leaf)).decode(np.float32)
+            flat = np.asarray(whole, np.float32).reshape(-1)
+            chunks = (flat[i : i + rows * row] for i in range(0, flat.size, rows * row))
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        stats = _SignalNoise()
+        for chunk in chunks:
+            check_interrupt()
+            x = np.asarray(chunk, np.float32).reshape(-1, *shape[1:])
+            if not np.all(np.isfinite(x)):
+                raise self._not_finite(plan)
+            codes, stored, zero = _q4_0.grid_codes(x, axis)
+            if self.engine.stats:  # in float64, over the chunk's absmax (as `_energy`)
+                step_of = np.repeat(stored.astype(np.float64), 32, axis=axis)
+                back = step_of * (codes - np.repeat(zero, 32, axis=axis))
+                m = float(np.max(np.abs(x), initial=0.0)) or 1.0
+                xs = x.astype(np.float64) / m
+                stats.add(m, np.sum(np.square(xs)), np.sum(np.square(xs - back / m)))
+            parts.append((codes.astype(np.uint8), stored, zero.astype(np.uint8)))
+            self.progress.update(chunk.nbytes)
+        if self.engine.stats:
+            self.sqnr[leaf.name] = stats.sqnr
+        codes, stored, zero = (np.concatenate(p, axis=0) for p in zip(*parts, strict=True))
+        del parts
+        scaling = dtypes.PerBlock(32, axis, scale_format="float16")
+        enc = dtypes.from_codes(codes, stored, "uint4", scaling, zero_point=zero)
+        for (name, dtype, ashape), role in zip(out.arrays(), out.roles(), strict=True):
+            yield name, np.asarray(getattr(enc, role)).reshape(ashape).view(dtype)
 
     def _cast(self, plan: _Plan) -> Iterator[np.ndarray]:
         """Blocks cast by numpy into the format's ml_dtypes type, with their statistics."""

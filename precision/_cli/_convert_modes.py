@@ -31,6 +31,9 @@ only one block of it:
 * **intcast** — int8 with one float32 scale for the tensor, nearest even:
   the absmax pass, then numpy blocks (`IntFormat.host_codes`), nothing
   compiled; an absmax the host rule does not take takes the two passes above;
+* **q4_0** — int4 written as GGUF's Q4_0 (`--layout gguf`): ggml's own rounding onto
+  Q4_0's full grid (`_checkpoint._q4_0`), in numpy blocks of whole rows (32 rows at a
+  time where the blocks run down the columns), nothing compiled;
 * **whole** — everything else (stochastic rounding, int1's mean scales,
   asymmetric integers' min/max scales over more than a block or a row,
   inputs stored in a precision format): the tensor is encoded at once, its
@@ -49,13 +52,14 @@ import numpy as np
 
 import dtypes
 
+from .._checkpoint import _q4_0
 from .._checkpoint._layout import Leaf
 from .._checkpoint._reader import Reader
 
 _BLOCK = 1 << 20  # values per block of a streamed conversion (4 MiB of float32)
 
 #: The modes that run in numpy: a conversion of nothing else imports no JAX.
-_NUMPY_MODES = ("cast", "intcast", "introws")
+_NUMPY_MODES = ("cast", "intcast", "introws", "q4_0")
 
 # Input containers whose float32 value is their logical value (an exact cast).
 _RAW_FLOATS = {np.dtype(t) for t in ("float32", "float16", "bfloat16")} | {
@@ -124,6 +128,8 @@ def _mode(plan: _Plan, rounding: str) -> tuple[str, str]:
     leaf, out = plan.leaf, plan.out
     fmt, scaling, shape = out.format, out.scaling, out.shape
     assert fmt is not None
+    if _q4_0.is_q4_0(fmt):
+        return "q4_0", ""
     if not _raw(leaf, plan.reader.foreign):
         return "whole", "stored encoded: decoded whole"
     if rounding == "stochastic":
@@ -175,6 +181,7 @@ def _mode(plan: _Plan, rounding: str) -> tuple[str, str]:
 #: What --dry-run says of each mode.
 _HOW = {
     "cast": "streamed (numpy cast)",
+    "q4_0": "streamed by rows (ggml's Q4_0 rounding, numpy)",
     "flat": "streamed in blocks",
     "twopass": "absmax pass, then blocks",
     "intcast": "absmax pass, then numpy blocks",

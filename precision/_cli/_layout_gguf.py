@@ -27,7 +27,7 @@ import numpy as np
 
 import dtypes
 
-from .._checkpoint import _gguf, _gguf_model, _gguf_vocab
+from .._checkpoint import _gguf, _gguf_model, _gguf_vocab, _q4_0
 from .._checkpoint._layout import Leaf
 from .._checkpoint._source import Source
 from .._errors import SaveError
@@ -109,7 +109,38 @@ def _adjusted(plan: _Plan, mapped: _gguf_model.Mapped, rounding: str) -> _Plan:
         asked = _written_scaling(plan.out.scaling, mapped.move, ndim)
         if mine is not None and mine == _gguf.gguf_type(plan.out.format, asked, leaf.dtype):
             return _Plan(plan.reader, leaf, leaf, f"kept (stored as {mine} already: written as is)")
+    if plan.reason is None and rounding == "nearest_even" and _is_q4_0(plan.out):
+        return _on_q4_0_grid(plan, rounding)
     return plan
+
+
+def _is_q4_0(out: Leaf) -> bool:
+    """Whether `out` is written as Q4_0 from this library's int4: in blocks of 32 with
+    float16 scales, whole blocks along its axis."""
+    fmt, scaling = out.format, out.scaling
+    return (
+        isinstance(fmt, dtypes.IntFormat)
+        and fmt.bits == 4
+        and not fmt.binary
+        and isinstance(scaling, dtypes.PerBlock)
+        and scaling.size == 32
+        and scaling.scale_format == "float16"
+        and not scaling.power_of_two
+        and len(out.shape) == 2
+        and out.shape[scaling.axis % 2] % 32 == 0
+    )
+
+
+def _on_q4_0_grid(plan: _Plan, rounding: str) -> _Plan:
+    """An int4 plan written as Q4_0, rounded as ggml's quantizer rounds, onto Q4_0's
+    whole grid (codes -8..7 times `max / -8`; this library's int4 holds -7..7 times
+    `absmax / 7`, a step 8/7 as wide: on the byte-level GPT-2 of the benchmarks it lost
+    41% more bits per byte)."""
+    out = plan.out
+    leaf = Leaf.tensor(out.name, out.path, out.dtype, out.shape, _q4_0.FORMAT, out.scaling)
+    new = _Plan(plan.reader, plan.leaf, leaf, None)
+    new.mode, new.note = _mode(new, rounding)
+    return new
 
 
 def _problem(plan: _Plan, move: str) -> str | None:

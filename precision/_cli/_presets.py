@@ -40,7 +40,8 @@ PRESETS = {
     "q4_0": Preset(
         "int4",
         "per-block:32:fp16",
-        "ggml's Q4_0 grid as this library's int4 (codes -7..7), one float16 scale per 32",
+        "ggml's Q4_0: int4, one float16 scale per 32 values of a row (in --layout gguf "
+        "rounded as ggml's own quantizer rounds, codes -8..7)",
     ),
     "mxfp4": Preset("mxfp4", None, "OCP MXFP4 (ggml's MXFP4): e2m1 values, an E8M0 scale per 32"),
 }

@@ -235,6 +235,16 @@ MXFP4_GUESS = ("warn", "llama_model_loader: unknown type mxfp4")
 CHECKED = {"llama": ("self_attn.k_proj", "mlp.down_proj"), "gpt2": ("attn.c_attn", "mlp.c_proj")}
 
 
+def _ggml_q4_0(w: np.ndarray, *, transposed: bool) -> np.ndarray:
+    """`w` quantized to Q4_0 and back by the `gguf` package (ggml's rule, `d = max / -8`),
+    blocks along ggml's rows: a Conv1D weight's inputs are its first axis."""
+    gguf = pytest.importorskip("gguf")
+    q4_0 = gguf.GGMLQuantizationType.Q4_0
+    rows = np.ascontiguousarray(w.T if transposed else w, np.float32)
+    back = gguf.quants.dequantize(gguf.quants.quantize(rows, q4_0), q4_0).reshape(rows.shape)
+    return np.asarray(back.T if transposed else back, np.float64)
+
+
 @pytest.mark.parametrize(("arch", "preset"), QUANTIZED, ids=[f"{a}-{p}" for a, p in QUANTIZED])
 def test_quantized_file_runs_its_codes(llama_cpp, hub, tmp_path, arch, preset):
     src, weights = hub[arch]
@@ -259,7 +269,10 @@ def test_quantized_file_runs_its_codes(llama_cpp, hub, tmp_path, arch, preset):
             continue
         assert kind == preset.upper(), name
         if name.startswith(("model.layers.0.", "h.0.")) and any(c in name for c in CHECKED[family]):
-            ours = np.asarray(fmt.encode(weights[name], scaling=scaling).decode(), np.float64)
+            if preset == "q4_0":  # ggml's own rounding (the gguf package's port of it)
+                ours = _ggml_q4_0(weights[name], transposed=family == "gpt2")
+            else:
+                ours = np.asarray(fmt.encode(weights[name], scaling=scaling).decode(), np.float64)
             np.testing.assert_array_equal(values, ours, name)  # the same codes and scales
     decoded = {name: values for name, (_, values) in stored.items()}
     tokens = _fixed_tokens(arch)

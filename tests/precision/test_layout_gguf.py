@@ -440,3 +440,44 @@ def test_stored_codes_are_not_rounded_again(tmp_path, capsys):
     t = next(t for t in gguf.GGUFReader(str(tmp_path / "m.gguf")).tensors if "attn_v" in t.name)
     values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(weights[name].shape)
     np.testing.assert_array_equal(values, np.asarray(enc.decode()))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("flags", [["--preset", "q4_0"], ["--to", "int4"]], ids=["preset", "to"])
+def test_q4_0_in_llama_cpp_files_is_ggml_own_rounding_byte_for_byte(tmp_path, arch, flags):
+    """A float weight written as Q4_0 into llama.cpp's file holds the bytes ggml's own
+    quantizer (the `gguf` package's port of it) makes of the same matrix: Q4_0's whole
+    grid (codes -8..7 times `max / -8`), not this library's int4 (-7..7)."""
+    pytest.importorskip("tokenizers")
+    from hf_tiny import write_gpt2, write_llama
+
+    (write_llama if arch == "llama" else write_gpt2)(tmp_path / "hf", layers=1)
+    convert(tmp_path / "hf", tmp_path / "f32.gguf", "--to", "float32", "--layout", "gguf")
+    convert(tmp_path / "hf", tmp_path / "q4.gguf", *flags, "--layout", "gguf")
+    f32 = {t.name: t for t in gguf.GGUFReader(str(tmp_path / "f32.gguf")).tensors}
+    q4_0 = gguf.GGMLQuantizationType.Q4_0
+    written = 0
+    for t in gguf.GGUFReader(str(tmp_path / "q4.gguf")).tensors:
+        if t.tensor_type != q4_0:
+            continue
+        ref = f32[t.name]
+        values = np.array(ref.data, np.float32).reshape(ref.shape.tolist()[::-1])
+        theirs = gguf.quants.quantize(values, q4_0)
+        np.testing.assert_array_equal(np.array(t.data).reshape(theirs.shape), theirs, t.name)
+        written += 1
+    assert written >= 4  # every matrix of the block (attention and MLP)
+
+
+def test_q4_0_with_another_rounding_mode_is_this_librarys_int4(tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    from hf_tiny import write_llama
+
+    write_llama(tmp_path / "hf", layers=1)
+    convert(tmp_path / "hf", tmp_path / "q.gguf", "--preset", "q4_0", "--layout", "gguf",
+            "--rounding", "toward_zero", "--dry-run")  # fmt: skip
+    out = capsys.readouterr().out
+    assert "int4" in out
+    assert "q4_0" not in out
+    convert(tmp_path / "hf", tmp_path / "q.gguf", "--preset", "q4_0", "--layout", "gguf",
+            "--dry-run")  # fmt: skip
+    assert "q4_0" in capsys.readouterr().out

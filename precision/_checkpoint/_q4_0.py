@@ -1,4 +1,4 @@
-"""Q4_0's grid for calibration: ggml's block of 32 values with a signed float16 scale.
+"""Q4_0's grid: ggml's block of 32 values with a signed float16 scale, and ggml's rounding.
 
 ggml's Q4_0 holds, per block of 32 values, codes 0..15 standing for -8..7 times a float16
 scale `d`, which ggml's quantizer sets to `d = max / -8`, `max` the block's value of
@@ -7,11 +7,12 @@ level more than this library's int4 (-7..7 times `absmax / 7`) and a step 7/8 as
 this library's `uint4` with a zero point the same numbers are `|d| * (q - z)`: `z = 8`
 where `max < 0`, and `z = 7` with the codes mirrored (`q -> 15 - q`) where `max > 0`.
 
-`calibrate(format="q4_0")` rounds onto that grid: GPTQ with `rule` as each group's scale
-rule (`_weight_conversion._gptq_matrix`), AWQ and round-to-nearest with `encode`. The result is a
-uint4 Tensor in blocks of 32 inputs with float16 scales and zero points 7 or 8, which
-`precision convert --layout gguf` writes as Q4_0, the zero points turned back into the
-sign of `d` (`_checkpoint._gguf.block_bytes`).
+Two users: `calibrate(format="q4_0")` rounds onto that grid (GPTQ with `rule` as each
+group's scale rule, AWQ and round-to-nearest with `encode`), and `precision convert
+--layout gguf` rounds a float weight written as Q4_0 with `encode`, code for code as
+ggml's own quantizer. Either gives a uint4 encoding in blocks of 32 with float16 scales
+and zero points 7 or 8, which the GGUF writer turns back into Q4_0's bytes, the zero
+points into the sign of `d` (`_gguf.block_bytes`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 
 import dtypes
 
-__all__ = ["FORMAT", "NAME", "SCALING", "decoded", "encode", "is_q4_0", "rule"]
+__all__ = ["FORMAT", "NAME", "SCALING", "decoded", "encode", "grid_codes", "is_q4_0", "rule"]
 
 NAME = "q4_0"
 #: The format calibration is told (a uint4 named q4_0: its groups are ruled here).
@@ -56,10 +57,11 @@ def _blocks(w: np.ndarray, axis: int) -> tuple[np.ndarray, tuple[int, ...]]:
     return moved.reshape(-1, 32), moved.shape
 
 
-def encode(w: np.ndarray, axis: int) -> dtypes.Encoded:
-    """`w` rounded to nearest on Q4_0's grid in blocks of 32 along `axis` (a uint4
-    encoding with zero points 7 or 8), code for code as ggml's quantizer rounds: with
-    the float32 `d` before it is stored (`x * (1 / d) + 8.5`, truncated, at most 15)."""
+def grid_codes(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes 0..15 in `w`'s shape, float16 scales, zero points 7 or 8 per block) of `w`
+    rounded to nearest on Q4_0's grid in blocks of 32 along `axis`, code for code as
+    ggml's quantizer rounds: with the float32 `d` before it is stored (`x * (1 / d) +
+    8.5`, truncated, at most 15). `w` is finite; `axis` a multiple of 32 long."""
     blocks, shape = _blocks(w, axis)
     stored, _, zero = rule(blocks)
     rows = np.arange(blocks.shape[0])
@@ -69,14 +71,19 @@ def encode(w: np.ndarray, axis: int) -> dtypes.Encoded:
     codes = np.where(zero[:, None] == 7, 15 - ggml, ggml)  # d < 0: mirrored about 7.5
     codes[d.astype(np.float16) == 0] = 8  # a block whose scale is 0 as stored: zeros
     back = (*shape[:-1], shape[-1] // 32)
-    scaling = dtypes.PerBlock(32, axis, scale_format="float16")
-    return dtypes.from_codes(
+    return (
         np.moveaxis(codes.reshape(shape), -1, axis).astype(np.int16),
         np.moveaxis(stored.reshape(back), -1, axis),
-        "uint4",
-        scaling,
-        zero_point=np.moveaxis(zero.reshape(back), -1, axis).astype(np.int16),
+        np.moveaxis(zero.reshape(back), -1, axis).astype(np.int16),
     )
+
+
+def encode(w: np.ndarray, axis: int) -> dtypes.Encoded:
+    """`w` rounded to nearest on Q4_0's grid in blocks of 32 along `axis` (`grid_codes`),
+    as a uint4 encoding with zero points 7 or 8."""
+    codes, stored, zero = grid_codes(w, axis)
+    scaling = dtypes.PerBlock(32, axis, scale_format="float16")
+    return dtypes.from_codes(codes, stored, "uint4", scaling, zero_point=zero)
 
 
 def decoded(w: np.ndarray, axis: int) -> np.ndarray:
