@@ -286,7 +286,7 @@ class _Converter:
                 xs = x.astype(np.float64) / m
                 stats.add(m, np.sum(np.square(xs)), np.sum(np.square(xs - back / m)))
             parts.append((codes.astype(np.uint8), stored, zero.astype(np.uint8)))
-            self.progress.update(chunk.nbytes)
+            self.progress.update(leaf.data_dtype.itemsize * x.size)  # (bytes as stored)
         if self.engine.stats:
             self.sqnr[leaf.name] = stats.sqnr
         codes, stored, zero = (np.concatenate(p, axis=0) for p in zip(*parts, strict=True))
