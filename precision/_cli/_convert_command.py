@@ -29,8 +29,8 @@ from .._checkpoint._source import Source
 from .._errors import UsageError
 from .._kept_in_float32 import KEEP
 from ._arguments import _check_pair, _format, _scaling, resolve_preset
-from ._convert_engine import _Converter, _Engine
-from ._convert_modes import _HOW, _NUMPY_MODES, _mode, _Plan
+from ._convert_engine import _Converter, _Engine, _no_specials
+from ._convert_modes import _HOW, _NUMPY_MODES, _mode, _Plan, _raw
 from ._convert_stats import _widened as _widened
 from ._files import DEFAULT_SHARD_BYTES, leaf_nbytes, write_shards
 from ._interrupts import deferred_interrupts, import_jax
@@ -261,12 +261,47 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         metadata = {**source.metadata, "converted_by": _provenance(args, fmt, scaling)}
         try:
             size_out = _write(prepared, source, plans, converter, dst, args, metadata)
+        except dtypes.NonFiniteError as err:
+            raise _every_non_finite(err, plans) from None
         finally:
             progress.close()
     _summary(plans, fmt, scaling, source, size_out, dst, dry=False)
     _print_notes(notes, args.layout)
     _report_sqnr(converter.sqnr, args)
     return 0
+
+
+def _every_non_finite(err: dtypes.NonFiniteError, plans: list[_Plan]) -> dtypes.NonFiniteError:
+    """`err` (the first tensor found holding NaN or inf) naming every other converted
+    tensor that would be refused for the same reason, and the `--exclude` that keeps them
+    all: the user fixes the command once, not once a tensor. Read only now, on refusal
+    (stored-encoded inputs are not searched: decoding them needs the compiled path)."""
+    others = [
+        p.leaf.name
+        for p in plans
+        if p.reason is None
+        and (p.out.scaling is not None or _no_specials(p))
+        and _raw(p.leaf, p.reader.foreign)
+        and p.leaf.name not in str(err)
+        and _holds_non_finite(p)
+    ]
+    if not others:
+        return err
+    named = [m.group(1) for m in re.finditer(r"tensor '([^']*)'", str(err))][:1] + others
+    listed = ", ".join(repr(n) for n in others[:5])
+    more = f" and {len(others) - 5} more" if len(others) > 5 else ""
+    pattern = "^(" + "|".join(re.escape(n) for n in named) + ")$"
+    return dtypes.NonFiniteError(
+        f"{err} (so do {listed}{more}: --exclude '{pattern}' keeps all {len(named)})",
+        rule=err.rule,
+    )
+
+
+def _holds_non_finite(plan: _Plan) -> bool:
+    return any(
+        not np.all(np.isfinite(np.asarray(block, np.float32)))
+        for block in _Blocks(plan.reader, plan.leaf.name).blocks(1 << 20)
+    )
 
 
 def _nothing_to_convert(plans: list[_Plan], fmt: dtypes.Format) -> UsageError:

@@ -1017,3 +1017,21 @@ def test_numpy_conversions_never_import_jax(checkpoint, tmp_path, to, loads_jax)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-2:] == ["0", str(loads_jax)]
     assert set(raw_arrays(out)) >= set(FLOATS)
+
+
+def test_every_tensor_holding_nan_is_named_with_the_exclude_that_keeps_them(tmp_path, capsys):
+    src = tmp_path / "m.safetensors"
+    a = np.ones((4, 64), np.float32)
+    bad = {name: a.copy() for name in ("b.weight", "c.weight", "d.weight")}
+    bad["b.weight"][1, 2], bad["c.weight"][0, 0], bad["d.weight"][3, 3] = np.nan, np.inf, -np.inf
+    safetensors.numpy.save_file({"a.weight": a, **bad}, str(src))
+    out = tmp_path / "o.safetensors"
+    assert _cli.main(["convert", str(src), "-o", str(out), "--to", "int8"]) == 1
+    err = capsys.readouterr().err
+    assert "tensor 'b.weight' holds NaN or inf" in err
+    assert "so do 'c.weight', 'd.weight'" in err
+    pattern = re.search(r"--exclude '([^']*)' keeps all 3", err).group(1)
+    assert not out.exists()
+    argv = ["convert", str(src), "-o", str(out), "--to", "int8", "--exclude", pattern]
+    assert _cli.main(argv) == 0
+    assert "kept 3: excluded (--exclude)" in capsys.readouterr().out
