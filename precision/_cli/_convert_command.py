@@ -425,7 +425,9 @@ def _summary(
             "grid (codes -8..7 times max / -8 per block of 32)"
         )
     for reason, count in _reasons(plans):
-        print(f"  {verb[1]} {count}: {reason}")
+        # ("kept 2: --keep default", not "kept 2: kept (--keep default)")
+        shown = reason[6:-1] if reason.startswith("kept (") and reason.endswith(")") else reason
+        print(f"  {verb[1]} {count}: {shown}")
     size_in = source.nbytes
     if size_out is None:
         size_out = sum(leaf_nbytes(p.out) for p in plans)
