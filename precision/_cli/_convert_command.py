@@ -262,7 +262,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         try:
             size_out = _write(prepared, source, plans, converter, dst, args, metadata)
         except dtypes.NonFiniteError as err:
-            raise _every_non_finite(err, plans) from None
+            if converter.refused is None:
+                raise
+            raise _every_non_finite(err, converter.refused, plans) from None
         finally:
             progress.close()
     _summary(plans, fmt, scaling, source, size_out, dst, dry=False)
@@ -271,28 +273,29 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _every_non_finite(err: dtypes.NonFiniteError, plans: list[_Plan]) -> dtypes.NonFiniteError:
-    """`err` (the first tensor found holding NaN or inf) naming every other converted
-    tensor that would be refused for the same reason, and the `--exclude` that keeps them
-    all: the user fixes the command once, not once a tensor. Read only now, on refusal
+def _every_non_finite(
+    err: dtypes.NonFiniteError, first: str, plans: list[_Plan]
+) -> dtypes.NonFiniteError:
+    """`err` (tensor `first` holds NaN or inf) naming every other converted tensor that
+    would be refused for the same reason, and the `--exclude` that keeps them all: the
+    user fixes the command once, not once a tensor. Read only now, on refusal
     (stored-encoded inputs are not searched: decoding them needs the compiled path)."""
     others = [
         p.leaf.name
         for p in plans
         if p.reason is None
+        and p.leaf.name != first
         and (p.out.scaling is not None or _no_specials(p))
         and _raw(p.leaf, p.reader.foreign)
-        and p.leaf.name not in str(err)
         and _holds_non_finite(p)
     ]
     if not others:
         return err
-    named = [m.group(1) for m in re.finditer(r"tensor '([^']*)'", str(err))][:1] + others
     listed = ", ".join(repr(n) for n in others[:5])
     more = f" and {len(others) - 5} more" if len(others) > 5 else ""
-    pattern = "^(" + "|".join(re.escape(n) for n in named) + ")$"
+    pattern = "^(" + "|".join(re.escape(n) for n in [first, *others]) + ")$"
     return dtypes.NonFiniteError(
-        f"{err} (so do {listed}{more}: --exclude '{pattern}' keeps all {len(named)})",
+        f"{err} (so do {listed}{more}: --exclude '{pattern}' keeps all {len(others) + 1})",
         rule=err.rule,
     )
 
@@ -300,7 +303,7 @@ def _every_non_finite(err: dtypes.NonFiniteError, plans: list[_Plan]) -> dtypes.
 def _holds_non_finite(plan: _Plan) -> bool:
     return any(
         not np.all(np.isfinite(np.asarray(block, np.float32)))
-        for block in _Blocks(plan.reader, plan.leaf.name).blocks(1 << 20)
+        for block in _Blocks(plan.reader, plan.leaf.name)
     )
 
 

@@ -199,10 +199,12 @@ class _Converter:
         self.engine, self.rounding, self.seed, self.progress = engine, rounding, seed, progress
         self.sqnr: dict[str, float] = {}
         self._key = None
+        self.refused: str | None = None  # the tensor refused for NaN or inf, if one was
 
     def _not_finite(self, plan: _Plan) -> dtypes.NonFiniteError:
         fmt = plan.out.format
         assert fmt is not None
+        self.refused = plan.leaf.name
         if plan.out.scaling is None:
             return dtypes.NonFiniteError(
                 f"tensor {plan.leaf.name!r} holds NaN or inf, which {fmt.name} (neither inf nor "
@@ -265,7 +267,7 @@ class _Converter:
         row = math.prod(shape[1:])
         step = 32 if axis == 0 else 1
         rows = max(step, _modes._BLOCK // max(row, 1) // step * step)
-        if _modes._raw(leaf, plan.reader.foreign):
+        if _raw(leaf, plan.reader.foreign):
             chunks: Iterator[np.ndarray] = _Blocks(plan.reader, leaf.name).blocks(rows * row)
         else:  # stored encoded: decoded (one tensor), then taken in the same blocks
             whole = encoded(leaf, plan.reader.read_leaf(leaf)).decode(np.float32)

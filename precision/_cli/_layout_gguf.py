@@ -109,25 +109,23 @@ def _adjusted(plan: _Plan, mapped: _gguf_model.Mapped, rounding: str) -> _Plan:
         asked = _written_scaling(plan.out.scaling, mapped.move, ndim)
         if mine is not None and mine == _gguf.gguf_type(plan.out.format, asked, leaf.dtype):
             return _Plan(plan.reader, leaf, leaf, f"kept (stored as {mine} already: written as is)")
-    if plan.reason is None and rounding == "nearest_even" and _is_q4_0(plan.out):
+    if plan.reason is None and rounding == "nearest_even" and _from_int4_into_q4_0(plan, mapped):
         return _on_q4_0_grid(plan, rounding)
     return plan
 
 
-def _is_q4_0(out: Leaf) -> bool:
-    """Whether `out` is written as Q4_0 from this library's int4: in blocks of 32 with
-    float16 scales, whole blocks along its axis."""
+def _from_int4_into_q4_0(plan: _Plan, mapped: _gguf_model.Mapped) -> bool:
+    """Whether `plan` writes this library's int4 as Q4_0 (`_gguf.gguf_type` says which
+    type holds it), its own absmax scales, in whole blocks of 32."""
+    out = plan.out
     fmt, scaling = out.format, out.scaling
+    if not isinstance(fmt, dtypes.IntFormat) or not isinstance(scaling, dtypes.PerBlock):
+        return False
+    written = _written_scaling(scaling, mapped.move, len(out.shape))
     return (
-        isinstance(fmt, dtypes.IntFormat)
-        and fmt.bits == 4
-        and not fmt.binary
-        and isinstance(scaling, dtypes.PerBlock)
-        and scaling.size == 32
-        and scaling.scale_format == "float16"
+        _gguf.gguf_type(fmt, written, out.dtype) == "Q4_0"
         and not scaling.power_of_two
-        and len(out.shape) == 2
-        and out.shape[scaling.axis % 2] % 32 == 0
+        and out.shape[scaling.axis % len(out.shape)] % 32 == 0
     )
 
 
