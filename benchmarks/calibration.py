@@ -95,6 +95,7 @@ ROWS = [
     ("RTN int4 g128", "rtn", "int4", dtypes.PerBlock(128), None),
     ("Qwix RTN int4 g128", "qwix-rtn", "int4", dtypes.PerBlock(128), None),
     ("GPTQ int4 g128", "gptq", "int4", dtypes.PerBlock(128), None),
+    ("GPTQ int4 g128 (paper)", "gptq-paper", "int4", dtypes.PerBlock(128), None),
     ("Qwix GPTQ int4 g128", "qwix-gptq", "int4", dtypes.PerBlock(128), None),
     ("AWQ int4 g128", "awq", "int4", dtypes.PerBlock(128), None),
     ("RTN int8 per-channel", "rtn", "int8", dtypes.PerAxis(), None),
@@ -291,13 +292,20 @@ def trained(cfg: Config, data: np.ndarray, retrain: bool):
     return params
 
 
+# GPTQ as published (inputs in order, each group's whole range), as Qwix's GPTQ runs it
+PAPER = {"gptq-paper": ("gptq", {"act_order": False, "clip": False})}
+
+
 def convert(f, params, batches, method, fmt, scaling):
     """(converted params, seconds), or (None, why): `n/a` a refusal, `ERROR` a failure."""
     if method is None:
         return params, None
+    method, options = PAPER.get(method, (method, {}))
     start = time.perf_counter()
     try:
-        q = precision.calibrate(f, params, batches, method=method, format=fmt, scaling=scaling)
+        q = precision.calibrate(
+            f, params, batches, method=method, format=fmt, scaling=scaling, **options
+        )
     except precision.CalibrationError as err:
         return None, f"n/a ({str(err).splitlines()[0]})"
     except Exception as err:  # not a refusal: shown as a failure, and the other rows go on
@@ -448,7 +456,7 @@ def half_check(results, row, base_row, reference="float32") -> str:
 
 def side_by_side(results, ours: str, theirs: str) -> str:
     """Our row's bits per byte minus Qwix's, paired over the windows, and both times."""
-    (a, a_s), (b, b_s) = results[f"{ours} int4 g128"], results[f"Qwix {theirs} int4 g128"]
+    (a, a_s), (b, b_s) = results[ours], results[f"Qwix {theirs} int4 g128"]
     if a is None or b is None:
         return "n.a. (a row did not run)"
     diff, se = mean_2se(a - b)
@@ -461,8 +469,12 @@ def print_checks(results, cfg: Config) -> None:
         print(f"  {row} loses <= half of RTN int4: {half_check(results, row, 'RTN int4 g128')}")
     qwix_rtn = half_check(results, "Qwix GPTQ int4 g128", "Qwix RTN int4 g128")
     print(f"  Qwix GPTQ int4 g128 loses <= half of Qwix RTN int4: {qwix_rtn}")
-    for ours, theirs in (("RTN", "RTN"), ("GPTQ", "GPTQ")):
-        print(f"  {ours} int4 g128 - Qwix {theirs}: {side_by_side(results, ours, theirs)}")
+    for ours, theirs in (
+        ("RTN int4 g128", "RTN"),
+        ("GPTQ int4 g128", "GPTQ"),
+        ("GPTQ int4 g128 (paper)", "GPTQ"),
+    ):
+        print(f"  {ours} - Qwix {theirs}: {side_by_side(results, ours, theirs)}")
     sq = half_check(results, "W8A8 SmoothQuant", "W8A8 RTN")
     print(f"  W8A8 SmoothQuant loses <= half of W8A8 RTN: {sq}")
     sq = half_check(results, "W8A8 SQ + outliers", "W8A8 RTN + outliers", "float32 + outliers")

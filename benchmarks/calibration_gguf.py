@@ -18,7 +18,10 @@ llama.cpp's reader needs) and converted with `precision convert --layout gguf`:
   convert --layout gguf --preset q4_0` of the same directory, which rounds by that rule;
 * GPTQ Q4_0, AWQ Q4_0: `precision.calibrate(format="q4_0")`, rounding onto Q4_0's own grid
   in blocks of 32 inputs, written by `convert` as they are; "(int4 grid)": the same with
-  `format="int4"` (codes -7..7 times `absmax / 7`: a subset of Q4_0's, one level short).
+  `format="int4"` (codes -7..7 times `absmax / 7`: a subset of Q4_0's, one level short);
+  "GPTQ Q4_0 (paper)": GPTQ as published (`act_order=False, clip=False`: inputs in
+  order, each block's whole range), where the default visits inputs by decreasing energy
+  and searches each block's clipped range.
 
 llama.cpp (node-llama-cpp, `tests/precision/llama_cpp.py`) runs each file on the held-out
 windows of `calibration.py` and gives bits per byte, with the loss against F32 paired
@@ -230,8 +233,11 @@ def llama_bits(server: llama_cpp.LlamaCpp, path: Path, xy: np.ndarray) -> np.nda
 
 
 def calibrated(f, params, batches, method: str, fmt: str):
+    method, options = bench.PAPER.get(method, (method, {}))
     start = time.perf_counter()
-    q = precision.calibrate(f, params, batches, method=method, format=fmt, scaling=SCALING)
+    q = precision.calibrate(
+        f, params, batches, method=method, format=fmt, scaling=SCALING, **options
+    )
     jax.block_until_ready(q)
     return q, time.perf_counter() - start
 
@@ -269,19 +275,23 @@ def rows(cfg: bench.Config, args, server, work: Path) -> dict[str, tuple]:
             llama_bits(server, work / f"cli{tag}.gguf", xy),
             None,
         )
-        # (the int4-grid rows on the plain model only: they answer a question of the grid)
-        grids = ("q4_0", "int4") if not suffix else ("q4_0",)
-        for fmt in grids:
-            for method in ("gptq", "awq"):
+        # (GPTQ as published, and the int4-grid rows, on the plain model only)
+        plain = not suffix
+        for fmt in ("q4_0", "int4") if plain else ("q4_0",):
+            for method in ("gptq", "gptq-paper", "awq") if plain else ("gptq", "awq"):
+                if method == "gptq-paper" and fmt != "q4_0":
+                    continue
                 q, took = calibrated(f, model, batches, method, fmt)
                 name = f"{method}-{fmt}{tag}"
                 write_hf(work / name, hf_tree(q, cfg), cfg)
                 convert(work / name, work / f"{name}.gguf", "--preset", "q4_0")
-                row = f"{method.upper()} Q4_0" + ("" if fmt == "q4_0" else " (int4 grid)")
+                kind = "GPTQ" if method.startswith("gptq") else method.upper()
+                row = f"{kind} Q4_0" + (" (paper)" if method == "gptq-paper" else "")
+                row += "" if fmt == "q4_0" else " (int4 grid)"
                 results[row + suffix] = (llama_bits(server, work / f"{name}.gguf", xy), took)
-                if fmt == "q4_0" and not suffix:
+                if fmt == "q4_0" and plain and method != "gptq-paper":
                     run = precision.apply(f)
-                    results[f"{method.upper()} q4_0 (JAX)"] = (bench.evaluate(run, q, xy), took)
+                    results[f"{kind} q4_0 (JAX)"] = (bench.evaluate(run, q, xy), took)
     return results
 
 

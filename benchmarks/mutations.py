@@ -177,6 +177,17 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "gptq-clip-unweighted",
+        "GPTQ's clip search weighs every weight's error alike, not by its input's energy",
+        "precision/_calibrate/_gptq.py",
+        "        now = [(err * err) @ energy, *found]",
+        "        now = [(err * err).sum(axis=1), *found]",
+        (
+            "tests/precision/test_calibrate.py"
+            "::test_gptq_on_one_layer_equals_the_published_algorithm_code_for_code",
+        ),
+    ),
+    Mutation(
         "plot-best-first",
         "`report --plot` draws the best SQNR on top instead of the worst",
         "precision/_cli/_report.py",

@@ -195,6 +195,7 @@ class _Recipe:
     opts: dict[str, Any]  # GPTQ's damp, block and act_order
     alpha: float  # SmoothQuant's migration strength
     grid: int  # AWQ's number of exponents tried
+    clip: int  # the clipping ratios GPTQ and AWQ search (0: none)
 
 
 def _recipe(
@@ -206,12 +207,13 @@ def _recipe(
     act_order: Any,
     alpha: Any,
     grid: Any,
+    clip: bool,
 ) -> _Recipe:
     """`calibrate`'s method, format, scaling and numeric options, checked."""
     fmt, scaling = _format_and_scaling(method, format, scaling)
     _check_numbers(damp, block_size, grid, alpha)
     opts = {"damp": float(damp), "block": block_size, "act_order": bool(act_order)}
-    return _Recipe(method, fmt, scaling, opts, float(alpha), grid)
+    return _Recipe(method, fmt, scaling, opts, float(alpha), grid, grid if clip else 0)
 
 
 def _fold(
@@ -260,7 +262,7 @@ def _converted(
     method = recipe.method
     how = "rtn" if site.stacked and method in ("awq", "smoothquant") else method
     fmt, scaling = recipe.fmt, recipe.scaling
-    return how, convert(how, leaf, site, fmt, scaling, recipe.opts, scale, recipe.grid)
+    return how, convert(how, leaf, site, fmt, scaling, recipe.opts, scale, recipe.clip)
 
 
 def _assemble(
@@ -408,9 +410,10 @@ def calibrate(
     exclude: str | None = None,
     damp: float = 0.01,
     block_size: int = 128,
-    act_order: bool = False,
+    act_order: bool = True,
     alpha: float = 0.5,
     grid: int = 20,
+    clip: bool = True,
     stats_memory: int = 1 << 30,
     sequential: bool = False,
     progress: bool | None = None,
@@ -424,7 +427,8 @@ def calibrate(
 
     - `"gptq"`: GPTQ (error-compensated rounding, column by column, against
       the Hessian of the recorded inputs; `damp` times its mean diagonal is
-      added; `act_order` visits inputs by decreasing activation energy);
+      added; `act_order` visits inputs by decreasing activation energy; with
+      `clip`, each group's scale is searched);
     - `"awq"`: AWQ: input channels that meet large activations are scaled up
       before round-to-nearest (`mean|x|^alpha`, alpha searched over `grid`
       points for the least output error on the recorded inputs);
@@ -464,10 +468,22 @@ def calibrate(
         exclude: a regex; weights whose key path matches are left alone.
         damp: GPTQ's damping, a fraction of the Hessian's mean diagonal.
         block_size: GPTQ's lazy-update block (changes speed, not codes).
-        act_order: GPTQ's activation order (every block's scale is then
-            taken from the original weights).
+        act_order: GPTQ's activation order: inputs visited by decreasing
+            energy, so the rounding of the inputs that matter most is
+            compensated by the most others; every block's scale is then taken
+            from the original weights ("static groups": the blocks stay the
+            contiguous ones storage holds). `False`: inputs in order, each
+            block scaled when reached, as the published algorithm.
         alpha: SmoothQuant's migration strength, in [0, 1].
-        grid: the number of AWQ exponents tried (0, 1/grid, ...).
+        grid: the number of AWQ exponents tried (0, 1/grid, ...), and of
+            clipping ratios (1, 1 - 0.5/grid, ...) `clip` tries.
+        clip: search each group's range (GPTQ and AWQ): a group's scale is
+            that of its weights clipped to the ratio whose rounding loses
+            least on the recorded inputs (for GPTQ each weight's squared
+            error weighed by its input's energy; for AWQ the group's output
+            error), so a few large weights no longer coarsen the step of
+            the many small ones. `False`: every group's whole range, as
+            the published algorithms and `to_reduced_precision` scale.
         stats_memory: bytes of input statistics held at once (default 1 GiB):
             the batches run once per group of weights whose statistics fit.
         sequential: GPTQ on the inputs of the model as converted so far:
@@ -499,8 +515,8 @@ def calibrate(
         >>> q["w"].format.name, str(q["w"].scaling)  # blocks of 32 inputs (axis 0 of w)
         ('int4', 'per-block 32 on axis 0')
     """
-    recipe = _recipe(method, format, scaling, damp, block_size, act_order, alpha, grid)
-    _check_flags(act_order=act_order, sequential=sequential, progress=progress)
+    _check_flags(act_order=act_order, clip=clip, sequential=sequential, progress=progress)
+    recipe = _recipe(method, format, scaling, damp, block_size, act_order, alpha, grid, clip)
     budget = _check_budget(stats_memory)
     _check_sequential(sequential, method)
     progress = sys.stderr.isatty() if progress is None else bool(progress)

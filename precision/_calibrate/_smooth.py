@@ -24,12 +24,18 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Weight", "awq_clip", "awq_scales", "fold_rows", "smoothquant_scales"]
+__all__ = ["Weight", "awq_clip", "awq_scales", "clip_ratios", "fold_rows", "smoothquant_scales"]
 
 Weight = tuple[np.ndarray, int]
 """A weight and the axis it contracts (its input channels)."""
 
 _FLOOR = 1e-4
+
+
+def clip_ratios(count: int) -> list[float]:
+    """The clipping ratios searched (AWQ's and GPTQ's `clip`): 1, 1 - 0.5 / count, ...,
+    `count` of them down to just above 0.5, the whole range first."""
+    return [1.0 - 0.5 * step / count for step in range(count)]
 
 
 def _rows(w: np.ndarray, axis: int) -> np.ndarray:
@@ -112,8 +118,7 @@ def awq_clip(
     keep = np.ones((len(starts), m))
     h = np.asarray(h, np.float64)
     moved_shape = np.moveaxis(w, axis, 0).shape
-    for step in range(ratios):
-        r = 1.0 - 0.5 * step / ratios
+    for r in clip_ratios(ratios):
         limit = np.repeat(amax * r, group, axis=0)[:k]
         clipped = np.clip(rows, -limit, limit)
         as_w = np.moveaxis(clipped.reshape(moved_shape), 0, axis).astype(w.dtype)

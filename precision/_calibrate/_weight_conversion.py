@@ -111,6 +111,7 @@ def _gptq_matrix(
     fmt: dtypes.Format,
     scaling: Any,
     opts: dict[str, Any],
+    clip: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(codes, stored scales, zero points) of one layer's weight `w`, in its own layout."""
     tail = tuple(range(w.ndim - len(axes), w.ndim))
@@ -146,6 +147,7 @@ def _gptq_matrix(
             groups=groups,
             rule=rule,
             static=not isinstance(scaling, dtypes.PerBlock),
+            clip=0 if per_tensor else clip,  # one scale for the tensor: its whole range
             **opts,
         )
         for rows, hg in zip(np.split(mat, len(hessians)), hessians, strict=True)
@@ -164,7 +166,12 @@ def _gptq_matrix(
 
 
 def _convert_gptq(
-    leaf: Any, site: Site, fmt: dtypes.Format, scaling: dtypes.Scaling, opts: dict[str, Any]
+    leaf: Any,
+    site: Site,
+    fmt: dtypes.Format,
+    scaling: dtypes.Scaling,
+    opts: dict[str, Any],
+    clip: int,
 ) -> Tensor:
     w = np.asarray(leaf, np.float32)
     if len(site.stacked) > 1:
@@ -175,7 +182,7 @@ def _convert_gptq(
     aimed = aimed_scaling(scaling, w.shape, site.axes, site.path)
     h = site.stats["h"]
     if not site.stacked:
-        codes, scales, zeros = _gptq_matrix(w, site.axes, h, fmt, aimed, opts)
+        codes, scales, zeros = _gptq_matrix(w, site.axes, h, fmt, aimed, opts, clip)
     else:
         if not isinstance(aimed, dtypes.PerBlock):
             raise CalibrationError(
@@ -186,7 +193,7 @@ def _convert_gptq(
         inner_axes = tuple(a - (a > s) for a in site.axes)
         inner = dataclasses.replace(aimed, axis=inner_axes[-1])
         parts = [
-            _gptq_matrix(np.take(w, i, axis=s), inner_axes, h[i], fmt, inner, opts)
+            _gptq_matrix(np.take(w, i, axis=s), inner_axes, h[i], fmt, inner, opts, clip)
             for i in range(w.shape[s])
         ]
         codes = np.stack([c for c, _, _ in parts], axis=s)
@@ -222,13 +229,13 @@ def convert(
     scaling: dtypes.Scaling,
     opts: dict[str, Any],
     scale: np.ndarray | None,
-    grid: int,
+    clip: int,
 ) -> Tensor:
     """One weight converted by `method`, from its (folded) values and recorded statistics."""
     if method == "gptq":
-        return _convert_gptq(leaf, site, fmt, scaling, opts)
-    if method == "awq":
-        clipped = _clip_for_awq(leaf, site, scale, fmt, scaling, grid)
+        return _convert_gptq(leaf, site, fmt, scaling, opts, clip)
+    if method == "awq" and clip:
+        clipped = _clip_for_awq(leaf, site, scale, fmt, scaling, clip)
         return _convert_rtn(clipped, site, fmt, scaling)
     return _convert_rtn(leaf, site, fmt, scaling)
 
@@ -242,9 +249,10 @@ def rtn_values(w: np.ndarray, axis: int, fmt: dtypes.Format, scaling: dtypes.Sca
 
 
 def _clip_for_awq(
-    w: Any, site: Site, scale: np.ndarray | None, fmt: dtypes.Format, scaling: Any, grid: int
+    w: Any, site: Site, scale: np.ndarray | None, fmt: dtypes.Format, scaling: Any, ratios: int
 ) -> Any:
-    """AWQ's clip search on one weight (a matrix scaled by `scale`, if folded)."""
+    """AWQ's clip search over `ratios` ratios on one weight (a matrix scaled by `scale`,
+    if folded)."""
     if len(site.axes) != 1 or isinstance(scaling, dtypes.PerTensor):
         return w  # one range per group and output: not for kernels or a tensor scale
     w = np.asarray(w)
@@ -254,4 +262,4 @@ def _clip_for_awq(
         h = h / np.outer(scale, scale)
     group = scaling.size if isinstance(scaling, dtypes.PerBlock) else w.shape[axis]
     rtn = functools.partial(rtn_values, fmt=fmt, scaling=scaling)
-    return awq_clip(w, axis, h, max(1, min(group, w.shape[axis])), rtn, grid)
+    return awq_clip(w, axis, h, max(1, min(group, w.shape[axis])), rtn, ratios)

@@ -54,7 +54,7 @@ def calibrate(params, rows: int, method: str = "gptq"):
 
 
 def test_too_few_rows_per_input_warns_naming_each_weight(params):
-    rows = 2 * K  # two rows per input: below the threshold for both weights
+    rows = K  # one row per input: below the threshold for both weights
     with pytest.warns(precision.CalibrationWarning) as caught:
         q = calibrate(params, rows)
     message = str(caught[0].message)
