@@ -180,8 +180,8 @@ MUTATIONS = (
         "gptq-clip-unweighted",
         "GPTQ's clip search weighs every weight's error alike, not by its input's energy",
         "precision/_calibrate/_gptq.py",
-        "        now = [(err * err) @ energy, *found]",
-        "        now = [(err * err).sum(axis=1), *found]",
+        "            now = [(err * err) @ energy, stored, unit, zero]",
+        "            now = [(err * err).sum(axis=1), stored, unit, zero]",
         (
             "tests/precision/test_calibrate.py"
             "::test_gptq_on_one_layer_equals_the_published_algorithm_code_for_code",
