@@ -16,7 +16,8 @@ llama.cpp's reader needs) and converted with `precision convert --layout gguf`:
   per block of 32, `d = max / -8` of the signed value of largest magnitude, codes 0..15
   for -8..7), embeddings and norms left F32 as in the others; and "(convert)", `precision
   convert --layout gguf --preset q4_0` of the same directory, which rounds by that rule;
-* GPTQ Q4_0, AWQ Q4_0: `precision.calibrate(format="q4_0")`, rounding onto Q4_0's own grid
+* GPTQ Q4_0, AWQ Q4_0, AWQ+GPTQ Q4_0: `precision.calibrate(format="q4_0")` with
+  `method="gptq"`, `"awq"` and `"awq+gptq"`, rounding onto Q4_0's own grid
   in blocks of 32 inputs, written by `convert` as they are; "(int4 grid)": the same with
   `format="int4"` (codes -7..7 times `absmax / 7`: a subset of Q4_0's, one level short);
   "GPTQ Q4_0 (paper)": GPTQ as published (`act_order=False, clip=False`: inputs in
@@ -25,10 +26,13 @@ llama.cpp's reader needs) and converted with `precision convert --layout gguf`:
 
 llama.cpp (node-llama-cpp, `tests/precision/llama_cpp.py`) runs each file on the held-out
 windows of `calibration.py` and gives bits per byte, with the loss against F32 paired
-over the windows; our JAX forward of the same F32 weights is shown beside it.
-Target: GPTQ and AWQ Q4_0 lose at most half of what RTN Q4_0 loses.
+over the windows. Our JAX forward of the same weights is shown beside it ("(JAX)" rows: the
+same F32 weights and the same RTN, GPTQ and AWQ codes), with one difference in what is
+computed: llama.cpp's Q4_0 dots round their activations to Q8_0 (blocks of 32, int8 with
+an absmax scale) on the CPU, ours keep them in float32.
+Target: GPTQ, AWQ and AWQ+GPTQ Q4_0 lose at most half of what RTN Q4_0 loses.
 
-Then the same rows (F32, RTN, GPTQ and AWQ Q4_0; `--no-outliers` skips them) for the
+Then the same rows (F32, RTN, GPTQ, AWQ and AWQ+GPTQ Q4_0; `--no-outliers` skips them) for the
 same model given activation outlier channels (`calibration.with_outliers`: a few
 LayerNorm features 128x larger, the weight rows reading them 128x smaller; float32 bits
 unchanged, so F32 gives the same bits per byte): the case AWQ exists for, as large
@@ -275,23 +279,26 @@ def rows(cfg: bench.Config, args, server, work: Path) -> dict[str, tuple]:
             llama_bits(server, work / f"cli{tag}.gguf", xy),
             None,
         )
+        # the same codes in our forward, which keeps the activations in float32 where
+        # llama.cpp's Q4_0 dots round them to Q8_0 (blocks of 32, int8, absmax scales)
+        q, _ = calibrated(f, model, batches, "rtn", "q4_0")
+        results["RTN q4_0 (JAX)" + suffix] = (bench.evaluate(precision.apply(f), q, xy), None)
         # (GPTQ as published, and the int4-grid rows, on the plain model only)
-        plain = not suffix
-        for fmt in ("q4_0", "int4") if plain else ("q4_0",):
-            for method in ("gptq", "gptq-paper", "awq") if plain else ("gptq", "awq"):
-                if method == "gptq-paper" and fmt != "q4_0":
-                    continue
-                q, took = calibrated(f, model, batches, method, fmt)
-                name = f"{method}-{fmt}{tag}"
-                write_hf(work / name, hf_tree(q, cfg), cfg)
-                convert(work / name, work / f"{name}.gguf", "--preset", "q4_0")
-                kind = "GPTQ" if method.startswith("gptq") else method.upper()
-                row = f"{kind} Q4_0" + (" (paper)" if method == "gptq-paper" else "")
-                row += "" if fmt == "q4_0" else " (int4 grid)"
-                results[row + suffix] = (llama_bits(server, work / f"{name}.gguf", xy), took)
-                if fmt == "q4_0" and plain and method != "gptq-paper":
-                    run = precision.apply(f)
-                    results[f"{kind} q4_0 (JAX)"] = (bench.evaluate(run, q, xy), took)
+        methods = ["gptq", "gptq-paper", "awq", "awq+gptq"] if not suffix else []
+        runs = [(m, "q4_0") for m in methods or ["gptq", "awq", "awq+gptq"]]
+        runs += [("gptq", "int4"), ("awq", "int4")] if not suffix else []
+        for method, fmt in runs:
+            q, took = calibrated(f, model, batches, method, fmt)
+            name = f"{method}-{fmt}{tag}".replace("+", "-")
+            write_hf(work / name, hf_tree(q, cfg), cfg)
+            convert(work / name, work / f"{name}.gguf", "--preset", "q4_0")
+            kind = "GPTQ" if method.startswith("gptq") else method.upper()
+            row = f"{kind} Q4_0" + (" (paper)" if method == "gptq-paper" else "")
+            row += "" if fmt == "q4_0" else " (int4 grid)"
+            results[row + suffix] = (llama_bits(server, work / f"{name}.gguf", xy), took)
+            if fmt == "q4_0" and method != "gptq-paper":
+                run = precision.apply(f)
+                results[f"{kind} q4_0 (JAX){suffix}"] = (bench.evaluate(run, q, xy), took)
     return results
 
 
@@ -360,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.print_row(row, bits, took, base, width)
     print("\ntargets (llama.cpp, against F32):")
     for suffix in ("", OUTLIERS) if args.outliers else ("",):
-        for row in ("GPTQ Q4_0", "AWQ Q4_0"):
+        for row in ("GPTQ Q4_0", "AWQ Q4_0", "AWQ+GPTQ Q4_0"):
             check = bench.half_check(
                 results, row + suffix, "RTN Q4_0 (ggml)" + suffix, "F32" + suffix
             )

@@ -188,6 +188,17 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "awq-gptq-unscaled-hessian",
+        "AWQ+GPTQ rounds a scaled weight against the Hessian of x, not of x / s",
+        "precision/_calibrate/_calibrate.py",
+        'convert("gptq", leaf, seen, fmt',
+        'convert("gptq", leaf, site, fmt',
+        (
+            "tests/precision/test_calibrate.py"
+            "::test_awq_gptq_rounds_the_scaled_weight_by_gptq_against_the_scaled_inputs",
+        ),
+    ),
+    Mutation(
         "plot-best-first",
         "`report --plot` draws the best SQNR on top instead of the worst",
         "precision/_cli/_report.py",

@@ -41,10 +41,13 @@ than this many recorded rows per input the fit follows those rows rather than th
 inputs in general, and can be worse than round-to-nearest on held-out data
 (`benchmarks/calibration_rows.py`, docs/calibration.md): `calibrate` warns below it."""
 
-METHODS = ("gptq", "awq", "smoothquant", "rtn")
-"""The calibration methods `calibrate` runs: GPTQ, AWQ, SmoothQuant, and
-round-to-nearest (what `to_reduced_precision` does, through the same
-selection, for comparison)."""
+METHODS = ("gptq", "awq", "awq+gptq", "smoothquant", "rtn")
+"""The calibration methods `calibrate` runs: GPTQ, AWQ, AWQ's scales with GPTQ's
+rounding, SmoothQuant, and round-to-nearest (what `to_reduced_precision` does,
+through the same selection, for comparison)."""
+
+_FOLDING = ("awq", "awq+gptq", "smoothquant")  # the methods that fold scales
+_GPTQ = ("gptq", "awq+gptq")  # the methods that round with GPTQ
 
 
 def _check_method(method: Any, fmt: dtypes.Format) -> None:
@@ -148,14 +151,15 @@ def _folds(
     method: str, found: Found, sites: dict[int, Site], picked: set[int]
 ) -> dict[int, tuple[FoldKey, list[int]]]:
     """The foldings AWQ and SmoothQuant make (`_foldable`); none for the other methods."""
-    if method not in ("awq", "smoothquant"):
+    if method not in _FOLDING:
         return {}
     scanned = {j for j in picked if sites[j].stacked}
     if scanned:
         listed = ", ".join(sorted(sites[j].path for j in scanned))
+        rounded = "by GPTQ unscaled" if method in _GPTQ else "to nearest"
         warnings.warn(
             f"calibrate: {method} folds its scales into unstacked layers only; {listed} "
-            "hold layers stacked under scan and are rounded to nearest, each layer with its "
+            f"hold layers stacked under scan and are rounded {rounded}, each layer with its "
             f"own scales (the other weights get {method}). Use method='gptq' for stacked "
             "layers, or unroll them",
             CalibrationWarning,
@@ -237,8 +241,13 @@ def _fold(
         s, how = smoothquant_scales(stats["absmax"], ws, alpha), f"alpha {alpha}"
     else:
         mean = stats["abssum"] / max(float(stats["rows"]), 1.0)
-        rtn = functools.partial(rtn_values, fmt=recipe.fmt, scaling=recipe.scaling)
-        s, chosen = awq_scales(stats["h"], mean, ws, rtn, recipe.grid)
+        if method == "awq":
+            fmt, scaling = recipe.fmt, recipe.scaling
+            rtn = lambda w, axis, _: rtn_values(w, axis, fmt, scaling)
+            s, chosen = awq_scales(stats["h"], mean, ws, rtn, recipe.grid)
+        else:  # each exponent's scales judged by GPTQ's rounding of the scaled weights
+            gptq = functools.partial(_gptq_values, recipe=recipe, h=stats["h"])
+            s, chosen = awq_scales(stats["h"], mean, ws, gptq, _gptq_exponents(recipe.grid))
         how = f"alpha {chosen:.2f} searched"
     for leaf, (w, axis) in zip(members, ws, strict=True):
         work[traced[leaf]] = fold_rows(w, axis, s)
@@ -254,14 +263,34 @@ def _fold(
     )
 
 
+def _gptq_exponents(grid: int) -> int:
+    """AWQ+GPTQ's number of exponents tried: each is a GPTQ run of every weight
+    reading the activation, so a quarter of AWQ's `grid` (5 by default)."""
+    return max(1, grid // 4)
+
+
+def _gptq_values(w: np.ndarray, axis: int, s: np.ndarray, recipe: _Recipe, h: Any) -> Any:
+    """`w` (scaled by `s` along `axis`) as GPTQ rounds it against the inputs it then meets,
+    `x / s` (decoded values, same layout)."""
+    site = Site("", (axis,), (), {"h": np.asarray(h, np.float64) / np.outer(s, s)}, 0)
+    fmt, scaling, opts = recipe.fmt, recipe.scaling, recipe.opts
+    return np.asarray(convert("gptq", w, site, fmt, scaling, opts, None, recipe.clip).numpy())
+
+
 def _converted(
     recipe: _Recipe, leaf: Any, site: Site, scale: np.ndarray | None
 ) -> tuple[str, Tensor]:
     """(the method used, the Tensor) of one weight converted as `recipe` says, from its
-    (folded) values; AWQ and SmoothQuant round a weight stacked under scan to nearest."""
-    method = recipe.method
-    how = "rtn" if site.stacked and method in ("awq", "smoothquant") else method
-    fmt, scaling = recipe.fmt, recipe.scaling
+    (folded) values; AWQ and SmoothQuant round a weight stacked under scan to nearest,
+    AWQ+GPTQ rounds it by GPTQ, and by GPTQ against `x / scale` a weight it scaled."""
+    method, fmt, scaling = recipe.method, recipe.fmt, recipe.scaling
+    if method == "awq+gptq":
+        if scale is None:
+            return "gptq", convert("gptq", leaf, site, fmt, scaling, recipe.opts, None, recipe.clip)
+        h = np.asarray(site.stats["h"], np.float64) / np.outer(scale, scale)
+        seen = dataclasses.replace(site, stats={**site.stats, "h": h})  # it reads x / scale
+        return method, convert("gptq", leaf, seen, fmt, scaling, recipe.opts, None, recipe.clip)
+    how = "rtn" if site.stacked and method in _FOLDING else method
     return how, convert(how, leaf, site, fmt, scaling, recipe.opts, scale, recipe.clip)
 
 
@@ -281,7 +310,7 @@ def _assemble(
 
 def _short_of_rows(method: str, site: Site) -> str | None:
     """`path (R rows, K inputs)` for a weight GPTQ fits on too few rows, else None."""
-    if method != "gptq":
+    if method not in _GPTQ:
         return None
     rows = int(np.min(site.stats["rows"]))
     inputs = int(site.stats["h"].shape[-1])
@@ -432,13 +461,19 @@ def calibrate(
     - `"awq"`: AWQ: input channels that meet large activations are scaled up
       before round-to-nearest (`mean|x|^alpha`, alpha searched over `grid`
       points for the least output error on the recorded inputs);
+    - `"awq+gptq"`: AWQ's scales, each exponent judged by GPTQ's rounding of
+      the scaled weights (a quarter of `grid`'s exponents: each is a GPTQ
+      run), then GPTQ against the inputs the scaled weights meet; slower,
+      and the better of the two where a few channels carry large
+      activations;
     - `"smoothquant"`: SmoothQuant for W8A8 (`apply(..., contract="int8")`):
       activation outliers moved into the weights (`max|x|^alpha /
       max|W|^(1 - alpha)`), then round-to-nearest;
     - `"rtn"`: round-to-nearest, what `to_reduced_precision` does, for
       comparison through the same selection.
 
-    AWQ and SmoothQuant divide an activation by their scales where it is made:
+    AWQ (and AWQ+GPTQ) and SmoothQuant divide an activation by their scales
+    where it is made:
     in the normalization (LayerNorm's scale and bias) whose output the layers
     read, so the returned tree computes the same function before rounding.
     Weights whose input is not such an output (after an activation function,
@@ -449,7 +484,7 @@ def calibrate(
         f: `f(params, batch)`, e.g. `lambda p, x: model.apply(p, x)`.
         params: the float parameter tree (arrays; Tensors are refused).
         batches: an iterable of batches, each passed as `f`'s second argument.
-        method: `"gptq"`, `"awq"`, `"smoothquant"` or `"rtn"`.
+        method: `"gptq"`, `"awq"`, `"awq+gptq"`, `"smoothquant"` or `"rtn"`.
         format: an integer format: `"int8"`, `"int4"`, `"int2"`, or `"uint8"`,
             `"uint4"` with a zero point per group (default int4; int8 for
             SmoothQuant); or `"q4_0"`, ggml's Q4_0 grid (codes -8..7 times a

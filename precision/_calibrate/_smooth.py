@@ -64,13 +64,14 @@ def awq_scales(
     h: np.ndarray,
     x_mean_abs: np.ndarray,
     weights: Sequence[Weight],
-    quantize: Callable[[np.ndarray, int], np.ndarray],
+    quantize: Callable[[np.ndarray, int, np.ndarray], np.ndarray],
     grid: int,
 ) -> tuple[np.ndarray, float]:
     """(AWQ's scales, the alpha chosen) for the weights reading one activation.
 
-    `quantize(w, axis)` rounds a weight as the final conversion will (its
-    dequantized values, same layout).
+    `quantize(w, axis, s)` rounds a weight scaled by `s` as the final conversion
+    will (its dequantized values, same layout): to nearest for AWQ, by GPTQ
+    against the inputs `x / s` for AWQ+GPTQ.
     """
     mean = np.asarray(x_mean_abs, np.float64)
     live = mean > 0
@@ -84,7 +85,7 @@ def awq_scales(
         s = s / np.sqrt(s.max() * s.min())
         loss = 0.0
         for w, axis in weights:
-            q = quantize(fold_rows(w, axis, s), axis)
+            q = quantize(fold_rows(w, axis, s), axis, s)
             d = _rows(w, axis) - _rows(q, axis) / s[:, None]
             loss += float(np.sum((h @ d) * d))
         if best is None or loss < best[0]:

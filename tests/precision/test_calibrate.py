@@ -139,7 +139,7 @@ def _stacked_model(params, x):
     return x @ params["head"]
 
 
-@pytest.mark.parametrize("method", ["awq", "smoothquant"])
+@pytest.mark.parametrize("method", ["awq", "awq+gptq", "smoothquant"])
 def test_folding_methods_do_the_unstacked_layers_and_name_the_stacked_ones(method):
     rng = np.random.default_rng(5)
     d, layers = 16, 3
@@ -152,12 +152,15 @@ def test_folding_methods_do_the_unstacked_layers_and_name_the_stacked_ones(metho
     with pytest.warns(precision.CalibrationWarning, match=r"\['layers'\] hold layers stacked"):
         q = precision.calibrate(_stacked_model, params, batches, method=method, progress=False)
     assert all(isinstance(q[k], precision.Tensor) for k in params)
-    # the stacked layers rounded to nearest, a scale for each layer of the stack
+    # the stacked layers rounded to nearest (AWQ+GPTQ: by GPTQ), a scale for each layer
     stacked = q["layers"]
     assert stacked.encoded.scale.shape[0] == layers
-    want = precision.Tensor(params["layers"]).to_reduced_precision(
-        stacked.format, scaling=stacked.scaling
-    )
+    if method == "awq+gptq":
+        want = precision.calibrate(_stacked_model, params, batches, method="gptq")["layers"]
+    else:
+        want = precision.Tensor(params["layers"]).to_reduced_precision(
+            stacked.format, scaling=stacked.scaling
+        )
     np.testing.assert_array_equal(stacked.numpy(), want.numpy())
 
 
@@ -415,17 +418,16 @@ def _init(model, x, seed):
     return {"params": {**params["params"], **norms}}
 
 
-@pytest.mark.parametrize("method", ["awq", "smoothquant"])
+@pytest.mark.parametrize("method", ["awq", "awq+gptq", "smoothquant"])
 def test_folded_scales_leave_the_float32_function_unchanged(method, monkeypatch):
-    from precision._calibrate import _weight_conversion
+    from precision._calibrate import _calibrate
 
     model = _Block.make()
     rng = np.random.default_rng(8)
     batches = _batches_3d(rng)
     params = _init(model, batches[0], 0)
     # stop before rounding (and AWQ's clipping): the folded float32 weights come back
-    monkeypatch.setattr(_weight_conversion, "_convert_rtn", lambda leaf, *args: leaf)
-    monkeypatch.setattr(_weight_conversion, "_clip_for_awq", lambda leaf, *args: leaf)
+    monkeypatch.setattr(_calibrate, "_converted", lambda recipe, leaf, *args: ("-", leaf))
     folded = precision.calibrate(model.apply, params, batches, method=method)
     for x in batches:
         want, got = model.apply(params, x), model.apply(folded, x)
@@ -439,6 +441,57 @@ def test_folded_scales_leave_the_float32_function_unchanged(method, monkeypatch)
     # ... not into the last, whose output is also added to the result
     np.testing.assert_array_equal(f["LayerNorm_2"]["scale"], p["LayerNorm_2"]["scale"])
     np.testing.assert_array_equal(f["Dense_6"]["kernel"], p["Dense_6"]["kernel"])
+
+
+def test_awq_gptq_rounds_the_scaled_weight_by_gptq_against_the_scaled_inputs(monkeypatch):
+    # x * g + b is a normalization's end: AWQ+GPTQ folds its scales s into g and b, and
+    # rounds w * s by GPTQ against the Hessian of the inputs it then meets, x / s
+    from precision._calibrate import _calibrate
+
+    rng = np.random.default_rng(21)
+    k, m = 64, 16
+    params = {
+        "g": rng.integers(1, 4, size=k).astype(np.float32),
+        "b": rng.integers(-2, 3, size=k).astype(np.float32),
+        "w": rng.normal(size=(k, m)).astype(np.float32),
+    }
+    params["g"][[3, 40]] = 30  # two outlier channels
+    f = lambda p, x: (x * p["g"][None] + p["b"][None]) @ p["w"]
+    batches = [rng.integers(-3, 4, size=(64, k)).astype(np.float32) for _ in range(4)]
+    chosen = []
+    searched = _calibrate.awq_scales
+    monkeypatch.setattr(
+        _calibrate, "awq_scales", lambda *a: chosen.append(searched(*a)) or chosen[-1]
+    )
+    q = precision.calibrate(f, params, batches, method="awq+gptq", scaling=dtypes.PerBlock(16))
+    ((s, alpha),) = chosen
+    assert alpha > 0  # the outlier channels are scaled
+    u = np.concatenate(batches).astype(np.float64) * params["g"] + params["b"]  # exact
+    scaled = (params["w"].astype(np.float64) * s[:, None]).astype(np.float32)
+    want = _reference_gptq(scaled.T, (u.T @ u) / np.outer(s, s), 16, 0.01).T
+    np.testing.assert_array_equal(q["w"].numpy(), want.astype(np.float32))
+    np.testing.assert_array_equal(q["g"], (params["g"] / s).astype(np.float32))
+
+
+def test_awq_gptq_loses_less_than_either_method_on_outlier_channels():
+    rng = np.random.default_rng(22)
+    k, m = 128, 64
+    g = rng.uniform(0.5, 1.5, size=k).astype(np.float32)
+    g[rng.choice(k, 4, replace=False)] = 40  # four outlier channels
+    params = {"g": g, "b": np.zeros(k, np.float32), "w": rng.normal(size=(k, m)) / 10}
+    params["w"] = params["w"].astype(np.float32)
+    f = lambda p, x: (x * p["g"][None] + p["b"][None]) @ p["w"]
+    mix = rng.normal(size=(32, k))  # correlated inputs, as GPTQ meets them
+    data = lambda n: (rng.normal(size=(n, 32)) @ mix / 4 + rng.normal(size=(n, k))).astype(
+        np.float32
+    )
+    batches, held = [data(256) for _ in range(4)], data(4096)
+    err = {}
+    for method in ("gptq", "awq", "awq+gptq"):
+        q = precision.calibrate(f, params, batches, method=method, scaling=dtypes.PerBlock(32))
+        got = np.asarray(f(precision.to_full_precision(q), held))
+        err[method] = float(np.mean((got - np.asarray(f(params, held))) ** 2))
+    assert err["awq+gptq"] < 0.9 * min(err["gptq"], err["awq"]), err  # measured: 0.66
 
 
 def test_awq_int4_loses_less_than_round_to_nearest_on_outlier_channels():
