@@ -98,6 +98,7 @@ ROWS = [
     ("GPTQ int4 g128 (paper)", "gptq-paper", "int4", dtypes.PerBlock(128), None),
     ("Qwix GPTQ int4 g128", "qwix-gptq", "int4", dtypes.PerBlock(128), None),
     ("AWQ int4 g128", "awq", "int4", dtypes.PerBlock(128), None),
+    ("AWQ+GPTQ int4 g128", "awq+gptq", "int4", dtypes.PerBlock(128), None),
     ("RTN int8 per-channel", "rtn", "int8", dtypes.PerAxis(), None),
     ("W8A8 RTN", "rtn", "int8", dtypes.PerAxis(), "int8"),
     ("W8A8 SmoothQuant", "smoothquant", "int8", dtypes.PerAxis(), "int8"),
@@ -465,7 +466,7 @@ def side_by_side(results, ours: str, theirs: str) -> str:
 
 def print_checks(results, cfg: Config) -> None:
     print("\ntargets:")
-    for row in ("GPTQ int4 g128", "AWQ int4 g128"):
+    for row in ("GPTQ int4 g128", "AWQ int4 g128", "AWQ+GPTQ int4 g128"):
         print(f"  {row} loses <= half of RTN int4: {half_check(results, row, 'RTN int4 g128')}")
     qwix_rtn = half_check(results, "Qwix GPTQ int4 g128", "Qwix RTN int4 g128")
     print(f"  Qwix GPTQ int4 g128 loses <= half of Qwix RTN int4: {qwix_rtn}")
@@ -481,7 +482,7 @@ def print_checks(results, cfg: Config) -> None:
     print(f"  with outlier channels, the same: {sq}")
     same = np.array_equal(results["float32"][0], results["float32 + outliers"][0])
     print(f"  float32 with outliers computes the same bits per byte: {same}")
-    for row in ("GPTQ int4 g128", "AWQ int4 g128", "W8A8 SmoothQuant"):
+    for row in ("GPTQ int4 g128", "AWQ int4 g128", "AWQ+GPTQ int4 g128", "W8A8 SmoothQuant"):
         took = results[row][1]
         if results[row][0] is None:
             verdict = "n.a. (did not run)"
