@@ -922,7 +922,12 @@ WRONG_CALLS = [
             [option, repr(value)[:5], "True or False"],
             id=f"calibrate-{option}-{type(value).__name__}",
         )
-        for option, value in [("act_order", "no"), ("sequential", "no"), ("progress", NAN)]
+        for option, value in [
+            ("act_order", "no"),
+            ("clip", "no"),
+            ("sequential", "no"),
+            ("progress", NAN),
+        ]
     ],
     pytest.param(
         lambda tmp: _calibrate(damp=True), ValueError, ["damp", "True"], id="calibrate-damp-bool"
