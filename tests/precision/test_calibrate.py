@@ -539,7 +539,7 @@ def test_smoothquant_w8a8_loses_less_than_round_to_nearest_w8a8():
     assert err["smoothquant"] < 0.5 * err["rtn"], err
 
 
-@pytest.mark.parametrize("method", ["gptq", "awq"])
+@pytest.mark.parametrize("method", ["gptq", "awq", "awq+gptq"])
 def test_a_small_statistics_budget_runs_more_passes_with_the_same_result(method, capsys):
     model = _Block.make()
     batches = _batches_3d(np.random.default_rng(13), 2)
