@@ -1,10 +1,11 @@
 """`precision.calibrate`: convert a model's weights using recorded activations.
 
-The batches are run through `f` once each (`_record`), adding up each
-contraction's input statistics per weight. AWQ and SmoothQuant then fold their
-per-channel scales into the normalizations and weights (`_smooth`); every
-selected weight is converted on the host, one at a time, by GPTQ (`_gptq`) or
-round-to-nearest (`_weight_conversion`), into a Tensor that `apply` and `save` take.
+The options are checked into a recipe (`_recipe`). The batches are run through
+`f` once each (`_record`), adding up each contraction's input statistics per
+weight. AWQ (alone or with GPTQ) and SmoothQuant then fold their per-channel
+scales into the normalizations and weights (`_smooth`); every selected weight is
+converted on the host, one at a time, by GPTQ (`_gptq`) or round-to-nearest
+(`_weight_conversion`), into a Tensor that `apply` and `save` take.
 """
 
 from __future__ import annotations
@@ -23,12 +24,20 @@ import numpy as np
 
 import dtypes
 
-from .._checkpoint import _q4_0
-from .._context import resolve_format
 from .._errors import CalibrationError, CalibrationWarning
 from .._tensor import Tensor
 from .._tree import Where, _path_str, _selector, is_floating, is_tensor
 from ._batch_passes import accumulate, batches_of, chunks, survey
+from ._recipe import (
+    FOLDING,
+    GPTQ_METHODS,
+    METHODS,
+    Recipe,
+    check_budget,
+    check_flags,
+    check_sequential,
+    recipe_of,
+)
 from ._record import FoldKey, Found
 from ._smooth import awq_scales, fold_rows, smoothquant_scales
 from ._weight_conversion import Site, convert, rtn_values
@@ -40,27 +49,6 @@ MIN_ROWS_PER_INPUT = 4
 than this many recorded rows per input the fit follows those rows rather than the
 inputs in general, and can be worse than round-to-nearest on held-out data
 (`benchmarks/calibration_rows.py`, docs/calibration.md): `calibrate` warns below it."""
-
-METHODS = ("gptq", "awq", "awq+gptq", "smoothquant", "rtn")
-"""The calibration methods `calibrate` runs: GPTQ, AWQ, AWQ's scales with GPTQ's
-rounding, SmoothQuant, and round-to-nearest (what `to_reduced_precision` does,
-through the same selection, for comparison)."""
-
-_FOLDING = ("awq", "awq+gptq", "smoothquant")  # the methods that fold scales
-_GPTQ = ("gptq", "awq+gptq")  # the methods that round with GPTQ
-
-
-def _check_method(method: Any, fmt: dtypes.Format) -> None:
-    if method not in METHODS:
-        raise CalibrationError(
-            f"calibrate: method={method!r} is not one of {', '.join(map(repr, METHODS))}"
-        )
-    symmetric = isinstance(fmt, dtypes.IntFormat) and not fmt.binary
-    if not (symmetric or isinstance(fmt, dtypes.AsymmetricIntFormat)):
-        raise CalibrationError(
-            f"calibrate: {fmt.name} is not an integer format calibration writes: choose "
-            'int8, int4, int2, or uint8, uint4 with zero points (e.g. format="int4")'
-        )
 
 
 def _refuse_tensors(flat: list[tuple[Any, Any]]) -> None:
@@ -151,12 +139,12 @@ def _folds(
     method: str, found: Found, sites: dict[int, Site], picked: set[int]
 ) -> dict[int, tuple[FoldKey, list[int]]]:
     """The foldings AWQ and SmoothQuant make (`_foldable`); none for the other methods."""
-    if method not in _FOLDING:
+    if method not in FOLDING:
         return {}
     scanned = {j for j in picked if sites[j].stacked}
     if scanned:
         listed = ", ".join(sorted(sites[j].path for j in scanned))
-        rounded = "by GPTQ unscaled" if method in _GPTQ else "to nearest"
+        rounded = "by GPTQ unscaled" if method in GPTQ_METHODS else "to nearest"
         warnings.warn(
             f"calibrate: {method} folds its scales into unstacked layers only; {listed} "
             f"hold layers stacked under scan and are rounded {rounded}, each layer with its "
@@ -188,40 +176,8 @@ def _foldable(
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class _Recipe:
-    """What `calibrate` makes of each selected weight: the method, the format and scaling
-    it writes, and the method's own settings (checked)."""
-
-    method: str
-    fmt: dtypes.Format
-    scaling: dtypes.Scaling
-    opts: dict[str, Any]  # GPTQ's damp, block and act_order
-    alpha: float  # SmoothQuant's migration strength
-    grid: int  # AWQ's number of exponents tried
-    clip: int  # the clipping ratios GPTQ and AWQ search (0: none)
-
-
-def _recipe(
-    method: Any,
-    format: str | dtypes.Format | None,
-    scaling: Any,
-    damp: Any,
-    block_size: Any,
-    act_order: Any,
-    alpha: Any,
-    grid: Any,
-    clip: bool,
-) -> _Recipe:
-    """`calibrate`'s method, format, scaling and numeric options, checked."""
-    fmt, scaling = _format_and_scaling(method, format, scaling)
-    _check_numbers(damp, block_size, grid, alpha)
-    opts = {"damp": float(damp), "block": block_size, "act_order": bool(act_order)}
-    return _Recipe(method, fmt, scaling, opts, float(alpha), grid, grid if clip else 0)
-
-
 def _fold(
-    recipe: _Recipe,
+    recipe: Recipe,
     key: FoldKey,
     members: list[int],
     stats: dict[str, np.ndarray],
@@ -269,7 +225,7 @@ def _gptq_exponents(grid: int) -> int:
     return max(1, grid // 4)
 
 
-def _gptq_values(w: np.ndarray, axis: int, s: np.ndarray, recipe: _Recipe, h: Any) -> Any:
+def _gptq_values(w: np.ndarray, axis: int, s: np.ndarray, recipe: Recipe, h: Any) -> Any:
     """`w` (scaled by `s` along `axis`) as GPTQ rounds it against the inputs it then meets,
     `x / s` (decoded values, same layout)."""
     site = Site("", (axis,), (), {"h": np.asarray(h, np.float64) / np.outer(s, s)}, 0)
@@ -278,7 +234,7 @@ def _gptq_values(w: np.ndarray, axis: int, s: np.ndarray, recipe: _Recipe, h: An
 
 
 def _converted(
-    recipe: _Recipe, leaf: Any, site: Site, scale: np.ndarray | None
+    recipe: Recipe, leaf: Any, site: Site, scale: np.ndarray | None
 ) -> tuple[str, Tensor]:
     """(the method used, the Tensor) of one weight converted as `recipe` says, from its
     (folded) values; AWQ and SmoothQuant round a weight stacked under scan to nearest,
@@ -290,7 +246,7 @@ def _converted(
         h = np.asarray(site.stats["h"], np.float64) / np.outer(scale, scale)
         seen = dataclasses.replace(site, stats={**site.stats, "h": h})  # it reads x / scale
         return method, convert("gptq", leaf, seen, fmt, scaling, recipe.opts, None, recipe.clip)
-    how = "rtn" if site.stacked and method in _FOLDING else method
+    how = "rtn" if site.stacked and method in FOLDING else method
     return how, convert(how, leaf, site, fmt, scaling, recipe.opts, scale, recipe.clip)
 
 
@@ -310,7 +266,7 @@ def _assemble(
 
 def _short_of_rows(method: str, site: Site) -> str | None:
     """`path (R rows, K inputs)` for a weight GPTQ fits on too few rows, else None."""
-    if method not in _GPTQ:
+    if method not in GPTQ_METHODS:
         return None
     rows = int(np.min(site.stats["rows"]))
     inputs = int(site.stats["h"].shape[-1])
@@ -351,80 +307,6 @@ def _stages(order: list[int], reads: dict[int, int]) -> list[list[int]]:
         else:
             out.append([j])
     return out
-
-
-def _q4_0_scaling(method: Any, scaling: Any) -> tuple[dtypes.Format, dtypes.Scaling]:
-    """ggml's Q4_0 grid (`_q4_0`): its one scaling, for the weight-only methods."""
-    _check_method(method, _q4_0.FORMAT)
-    if method == "smoothquant":
-        raise CalibrationError(
-            "calibrate: format='q4_0' is a weight format for gptq, awq or rtn; SmoothQuant "
-            "prepares int8 activations: use format='int8'"
-        )
-    if scaling is not None and scaling != _q4_0.SCALING:
-        raise CalibrationError(
-            f"calibrate: format='q4_0' has one scaling, blocks of 32 with float16 scales "
-            f"(dtypes.PerBlock(32, scale_format='float16')); got {scaling!r}"
-        )
-    return _q4_0.FORMAT, _q4_0.SCALING
-
-
-def _format_and_scaling(
-    method: Any, format: str | dtypes.Format | None, scaling: Any
-) -> tuple[dtypes.Format, dtypes.Scaling]:
-    """The format and scaling `calibrate` writes (its defaults filled in), checked with
-    the method."""
-    smooth = method == "smoothquant"
-    if isinstance(format, str) and format.lower() == _q4_0.NAME:
-        return _q4_0_scaling(method, scaling)
-    fmt = resolve_format(("int8" if smooth else "int4") if format is None else format)
-    _check_method(method, fmt)
-    if scaling is None:
-        scaling = dtypes.PerAxis() if smooth else dtypes.PerBlock(128)
-    if not isinstance(scaling, dtypes.PerBlock | dtypes.PerAxis | dtypes.PerTensor):
-        raise CalibrationError(
-            f"calibrate: scaling must be dtypes.PerBlock(n), PerAxis() or PerTensor(), "
-            f"got {scaling!r}"
-        )
-    return fmt, scaling
-
-
-def _check_numbers(damp: Any, block_size: Any, grid: Any, alpha: Any) -> None:
-    """Refuse a numeric option of `calibrate` outside its range (a bool is no number)."""
-    number = lambda v: isinstance(v, int | float) and not isinstance(v, bool)
-    if not (number(damp) and 0 <= damp < 1e6 and np.isfinite(damp)):
-        raise CalibrationError(f"calibrate: damp must be a finite number ≥ 0, got {damp!r}")
-    for name, n in (("block_size", block_size), ("grid", grid)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise CalibrationError(f"calibrate: {name} must be a positive int, got {n!r}")
-    if not (number(alpha) and 0 <= alpha <= 1):
-        raise CalibrationError(f"calibrate: alpha must be within [0, 1], got {alpha!r}")
-
-
-def _check_flags(**flags: Any) -> None:
-    """Refuse a yes/no option of `calibrate` that is not a bool (`"no"` is truthy)."""
-    for name, value in flags.items():
-        if not isinstance(value, bool | np.bool_) and not (name == "progress" and value is None):
-            raise CalibrationError(
-                f"calibrate: {name} must be True or False, got {type(value).__name__} "
-                f"{value!r:.60}; pass {name}=True or {name}=False"
-            )
-
-
-def _check_sequential(sequential: bool, method: str) -> None:
-    if sequential and method != "gptq":
-        raise CalibrationError(
-            f"calibrate: sequential=True is GPTQ's (each layer compensates the rounding "
-            f"before it), not {method}'s: use method='gptq', or sequential=False"
-        )
-
-
-def _check_budget(stats_memory: Any) -> int:
-    if isinstance(stats_memory, bool) or not isinstance(stats_memory, int) or stats_memory < 1:
-        raise CalibrationError(
-            f"calibrate: stats_memory must be a positive number of bytes, got {stats_memory!r}"
-        )
-    return stats_memory
 
 
 def calibrate(
@@ -550,10 +432,10 @@ def calibrate(
         >>> q["w"].format.name, str(q["w"].scaling)  # blocks of 32 inputs (axis 0 of w)
         ('int4', 'per-block 32 on axis 0')
     """
-    _check_flags(act_order=act_order, clip=clip, sequential=sequential, progress=progress)
-    recipe = _recipe(method, format, scaling, damp, block_size, act_order, alpha, grid, clip)
-    budget = _check_budget(stats_memory)
-    _check_sequential(sequential, method)
+    check_flags(act_order=act_order, clip=clip, sequential=sequential, progress=progress)
+    recipe = recipe_of(method, format, scaling, damp, block_size, act_order, alpha, grid, clip)
+    budget = check_budget(stats_memory)
+    check_sequential(sequential, method)
     progress = sys.stderr.isatty() if progress is None else bool(progress)
     select = _selector(where, exclude)
     flat, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_tensor)
