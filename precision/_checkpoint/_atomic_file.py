@@ -190,6 +190,10 @@ def _can_link(directory: str, device: int) -> bool:
                 _link_fd(fd, probe)
                 os.unlink(probe)
                 ok = True
+            except BaseException:  # an interrupt between the link and its removal too
+                with contextlib.suppress(OSError):
+                    os.unlink(probe)
+                raise
             finally:
                 os.close(fd)
         except OSError:

@@ -774,6 +774,24 @@ def temp_kind(request, monkeypatch):
     return request.param
 
 
+def test_an_interrupt_while_probing_unnamed_files_leaves_no_probe(tmp_path, monkeypatch):
+    # The first save on a filesystem names an unnamed file once to see if it can; a
+    # Ctrl-C right after that link (before its removal) must not leave the name behind.
+    if not hasattr(os, "O_TMPFILE"):
+        pytest.skip("no unnamed files here")
+    monkeypatch.setattr(_atomic_file, "_LINKABLE", {})
+    link = _atomic_file._link_fd
+
+    def link_then_interrupt(fd, name):
+        link(fd, name)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_atomic_file, "_link_fd", link_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        precision.save(tmp_path / "new.safetensors", {"a": np.ones(3)})
+    assert os.listdir(tmp_path) == []
+
+
 def test_replacing_a_file_keeps_its_mode(tmp_path, temp_kind):
     path = tmp_path / "private.safetensors"
     precision.save(path, {"a": np.ones(3)})
