@@ -189,10 +189,10 @@ MUTATIONS = (
     ),
     Mutation(
         "awq-gptq-unscaled-hessian",
-        "AWQ+GPTQ rounds a scaled weight against the Hessian of x, not of x / s",
-        "precision/_calibrate/_calibrate.py",
-        'convert("gptq", leaf, seen, fmt',
-        'convert("gptq", leaf, site, fmt',
+        "a scaled weight is rounded against the Hessian of x, not of the x / s it meets",
+        "precision/_calibrate/_weight_conversion.py",
+        'h = np.asarray(site.stats["h"], np.float64) / np.outer(scale, scale)',
+        'h = np.asarray(site.stats["h"], np.float64)',
         (
             "tests/precision/test_calibrate.py"
             "::test_awq_gptq_rounds_the_scaled_weight_by_gptq_against_the_scaled_inputs",

@@ -10,7 +10,6 @@ converted on the host, one at a time, by GPTQ (`_gptq`) or round-to-nearest
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sys
 import time
@@ -228,9 +227,9 @@ def _gptq_exponents(grid: int) -> int:
 def _gptq_values(w: np.ndarray, axis: int, s: np.ndarray, recipe: Recipe, h: Any) -> Any:
     """`w` (scaled by `s` along `axis`) as GPTQ rounds it against the inputs it then meets,
     `x / s` (decoded values, same layout)."""
-    site = Site("", (axis,), (), {"h": np.asarray(h, np.float64) / np.outer(s, s)}, 0)
+    site = Site("", (axis,), (), {"h": h}, 0)
     fmt, scaling, opts = recipe.fmt, recipe.scaling, recipe.opts
-    return np.asarray(convert("gptq", w, site, fmt, scaling, opts, None, recipe.clip).numpy())
+    return np.asarray(convert("gptq", w, site, fmt, scaling, opts, s, recipe.clip).numpy())
 
 
 def _converted(
@@ -241,13 +240,10 @@ def _converted(
     AWQ+GPTQ rounds it by GPTQ, and by GPTQ against `x / scale` a weight it scaled."""
     method, fmt, scaling = recipe.method, recipe.fmt, recipe.scaling
     if method == "awq+gptq":
-        if scale is None:
-            return "gptq", convert("gptq", leaf, site, fmt, scaling, recipe.opts, None, recipe.clip)
-        h = np.asarray(site.stats["h"], np.float64) / np.outer(scale, scale)
-        seen = dataclasses.replace(site, stats={**site.stats, "h": h})  # it reads x / scale
-        return method, convert("gptq", leaf, seen, fmt, scaling, recipe.opts, None, recipe.clip)
-    how = "rtn" if site.stacked and method in FOLDING else method
-    return how, convert(how, leaf, site, fmt, scaling, recipe.opts, scale, recipe.clip)
+        how, rounding = ("gptq" if scale is None else method), "gptq"
+    else:
+        how = rounding = "rtn" if site.stacked and method in FOLDING else method
+    return how, convert(rounding, leaf, site, fmt, scaling, recipe.opts, scale, recipe.clip)
 
 
 def _assemble(

@@ -231,11 +231,15 @@ def convert(
     scale: np.ndarray | None,
     clip: int,
 ) -> Tensor:
-    """One weight converted by `method`, from its (folded) values and recorded statistics."""
+    """One weight converted by `method`, from its (folded) values and recorded statistics;
+    a weight whose input rows were scaled by `scale` (AWQ's fold) meets `x / scale`."""
+    if scale is not None:  # the Hessian of the inputs it meets
+        h = np.asarray(site.stats["h"], np.float64) / np.outer(scale, scale)
+        site = dataclasses.replace(site, stats={**site.stats, "h": h})
     if method == "gptq":
         return _convert_gptq(leaf, site, fmt, scaling, opts, clip)
     if method == "awq" and clip:
-        clipped = _clip_for_awq(leaf, site, scale, fmt, scaling, clip)
+        clipped = _clip_for_awq(leaf, site, fmt, scaling, clip)
         return _convert_rtn(clipped, site, fmt, scaling)
     return _convert_rtn(leaf, site, fmt, scaling)
 
@@ -248,18 +252,13 @@ def rtn_values(w: np.ndarray, axis: int, fmt: dtypes.Format, scaling: dtypes.Sca
     return np.asarray(Tensor(w).to_reduced_precision(fmt, scaling=aimed).numpy())
 
 
-def _clip_for_awq(
-    w: Any, site: Site, scale: np.ndarray | None, fmt: dtypes.Format, scaling: Any, ratios: int
-) -> Any:
-    """AWQ's clip search over `ratios` ratios on one weight (a matrix scaled by `scale`,
-    if folded)."""
+def _clip_for_awq(w: Any, site: Site, fmt: dtypes.Format, scaling: Any, ratios: int) -> Any:
+    """AWQ's clip search over `ratios` ratios on one weight, against the inputs it meets."""
     if len(site.axes) != 1 or isinstance(scaling, dtypes.PerTensor):
         return w  # one range per group and output: not for kernels or a tensor scale
     w = np.asarray(w)
     (axis,) = site.axes
     h = site.stats["h"]
-    if scale is not None:  # the inputs this weight meets are x / s
-        h = h / np.outer(scale, scale)
     group = scaling.size if isinstance(scaling, dtypes.PerBlock) else w.shape[axis]
     rtn = functools.partial(rtn_values, fmt=fmt, scaling=scaling)
     return awq_clip(w, axis, h, max(1, min(group, w.shape[axis])), rtn, ratios)
