@@ -199,6 +199,14 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "forward-quantizes-fused",
+        "a contraction's forward quantizes an operand where XLA:CPU fuses its making twice",
+        "precision/_compute/_quantized.py",
+        "        if once and codes is None and own is None:",
+        "        if False:",
+        ("tests/precision/test_contract.py::test_a_forward_makes_a_computed_activation_once",),
+    ),
+    Mutation(
         "plot-best-first",
         "`report --plot` draws the best SQNR on top instead of the worst",
         "precision/_cli/_report.py",

@@ -300,10 +300,25 @@ class _QuantizedContraction:
         out: jax.Array = self.eqn.primitive.bind(x, y, **f32_params)
         return out
 
-    def operands(self, a: jax.Array, b: jax.Array, ext: _Ext) -> tuple[Any, Any]:
-        """Residuals: the narrow operands (codes and scales), never float copies."""
+    def operands(
+        self, a: jax.Array, b: jax.Array, ext: _Ext, *, once: bool = True
+    ) -> tuple[Any, Any]:
+        """The narrow operands (codes and scales), never float copies; with `once`, an
+        operand quantized here is quantized in buffers of its own (`_computed_once`)."""
         ea, eb, sta, stb = ext
-        return self.operand(a, self.a, ea, sta), self.operand(b, self.b, eb, stb)
+        return self._operand(a, self.a, ea, sta, once), self._operand(b, self.b, eb, stb, once)
+
+    def _operand(
+        self,
+        x: jax.Array,
+        side: _Side,
+        codes: _IntOperand | None,
+        own: dtypes.Encoded | None,
+        once: bool,
+    ) -> Any:
+        if once and codes is None and own is None:
+            return _computed_once(lambda x: self.operand(x, side, None, None), x)
+        return self.operand(x, side, codes, own)
 
     def operand(
         self, x: jax.Array, side: _Side, codes: _IntOperand | None, own: dtypes.Encoded | None
@@ -452,17 +467,9 @@ def _straight_through(
     def contract_fwd(
         a: jax.Array, b: jax.Array, ext: _Ext
     ) -> tuple[jax.Array, tuple[Any, Any, _Ext]]:
-        ea, eb, sta, stb = ext
-        if plan.original:  # the codes have one user, the forward dot
-            return plan.forward(*plan.operands(a, b, ext)), (a, b, ext)
-        if ea is None and sta is None:  # quantized here: once (`_computed_once`)
-            qa = _computed_once(lambda x: plan.operand(x, plan.a, None, None), a)
-        else:
-            qa = plan.operand(a, plan.a, ea, sta)
-        if eb is None and stb is None:
-            qb = _computed_once(lambda x: plan.operand(x, plan.b, None, None), b)
-        else:
-            qb = plan.operand(b, plan.b, eb, stb)
+        if plan.original:  # the operands as given are the residuals (see `_computed_once`)
+            return plan.forward(*plan.operands(a, b, ext, once=False)), (a, b, ext)
+        qa, qb = plan.operands(a, b, ext)
         return plan.forward(qa, qb), (qa, qb, ext)
 
     def contract_bwd(res: tuple[Any, Any, _Ext], g: jax.Array) -> tuple[jax.Array, jax.Array, Any]:
@@ -507,7 +514,13 @@ def _computed_once(quantized: Callable[[jax.Array], Any], x: jax.Array) -> Any:
     decode (`codes x scale`). XLA:CPU takes an elementwise chain with one large input as
     free to repeat, and fused the whole encode a second time into that decode, reading
     the float32 operand again instead of the one-byte codes (the W8A8 training step of
-    `benchmarks/peers.py`'s transformer blocks: 11% of its time). An optimization
+    `benchmarks/peers.py`'s transformer blocks: 11% of its time). Not differentiated,
+    an operand computed just before (an activation: the previous layer's rescale, bias
+    and ReLU) was made twice, fused into the absmax reduction and again into the encode;
+    as the conditional's operand it is written out once and read twice (the W8A8 PTQ
+    forward of that benchmark's MLP: 0.96-0.97x the time, interleaved A/B runs). Under
+    `backward_operands="original"` the codes have one user, and that rule's training
+    step does not use the conditional (with it: 0.99-1.01x, no gain). An optimization
     barrier does not last until XLA:CPU's fusion pass, and an identity reduce-window
     copy of a large operand is slower than the repeat; a conditional is never fused
     into, so the quantization runs inside one whose predicate is always true, but not

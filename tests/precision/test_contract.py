@@ -256,6 +256,38 @@ def test_a_training_step_encodes_each_operand_once(contract):
     assert not again, again
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's fusion decisions")
+@pytest.mark.parametrize("stored", [False, True], ids=["float32-weights", "int8-weights"])
+@pytest.mark.parametrize(
+    "contract",
+    ["int8", Contract("float8_e4m3fn"), Contract("float8_e4m3fn", scaling="rowwise")],
+    ids=["w8a8", "fp8", "fp8-rowwise"],
+)
+def test_a_forward_makes_a_computed_activation_once(contract, stored):
+    """An activation computed in the program (the previous layer's rescale and ReLU)
+    feeds its absmax and its encode. XLA:CPU made it in both, reading the dot's result
+    twice: now exactly one fusion of the compiled forward makes it at full size (the
+    conditional's operand; the predicate reads one element)."""
+    m, k, n = 64, 256, 128
+    ws = (normal(k, n), normal(n, 32))
+    if stored:
+        ws = precision.to_reduced_precision(ws, "int8", scaling=dtypes.PerAxis(-1))
+    f = precision.apply(lambda x, w: jax.nn.relu(x @ w[0]) @ w[1], contract=contract)
+    compiled = jax.jit(f).lower(normal(m, k), ws).compile().as_text()
+    bodies: dict[str, list[str]] = {}
+    name = ""
+    for line in compiled.splitlines():
+        if line and not line.startswith(" "):
+            name = line.split(" ")[0]
+        elif name:
+            bodies.setdefault(name, []).append(line)
+    relu = rf"= f32\[{m},{n}\]\{{1,0\}} maximum\("
+    makers = {c for c, lines in bodies.items() if any(re.search(relu, x) for x in lines)}
+    calls = re.findall(r"= \w+\[([\d,]*)\]\S* fusion\(.*calls=(%[\w.\-]+)", compiled)
+    full = [(shape, c) for shape, c in calls if c in makers and shape]
+    assert len(full) == 1, full
+
+
 @pytest.mark.parametrize(
     "contract",
     [
