@@ -199,6 +199,17 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "per-group-values-fused",
+        "per-group scales and reciprocals are left for XLA:CPU to fuse into every element",
+        "dtypes/_per_group.py",
+        "    return computed_once(make, *inputs)\n\n\ndef computed_once",
+        "    return make(*inputs)\n\n\ndef computed_once",
+        (
+            "tests/dtypes/test_group_reductions.py"
+            "::test_the_elementwise_pass_reads_per_group_values_made_once",
+        ),
+    ),
+    Mutation(
         "forward-quantizes-fused",
         "a contraction's forward quantizes an operand where XLA:CPU fuses its making twice",
         "precision/_compute/_quantized.py",

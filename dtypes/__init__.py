@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ._format import Format as Format
     from ._from_codes import from_codes as from_codes
     from ._int import IntFormat as IntFormat
+    from ._per_group import computed_once as computed_once
     from ._registry import ALIASES as ALIASES
     from ._registry import ENCODING_ALIASES as ENCODING_ALIASES
     from ._registry import ENCODINGS as ENCODINGS
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
 _HOME = {
     "AsymmetricIntFormat": "_asymmetric",
     "CodebookFormat": "_codebook",
+    "computed_once": "_per_group",
     "E8M0Format": "_e8m0",
     "Encoded": "_encoded",
     "is_tracer": "_encode_input_checks",
@@ -132,6 +134,7 @@ __all__ = [
     "ShapeError",
     "bfloat16",
     "check_rounding",
+    "computed_once",
     "float8_e4m3fn",
     "float8_e5m2",
     "float16",

@@ -145,18 +145,28 @@ def _encode_jit(
     prescale = fmt.qmax < 8
     ones = jnp.ones_like(scale) if prescale else None
     stored, _, inv, pre = _scale_storage.narrow(xs, scaling, scale, scale, ones, fmt.qmax, 0)
-    if scaling.scale_format == "float32":
-        s32 = stored
+
+    def reciprocal(s32: jax.Array, bad: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+        pre = None
         if prescale:
             pre = jnp.where(s32 > np.float32(2.0**100), jnp.float32(2.0**-64), jnp.float32(1))
             s32 = s32 * pre
         inv = divide(jnp.float32(1), s32)
-    inv = select(is_finite(inv) & ~bad, inv, jnp.float32(0))
+        return select(is_finite(inv) & ~bad, inv, jnp.float32(0)), pre
+
+    if scaling.scale_format == "float32":
+        inv, pre = per_group(reciprocal, stored, bad)
+    else:  # (the narrowed scale's reciprocal, made by `narrow`)
+        inv = per_group(lambda inv, bad: select(is_finite(inv) & ~bad, inv, 0.0), inv, bad)
+    pres = () if pre is None else (pre,)
+
+    def zero_point_of(lo: jax.Array, inv: jax.Array, *pre: jax.Array) -> jax.Array:
+        low = times_pow2(lo, pre[0]) if pre else lo
+        return jnp.clip(jnp.round(-low * inv), 0, fmt.qmax)
+
     # the zero point reads the reciprocal: made after it, not beside it (made together,
     # each would compute both divisions again: uint4 per block 0.82x the time this way)
-    inv, pre = per_group(inv, pre)
-    low = lo if pre is None else times_pow2(lo, pre)
-    zero_point = per_group(jnp.clip(jnp.round(-low * inv), 0, fmt.qmax))
+    zero_point = per_group(zero_point_of, lo, inv, *pres)
     if rounding in NEAREST_MODES and xs.dtype == jnp.float32:
         codes = lax.platform_dependent(
             xs, inv, zero_point, *(() if pre is None else (pre,)),

@@ -125,24 +125,28 @@ def scales(
     is taken.
     """
     absmax = group_absmax(x, scaling).astype(jnp.float32)
-    # A group holding NaN or inf has a NaN absmax: it gets a NaN scale at the end,
-    # and 0 meanwhile, so no NaN enters the arithmetic (see `_ieee`).
-    bad = is_nan(absmax)
-    absmax = select(bad | (absmax < TINY), jnp.float32(0), absmax)
-    prescale = needs_prescale(scaling, top, top_exponent)
-    scale, inv, pre = _scales(absmax, scaling, np.float32(top), top_exponent, prescale=prescale)
-    zero = absmax == 0
-    scale = nan_where(bad, select(zero, jnp.float32(1), scale))
-    inv = select(zero | bad, jnp.float32(0), inv)
-    if pre is not None and top == 1 and not scaling.power_of_two:
+    one_step = top == 1 and not scaling.power_of_two  # (whose reciprocal takes a prescale)
+
+    def made(absmax: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        # A group holding NaN or inf has a NaN absmax: it gets a NaN scale at the end,
+        # and 0 meanwhile, so no NaN enters the arithmetic (see `_ieee`).
+        bad = is_nan(absmax)
+        absmax = select(bad | (absmax < TINY), jnp.float32(0), absmax)
+        prescale = needs_prescale(scaling, top, top_exponent)
+        scale, inv, pre = _scales(absmax, scaling, np.float32(top), top_exponent, prescale=prescale)
+        zero = absmax == 0
+        scale = nan_where(bad, select(zero, jnp.float32(1), scale))
+        inv = select(zero | bad, jnp.float32(0), inv)
+        return scale, inv, None if one_step else pre
+
+    scale, inv, pre = per_group(made, absmax)
+    if one_step:
         # On a grid of one step the scale is the absmax, so the prescale is read from it
         # where it is used (a compare and a select a value) instead of made with the
-        # others: two values a group pass through `per_group` instead of three (int2 in
-        # blocks of 32: `round` 0.93-0.97x the time, the same bits)
-        scale, inv = per_group(scale, inv)
+        # others: two values a group made once instead of three (int2 in blocks of 32:
+        # `round` 0.93-0.97x the time, the same bits)
         big = scale > np.float32(2.0**100)  # (False for a NaN scale: pre 1, as before)
-        return scale, inv, jnp.where(big, np.float32(2.0**-64), np.float32(1))
-    scale, inv, pre = per_group(scale, inv, pre)
+        pre = jnp.where(big, np.float32(2.0**-64), np.float32(1))
     return scale, inv, pre
 
 
@@ -294,9 +298,22 @@ def nearest_steps_cpu(
     vectorising the packing of int2 codes (2x slower); unpacked (int2's `round`), the
     bound and the mask are cheaper read per value (0.9x the time).
     """
-    keep = jnp.where(inv == 0, jnp.int32(0), jnp.int32(-1))
+    pres = () if pre is None else (pre,)
+
+    def keep_of(inv: jax.Array) -> jax.Array:
+        return jnp.where(inv == 0, jnp.int32(0), jnp.int32(-1))
+
+    def bound(*pre: jax.Array) -> Any:
+        # 1/2, or 2**63 where the prescale is 2**-64 (see below)
+        half = np.float32(0.5)
+        return jnp.where(pre[0] < 1, np.float32(2.0**63), half) if pre else half
+
     if qmax == 1 and x.size >= _UNIT_THRESHOLD_GROUP * inv.size and (packed or inv.size == 1):
-        keep, threshold = per_group(keep, _unit_threshold(inv, pre, rounding))
+
+        def thresholds(inv: jax.Array, *pre: jax.Array) -> tuple[jax.Array, jax.Array]:
+            return keep_of(inv), _unit_threshold(inv, pre[0] if pre else None, rounding)
+
+        keep, threshold = per_group(thresholds, inv, *pres)
         unit = jnp.where(x > 0, jnp.int32(1), jnp.int32(-1))
         steps = jnp.where(jnp.abs(x) >= scaling.broadcast(threshold, x.shape), unit, 0)
     elif qmax == 1:
@@ -305,12 +322,10 @@ def nearest_steps_cpu(
         # value passes 1/2 exactly when the unscaled one passes 2**63 (exact scaling by
         # a power of two; a prescaled value that would flush lies far below either).
         # So each code is a product and two comparisons with a per-group bound.
-        half = np.float32(0.5)
-        b: Any = half
-        if pre is not None:
-            b = jnp.where(pre < 1, np.float32(2.0**63), half)
         if packed:  # (else a compare and a select a value cost less than one more pass)
-            keep, b = per_group(keep, b)
+            keep, b = per_group(lambda inv, *pre: (keep_of(inv), bound(*pre)), inv, *pres)
+        else:
+            keep, b = keep_of(inv), bound(*pres)
         if pre is not None:
             b = scaling.broadcast(b, x.shape)
         y = x * scaling.broadcast(inv, x.shape)
@@ -321,7 +336,7 @@ def nearest_steps_cpu(
         prescaled = x if pre is None else _ieee.times_pow2_down(x, scaling.broadcast(pre, x.shape))
         steps = round_integer(prescaled * inv_b, rounding).astype(jnp.int32)
         steps = jnp.clip(steps, -qmax, qmax)
-        keep = per_group(keep)
+        keep = per_group(keep_of, inv)
     return steps & scaling.broadcast(keep, x.shape)
 
 

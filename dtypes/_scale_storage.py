@@ -95,21 +95,27 @@ def narrow(
     dtype = scale_dtype(scaling)
     info = ml_dtypes.finfo(dtype)
     lo = np.float32(info.smallest_subnormal if fmt == "float16" else _TINY)
-    # A NaN group's scale is written as bits (a GPU's conversion writes another NaN),
-    # set aside while clipping (flags that assume no NaN clip it to the top).
-    nan = is_nan(scale)
-    clipped = jnp.clip(select(nan, jnp.float32(1), scale), lo, np.float32(info.max))
-    stored = from_float32(nan_where(nan, clipped), dtype)
-    s32 = to_float32(stored)
-    finite = is_finite(s32)
-    s32 = select(finite, s32, jnp.float32(1))  # no NaN enters the arithmetic
-    if pre is not None:
-        big = s32 > np.float32(2.0**100)  # keep the reciprocal a normal float32
-        pre = jnp.where(big, jnp.float32(2.0**-64), jnp.float32(1))
-        s32 = s32 * pre
-    # (without a prescale the stored scale is below 2**126: its reciprocal is normal)
-    inv = select(finite, divide(jnp.float32(1), s32), jnp.float32(0))
-    inv, pre = per_group(inv, pre)
+    prescale = pre is not None
+
+    def made(scale: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        # A NaN group's scale is written as bits (a GPU's conversion writes another
+        # NaN), set aside while clipping (flags that assume no NaN clip it to the top).
+        nan = is_nan(scale)
+        clipped = jnp.clip(select(nan, jnp.float32(1), scale), lo, np.float32(info.max))
+        stored = from_float32(nan_where(nan, clipped), dtype)
+        s32 = to_float32(stored)
+        finite = is_finite(s32)
+        s32 = select(finite, s32, jnp.float32(1))  # no NaN enters the arithmetic
+        pre = None
+        if prescale:
+            big = s32 > np.float32(2.0**100)  # keep the reciprocal a normal float32
+            pre = jnp.where(big, jnp.float32(2.0**-64), jnp.float32(1))
+            s32 = s32 * pre
+        # (without a prescale the stored scale is below 2**126: its reciprocal is normal)
+        inv = select(finite, divide(jnp.float32(1), s32), jnp.float32(0))
+        return stored, inv, pre
+
+    stored, inv, pre = per_group(made, scale)
     return stored, None, inv, pre
 
 
@@ -134,26 +140,32 @@ def _two_level(
     # are exact). Divisions are `divide`'s: the same bits on every backend.
     tiny = amax_b < np.float32(top * 2.0**-126)
     shift = jnp.where(tiny, jnp.float32(2.0**24), jnp.float32(1))
-    per_block = divide(amax_b * shift, top32)
-    q = per_block * divide(g, shift)
-    # (made once: read three times below, XLA:CPU would call its making as a function
-    # per block and vectorise nothing)
-    s32, byte = _e4m3_of(per_group(jnp.minimum(q, np.float32(_E4M3_MAX))))
-    # A nonzero block scale times the tensor scale stays >= 2**-126: at most one
-    # e4m3 step above `lo` (<= 1), reached from its rounding by one code up.
-    lo = _TINY * g
-    floor = lo.astype(jnp.float8_e4m3fn)
-    floor_bits = lax.bitcast_convert_type(floor, jnp.uint8)
-    short = to_float32(floor) < lo
-    floor = lax.bitcast_convert_type(floor_bits + short.astype(jnp.uint8), jnp.float8_e4m3fn)
-    raise_ = (s32 > 0) & (s32 < lo)
-    byte = jnp.where(raise_, lax.bitcast_convert_type(floor, jnp.uint8), byte)
-    s32 = jnp.where(raise_, to_float32(floor), s32)
-    # (a zero scale gives a zero reciprocal: so do NaN blocks and a poisoned tensor)
-    s32 = select(~block_nan & ~poisoned, s32, jnp.float32(0))
-    e4m3 = lax.bitcast_convert_type(byte, jnp.float8_e4m3fn)
-    stored = _nan_e4m3_where(block_nan | poisoned, e4m3)
-    stored, inv = per_group(stored, _divided_by_e4m3(g, s32))
+
+    def quotients(amax_b: jax.Array, shift: jax.Array, g: jax.Array) -> jax.Array:
+        per_block = divide(amax_b * shift, top32)
+        return jnp.minimum(per_block * divide(g, shift), np.float32(_E4M3_MAX))
+
+    def scales(q: jax.Array, g: jax.Array, bad: jax.Array) -> tuple[jax.Array, jax.Array]:
+        s32, byte = _e4m3_of(q)
+        # A nonzero block scale times the tensor scale stays >= 2**-126: at most one
+        # e4m3 step above `lo` (<= 1), reached from its rounding by one code up.
+        lo = _TINY * g
+        floor = lo.astype(jnp.float8_e4m3fn)
+        floor_bits = lax.bitcast_convert_type(floor, jnp.uint8)
+        short = to_float32(floor) < lo
+        floor = lax.bitcast_convert_type(floor_bits + short.astype(jnp.uint8), jnp.float8_e4m3fn)
+        raise_ = (s32 > 0) & (s32 < lo)
+        byte = jnp.where(raise_, lax.bitcast_convert_type(floor, jnp.uint8), byte)
+        s32 = jnp.where(raise_, to_float32(floor), s32)
+        # (a zero scale gives a zero reciprocal: so do NaN blocks and a poisoned tensor)
+        s32 = select(~bad, s32, jnp.float32(0))
+        e4m3 = lax.bitcast_convert_type(byte, jnp.float8_e4m3fn)
+        return _nan_e4m3_where(bad, e4m3), _divided_by_e4m3(g, s32)
+
+    # (the quotients made once: read three times in `scales`, XLA:CPU would call their
+    # making as a function per block and vectorise nothing)
+    q = per_group(quotients, amax_b, shift, g)
+    stored, inv = per_group(scales, q, g, block_nan | poisoned)
     tensor_scale = nan_where(poisoned, divide(jnp.float32(1), g)).reshape(())
     return stored, tensor_scale, inv, None
 
@@ -202,7 +214,7 @@ def _divided_by_e4m3(g: jax.Array, s: jax.Array) -> jax.Array:
         # (made once: fused into the blocks' kernel, XLA:CPU would divide eight times
         # a block)
         eighths = np.arange(8, 16, dtype=np.float32) / np.float32(8)
-        quotients = per_group(divide(scaled, eighths))
+        quotients = per_group(lambda scaled: divide(scaled, eighths), scaled)
         bits = lax.bitcast_convert_type(s, jnp.uint32)
         k = (bits >> 20) & jnp.uint32(7)
         pick = [quotients[i] for i in range(8)]

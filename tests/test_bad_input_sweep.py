@@ -916,6 +916,17 @@ def _is_tracer(ctx: Ctx) -> list[Case]:
     return sweep("is_tracer", dtypes.is_tracer, (np.ones(2),), None, {0: "value"})
 
 
+@group("dtypes.computed_once")
+def _computed_once(ctx: Ctx) -> list[Case]:
+    return sweep(
+        "computed_once",
+        dtypes.computed_once,
+        (lambda a: a * 2, np.ones(4, np.float32)),
+        None,
+        {0: "scalar", 1: "value"},
+    )
+
+
 @group("dtypes.from_codes")
 def _from_codes(ctx: Ctx) -> list[Case]:
     codes = np.zeros((2, 4), np.int8)

@@ -55,6 +55,7 @@ DTYPES_ALL = [
     "ShapeError",
     "bfloat16",
     "check_rounding",
+    "computed_once",
     "float8_e4m3fn",
     "float8_e5m2",
     "float16",

@@ -508,50 +508,22 @@ def _note_gpu_path(
 
 def _computed_once(quantized: Callable[[jax.Array], Any], x: jax.Array) -> Any:
     """`quantized(x)` (a quantized operand's arrays), computed in buffers of their own on
-    a CPU.
+    a CPU (`dtypes.computed_once`: inside a conditional XLA cannot fuse into).
 
     Differentiated, the codes have two users: the forward dot and the backward pass's
-    decode (`codes x scale`). XLA:CPU takes an elementwise chain with one large input as
-    free to repeat, and fused the whole encode a second time into that decode, reading
-    the float32 operand again instead of the one-byte codes (the W8A8 training step of
-    `benchmarks/peers.py`'s transformer blocks: 11% of its time). Not differentiated,
-    an operand computed just before (an activation: the previous layer's rescale, bias
-    and ReLU) was made twice, fused into the absmax reduction and again into the encode;
-    as the conditional's operand it is written out once and read twice (the W8A8 PTQ
-    forward of that benchmark's MLP: 0.96-0.97x the time, interleaved A/B runs). Under
-    `backward_operands="original"` the codes have one user, and that rule's training
-    step does not use the conditional (with it: 0.99-1.01x, no gain). An optimization
-    barrier does not last until XLA:CPU's fusion pass, and an identity reduce-window
-    copy of a large operand is slower than the repeat; a conditional is never fused
-    into, so the quantization runs inside one whose predicate is always true, but not
-    known to be by XLA. It runs there whole: a branch that only passed the codes
-    through would copy them into its result (XLA's buffers of a conditional's result
-    are its own), a pass over every code at every step. Other platforms fuse as they
-    see fit (a GPU's conditional would wait for its predicate on the host).
+    decode (`codes x scale`). XLA:CPU fused the whole encode a second time into that
+    decode, reading the float32 operand again instead of the one-byte codes (the W8A8
+    training step of `benchmarks/peers.py`'s transformer blocks: 11% of its time). Not
+    differentiated, an operand computed just before (an activation: the previous
+    layer's rescale, bias and ReLU) was made twice, fused into the absmax reduction and
+    again into the encode; as the conditional's operand it is written out once and read
+    twice (the W8A8 PTQ forward of that benchmark's MLP: 0.96-0.97x the time,
+    interleaved A/B runs). Under `backward_operands="original"` the codes have one
+    user, and that rule's training step does not use the conditional (with it:
+    0.99-1.01x, no gain). An identity reduce-window copy of a large operand is slower
+    than the repeat.
     """
-
-    def held(x: jax.Array) -> Any:
-        bits = lax.bitcast_convert_type(x.ravel()[0].astype(jnp.float32), jnp.uint32)
-        always = (bits | jnp.uint32(1)) != 0  # true for every value; XLA cannot tell
-
-        made: list[Any] = []
-
-        def once(x: jax.Array) -> Any:
-            out = quantized(x)
-            shape = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
-            made.append(jax.tree_util.tree_map(shape, out))
-            return out
-
-        def never(x: jax.Array) -> Any:
-            # zeros shaped like `once`'s result, traced first; traced again only if not
-            shapes = made[0] if made else jax.eval_shape(quantized, x)
-            return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-        return lax.cond(always, once, never, x)
-
-    if not x.size:  # (nothing to read a predicate from, nor to compute twice)
-        return quantized(x)
-    return lax.platform_dependent(x, cpu=held, default=quantized)
+    return dtypes.computed_once(quantized, x)
 
 
 def _why_no_narrow_dot(fmt: dtypes.Format, scaling: str) -> str:

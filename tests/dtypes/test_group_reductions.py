@@ -121,3 +121,54 @@ def test_an_empty_group_has_absmax_zero():
     x = jnp.zeros((3, 0), jnp.float32)
     got = jax.jit(lambda x: _per_group.group_absmax(x, dtypes.PerAxis(0)))(x)
     np.testing.assert_array_equal(np.asarray(got), np.zeros((3, 1), np.float32))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's fusion decisions")
+@pytest.mark.parametrize(
+    ("name", "scaling"),
+    [
+        ("int8", dtypes.PerAxis(0)),
+        ("int8", dtypes.PerBlock(32)),
+        ("int4", dtypes.PerBlock(32)),
+        ("int2", dtypes.PerBlock(32)),
+        ("uint4", dtypes.PerBlock(32)),
+        ("float8_e4m3fn", dtypes.PerAxis(0)),
+        ("mxfp8_e4m3", None),
+        ("nvfp4", None),
+        ("int8", dtypes.PerAxis(0, scale_format="bfloat16")),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("op", ["encode", "round"])
+def test_the_elementwise_pass_reads_per_group_values_made_once(name, scaling, op):
+    """A group's scale and reciprocal (a correctly rounded division each) are made once
+    per group, inside a conditional no kernel fuses into (`dtypes.computed_once`):
+    every kernel of the compiled program that reads the input besides its absmax
+    reads its per-group values from a conditional's result, not from a fusion that
+    XLA:CPU would have folded into the pass and repeated for every element."""
+    x = jnp.ones((256, 1024), jnp.float32)
+    fmt = dtypes.get(name)
+    kw = {} if scaling is None else {"scaling": scaling}
+    text = jax.jit(lambda v: getattr(fmt, op)(v, **kw)).lower(x).compile().as_text()
+    entry = text[text.index("\nENTRY ") :].splitlines()[1:]
+    made = {}
+    for line in entry:
+        if " = " in line:
+            lhs, rhs = line.strip().split(" = ", 1)
+            made[lhs.removeprefix("ROOT ")] = rhs
+    (param,) = [n for n, rhs in made.items() if " parameter(0)" in rhs]
+    readers = [rhs for rhs in made.values() if " fusion(" in rhs and f"{param}," in rhs + ","]
+
+    def from_conditional(operand: str) -> bool:
+        rhs = made.get(operand, "")
+        if " conditional(" in rhs or " parameter(" in rhs or " constant(" in rhs:
+            return True
+        inner = rhs.split("get-tuple-element(", 1)
+        return len(inner) == 2 and " conditional(" in made.get(inner[1].split(")")[0], "")
+
+    for rhs in readers:
+        operands = rhs.split(" fusion(", 1)[1].split(")", 1)[0].split(", ")
+        if operands == [param]:
+            continue  # the absmax reduction, or a pass of the input alone
+        loose = [o for o in operands if o != param and not from_conditional(o)]
+        assert not loose, (rhs[:200], [made[o][:120] for o in loose])
