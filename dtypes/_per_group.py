@@ -232,7 +232,10 @@ def per_group(make: Callable[..., Any], *inputs: jax.Array) -> Any:
     correctly rounded division (`_ieee.divide`, a few dozen operations) would then
     cost more than all the rest of an encode. So the values are made by
     `computed_once`, in a conditional of their own, and read from its buffers. Values
-    of one element each are made as they are: a loop computes them once anyway.
+    of one element each are made as they are: a loop computes them once anyway. Each
+    value of one call is made in a kernel of its own there: where one reads another's
+    costly making (a zero point reads its reciprocal), make the first in a call of its
+    own, or the making is repeated for the second.
     (They were once passed through an identity reduce-window instead: a copy of every
     value, as costly as the division itself for 65,536 blocks; int8 per block of 32
     0.82x the time, int2's `round` per block 0.83x, MX 0.9x, the same bits.)
