@@ -189,40 +189,51 @@ def _writing_fd(pid: int, directory: str) -> bool:
 
 @pytest.mark.parametrize("existing", [False, True], ids=["fresh", "replacing"])
 def test_sigkill_during_convert(tmp_path, existing):
-    src, dst = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
     # Distinct shapes: each tensor compiles its own conversion, so the write
     # takes long enough to be caught in the middle.
     arrays = {f"layer{i}": RNG.standard_normal((64 + i, 512)).astype(np.float32) for i in range(24)}
-    safetensors.numpy.save_file(arrays, str(src))  # an independent writer
-    if existing:
-        precision.save(dst, {"previous": np.arange(5, dtype=np.float32)})
-    before_in = sha256(src)
-    before_out = sha256(dst) if existing else None
-    listing = sorted(os.listdir(tmp_path))
-    cmd = [sys.executable, "-m", "precision", "convert", str(src), "-o", str(dst)]
-    proc = subprocess.Popen(
-        [*cmd, "--to", "int8", "--overwrite", "-q"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 60
-    try:
-        while not _writing_fd(proc.pid, str(tmp_path)):
-            assert proc.poll() is None, f"convert ended before it was caught writing: {proc}"
-            assert time.monotonic() < deadline, "convert never started writing"
-            time.sleep(0.005)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
-        proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
-    assert sha256(src) == before_in
-    if existing:
-        assert sha256(dst) == before_out
-        precision.load(dst)
-    else:
-        assert not dst.exists()
-    assert sorted(os.listdir(tmp_path)) == listing  # no partial file left behind
+    for attempt in range(5):
+        d = tmp_path / f"attempt{attempt}"
+        d.mkdir()
+        src, dst = d / "in.safetensors", d / "out.safetensors"
+        safetensors.numpy.save_file(arrays, str(src))  # an independent writer
+        if existing:
+            precision.save(dst, {"previous": np.arange(5, dtype=np.float32)})
+        before_in = sha256(src)
+        before_out = sha256(dst) if existing else None
+        listing = sorted(os.listdir(d))
+        cmd = [sys.executable, "-m", "precision", "convert", str(src), "-o", str(dst)]
+        proc = subprocess.Popen(
+            [*cmd, "--to", "int8", "--overwrite", "-q"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 60
+        try:
+            while not _writing_fd(proc.pid, str(d)):
+                assert proc.poll() is None, f"convert ended before it was caught writing: {proc}"
+                assert time.monotonic() < deadline, "convert never started writing"
+                time.sleep(0.005)
+            # Frozen, then checked: a convert that put its output in place between the
+            # look and the signal was not caught writing, and is tried again.
+            proc.send_signal(signal.SIGSTOP)
+            finished = (sha256(dst) != before_out) if existing else dst.exists()
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            proc.wait()
+            proc.stderr.close()
+        if finished:
+            continue
+        assert proc.returncode == -signal.SIGKILL
+        assert sha256(src) == before_in
+        if existing:
+            assert sha256(dst) == before_out
+            precision.load(dst)
+        else:
+            assert not dst.exists()
+        assert sorted(os.listdir(d)) == listing  # no partial file left behind
+        return
+    pytest.fail("convert was never caught while writing (its output was in place each time)")
 
 
 def _unwritable_dir() -> str:
