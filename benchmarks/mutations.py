@@ -210,6 +210,17 @@ MUTATIONS = (
         ),
     ),
     Mutation(
+        "absmax-finished-apart",
+        "the staged absmax is finished in kernels of its own, outside the scales' conditional",
+        "dtypes/_per_group.py",
+        "        return computed_once(lambda p: make(_absmax_of(finish(p))), partial)",
+        "        return per_group(make, _absmax_of(finish(_materialized(partial))))",
+        (
+            "tests/dtypes/test_group_reductions.py"
+            "::test_the_absmax_is_finished_where_the_scales_are_made",
+        ),
+    ),
+    Mutation(
         "forward-quantizes-fused",
         "a contraction's forward quantizes an operand where XLA:CPU fuses its making twice",
         "precision/_compute/_quantized.py",

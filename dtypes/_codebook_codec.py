@@ -54,7 +54,7 @@ def _scaled(
     fmt: CodebookFormat, x: jax.Array, scaling: Scaling, rounding: str
 ) -> tuple[jax.Array, jax.Array]:
     """(flushed x times the group reciprocals, stored scales) for absmax scaling onto fmt.max."""
-    scale, inv, pre = scales(x, scaling, fmt.max, 0)
+    scale, inv, pre, _ = scales(x, scaling, fmt.max, 0)
     stored, _, inv, pre = _scale_storage.narrow(x, scaling, scale, inv, pre, fmt.max, 0)
     return times_reciprocal(x, scaling, inv, pre, rounding=rounding, signed_zero=False), stored
 

@@ -294,7 +294,7 @@ def _encode_jit(
     # a 0-d value is one group of one (as the integer encodings take it)
     scalar = x.ndim == 0
     x = (x.reshape(1) if scalar else x).astype(jnp.float32)
-    scale, inv, pre = scales(x, scaling, fmt.max, fmt.emax)
+    scale, inv, pre, _ = scales(x, scaling, fmt.max, fmt.emax)
     # scales as stored in the scaling's scale format (float32, E8M0, e4m3 + tensor scale…)
     scale, tensor_scale, inv, pre = _scale_storage.narrow(x, scaling, scale, inv, pre, fmt.max, 0)
     if scalar:
@@ -407,7 +407,7 @@ def _round_with_mask(
         return y, mask
     scalar = x.ndim == 0
     xf = (x.reshape(1) if scalar else x).astype(jnp.float32)
-    scale, inv, pre = scales(xf, scaling, fmt.max, fmt.emax)
+    scale, inv, pre, _ = scales(xf, scaling, fmt.max, fmt.emax)
     stored, tensor_scale, inv, pre = _scale_storage.narrow(xf, scaling, scale, inv, pre, fmt.max, 0)
     scale = _scale_storage.widen(stored, tensor_scale, scaling, 0)
     y = times_reciprocal(xf, scaling, inv, pre, rounding=rounding)

@@ -99,28 +99,38 @@ def _int_codes(
         scale, _, _, _ = _scale_storage.narrow(x, scaling, scale, scale, scale, 1.0, 0)
         return (codes.astype(jnp.int8) if stored else codes), scale, None, codes, None
     top_exponent = fmt.top_exponent
-    scale, inv, pre = scales(x, scaling, fmt.qmax, top_exponent)
-    scale, tensor_scale, inv, pre = _scale_storage.narrow(
-        x, scaling, scale, inv, pre, fmt.qmax, top_exponent
-    )
     # int2's `round` takes the CPU form too (comparisons, no rounding) where no gradient
     # mask reads the rounded values (only power-of-two scales clip codes): per tensor
     # 0.72x, per row 0.86x the exact form's time; wider grids' rounds gained nothing
     # there (int8 per tensor 0.91x, per row 1.04x, per block of 32 1.08x)
     cpu_form = stored or (fmt.qmax == 1 and not scaling.power_of_two)
-    if cpu_form and rounding in NEAREST_MODES and x.dtype == jnp.float32:
+    cpu_form = cpu_form and rounding in NEAREST_MODES and x.dtype == jnp.float32
+    # The CPU form's mask (0 where a group's reciprocal is 0) is made with the scales,
+    # where the stored scale keeps their reciprocal (`narrow` passes it on): one
+    # conditional an encode instead of two
+    with_keep = cpu_form and fmt.qmax > 1 and scaling.scale_format in _KEEPS_RECIPROCAL
+    scale, inv, pre, keep = scales(x, scaling, fmt.qmax, top_exponent, keep=with_keep)
+    scale, tensor_scale, inv, pre = _scale_storage.narrow(
+        x, scaling, scale, inv, pre, fmt.qmax, top_exponent
+    )
+    if cpu_form:
         as_codes = jnp.int8 if stored else jnp.float32
+        pre_given = pre is not None
 
-        def exact(*args: jax.Array) -> jax.Array:
-            return _exact_codes(fmt.qmax, scaling, rounding, None, *args)[0].astype(as_codes)
+        def exact(x: jax.Array, inv: jax.Array, *rest: jax.Array) -> jax.Array:
+            pre = rest[0] if pre_given else None
+            return _exact_codes(fmt.qmax, scaling, rounding, None, x, inv, pre)[0].astype(as_codes)
 
-        def cpu(*args: jax.Array) -> jax.Array:
-            codes = _nearest_codes_cpu(fmt.qmax, scaling, rounding, *args, packed=stored)
+        def cpu(x: jax.Array, inv: jax.Array, *rest: jax.Array) -> jax.Array:
+            pre = rest[0] if pre_given else None
+            mask = rest[-1] if keep is not None else None
+            codes = _nearest_codes_cpu(
+                fmt.qmax, scaling, rounding, x, inv, pre, packed=stored, keep=mask
+            )
             return codes.astype(as_codes)
 
-        codes = lax.platform_dependent(
-            x, inv, *(() if pre is None else (pre,)), cpu=cpu, default=exact
-        )
+        rest = (*(() if pre is None else (pre,)), *(() if keep is None else (keep,)))
+        codes = lax.platform_dependent(x, inv, *rest, cpu=cpu, default=exact)
         return codes, scale, inv, None if stored else codes, tensor_scale
     codes, rounded = _exact_codes(fmt.qmax, scaling, rounding, key, x, inv, pre)
     return (codes.astype(jnp.int8) if stored else codes), scale, inv, rounded, tensor_scale
@@ -153,14 +163,21 @@ def _nearest_codes_cpu(
     pre: jax.Array | None = None,
     *,
     packed: bool = True,
+    keep: jax.Array | None = None,
 ) -> jax.Array:
     """The int8 codes of `_exact_codes` in the nearest modes, as XLA:CPU computes them
     fastest, with the same bits there (`nearest_steps_cpu`: every code of a group
     whose reciprocal is 0 is 0, as the exact form gives it; an integer has no -0).
     `tests/dtypes/test_backend_forms.py` checks both forms against each other on
     adversarial input."""
-    steps = nearest_steps_cpu(x, scaling, inv, pre, rounding=rounding, qmax=qmax, packed=packed)
+    steps = nearest_steps_cpu(
+        x, scaling, inv, pre, rounding=rounding, qmax=qmax, packed=packed, keep=keep
+    )
     return steps.astype(jnp.int8)
+
+
+# Scale formats whose stored scales keep the reciprocal `scales` made (`narrow`)
+_KEEPS_RECIPROCAL = ("float32", "float8_e8m0fnu")
 
 
 # One compiled kernel per (format, scaling, mode, shape): an eager call is a

@@ -23,7 +23,7 @@ from jax import lax
 from . import _ieee
 from ._bit_rounding import round_integer
 from ._ieee import divide, is_finite, is_nan, nan_where, select
-from ._per_group import group_absmax, group_sizes, pairwise_sum, per_group
+from ._per_group import absmax_made_once, group_absmax, group_sizes, pairwise_sum, per_group
 from ._scaling import Scaling
 
 __all__ = [
@@ -102,9 +102,10 @@ def flush_subnormals(x: jax.Array) -> jax.Array:
 
 
 def scales(
-    x: jax.Array, scaling: Scaling, top: float, top_exponent: int
-) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-    """Per-group (scale, reciprocal, prescale) so that `x * reciprocal` fits in [-top, top].
+    x: jax.Array, scaling: Scaling, top: float, top_exponent: int, *, keep: bool = False
+) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array | None]:
+    """Per-group (scale, reciprocal, prescale, keep) so that `x * reciprocal` fits in
+    [-top, top].
 
     Absmax scaling: `scale = absmax / top` and the reciprocal `top / absmax` is
     computed once per group, so every element is a multiplication (XLA would
@@ -123,11 +124,15 @@ def scales(
     the reciprocal is `top / absmax` itself, and `x * reciprocal` is the same
     number as `(x * 2**-64) * (top / (absmax * 2**-64))` wherever the latter
     is taken.
+
+    With `keep`, also the int32 mask `nearest_steps_cpu` clears codes with: 0 where the
+    reciprocal is 0 (a group holding NaN or inf, or nothing but zeros), -1 elsewhere,
+    made with the others from the absmax (`absmax_made_once`) rather than in a
+    conditional of its own from the reciprocal; else None.
     """
-    absmax = group_absmax(x, scaling).astype(jnp.float32)
     one_step = top == 1 and not scaling.power_of_two  # (whose reciprocal takes a prescale)
 
-    def made(absmax: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    def made(absmax: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array | None]:
         # A group holding NaN or inf has a NaN absmax: it gets a NaN scale at the end,
         # and 0 meanwhile, so no NaN enters the arithmetic (see `_ieee`).
         bad = is_nan(absmax)
@@ -137,9 +142,10 @@ def scales(
         zero = absmax == 0
         scale = nan_where(bad, select(zero, jnp.float32(1), scale))
         inv = select(zero | bad, jnp.float32(0), inv)
-        return scale, inv, None if one_step else pre
+        mask = jnp.where(zero | bad, jnp.int32(0), jnp.int32(-1)) if keep else None
+        return scale, inv, None if one_step else pre, mask
 
-    scale, inv, pre = per_group(made, absmax)
+    scale, inv, pre, mask = absmax_made_once(x, scaling, made)
     if one_step:
         # On a grid of one step the scale is the absmax, so the prescale is read from it
         # where it is used (a compare and a select a value) instead of made with the
@@ -147,7 +153,7 @@ def scales(
         # `round` 0.93-0.97x the time, the same bits)
         big = scale > np.float32(2.0**100)  # (False for a NaN scale: pre 1, as before)
         pre = jnp.where(big, np.float32(2.0**-64), np.float32(1))
-    return scale, inv, pre
+    return scale, inv, pre, mask
 
 
 def needs_prescale(scaling: Scaling, top: float, top_exponent: int) -> bool:
@@ -269,6 +275,7 @@ def nearest_steps_cpu(
     rounding: str,
     qmax: int,
     packed: bool = True,
+    keep: jax.Array | None = None,
 ) -> jax.Array:
     """`clip(round(times_reciprocal(x, ...)), -qmax, qmax)` as int32, as XLA:CPU computes
     it fastest, in a nearest mode, 0 throughout every group whose reciprocal is 0 (a
@@ -296,7 +303,9 @@ def nearest_steps_cpu(
     The per-group values are made once (`per_group`) where the
     codes are `packed` next: read per value, the mask and the bound kept XLA:CPU from
     vectorising the packing of int2 codes (2x slower); unpacked (int2's `round`), the
-    bound and the mask are cheaper read per value (0.9x the time).
+    bound and the mask are cheaper read per value (0.9x the time). Rounded products
+    (`qmax` above 1) take a `keep` mask made with the reciprocal where one is given
+    (`scales(..., keep=True)`), else make their own.
     """
     pres = () if pre is None else (pre,)
 
@@ -336,7 +345,8 @@ def nearest_steps_cpu(
         prescaled = x if pre is None else _ieee.times_pow2_down(x, scaling.broadcast(pre, x.shape))
         steps = round_integer(prescaled * inv_b, rounding).astype(jnp.int32)
         steps = jnp.clip(steps, -qmax, qmax)
-        keep = per_group(keep_of, inv)
+        if keep is None:
+            keep = per_group(keep_of, inv)
     return steps & scaling.broadcast(keep, x.shape)
 
 

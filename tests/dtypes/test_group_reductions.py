@@ -172,3 +172,62 @@ def test_the_elementwise_pass_reads_per_group_values_made_once(name, scaling, op
             continue  # the absmax reduction, or a pass of the input alone
         loose = [o for o in operands if o != param and not from_conditional(o)]
         assert not loose, (rhs[:200], [made[o][:120] for o in loose])
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's fusion decisions")
+@pytest.mark.parametrize(
+    ("name", "scaling"),
+    [
+        ("int8", dtypes.PerAxis(0)),
+        ("int4", dtypes.PerAxis(0)),
+        ("int8", dtypes.PerAxis(1)),
+        ("float8_e4m3fn", dtypes.PerAxis(0)),
+    ],
+    ids=str,
+)
+def test_the_absmax_is_finished_where_the_scales_are_made(name, scaling):
+    """Where a group's absmax is reduced in stages, its last step runs in the conditional
+    that makes the group's scale, reciprocal and mask (`absmax_made_once`): the encode's
+    program holds one conditional, and it reads the last stage's reduction itself,
+    instead of its copy through a reduce-window (the materialization of `_staged`)
+    followed by the rest of the reduction and a conditional for each of the two calls
+    that made values."""
+    x = jnp.ones((256, 1024), jnp.float32)
+    fmt = dtypes.get(name)
+    text = jax.jit(lambda v: fmt.encode(v, scaling=scaling)).lower(x).compile().as_text()
+    entry = text[text.index("\nENTRY ") :].split("\n}\n", 1)[0]
+    made = {}
+    for line in entry.splitlines()[1:]:
+        if " = " in line:
+            lhs, rhs = line.strip().removeprefix("ROOT ").split(" = ", 1)
+            made[lhs] = rhs
+    (cond,) = [rhs for rhs in made.values() if " conditional(" in rhs]
+    operands = made[cond.split(" conditional(", 1)[1].split(")", 1)[0].split(", ")[2]]
+    (stage,) = operands.split(" tuple(", 1)[1].split(")", 1)[0].split(", ")
+    # (XLA names a fusion for its ops: the stage's reduction, not the reduce-window's copy)
+    assert " fusion(" in made[stage], (stage, made[stage])
+    assert "reduce" in stage, (stage, made[stage])
+    assert "reduce-window" not in stage, (stage, made[stage])
+
+
+@pytest.mark.parametrize("shape", [(256, 1024), (3, 4099), (40, 33), (1, 70000)], ids=str)
+@pytest.mark.parametrize("axis", [0, 1])
+def test_the_absmax_finished_in_the_conditional_gives_the_same_scales(shape, axis):
+    """The scales made with the absmax's last stage inside the conditional are the
+    numpy reference's: absmax / 127 per row or column, NaN for a group with NaN or inf,
+    1 for a group of zeros and subnormals."""
+    rng = np.random.default_rng(len(shape) + shape[0] + axis)
+    x = (rng.standard_normal(shape) * np.exp2(rng.integers(-60, 60, shape))).astype(np.float32)
+    x.flat[rng.integers(0, x.size, 3)] = [np.nan, np.inf, -np.inf]
+    if shape[0] > 2:
+        x[1, :] = 0.0
+        x[2, :] = 1e-40
+    enc = jax.jit(lambda v: dtypes.get("int8").encode(v, scaling=dtypes.PerAxis(axis)))(
+        jnp.asarray(x)
+    )
+    with np.errstate(invalid="ignore"):
+        flushed = np.where(np.abs(x) < np.float32(2.0**-126), np.float32(0), x)
+        amax = np.max(np.abs(flushed), axis=1 - axis, keepdims=True)
+        bad = ~np.isfinite(flushed).all(axis=1 - axis, keepdims=True)
+    want = np.where(bad, np.nan, np.where(amax == 0, np.float32(1), amax / np.float32(127)))
+    np.testing.assert_array_equal(np.asarray(enc.scale), want.astype(np.float32))
