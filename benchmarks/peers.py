@@ -19,9 +19,12 @@ same float32 parameters and inputs for every row:
   up with a few steps before it is measured, as its scales start at 1).
 
 Columns: logits error against float32 (`||y - y32|| / ||y32||`), the jitted
-forward and training-step times (median of `--repeats` runs) and their ratio to
-float32's, the parameter bytes as each row keeps them, and the temporary bytes
-XLA allocates for the step (its `memory_analysis`). Nothing is installed at run
+forward and training-step times (median of `--repeats` rounds; each round calls
+every row once, in an order shuffled afresh, so no row always follows the same
+one: a PTQ forward timed right after a training step ran about 2% slower than
+after another forward, ours and Qwix's alike) and their ratio to float32's, the
+parameter bytes as each row keeps them, and the temporary bytes XLA allocates for
+the step (its `memory_analysis`). Nothing is installed at run
 time: install the peers with `pip install -e ".[peers]"`; a missing peer's rows
 are skipped with a note.
 
@@ -33,6 +36,7 @@ are skipped with a note.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -127,13 +131,17 @@ def _row(name, forward, params, x, ref, step=None, step_params=None) -> Row:
 
 
 def _measure(rows: list[Row], repeats: int) -> None:
-    """Median times, the rows' calls interleaved round by round (load drifts hit all)."""
+    """Median times, the rows' calls interleaved round by round (load drifts hit all),
+    in a seeded order shuffled every round (what runs before a call moves its time)."""
     calls = [(r, k, fn, args) for r in rows for k, (fn, args) in r.pop("calls").items()]
     times: dict[tuple[int, str], list[float]] = {(id(r), k): [] for r, k, _, _ in calls}
     for _, _, fn, args in calls:
         jax.block_until_ready(fn(*args))  # compiled and warm
+    order = list(range(len(calls)))
+    shuffle = random.Random(0).shuffle
     for _ in range(repeats):
-        for r, k, fn, args in calls:
+        shuffle(order)
+        for r, k, fn, args in (calls[i] for i in order):
             start = time.perf_counter()
             jax.block_until_ready(fn(*args))
             times[id(r), k].append(time.perf_counter() - start)
