@@ -115,22 +115,19 @@ def _int_codes(
     )
     if cpu_form:
         as_codes = jnp.int8 if stored else jnp.float32
-        pre_given = pre is not None
+        Arg = jax.Array | None
 
-        def exact(x: jax.Array, inv: jax.Array, *rest: jax.Array) -> jax.Array:
-            pre = rest[0] if pre_given else None
+        def exact(x: jax.Array, inv: jax.Array, pre: Arg, _: Arg) -> jax.Array:
             return _exact_codes(fmt.qmax, scaling, rounding, None, x, inv, pre)[0].astype(as_codes)
 
-        def cpu(x: jax.Array, inv: jax.Array, *rest: jax.Array) -> jax.Array:
-            pre = rest[0] if pre_given else None
-            mask = rest[-1] if keep is not None else None
+        def cpu(x: jax.Array, inv: jax.Array, pre: Arg, keep: Arg) -> jax.Array:
             codes = _nearest_codes_cpu(
-                fmt.qmax, scaling, rounding, x, inv, pre, packed=stored, keep=mask
+                fmt.qmax, scaling, rounding, x, inv, pre, packed=stored, keep=keep
             )
             return codes.astype(as_codes)
 
-        rest = (*(() if pre is None else (pre,)), *(() if keep is None else (keep,)))
-        codes = lax.platform_dependent(x, inv, *rest, cpu=cpu, default=exact)
+        # (a None argument is an empty pytree: the branches receive it as None)
+        codes = lax.platform_dependent(x, inv, pre, keep, cpu=cpu, default=exact)
         return codes, scale, inv, None if stored else codes, tensor_scale
     codes, rounded = _exact_codes(fmt.qmax, scaling, rounding, key, x, inv, pre)
     return (codes.astype(jnp.int8) if stored else codes), scale, inv, rounded, tensor_scale

@@ -106,8 +106,8 @@ def absmax_made_once(x: jax.Array, scaling: Scaling, make: Callable[[jax.Array],
     else:  # (blocks of at most 32 are reduced at once, longer ones reshaped after)
         return whole(x)
     axes = tuple(d for d in range(x.ndim) if d not in kept)
-    if x.dtype != jnp.float32 or not x.size or (axes == (x.ndim - 1,) and x.shape[-1] <= _LANES):
-        return whole(x)  # (a short last axis is reduced as floats at once: `_max_bits_cpu`)
+    if x.dtype != jnp.float32 or not x.size or _as_floats(axes, x.shape):
+        return whole(x)  # (reduced at once: `_max_bits_cpu`)
     outputs = jax.eval_shape(make, jax.ShapeDtypeStruct(scaling.scale_shape(x.shape), x.dtype))
     if all(leaf.size <= 1 for leaf in jax.tree_util.tree_leaves(outputs)):
         return whole(x)  # (one value a group made as it is: see `per_group`)
@@ -150,7 +150,7 @@ def max_bits(mag: jax.Array, scaling: Scaling) -> jax.Array:
 
 def _max_bits_cpu(m: jax.Array, axes: tuple[int, ...]) -> jax.Array:
     """`max_bits`' reduction on XLA:CPU: a short last axis as floats, others staged."""
-    if tuple(axes) != (m.ndim - 1,) or m.shape[-1] > _LANES:
+    if not _as_floats(axes, m.shape):
         return _staged(jnp.max, m, axes)
     f = lax.bitcast_convert_type(jnp.minimum(m, jnp.uint32(0x7F800000)), jnp.float32)
     # The max spelled as a select: XLA:CPU hands a plain float max to a library kernel
@@ -160,6 +160,12 @@ def _max_bits_cpu(m: jax.Array, axes: tuple[int, ...]) -> jax.Array:
     # lowering into the reduction (0.44 ms). No NaN reaches it.
     top = lax.reduce(f, jnp.float32(0), _larger, (m.ndim - 1,))
     return lax.bitcast_convert_type(top, jnp.uint32)[..., None]
+
+
+def _as_floats(axes: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether `_max_bits_cpu` reduces these axes as floats at once (a short last axis)
+    rather than in integer stages."""
+    return tuple(axes) == (len(shape) - 1,) and shape[-1] <= _LANES
 
 
 def _larger(a: jax.Array, b: jax.Array) -> jax.Array:
