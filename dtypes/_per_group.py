@@ -201,6 +201,7 @@ Reduction = Callable[..., jax.Array]
 _LANES = 32  # the longest last axis XLA:CPU reduces well (64: 4x slower)
 _STAGE_INNER = 8  # rows reduced at a time across a kept last axis wider than the lanes
 _SMALL = 1 << 14  # elements left that one plain reduction finishes quickly
+_SMALL_ACROSS_ROWS = 1 << 17  # the same, for a reduction across rows of a kept wide axis
 
 
 def _staged(reduce: Reduction, a: jax.Array, axes: tuple[int, ...]) -> jax.Array:
@@ -213,8 +214,9 @@ def _staged(reduce: Reduction, a: jax.Array, axes: tuple[int, ...]) -> jax.Array
     across the lanes (8 across a kept last axis wider than that) and is materialized
     (`_materialized`: XLA would otherwise fuse the stages back into one loop that
     recomputes each inner stage for every element of the next). Once what is left is
-    small, one reduction finishes it, the lanes included. Zero padding changes
-    nothing: 0 is among the values reduced anyway."""
+    small, one reduction finishes it, the lanes included (across rows of a kept wide
+    last axis, where that reduction vectorises too, small is 2**17 elements). Zero
+    padding changes nothing: 0 is among the values reduced anyway."""
     partial, finish, staged = _stages(reduce, a, axes)
     return finish(_materialized(partial) if staged else partial)
 
@@ -233,8 +235,11 @@ def _stages(
     if lanes:  # the last axis as (rows, lanes); the rows reduce in stages, the lanes last
         a = _split_axis(a, a.ndim - 1, _LANES)
         left[-1] = a.ndim - 2
+    # (the W8A8 training step of benchmarks/peers.py's MLP, whose weights' absmax is then
+    # finished from one stage in the scales' conditional: 0.99x the time of two stages)
+    small = _SMALL if lanes or a.shape[-1] <= _LANES else _SMALL_ACROSS_ROWS
     staged = False
-    while left and a.size > _SMALL:
+    while left and a.size > small:
         if staged:
             a = _materialized(a)  # (XLA:CPU would fuse the next stage into this one)
         d = left[-1]

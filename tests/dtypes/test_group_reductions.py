@@ -210,7 +210,9 @@ def test_the_absmax_is_finished_where_the_scales_are_made(name, scaling):
     assert "reduce-window" not in stage, (stage, made[stage])
 
 
-@pytest.mark.parametrize("shape", [(256, 1024), (3, 4099), (40, 33), (1, 70000)], ids=str)
+@pytest.mark.parametrize(
+    "shape", [(256, 1024), (784, 1024), (2000, 1024), (3, 4099), (40, 33), (1, 70000)], ids=str
+)
 @pytest.mark.parametrize("axis", [0, 1])
 def test_the_absmax_finished_in_the_conditional_gives_the_same_scales(shape, axis):
     """The scales made with the absmax's last stage inside the conditional are the
