@@ -217,7 +217,18 @@ MUTATIONS = (
         "        return per_group(make, _absmax_of(finish(_materialized(partial))))",
         (
             "tests/dtypes/test_group_reductions.py"
-            "::test_the_absmax_is_finished_where_the_scales_are_made",
+            "::test_the_stages_read_an_activation_once_and_the_scales_their_result",
+        ),
+    ),
+    Mutation(
+        "absmax-stages-fused",
+        "the absmax's stages read the array where XLA:CPU fuses its making into them",
+        "dtypes/_per_group.py",
+        "        partial = computed_once(stages, x)\n",
+        "        partial = stages(x)\n",
+        (
+            "tests/dtypes/test_group_reductions.py"
+            "::test_the_stages_read_an_activation_once_and_the_scales_their_result",
         ),
     ),
     Mutation(

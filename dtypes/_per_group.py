@@ -86,14 +86,22 @@ def absmax_made_once(x: jax.Array, scaling: Scaling, make: Callable[[jax.Array],
     """`per_group(make, group_absmax(x, scaling))`: per-group values made from the
     absmax (float32), each once.
 
-    On XLA:CPU, where the absmax of long groups is reduced in stages (`_staged`), its
-    last step runs in the conditional that makes `make`'s values: the conditional
-    writes out the last stage's result as the reduce-window of `_staged` would, and
-    what remains of the reduction is a few elements a group, read where the values are
-    made. The int8 per-row encode of an activation then runs 10 kernels and one
-    conditional where it ran 14 and two (its mask made with the scales: `scales`), and
-    the PTQ forward of `benchmarks/peers.py`'s MLP takes 0.98-0.99x the time, the same
-    bits.
+    On XLA:CPU, where the absmax of long groups is reduced in stages (`_staged`), the
+    stages run in a conditional of their own and the last step in the one that makes
+    `make`'s values:
+
+    - The stages' conditional takes `x` as its operand, so `x` is read from a buffer.
+      An `x` computed just before (an activation: the previous layer's rescaled
+      product, bias and ReLU) is computed once into it, a buffer its other readers
+      share (the backward pass keeps it anyway); fused into the reduction instead, it
+      was computed again for every element in a loop XLA:CPU does not vectorise: 78-129
+      us against 8 for the stage of a 256 x 1024 activation in the W8A8 step of
+      `benchmarks/peers.py`'s MLP, which takes 0.987-0.989x the time (the same bits).
+    - The second conditional writes out the last stage's result as the reduce-window
+      of `_staged` would, and what remains of the reduction is a few elements a group,
+      read where the values are made: one conditional makes the scale, reciprocal and
+      mask of an int8 per-row encode where two did (`scales`), and the MLP's PTQ
+      forward took 0.98-0.99x the time.
     """
 
     def whole(x: jax.Array) -> Any:
@@ -113,10 +121,18 @@ def absmax_made_once(x: jax.Array, scaling: Scaling, make: Callable[[jax.Array],
         return whole(x)  # (one value a group made as it is: see `per_group`)
 
     def cpu(x: jax.Array) -> Any:
-        mag = _magnitude_bits(lax.stop_gradient(x))
-        partial, finish, staged = _stages(jnp.max, mag, axes)
-        if not staged:
+        x = lax.stop_gradient(x)
+        cut: dict[str, Any] = {}
+
+        def stages(x: jax.Array) -> jax.Array:
+            partial, cut["finish"], cut["staged"] = _stages(jnp.max, _magnitude_bits(x), axes)
+            return partial
+
+        jax.eval_shape(stages, x)  # (whether a stage runs: the shape decides)
+        if not cut["staged"]:
             return whole(x)
+        finish = cut["finish"]
+        partial = computed_once(stages, x)
         return computed_once(lambda p: make(_absmax_of(finish(p))), partial)
 
     return lax.platform_dependent(x, cpu=cpu, default=whole)
@@ -227,7 +243,7 @@ def _stages(
     """`_staged`'s reduction cut before its last step: (what its stages leave, the
     function finishing it, whether any stage ran). The stages before the last are
     materialized; the last one's result is for the caller to write out (`_staged`
-    through a reduce-window, `absmax_made_once` as a conditional's operand)."""
+    through a reduce-window, `absmax_made_once` as a conditional's result)."""
     zero = jnp.zeros((), a.dtype)
     out_shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
     left = sorted(axes)
@@ -259,8 +275,10 @@ def _stages(
         left.append(a.ndim - 1)
     rest = tuple(left)
 
-    def finish(a: jax.Array) -> jax.Array:
-        return (reduce(a, axis=rest, initial=zero) if rest else a).reshape(out_shape)
+    def finish(a: jax.Array) -> jax.Array:  # (a zero of its own: it may run in another trace)
+        return (reduce(a, axis=rest, initial=jnp.zeros((), a.dtype)) if rest else a).reshape(
+            out_shape
+        )
 
     return a, finish, staged
 

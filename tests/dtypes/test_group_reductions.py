@@ -185,29 +185,48 @@ def test_the_elementwise_pass_reads_per_group_values_made_once(name, scaling, op
     ],
     ids=str,
 )
-def test_the_absmax_is_finished_where_the_scales_are_made(name, scaling):
-    """Where a group's absmax is reduced in stages, its last step runs in the conditional
-    that makes the group's scale, reciprocal and mask (`absmax_made_once`): the encode's
-    program holds one conditional, and it reads the last stage's reduction itself,
-    instead of its copy through a reduce-window (the materialization of `_staged`)
-    followed by the rest of the reduction and a conditional for each of the two calls
-    that made values."""
-    x = jnp.ones((256, 1024), jnp.float32)
+def test_the_stages_read_an_activation_once_and_the_scales_their_result(name, scaling):
+    """Where a group's absmax is reduced in stages (`absmax_made_once`), the stages run in
+    a conditional whose operand is the array itself: an activation computed just before
+    (here ReLU(a * s) from int32 `a`) is written out once, by the fusion that computes
+    it, and no reduction computes it again from `a` element by element. The last
+    stage's result is the operand of the conditional that finishes the reduction and
+    makes the scale, reciprocal and mask, instead of its copy through a reduce-window
+    (the materialization of `_staged`) followed by the rest of the reduction and a
+    conditional for each of the two calls that made values."""
+    a = jnp.ones((256, 1024), jnp.int32)
+    s = jnp.ones(dtypes.PerAxis(0 if scaling.axis else 1).scale_shape(a.shape), jnp.float32)
     fmt = dtypes.get(name)
-    text = jax.jit(lambda v: fmt.encode(v, scaling=scaling)).lower(x).compile().as_text()
+
+    def activation_encoded(a, s):
+        return fmt.encode(jnp.maximum(a.astype(jnp.float32) * s, 0), scaling=scaling)
+
+    text = jax.jit(activation_encoded).lower(a, s).compile().as_text()
     entry = text[text.index("\nENTRY ") :].split("\n}\n", 1)[0]
     made = {}
     for line in entry.splitlines()[1:]:
         if " = " in line:
             lhs, rhs = line.strip().removeprefix("ROOT ").split(" = ", 1)
             made[lhs] = rhs
-    (cond,) = [rhs for rhs in made.values() if " conditional(" in rhs]
-    operands = made[cond.split(" conditional(", 1)[1].split(")", 1)[0].split(", ")[2]]
-    (stage,) = operands.split(" tuple(", 1)[1].split(")", 1)[0].split(", ")
-    # (XLA names a fusion for its ops: the stage's reduction, not the reduce-window's copy)
-    assert " fusion(" in made[stage], (stage, made[stage])
-    assert "reduce" in stage, (stage, made[stage])
-    assert "reduce-window" not in stage, (stage, made[stage])
+    (param,) = [
+        lhs for lhs, rhs in made.items() if "s32[256,1024]" in rhs and "parameter(0)" in rhs
+    ]
+    conds = [lhs for lhs, rhs in made.items() if " conditional(" in rhs]
+    assert len(conds) == 2, conds
+
+    def taken_operand(cond):  # (the operand of the branch that runs: `computed_once`)
+        return made[cond].split(" conditional(", 1)[1].split(")", 1)[0].split(", ")[2]
+
+    stages, scales = conds if taken_operand(conds[1]) == conds[0] else conds[::-1]
+    assert taken_operand(scales) == stages, made[scales]
+    (activation,) = made[taken_operand(stages)].split(" tuple(", 1)[1].split(")", 1)[0].split(", ")
+    assert " fusion(" in made[activation], made[activation]
+    assert param in made[activation], made[activation]
+    assert "reduce" not in activation, (activation, made[activation])
+    # (an absmax stage gives magnitude bits: no kernel making them reads `a`)
+    bits = [lhs for lhs, rhs in made.items() if rhs.startswith("u32[") and param in rhs]
+    assert not bits, [made[b] for b in bits]
+    assert not [lhs for lhs in made if "reduce-window" in lhs], sorted(made)
 
 
 @pytest.mark.parametrize(
