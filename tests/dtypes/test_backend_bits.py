@@ -94,3 +94,42 @@ def test_divide_is_correctly_rounded_under_any_flags(flags, tmp_path):
     env = dict(os.environ, XLA_FLAGS=flags, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("flags", ["", FAST_MATH_FLAGS], ids=["default", "fast-math"])
+def test_wide_group_scales_under_any_flags(flags, tmp_path):
+    """int8 scales of rows and columns wider than the 32 lanes the absmax is staged in (the
+    lanes finished as floats, `absmax_made_once`), against numpy, with NaN, inf, zero,
+    subnormal-only and subnormal-beside-normal groups: the same under fast-math flags,
+    which flush subnormals in comparisons (the adversarial digests above hold rows of 32)."""
+    script = tmp_path / "wide.py"
+    script.write_text(
+        "import numpy as np, jax, dtypes\n"
+        "rng = np.random.default_rng(7)\n"
+        "tiny = np.float32(2.0**-126)\n"
+        "for shape in [(256, 1024), (300, 1500), (4, 70000)]:\n"
+        "    x = (rng.standard_normal(shape) * np.exp2(rng.integers(-60, 60, shape)))"
+        ".astype(np.float32)\n"
+        "    x[0, 5] = np.nan; x[1, 7] = np.inf; x[2, 9] = -np.inf\n"
+        "    if shape[0] > 6:\n"
+        "        x[3] = 0.0; x[4] = np.float32(3e-39); x[4, ::7] = -np.float32(1e-40)\n"
+        "        x[5] = np.float32(1e-39); x[5, -1] = np.float32(2.0**-120)\n"
+        "    for axis in (0, 1, None):\n"
+        "        sc = dtypes.PerTensor() if axis is None else dtypes.PerAxis(axis)\n"
+        "        got = np.asarray(jax.jit(lambda v: dtypes.int8.encode(v, scaling=sc).scale)(x))\n"
+        "        flushed = np.where(np.abs(x) < tiny, np.float32(0), x)\n"
+        "        red = None if axis is None else 1 - axis\n"
+        "        with np.errstate(invalid='ignore'):\n"
+        "            amax = np.max(np.abs(flushed), axis=red, keepdims=True)\n"
+        "            bad = ~np.isfinite(flushed).all(axis=red, keepdims=True)\n"
+        "        # (a scale below the smallest normal is raised to it, its reciprocal 2**126)\n"
+        "        scale = np.where(amax < np.float32(127) * tiny, tiny, amax / np.float32(127))\n"
+        "        want = np.where(bad, np.nan, np.where(amax == 0, np.float32(1), scale))"
+        ".astype(np.float32).reshape(got.shape)\n"
+        "        same = (got.view(np.uint32) == want.view(np.uint32)) | "
+        "(np.isnan(got) & np.isnan(want))\n"
+        "        assert same.all(), (shape, axis, np.argwhere(~same)[:5], got[~same][:5])\n"
+    )
+    env = dict(os.environ, XLA_FLAGS=flags, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
