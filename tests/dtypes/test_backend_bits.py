@@ -102,8 +102,9 @@ def test_wide_group_scales_under_any_flags(flags, tmp_path):
     lanes finished as floats, `absmax_made_once`), against numpy, with NaN, inf, zero,
     subnormal-only and subnormal-beside-normal groups: the same under fast-math flags,
     which flush subnormals in comparisons (the adversarial digests above hold rows of 32)."""
-    script = tmp_path / "wide.py"
-    script.write_text(
+    _passes_under(
+        flags,
+        tmp_path / "wide.py",
         "import numpy as np, jax, dtypes\n"
         "rng = np.random.default_rng(7)\n"
         "tiny = np.float32(2.0**-126)\n"
@@ -128,8 +129,13 @@ def test_wide_group_scales_under_any_flags(flags, tmp_path):
         ".astype(np.float32).reshape(got.shape)\n"
         "        same = (got.view(np.uint32) == want.view(np.uint32)) | "
         "(np.isnan(got) & np.isnan(want))\n"
-        "        assert same.all(), (shape, axis, np.argwhere(~same)[:5], got[~same][:5])\n"
+        "        assert same.all(), (shape, axis, np.argwhere(~same)[:5], got[~same][:5])\n",
     )
+
+
+def _passes_under(flags: str, script: Path, code: str) -> None:
+    """Run `code` as `script` in a fresh process under XLA `flags`; it must exit cleanly."""
+    script.write_text(code)
     env = dict(os.environ, XLA_FLAGS=flags, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
