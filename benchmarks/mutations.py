@@ -213,8 +213,9 @@ MUTATIONS = (
         "absmax-finished-apart",
         "the staged absmax is finished in kernels of its own, outside the scales' conditional",
         "dtypes/_per_group.py",
-        "        return computed_once(lambda p: make(_absmax_of(finish(p))), partial)",
-        "        return per_group(make, _absmax_of(finish(_materialized(partial))))",
+        "        return computed_once(made, computed_once(stages, x))\n",
+        "        done = _materialized(computed_once(stages, x))\n"
+        "        return per_group(make, _absmax_of(_max_bits_cpu(done, rest).reshape(shape)))\n",
         (
             "tests/dtypes/test_group_reductions.py"
             "::test_the_stages_read_an_activation_once_and_the_scales_their_result",
@@ -224,8 +225,8 @@ MUTATIONS = (
         "absmax-stages-fused",
         "the absmax's stages read the array where XLA:CPU fuses its making into them",
         "dtypes/_per_group.py",
-        "        partial = computed_once(stages, x)\n",
-        "        partial = stages(x)\n",
+        "        return computed_once(made, computed_once(stages, x))\n",
+        "        return computed_once(made, stages(x))\n",
         (
             "tests/dtypes/test_group_reductions.py"
             "::test_the_stages_read_an_activation_once_and_the_scales_their_result",
