@@ -118,7 +118,8 @@ def absmax_made_once(x: jax.Array, scaling: Scaling, make: Callable[[jax.Array],
     axes = tuple(d for d in range(x.ndim) if d not in kept)
     if x.dtype != jnp.float32 or not x.size or _as_floats(axes, x.shape):
         return whole(x)  # (reduced at once: `_max_bits_cpu`)
-    outputs = jax.eval_shape(make, jax.ShapeDtypeStruct(scaling.scale_shape(x.shape), x.dtype))
+    shape = scaling.scale_shape(x.shape)  # (the absmax's: one per group, reduced axes kept)
+    outputs = jax.eval_shape(make, jax.ShapeDtypeStruct(shape, x.dtype))
     if all(leaf.size <= 1 for leaf in jax.tree_util.tree_leaves(outputs)):
         return whole(x)  # (one value a group made as it is: see `per_group`)
 
@@ -133,7 +134,7 @@ def absmax_made_once(x: jax.Array, scaling: Scaling, make: Callable[[jax.Array],
         jax.eval_shape(stages, x)  # (whether a stage runs: the shape decides)
         if not cut["staged"]:
             return whole(x)
-        rest, shape = cut["rest"], tuple(1 if i in axes else n for i, n in enumerate(x.shape))
+        rest = cut["rest"]
 
         def made(partial: jax.Array) -> Any:
             # (what is left is small: lanes compared as floats, or one plain reduction)
