@@ -188,6 +188,17 @@ def encode_values(
     return fmt.encode(x, scaling=scaling, rounding=rounding, key=key)
 
 
+def encode_on_grid(fmt: dtypes.Format, x: Any) -> dtypes.Encoded:
+    """`encode_values(fmt, x, None)` for an `x` already on the grid of `fmt` (a walk's
+    value in the state of that format): where the container holds the value itself,
+    its cast, exact for a value on the grid. Rounding it again would give the same
+    bits, but XLA does not see that and computes the rounding twice (for float16 on a
+    CPU, a whole second pass over the result)."""
+    if carries_gradient(fmt, None) and not fmt.is_full_precision:
+        return dtypes.Encoded(x.astype(fmt.container), None, fmt, None)
+    return encode_values(fmt, x, None)
+
+
 def carries_gradient(fmt: dtypes.Format, scaling: dtypes.Scaling | None) -> bool:
     """Whether storage in `fmt` can carry a gradient itself (unscaled native floats)."""
     return fmt.kind == "float" and scaling is None and fmt.container != np.uint8

@@ -64,9 +64,9 @@ BUDGETS = {
     "contract int8 rowwise (activation)": 595,  # 476
     "contract e4m3 tensorwise (activation)": 470,  # 377
     "contract e4m3 rowwise (activation)": 550,  # 441
-    "Tensor @ Tensor bfloat16 (result rounding)": 80,  # 63
-    "Tensor @ Tensor float16 (result rounding)": 255,  # 203
-    "Tensor @ Tensor bfloat16 (vs the native bf16 dot)": 80,  # 63
+    "Tensor @ Tensor bfloat16 (result rounding)": 80,  # 62
+    "Tensor @ Tensor float16 (result rounding)": 240,  # 191 (the result stored by a cast)
+    "Tensor @ Tensor bfloat16 (vs the native bf16 dot)": 80,  # 62
     "mxfp8_e4m3 encode": 280,  # 225
     "mxfp4 encode": 440,  # 352
     "nvfp4 encode": 1610,  # 1289: more than the 1118 of 11-28, fewer run (2.4 -> 1.5 ms)

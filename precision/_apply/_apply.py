@@ -32,6 +32,7 @@ from .._storage import (
     carries_gradient,
     compute_format,
     decode_encoded,
+    encode_on_grid,
     encode_values,
     full_format,
     is_float,
@@ -152,8 +153,8 @@ def _storage_of(value: Any, state: State, dtype: np.dtype, ctx: Context) -> dtyp
         return enc
     fmt = state.format
     if fmt.is_full_precision and np.dtype(value.dtype) != fmt.container:
-        fmt = full_format(dtype)
-    return encode_values(fmt, value, None)
+        return encode_values(full_format(dtype), value, None)
+    return encode_on_grid(fmt, value)  # (a state's format holds its value on its grid)
 
 
 def _build(

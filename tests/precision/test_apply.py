@@ -179,6 +179,37 @@ def _binary_ops_round_exact_result(name, mode, data):
         assert_same_bits(np.asarray(out)[normal], expected[normal], op)
 
 
+@pytest.mark.parametrize("name", ["bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"])
+def test_a_result_is_rounded_once_on_its_way_to_storage(name, monkeypatch):
+    """Each op's rule rounds its result onto the format's grid, so storing the result
+    is a cast: rounding it again gives the same bits, but XLA does not see that and
+    computes the rounding twice (a second pass over the result for float8 or float16
+    on a CPU)."""
+    import precision._compute._rules as rules
+    import precision._storage as storage
+
+    x = jnp.linspace(-3.0, 3.0, 3 * 41, dtype=jnp.float32).reshape(3, 41)
+    ta = Tensor(x).to_reduced_precision(name)
+    tb = Tensor(x[::-1] * 0.3).to_reduced_precision(name)
+    rounded: list[str] = []
+    real = storage.round_nearest
+
+    def counted(fmt, v):
+        rounded.append(fmt.name)
+        return real(fmt, v)
+
+    monkeypatch.setattr(rules, "round_nearest", counted)
+    monkeypatch.setattr(storage, "round_nearest", counted)
+    out = precision.apply(lambda a, b: a * b + a)(ta, tb)
+    assert rounded == [name, name]  # the product and the sum; not the stored result
+    want = reference_round(
+        reference_round(np.asarray(ta, np.float32) * np.asarray(tb, np.float32), name)
+        + np.asarray(ta, np.float32),
+        name,
+    )
+    assert_same_bits(np.asarray(out), want, name)
+
+
 UNARY = {"sqrt": jnp.sqrt, "exp": jnp.exp, "tanh": jnp.tanh}
 
 
