@@ -133,6 +133,49 @@ def test_wide_group_scales_under_any_flags(flags, tmp_path):
     )
 
 
+@pytest.mark.parametrize("flags", ["", FAST_MATH_FLAGS], ids=["default", "fast-math"])
+def test_scaled_fp8_codes_under_any_flags(flags, tmp_path):
+    """fp8 codes under float32 absmax scales, per row, per column and per tensor, against
+    numpy and ml_dtypes, with NaN, inf, negative NaN, zero and subnormal groups. The CPU
+    form (`_float_codec._byte_codes`) makes NaN and inf +0 on the bits and leaves the clip
+    out; under fast-math flags, which assume no NaN or inf, a finite element of such a
+    group must still give the zero of its sign and a NaN or inf +0. (The digests above
+    take these encodes in other rounding modes only.)"""
+    _passes_under(
+        flags,
+        tmp_path / "fp8.py",
+        "import ml_dtypes, numpy as np, jax, dtypes\n"
+        "rng = np.random.default_rng(11)\n"
+        "tiny = np.float32(2.0**-126)\n"
+        "x = (rng.standard_normal((96, 160)) * np.exp2(rng.integers(-30, 30, (96, 160))))"
+        ".astype(np.float32)\n"
+        "x[0, 5] = np.nan; x[1, 7] = np.inf; x[2, 9] = -np.inf\n"
+        "x[3, 11] = np.array(0xFFC00000, np.uint32).view(np.float32)  # (a negative NaN)\n"
+        "x[4, ::3] = -np.inf; x[5] = 0.0; x[6] = np.float32(-3e-39)\n"
+        "x[7] = np.float32(2.0**-120) * np.float32(rng.standard_normal(160))\n"
+        "for name in ('float8_e4m3fn', 'float8_e5m2', 'float8_e4m3', 'float8_e3m4'):\n"
+        "    fmt = dtypes.get(name)\n"
+        "    native, top = np.dtype(getattr(ml_dtypes, name)), np.float32(fmt.max)\n"
+        "    for axis in (0, 1, None):\n"
+        "        sc = dtypes.PerTensor() if axis is None else dtypes.PerAxis(axis)\n"
+        "        v = np.where(np.isfinite(x), x, np.float32(1)) if axis is None else x\n"
+        "        got = np.asarray(jax.jit(lambda u: fmt.encode(u, scaling=sc).data)(v))"
+        ".view(np.uint8)\n"
+        "        flushed = np.where(np.abs(v) < tiny, np.float32(0) * np.sign(v), v)\n"
+        "        red = None if axis is None else 1 - axis\n"
+        "        with np.errstate(invalid='ignore', divide='ignore', over='ignore'):\n"
+        "            amax = np.max(np.abs(flushed), axis=red, keepdims=True)\n"
+        "            bad = ~np.isfinite(flushed).all(axis=red, keepdims=True)\n"
+        "            inv = np.where(amax < top * tiny, np.float32(2.0**126), top / amax)\n"
+        "            inv = np.where(bad | (amax == 0), np.float32(0), inv).astype(np.float32)\n"
+        "            y = np.where(np.isfinite(flushed), flushed * inv, np.float32(0))\n"
+        "        want = y.astype(np.float32).astype(native).view(np.uint8)\n"
+        "        same = got == want\n"
+        "        assert same.all(), (name, axis, np.argwhere(~same)[:5], got[~same][:5], "
+        "want[~same][:5])\n",
+    )
+
+
 def _passes_under(flags: str, script: Path, code: str) -> None:
     """Run `code` as `script` in a fresh process under XLA `flags`; it must exit cleanly."""
     script.write_text(code)
