@@ -75,9 +75,17 @@ MUTATIONS = (
         "fp8-not-saturated",
         "scaled float8 encodes skip the clip that saturates at the format's max",
         "dtypes/_float_codec.py",
-        "from_float32(jnp.clip(y, -top, top), native)",
-        "from_float32(y, native)",
+        "        if clipped:\n            y = jnp.clip(y, -top, top)\n",
+        "        if clipped:\n            pass\n",
         ("tests/dtypes/test_scaled_encodings.py", "tests/dtypes/test_mx_nvfp4.py"),
+    ),
+    Mutation(
+        "fp8-nan-codes-kept",
+        "the CPU form of the scaled fp8 codes leaves e4m3fn's NaN code (0x7F) where +0 belongs",
+        "dtypes/_float_codec.py",
+        "special = (codes & jnp.uint8(0x7F)) >= jnp.uint8(above)",
+        "special = (codes & jnp.uint8(0x7F)) > jnp.uint8(above)",
+        ("tests/dtypes/test_backend_forms.py", "tests/dtypes/test_backend_bits.py"),
     ),
     # -- an op's re-rounding dropped -------------------------------------------------------
     Mutation(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from jax import lax
 
@@ -331,16 +332,24 @@ def _byte_codes(
     but XLA:CPU's, makes NaN and inf elements +0 and flushes subnormals on the bits
     first (`times_reciprocal`), so the product is finite and the same everywhere.
 
-    On XLA:CPU (`lax.platform_dependent`) the same codes take fewer operations: the
-    CPU flushes subnormal operands itself, so only NaN and inf are replaced (by +0,
-    on the bits: one test of the exponent field), and with float32 scales of the
-    absmax rule the clip is left out, because no product can need it: `|x| <= absmax`
-    and `inv = fl(top / absmax)` (or 2**126 where `absmax < top * 2**-126`), so
+    On XLA:CPU (`lax.platform_dependent`) the same codes take fewer operations. The
+    CPU flushes subnormal operands itself, and with float32 scales of the absmax rule
+    the clip is left out, because no product can need it: `|x| <= absmax` and
+    `inv = fl(top / absmax)` (or 2**126 where `absmax < top * 2**-126`), so
     `fl(x * inv) <= top * (1 + 2**-24)**2`, far below the midpoint between `top` and
-    the next float of any 8-bit format, and the conversion itself gives `top`.
-    Power-of-two scales (OCP MX overshoots by design) and narrowed scales (a float16
-    scale clipped at 65504) keep the clip. 2**21 values per tensor or row: 0.78-0.83x
-    the exact form's time. `tests/dtypes/test_backend_forms.py` compares both forms.
+    the next float of any 8-bit format, and the conversion itself gives `top`. NaN and
+    inf are then left to the conversion: they sit only in groups whose reciprocal is 0,
+    so their products are NaN, and the codes above the top one (NaN's and inf's, never
+    a finite product's) are made +0 afterwards, a test of one byte. XLA:CPU's
+    conversion reaches NaN's code through its integer rounding too (an exponent past
+    the format's overflows to it), so fast-math flags that drop its NaN test change
+    nothing (`tests/dtypes/test_backend_bits.py` runs these codes under those flags).
+    Testing the float32 input's exponent field before the product instead took 1.2x
+    the fusion's time. Power-of-two scales (OCP MX overshoots by design) and narrowed
+    scales (a float16 scale clipped at 65504) keep the clip, which may turn a NaN into
+    `top` under those flags, so they make NaN and inf +0 on the input's bits first, as
+    do the formats without a code of their own for -0 (fnuz). `tests/dtypes/
+    test_backend_forms.py` compares the CPU form with the exact one.
     """
     top = np.float32(fmt.max)
 
@@ -349,11 +358,20 @@ def _byte_codes(
         return jnp.clip(y, -top, top).astype(native)
 
     def cpu(v: jax.Array, r: jax.Array) -> jax.Array:
+        clipped = scaling.power_of_two or scaling.scale_format != "float32"
+        above = _codes_above_top(native)
+        if not clipped and above is not None:
+            # NaN and inf sit only in groups whose reciprocal is 0: their products are
+            # NaN, converted to codes above the top one, which become +0
+            y = v * scaling.broadcast(r, v.shape)
+            codes = lax.bitcast_convert_type(y.astype(native), jnp.uint8)
+            special = (codes & jnp.uint8(0x7F)) >= jnp.uint8(above)
+            return lax.bitcast_convert_type(jnp.where(special, jnp.uint8(0), codes), native)
         u = lax.bitcast_convert_type(v, jnp.uint32)
         special = (u & jnp.uint32(0x7F800000)) == jnp.uint32(0x7F800000)
         finite = lax.bitcast_convert_type(jnp.where(special, jnp.uint32(0), u), jnp.float32)
         y = finite * scaling.broadcast(r, v.shape)
-        if scaling.power_of_two or scaling.scale_format != "float32":
+        if clipped:
             y = jnp.clip(y, -top, top)
         return y.astype(native)
 
@@ -361,6 +379,20 @@ def _byte_codes(
         return exact(x, inv)
     codes: jax.Array = lax.platform_dependent(x, inv, cpu=cpu, default=exact)
     return codes
+
+
+@functools.cache
+def _codes_above_top(native: Any) -> int | None:
+    """The smallest magnitude code (sign bit clear) above the largest finite one of the
+    one-byte float `native`, when every NaN and inf code lies at or above it and -0 has a
+    code of its own (0x80); else None (the fnuz formats, whose NaN is 0x80)."""
+    t = np.dtype(native)
+    top = int(np.array(ml_dtypes.finfo(t).max, np.float32).astype(t).view(np.uint8))
+    specials = np.array([np.nan, -np.nan, np.inf, -np.inf], np.float32).astype(t).view(np.uint8)
+    negative_zero = int(np.array(-0.0, np.float32).astype(t).view(np.uint8))
+    if negative_zero != 0x80 or int((specials & 0x7F).min()) <= top:
+        return None
+    return top + 1
 
 
 def _store(
