@@ -348,8 +348,8 @@ def _byte_codes(
     the fusion's time. Power-of-two scales (OCP MX overshoots by design) and narrowed
     scales (a float16 scale clipped at 65504) keep the clip, which may turn a NaN into
     `top` under those flags, so they make NaN and inf +0 on the input's bits first, as
-    do the formats without a code of their own for -0 (fnuz). `tests/dtypes/
-    test_backend_forms.py` compares the CPU form with the exact one.
+    do the formats without a code of their own for -0 (fnuz).
+    `tests/dtypes/test_backend_forms.py` compares the CPU form with the exact one.
     """
     top = np.float32(fmt.max)
 
