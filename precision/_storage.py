@@ -40,6 +40,7 @@ __all__ = [
     "decode_encoded",
     "decode_storage",
     "decoder",
+    "encode_on_grid",
     "encode_values",
     "encoder",
     "full_format",
