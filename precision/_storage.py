@@ -178,7 +178,7 @@ def encode_values(
     so the conversion is differentiable. Scaled and integer formats go through
     `fmt.encode`, whose integer codes carry no gradient.
     """
-    if fmt.kind == "float" and scaling is None and fmt.container != np.uint8:
+    if carries_gradient(fmt, scaling):  # (unscaled native floats: rounded, then cast)
         if fmt.is_full_precision and np.dtype(x.dtype) == fmt.container:
             return dtypes.Encoded(x, None, fmt, None)
         if rounding == "nearest_even":
