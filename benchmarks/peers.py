@@ -24,7 +24,10 @@ every row once, in an order shuffled afresh, so no row always follows the same
 one: a PTQ forward timed right after a training step ran about 2% slower than
 after another forward, ours and Qwix's alike) and their ratio to float32's, the
 parameter bytes as each row keeps them, and the temporary bytes XLA allocates for
-the step (its `memory_analysis`). Nothing is installed at run
+the step (its `memory_analysis`). Below the table, each comparison with a peer as
+the median over rounds of the two calls' ratio in the same round, with a 95%
+bootstrap interval: a load that slows one round slows both calls, so the ratio
+moves less than the ratio of two medians. Nothing is installed at run
 time: install the peers with `pip install -e ".[peers]"`; a missing peer's rows
 are skipped with a note.
 
@@ -147,6 +150,7 @@ def _measure(rows: list[Row], repeats: int) -> None:
             times[id(r), k].append(time.perf_counter() - start)
     for r, k, _, _ in calls:
         r[k] = 1000 * statistics.median(times[id(r), k])
+        r.setdefault("rounds", {})[k] = times[id(r), k]  # (index i: round i)
 
 
 def run(width: int, batch: int, repeats: int, kind: str = "mlp") -> tuple[list[Row], list[str]]:
@@ -238,6 +242,37 @@ def _flax_fp8(fp8_ops, width, params, x, labels, ref, kind) -> Row:
     return row
 
 
+# (label, our row, the peer's row, the call): the comparisons issue 35's acceptance reads
+COMPARISONS = (
+    ("W8A8 PTQ forward / Qwix", "precision W8A8 PTQ", "qwix W8A8 PTQ", "fwd_ms"),
+    ("W8A8 QAT step, Qwix's rule / Qwix", "  original operands", "qwix W8A8 QAT", "step_ms"),
+    ("W8A8 QAT step, our rule / Qwix", "precision W8A8 QAT", "qwix W8A8 QAT", "step_ms"),
+    ("fp8 training step / Flax", "precision fp8 HYBRID", "flax fp8 (delayed)", "step_ms"),
+)
+
+
+def paired_ratio(ours: list[float], peer: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """The median over rounds of ours / peer, each round's two calls taken together (a load
+    that slows one round slows both), with a 95% bootstrap interval of that median."""
+    ratios = np.asarray(ours) / np.asarray(peer)
+    rng = np.random.default_rng(seed)
+    resampled = rng.choice(ratios, size=(2000, ratios.size), replace=True)
+    low, high = np.quantile(np.median(resampled, axis=1), [0.025, 0.975])
+    return float(np.median(ratios)), float(low), float(high)
+
+
+def format_comparisons(rows: list[Row]) -> str:
+    """Each comparison of `COMPARISONS` whose rows ran, as its paired per-round ratio."""
+    by_name = {r["name"]: r for r in rows}
+    lines = ["ours / peer, per round (median, 95% interval):"]
+    for label, mine, theirs, key in COMPARISONS:
+        if mine in by_name and theirs in by_name:
+            ours, peer = by_name[mine]["rounds"][key], by_name[theirs]["rounds"][key]
+            mid, low, high = paired_ratio(ours, peer)
+            lines.append(f"  {label:<36} {mid:5.3f}  [{low:5.3f}, {high:5.3f}]")
+    return "\n".join(lines)
+
+
 def format_table(rows: list[Row]) -> str:
     base = rows[0]
     lines = [
@@ -275,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"{what}, batch {args.batch}, jax {jax.__version__}, {dev.platform} ({dev.device_kind})")
     print(format_table(rows))
+    print(format_comparisons(rows))
     for note in notes:
         print("note:", note)
     return 0
