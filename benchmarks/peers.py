@@ -270,6 +270,8 @@ def format_comparisons(rows: list[Row]) -> str:
             ours, peer = by_name[mine]["rounds"][key], by_name[theirs]["rounds"][key]
             mid, low, high = paired_ratio(ours, peer)
             lines.append(f"  {label:<36} {mid:5.3f}  [{low:5.3f}, {high:5.3f}]")
+    if len(lines) == 1:
+        lines.append("  none: no peer ran (see the notes)")
     return "\n".join(lines)
 
 
