@@ -16,6 +16,6 @@ def main() -> int:
     """Run the command line as the program, acting on a Ctrl-C that came while it loaded."""
     from precision._cli._interrupts import recording_from_start
 
-    with recording_from_start(interrupted=bool(_received)):
+    with recording_from_start(received=_received):
         from precision._cli._main import main as run
     return run()

@@ -25,7 +25,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from typing import Any
 
 _interrupted = False
@@ -76,18 +76,21 @@ def interrupt_handler(program: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def recording_from_start(*, interrupted: bool = False) -> Iterator[None]:
+def recording_from_start(*, received: Sized = ()) -> Iterator[None]:
     """The program's first step, before the command's own modules load: from here on a
     SIGINT is recorded, never raised, until `interrupt_handler` takes over and acts on it
     (a KeyboardInterrupt raised in the middle of those imports printed a traceback).
-    `interrupted`: one already came (the entry point records from its first line)."""
+    `received`: what the entry point's own handler recorded from its first line (read
+    after this handler replaces it, so a SIGINT in between is not lost)."""
     global _interrupted
     if not _is_main_thread():
         yield
         return
-    signal.signal(signal.SIGINT, _on_sigint)
-    _interrupted = _interrupted or interrupted
+    # Recording only before the handler that can raise is in place: a SIGINT between the
+    # two raised a KeyboardInterrupt here, a traceback (1 of 20 moments in one CI run).
     with recorded_only():
+        signal.signal(signal.SIGINT, _on_sigint)
+        _interrupted = _interrupted or bool(len(received))
         yield
 
 
