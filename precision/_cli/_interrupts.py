@@ -87,10 +87,10 @@ def recording_from_start(*, received: Sized = ()) -> Iterator[None]:
         yield
         return
     # Recording only before the handler that can raise is in place: a SIGINT between the
-    # two raised a KeyboardInterrupt here, a traceback (1 of 20 moments in one CI run).
+    # two raised a KeyboardInterrupt here, a traceback (1 of 21 moments in one CI run).
     with recorded_only():
         signal.signal(signal.SIGINT, _on_sigint)
-        _interrupted = _interrupted or bool(len(received))
+        _interrupted = _interrupted or len(received) > 0
         yield
 
 
