@@ -14,8 +14,9 @@ _signal.signal(_signal.SIGINT, lambda signum, frame: _received.append(signum))
 
 def main() -> int:
     """Run the command line as the program, acting on a Ctrl-C that came while it loaded."""
-    from precision._cli._interrupts import recording_from_start
+    from precision._cli._interrupts import record_from_start
 
-    with recording_from_start(received=_received):
-        from precision._cli._main import main as run
+    record_from_start(received=_received)
+    from precision._cli._main import main as run
+
     return run()

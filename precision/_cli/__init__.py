@@ -8,7 +8,7 @@ first starts recording Ctrl-C (when it runs as the program), then loads them.
 
 from __future__ import annotations
 
-from ._interrupts import recording_from_start
+from ._interrupts import record_from_start
 
 __all__ = ["main"]
 
@@ -25,8 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         0
     """
     if argv is None:  # the program: a Ctrl-C while the modules below load is recorded
-        with recording_from_start():
-            from ._main import main as run
-    else:
-        from ._main import main as run
+        record_from_start()
+    from ._main import main as run
+
     return run(argv)

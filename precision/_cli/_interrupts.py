@@ -30,6 +30,7 @@ from typing import Any
 
 _interrupted = False
 _deferring = False
+_from_start = False  # recording since `record_from_start`, until `interrupt_handler`
 _IMPORTLIB = "<frozen importlib._bootstrap"  # the frames of every import in progress
 
 
@@ -55,43 +56,44 @@ def _is_main_thread() -> bool:
 def interrupt_handler(program: bool) -> Iterator[None]:
     """Record SIGINTs (see `check_interrupt`) while the block runs; restore the handler after.
 
-    In a `program` (the `precision` process itself) an interrupt ignored
-    because the output was committed stays ignored until the process exits
-    0; called as a function, the caller's handler always comes back.
+    In a `program` (the `precision` process itself) the block is the whole
+    command, entered inside the caller's `try` that turns a KeyboardInterrupt
+    into exit status 130: once it ends the exit status is decided, so SIGINT
+    is ignored until the process exits (a second Ctrl-C while the first is
+    reported, or one after an error, printed a traceback). Called as a
+    function, the caller's handler always comes back.
     """
-    global _interrupted
+    global _deferring, _from_start, _interrupted
     if not _is_main_thread():
         yield
         return
-    if not (program and signal.getsignal(signal.SIGINT) is _on_sigint):
-        _interrupted = False  # (the program keeps one `recording_from_start` recorded)
+    if not (program and _from_start):
+        _interrupted = False  # (the program keeps one `record_from_start` recorded)
     old = signal.signal(signal.SIGINT, _on_sigint)
+    if program and _from_start:  # from here a SIGINT may raise: the caller's `try` holds it
+        _deferring = _from_start = False
     try:
         yield
     finally:
-        committed = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-        if not (program and committed):
-            signal.signal(signal.SIGINT, old)
+        signal.signal(signal.SIGINT, signal.SIG_IGN if program else old)
         _interrupted = False
 
 
-@contextlib.contextmanager
-def recording_from_start(*, received: Sized = ()) -> Iterator[None]:
+def record_from_start(*, received: Sized = ()) -> None:
     """The program's first step, before the command's own modules load: from here on a
-    SIGINT is recorded, never raised, until `interrupt_handler` takes over and acts on it
-    (a KeyboardInterrupt raised in the middle of those imports printed a traceback).
+    SIGINT is recorded, never raised, until `interrupt_handler` takes over inside the
+    command's `try` and acts on it (a KeyboardInterrupt raised in the middle of those
+    imports, or between them and that `try`, printed a traceback).
     `received`: what the entry point's own handler recorded from its first line (read
     after this handler replaces it, so a SIGINT in between is not lost)."""
-    global _interrupted
+    global _deferring, _from_start, _interrupted
     if not _is_main_thread():
-        yield
         return
     # Recording only before the handler that can raise is in place: a SIGINT between the
     # two raised a KeyboardInterrupt here, a traceback (1 of 21 moments in one CI run).
-    with recorded_only():
-        signal.signal(signal.SIGINT, _on_sigint)
-        _interrupted = _interrupted or len(received) > 0
-        yield
+    _deferring = _from_start = True
+    signal.signal(signal.SIGINT, _on_sigint)
+    _interrupted = _interrupted or len(received) > 0
 
 
 @contextlib.contextmanager

@@ -194,20 +194,24 @@ def test_sigint_during_startup(tmp_path, to, library, delay):
         np.testing.assert_array_equal(precision.load(str(dst), as_arrays=True)["w"], 1.0)
 
 
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+, in [^\n]*\n(?P<source>[^\n]*)')
+_FRAME = re.compile(
+    r'File "(?P<file>[^"]+)", line (?P<line>\d+), in [^\n]*\n(?:    (?P<source>[^\n]*))?'
+)
 _OURS = (Path(precision.__file__).parent, Path(precision.__file__).parents[1] / "_precision_cli.py")
 
 
 def our_frames(err: str) -> list[str]:
     """The frames of a traceback in this project's source: the package and the entry
     module. The launcher pip writes (`bin/precision`) is not ours, but only its line that
-    imports the entry module may appear: a Ctrl-C there came before our first line ran."""
+    imports the entry module may appear, or its line 0 (a Ctrl-C before its first line,
+    shown with no source line): either came before our first line ran."""
     frames = []
     for m in _FRAME.finditer(err):
-        path, source = Path(m["file"]), m["source"].strip()
+        path, source = Path(m["file"]), (m["source"] or "").strip()
         mine = any(path == root or root in path.parents for root in _OURS)
         launcher = path.name == "precision" and path.parent.name == "bin"
-        if mine or (launcher and source != "from _precision_cli import main"):
+        before_ours = m["line"] == "0" or source == "from _precision_cli import main"
+        if mine or (launcher and not before_ours):
             frames.append(f"{path}: {source}")
     return frames
 
@@ -294,3 +298,86 @@ def test_sigint_in_the_first_half_second_never_prints_our_traceback(tmp_path, en
         assert leftovers(tmp_path, {"in.safetensors"}) == [], ms
     # the late moments all reach the command: stopped, or finished
     assert all(code in (0, 130) for ms, code in outcomes if ms >= 300), outcomes
+
+
+@pytest.fixture
+def restored_sigint():
+    """The test process's SIGINT handler and the command line's interrupt state, put back."""
+    from precision._cli import _interrupts
+
+    old = signal.getsignal(signal.SIGINT)
+    state = (_interrupts._interrupted, _interrupts._deferring, _interrupts._from_start)
+    try:
+        yield _interrupts
+    finally:
+        signal.signal(signal.SIGINT, old)
+        _interrupts._interrupted, _interrupts._deferring, _interrupts._from_start = state
+
+
+def sigint_now() -> None:
+    """Send this process SIGINT and let Python run its handler (at the next bytecodes)."""
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(1000):
+        pass
+
+
+def command(interrupts, body) -> int:
+    """The program's command as `precision._cli._main.main` runs it: `body` inside the
+    interrupt handler, inside the `try` that turns a KeyboardInterrupt into 130."""
+    try:
+        with interrupts.interrupt_handler(program=True):
+            interrupts.check_interrupt()  # one recorded while the command loaded
+            body()
+            interrupts.check_interrupt()
+            return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+def test_sigint_between_the_imports_and_the_commands_try_is_acted_on(restored_sigint):
+    # The program records from its first step; the command's modules load; then a SIGINT
+    # lands before the command's `try` (the window where one once raised outside it). It
+    # must be recorded there, and stop the command inside the `try`: exit 130.
+    interrupts = restored_sigint
+    interrupts.record_from_start()
+    try:
+        sigint_now()  # between the imports and the `try`: recorded, not raised
+    except KeyboardInterrupt:
+        pytest.fail("a SIGINT before the command's try raised outside it (a traceback)")
+    ran = []
+    assert command(interrupts, lambda: ran.append("body")) == 130
+    assert ran == []  # stopped before the command did anything
+    # the command is over and its exit status decided: a later Ctrl-C is ignored
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    sigint_now()
+
+
+def test_sigint_the_entry_point_recorded_is_acted_on(restored_sigint):
+    interrupts = restored_sigint
+    interrupts.record_from_start(received=[signal.SIGINT])
+    assert command(interrupts, lambda: None) == 130
+
+
+def test_without_a_sigint_the_command_runs_and_inside_it_a_sigint_raises(restored_sigint):
+    interrupts = restored_sigint
+    interrupts.record_from_start()
+    ran = []
+    assert command(interrupts, lambda: ran.append("body")) == 0
+    assert ran == ["body"]
+    interrupts.record_from_start()
+    after = []
+
+    def interrupted() -> None:
+        sigint_now()  # past the handover the handler raises at once
+        after.append("went on")
+
+    assert command(interrupts, interrupted) == 130
+    assert after == []
+
+
+def test_called_as_a_function_the_callers_handler_comes_back(restored_sigint):
+    interrupts = restored_sigint
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    with interrupts.interrupt_handler(program=False):
+        assert signal.getsignal(signal.SIGINT) is interrupts._on_sigint
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
