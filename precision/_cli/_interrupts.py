@@ -60,7 +60,7 @@ def interrupt_handler(program: bool) -> Iterator[None]:
     command, entered inside the caller's `try` that turns a KeyboardInterrupt
     into exit status 130: once it ends the exit status is decided, so SIGINT
     is ignored until the process exits (a second Ctrl-C while the first is
-    reported, or one after an error, printed a traceback). Called as a
+    reported, or one after an error, would print a traceback). Called as a
     function, the caller's handler always comes back.
     """
     global _deferring, _from_start, _interrupted
@@ -70,9 +70,9 @@ def interrupt_handler(program: bool) -> Iterator[None]:
     if not (program and _from_start):
         _interrupted = False  # (the program keeps one `record_from_start` recorded)
     old = signal.signal(signal.SIGINT, _on_sigint)
-    if program and _from_start:  # from here a SIGINT may raise: the caller's `try` holds it
-        _deferring = _from_start = False
     try:
+        if program and _from_start:  # from here a SIGINT may raise: the caller's `try` holds it
+            _deferring = _from_start = False
         yield
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN if program else old)
