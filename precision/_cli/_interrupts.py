@@ -83,7 +83,7 @@ def record_from_start(*, received: Sized = ()) -> None:
     """The program's first step, before the command's own modules load: from here on a
     SIGINT is recorded, never raised, until `interrupt_handler` takes over inside the
     command's `try` and acts on it (a KeyboardInterrupt raised in the middle of those
-    imports, or between them and that `try`, printed a traceback).
+    imports printed a traceback; one between them and that `try` would too).
     `received`: what the entry point's own handler recorded from its first line (read
     after this handler replaces it, so a SIGINT in between is not lost)."""
     global _deferring, _from_start, _interrupted
