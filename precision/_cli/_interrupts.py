@@ -63,25 +63,41 @@ def interrupt_handler(program: bool) -> Iterator[None]:
     reported, or one after an error, would print a traceback). Called as a
     function, the caller's handler always comes back.
     """
-    global _deferring, _from_start, _interrupted
+    global _deferring, _interrupted
     if not _is_main_thread():
         yield
         return
     if not (program and _from_start):
         _interrupted = False  # (the program keeps one `record_from_start` recorded)
     old = signal.signal(signal.SIGINT, _on_sigint)
+    ended = False
     try:
-        if program and _from_start:  # from here a SIGINT may raise: the caller's `try` holds it
-            _deferring = _from_start = False
         yield
+        ended = True
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN if program else old)
+        # Only recorded while the handler is put back: raised here, the caller's handler
+        # would not come back (and the program's report could meet a second Ctrl-C).
+        outer, _deferring = _deferring, True
         _interrupted = False
+        signal.signal(signal.SIGINT, signal.SIG_IGN if program else old)
+        late, _interrupted, _deferring = _interrupted, False, outer
+        if late and ended and not program:  # it came as the call returned: the caller's
+            signal.raise_signal(signal.SIGINT)
+
+
+def acting_from_here() -> None:
+    """The program's command, first thing inside its `try`: a SIGINT recorded since
+    `record_from_start` stops it now, and from here one raises at once (inside that
+    `try`, which turns it into exit status 130). Elsewhere only the check."""
+    global _deferring, _from_start
+    if _from_start:
+        _deferring = _from_start = False
+    check_interrupt()
 
 
 def record_from_start(*, received: Sized = ()) -> None:
     """The program's first step, before the command's own modules load: from here on a
-    SIGINT is recorded, never raised, until `interrupt_handler` takes over inside the
+    SIGINT is recorded, never raised, until `acting_from_here` takes over inside the
     command's `try` and acts on it (a KeyboardInterrupt raised in the middle of those
     imports printed a traceback; one between them and that `try` would too).
     `received`: what the entry point's own handler recorded from its first line (read
@@ -93,7 +109,8 @@ def record_from_start(*, received: Sized = ()) -> None:
     # two raised a KeyboardInterrupt here, a traceback (1 of 21 moments in one CI run).
     _deferring = _from_start = True
     signal.signal(signal.SIGINT, _on_sigint)
-    _interrupted = _interrupted or len(received) > 0
+    if len(received) > 0:  # (only ever set: a SIGINT between a read and a write is kept)
+        _interrupted = True
 
 
 @contextlib.contextmanager
@@ -137,7 +154,8 @@ def check_interrupt() -> None:
 
 @contextlib.contextmanager
 def deferred_interrupts() -> Iterator[None]:
-    """Commit an output: an interrupt recorded before stops it; one during it waits; none after.
+    """Commit an output: an interrupt recorded before stops it; one during it is ignored
+    once the block has committed (and stops the command if the block fails); none after.
 
     Used around the final rename of an output. SIGINT and SIGTERM arriving
     while the block runs are only recorded (masking them would not do: the

@@ -25,7 +25,7 @@ import textwrap
 from typing import Any, NoReturn
 
 from .._errors import UsageError
-from ._interrupts import check_interrupt, deferring, interrupt_handler
+from ._interrupts import acting_from_here, check_interrupt, deferring, interrupt_handler
 from ._output import PROG, _table, seed_argument
 from ._presets import PRESETS, preset_help
 
@@ -541,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     program = argv is None
     try:
         with interrupt_handler(program):
-            check_interrupt()  # one recorded while the command loaded
+            acting_from_here()  # one recorded while the command loaded stops it here
             code = _main(argv, program)
             check_interrupt()  # one recorded where raising was unsafe, and not yet acted on
             return code
@@ -574,18 +574,23 @@ def _main(argv: list[str] | None, program: bool) -> int:
         args.program = program
     except SystemExit as exc:  # --help/--version (0) or a usage error (2), already printed
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    # A Ctrl-C recorded before a failure stops the command (130, one line) before the
+    # failure is reported: `check_interrupt` first in each handler.
     try:
         return _run(args)
     except UsageError as exc:
+        check_interrupt()
         print(f"{PROG} {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:  # an optional package: the message names its extra
+        check_interrupt()
         print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         raise  # stdout's reader is gone: `main` ends quietly
     except (OSError, ValueError, TypeError, MemoryError) as exc:
         # PrecisionError subclasses are ValueError/TypeError: a data problem here.
+        check_interrupt()
         print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
         return 1
 

@@ -326,7 +326,7 @@ def command(interrupts, body) -> int:
     interrupt handler, inside the `try` that turns a KeyboardInterrupt into 130."""
     try:
         with interrupts.interrupt_handler(program=True):
-            interrupts.check_interrupt()  # one recorded while the command loaded
+            interrupts.acting_from_here()  # one recorded while the command loaded
             body()
             interrupts.check_interrupt()
             return 0
@@ -381,3 +381,75 @@ def test_called_as_a_function_the_callers_handler_comes_back(restored_sigint):
     with interrupts.interrupt_handler(program=False):
         assert signal.getsignal(signal.SIGINT) is interrupts._on_sigint
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_sigint_as_the_handler_is_entered_is_recorded_until_the_command_acts(
+    restored_sigint,
+):
+    # Entering the handler (the context manager's own frames) comes before the `with`
+    # body: a SIGINT raised there would escape the `with`, whose exit then never puts
+    # SIGINT to ignored. Until `acting_from_here` it is only recorded.
+    interrupts = restored_sigint
+    interrupts.record_from_start()
+    try:
+        with interrupts.interrupt_handler(program=True):
+            sigint_now()  # before the command's first line: recorded
+            with pytest.raises(KeyboardInterrupt):
+                interrupts.acting_from_here()
+    except KeyboardInterrupt:
+        pytest.fail("a SIGINT before acting_from_here raised")
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_a_sigint_while_the_callers_handler_is_put_back_reaches_the_caller(
+    restored_sigint, monkeypatch
+):
+    # Called as a function: a SIGINT that lands while `interrupt_handler` restores the
+    # caller's handler is neither raised there (the caller's handler would not come
+    # back) nor dropped: the caller's own handler receives it.
+    interrupts = restored_sigint
+    caller: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caller.append(signum))
+    install = signal.signal
+    calls = []
+
+    def signal_during_restore(signum, handler):
+        calls.append(handler)
+        if len(calls) == 2:  # the restore, in the handler's `finally`
+            sigint_now()
+        return install(signum, handler)
+
+    monkeypatch.setattr(interrupts.signal, "signal", signal_during_restore)
+    try:
+        with interrupts.interrupt_handler(program=False):
+            pass
+    except KeyboardInterrupt:
+        pytest.fail("a SIGINT while the caller's handler was put back raised there")
+    finally:
+        monkeypatch.undo()
+    for _ in range(1000):
+        pass
+    assert caller == [signal.SIGINT]
+    assert signal.getsignal(signal.SIGINT) is not interrupts._on_sigint
+
+
+def test_a_sigint_recorded_before_a_failure_is_reported_alone(
+    restored_sigint, monkeypatch, tmp_path, capsys
+):
+    # A Ctrl-C recorded where raising was unsafe (a temporary directory being made),
+    # then the operation fails: the command stops as interrupted, with one line.
+    from precision._cli import _main
+
+    interrupts = restored_sigint
+
+    def fails(args):
+        with interrupts.recorded_only():
+            sigint_now()
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_main, "_run", fails)
+    src = tmp_path / "in.safetensors"
+    safetensors.numpy.save_file({"w": np.ones((4, 4), np.float32)}, str(src))
+    code = _main.main(["convert", str(src), "-o", str(tmp_path / "o.safetensors"), "--to", "int8"])
+    err = capsys.readouterr().err
+    assert (code, err.strip()) == (130, "precision: interrupted; nothing was written")
