@@ -6,18 +6,17 @@ flags that cannot go together, nothing to convert), 1 data error
 values in a scaled conversion), 130 interrupted (Ctrl-C: nothing written).
 Errors are one line on stderr, never a traceback.
 
-This module holds the parser, the `formats` subcommand and `main`. It
-imports neither JAX nor the commands until the arguments are parsed, so
-`--help`, `--version` and usage errors answer at once; `convert` and
-`report` live in `_convert_command` and `_report`, what they share (the one-line
-errors, table formatting) in `_output`.
+This module holds the parser and `main`. It imports neither JAX nor the
+commands until the arguments are parsed, so `--help`, `--version` and usage
+errors answer at once; `formats`, `convert` and `report` live in
+`_formats_command`, `_convert_command` and `_report`, what they share (the
+one-line errors, table formatting) in `_output`.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import os
 import re
 import sys
@@ -26,7 +25,7 @@ from typing import Any, NoReturn
 
 from .._errors import UsageError
 from ._interrupts import acting_from_here, check_interrupt, deferring, interrupt_handler
-from ._output import PROG, _table, seed_argument
+from ._output import PROG, seed_argument
 from ._presets import PRESETS, preset_help
 
 __all__ = ["main"]
@@ -385,119 +384,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # --------------------------------------------------------------------------
-# formats
-
-
-def _format_row(fmt: Any, registry: str) -> dict[str, Any]:
-    import dtypes
-
-    names = dtypes.ALIASES if registry == "FORMATS" else dtypes.ENCODING_ALIASES
-    aliases = sorted(a for a, n in names.items() if n == fmt.name)
-    per_value, per_tensor = _true_bits(fmt)
-    scaling = fmt.default_scaling()
-    row: dict[str, Any] = {
-        "name": fmt.name,
-        "registry": registry,
-        "kind": fmt.kind,
-        "bits": fmt.bits,
-        "container": fmt.container.name + (" (packed)" if fmt.packed else ""),
-        "max": fmt.max,
-        "smallest": getattr(fmt, "smallest_subnormal", None),
-        "eps": getattr(fmt, "eps", None),
-        "scaled": "always" if fmt.kind in ("int", "uint", "codebook") else "optional",
-        "scaling": None if scaling is None else str(scaling),
-        "bits_per_value": per_value,
-        "bytes_per_tensor": per_tensor,
-        "aliases": aliases,
-    }
-    return row
-
-
-def _true_bits(fmt: Any) -> tuple[float, int]:
-    """(storage bits per value of a large tensor, bytes held once per tensor), with the
-    format's default scaling: codes, scales, zero points and tensor scales all counted.
-
-    Two sizes whose last axis every block size divides tell them apart: the
-    difference of their `nbytes` is per value, the rest per tensor.
-    """
-    from fractions import Fraction
-
-    rows, cols = 256, 4096
-    small, large = fmt.nbytes((rows, cols)), fmt.nbytes((2 * rows, cols))
-    per_value = Fraction(8 * (large - small), rows * cols)
-    per_tensor = small - per_value * rows * cols / 8
-    return float(per_value), int(per_tensor)
-
-
-def _brief_scaling(scaling: Any) -> str:
-    """A composition's scaling in a few words: `per-block 32, E8M0 scales`."""
-    if scaling is None:
-        return "-"
-    kind = type(scaling).__name__
-    where = {"PerTensor": "per-tensor", "PerAxis": f"per-axis {getattr(scaling, 'axis', '')}"}
-    text = where.get(kind, f"per-block {getattr(scaling, 'size', '')}")
-    names = {"float8_e8m0fnu": "E8M0", "float8_e4m3fn": "e4m3", "float32": "float32"}
-    scale_format = scaling.scale_format
-    text += f", {names.get(scale_format, scale_format)} scales"
-    if scaling.two_level:
-        text += " x float32 tensor scale"
-    return text
-
-
-def _cmd_formats(args: argparse.Namespace) -> int:
-    import dtypes
-
-    rows = [_format_row(f, "FORMATS") for f in dtypes.FORMATS.values()]
-    encodings = [_format_row(f, "ENCODINGS") for f in dtypes.ENCODINGS.values()]
-    if args.json:
-        print(json.dumps(rows + encodings, indent=2))
-        return 0
-
-    def num(x: float | None) -> str:
-        return "-" if x is None else f"{x:.6g}"
-
-    table = [
-        [
-            r["name"],
-            r["kind"],
-            str(r["bits"]),
-            r["container"],
-            num(r["max"]),
-            num(r["smallest"]),
-            num(r["eps"]),
-            r["scaled"],
-            ", ".join(r["aliases"]),
-        ]
-        for r in rows
-    ]
-    header = ["format", "kind", "bits", "container", "max", "smallest", "eps", "scales", "aliases"]
-    print(_table(table, header, right={2, 4, 5, 6}))
-    print("\nint max is the largest code: values are code * scale.")
-    table = [
-        [
-            r["name"],
-            r["kind"],
-            str(r["bits"]),
-            num(r["max"]),
-            _brief_scaling(fmt.default_scaling()),
-            f"{r['bits_per_value']:g}",
-            str(r["bytes_per_tensor"]) if r["bytes_per_tensor"] else "-",
-            ", ".join(r["aliases"]),
-        ]
-        for r, fmt in zip(encodings, dtypes.ENCODINGS.values(), strict=True)
-    ]
-    header = ["encoding", "kind", "bits", "max", "scaling", "bits/value", "+B/tensor", "aliases"]
-    print("\nNamed encodings (ml_dtypes layouts, OCP MX, NVFP4, code books, zero points):\n")
-    print(_table(table, header, right={2, 3, 5, 6}))
-    print(
-        "\nbits/value: storage of a large tensor per value, scales and zero points included; "
-        "+B/tensor: bytes held once per tensor (NVFP4's float32 tensor scale, per-tensor "
-        "scales and zero points)."
-    )
-    return 0
-
-
-# --------------------------------------------------------------------------
 # entry point
 
 
@@ -524,6 +410,8 @@ def _demo(argv: list[str]) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "formats":
+        from ._formats_command import _cmd_formats
+
         return _cmd_formats(args)
     # JAX's extension modules must not be interrupted while they initialise:
     # a SIGINT during these imports is only recorded, and acted on after them.
@@ -574,25 +462,25 @@ def _main(argv: list[str] | None, program: bool) -> int:
         args.program = program
     except SystemExit as exc:  # --help/--version (0) or a usage error (2), already printed
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    # A Ctrl-C recorded before a failure stops the command (130, one line) before the
-    # failure is reported: `check_interrupt` first in each handler.
     try:
         return _run(args)
     except UsageError as exc:
-        check_interrupt()
-        print(f"{PROG} {args.command}: error: {_one_line(exc)}", file=sys.stderr)
-        return 2
+        return _failed(2, f"{PROG} {args.command}: error: {_one_line(exc)}")
     except ModuleNotFoundError as exc:  # an optional package: the message names its extra
-        check_interrupt()
-        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
-        return 1
+        return _failed(1, f"{PROG}: error: {_one_line(exc)}")
     except BrokenPipeError:
         raise  # stdout's reader is gone: `main` ends quietly
     except (OSError, ValueError, TypeError, MemoryError) as exc:
         # PrecisionError subclasses are ValueError/TypeError: a data problem here.
-        check_interrupt()
-        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
-        return 1
+        return _failed(1, f"{PROG}: error: {_one_line(exc)}")
+
+
+def _failed(code: int, message: str) -> int:
+    """Report a failure on stderr and return `code`; a Ctrl-C recorded before the failure
+    stops the command instead (130, its one line)."""
+    check_interrupt()
+    print(message, file=sys.stderr)
+    return code
 
 
 def _one_line(exc: BaseException) -> str:
