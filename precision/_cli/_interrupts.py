@@ -30,7 +30,7 @@ from typing import Any
 
 _interrupted = False
 _deferring = False
-_from_start = False  # recording since `record_from_start`, until `interrupt_handler`
+_from_start = False  # recording since `record_from_start`, until `acting_from_here`
 _IMPORTLIB = "<frozen importlib._bootstrap"  # the frames of every import in progress
 
 
