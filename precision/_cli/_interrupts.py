@@ -67,8 +67,8 @@ def interrupt_handler(program: bool) -> Iterator[None]:
     if not _is_main_thread():
         yield
         return
-    if not (program and _from_start):
-        _interrupted = False  # (the program keeps one `record_from_start` recorded)
+    if not _from_start:  # (the program keeps what `record_from_start` recorded)
+        _interrupted = False
     old = signal.signal(signal.SIGINT, _on_sigint)
     ended = False
     try:
