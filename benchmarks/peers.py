@@ -8,7 +8,9 @@ same float32 parameters and inputs for every row:
   `precision.apply(model.apply, contract="int8")` and Qwix's `QtProvider` with
   `QtRule(weight_qtype=int8, act_qtype=int8)`; and ours under Qwix's backward
   rule, `Contract("int8", backward_operands="original")` (the cotangent meets
-  the operands as given, not as quantized);
+  the operands as given, not as quantized), twice: the same program compiled a
+  second time, whose ratio to the first (the "null" comparison) is what two
+  calls of one program differ by in the run, the floor the other ratios stand on;
 - W8A8 PTQ (int8 weights stored, activations quantized at run time): int8
   storage Tensors (`PerAxis` on the output channel) through the same
   `contract="int8"`, and Qwix's `PtqProvider` + `quantize_params`;
@@ -176,6 +178,10 @@ def run(width: int, batch: int, repeats: int, kind: str = "mlp") -> tuple[list[R
     qwix_rule = precision.Contract("int8", backward_operands="original")
     ours_orig = precision.apply(model.apply, contract=qwix_rule)
     rows.append(_row("  original operands", ours_orig, params, x, ref, training(ours_orig)))
+    # the same program traced and compiled a second time: its ratio to the row above is
+    # the comparisons' floor, what two calls of one program differ by in this run
+    again = precision.apply(model.apply, contract=qwix_rule)
+    rows.append(_row("  same, compiled again", again, params, x, ref, training(again)))
     try:
         import qwix
     except ImportError:
@@ -248,6 +254,12 @@ COMPARISONS = (
     ("W8A8 QAT step, Qwix's rule / Qwix", "  original operands", "qwix W8A8 QAT", "step_ms"),
     ("W8A8 QAT step, our rule / Qwix", "precision W8A8 QAT", "qwix W8A8 QAT", "step_ms"),
     ("fp8 training step / Flax", "precision fp8 HYBRID", "flax fp8 (delayed)", "step_ms"),
+    (
+        "null: Qwix's rule, compiled twice",
+        "  same, compiled again",
+        "  original operands",
+        "step_ms",
+    ),
 )
 
 
@@ -264,15 +276,16 @@ def paired_ratio(ours: list[float], peer: list[float], seed: int = 0) -> tuple[f
 def format_comparisons(rows: list[Row]) -> str:
     """Each comparison of `COMPARISONS` whose rows ran, as its paired per-round ratio."""
     by_name = {r["name"]: r for r in rows}
-    lines = ["ours / peer, per round (median, 95% interval):"]
+    lines, null = ["ours / peer, per round (median, 95% interval):"], []
     for label, mine, theirs, key in COMPARISONS:
         if mine in by_name and theirs in by_name:
             ours, peer = by_name[mine]["rounds"][key], by_name[theirs]["rounds"][key]
             mid, low, high = paired_ratio(ours, peer)
-            lines.append(f"  {label:<36} {mid:5.3f}  [{low:5.3f}, {high:5.3f}]")
+            line = f"  {label:<36} {mid:5.3f}  [{low:5.3f}, {high:5.3f}]"
+            (null if label.startswith("null:") else lines).append(line)
     if len(lines) == 1:
         lines.append("  none: no peer ran (see the notes)")
-    return "\n".join(lines)
+    return "\n".join(lines + null)
 
 
 def format_table(rows: list[Row]) -> str:

@@ -60,3 +60,14 @@ def test_comparisons_name_what_ran_and_say_when_no_peer_did():
     assert "Flax" not in text  # its rows did not run
     alone = peers.format_comparisons(rows[:1])
     assert alone.splitlines()[1] == "  none: no peer ran (see the notes)"
+
+
+def test_the_null_comparison_is_reported_apart_from_the_peers():
+    peers = _peers()
+    rows = [
+        peers.Row(name="  original operands", rounds={"step_ms": [2.0, 2.0, 2.0]}),
+        peers.Row(name="  same, compiled again", rounds={"step_ms": [2.2, 2.2, 2.2]}),
+    ]
+    lines = peers.format_comparisons(rows).splitlines()
+    assert lines[1] == "  none: no peer ran (see the notes)"
+    assert lines[2] == "  null: Qwix's rule, compiled twice    1.100  [1.100, 1.100]"

@@ -1,0 +1,75 @@
+"""Our W8A8 training step under Qwix's rule against itself and against Qwix's, alone.
+
+`peers.py` times every row in each round, and one run of it cannot resolve a few
+percent (its `null` comparison). This script times three AOT-compiled steps of
+the same MLP and nothing else: ours (`Contract("int8", backward_operands="original")`),
+the same traced and compiled a second time, and Qwix's `QtProvider` W8A8 step;
+each round calls the three in a freshly shuffled order, and it prints the medians
+over rounds of the same-round ratios ours2/ours1 (the floor), ours1/Qwix and
+ours2/Qwix. Run it several times: each process compiles afresh.
+
+    python benchmarks/step_pair.py --rounds 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import peers
+import qwix
+
+import precision
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=100)
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=256)
+    args = p.parse_args(argv)
+    k_init, k_x, k_y = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(k_x, (args.batch, 784), jnp.float32)
+    labels = jax.random.randint(k_y, (args.batch,), 0, 10)
+    model = peers._model(args.width)
+    params = model.init(k_init, x)
+
+    def compiled(forward):
+        step = peers._sgd_step(peers._loss(forward, labels))
+        return jax.jit(step).lower(params, x).compile()
+
+    rule = precision.Contract("int8", backward_operands="original")
+    qt_rule = qwix.QtRule(module_path=".*", weight_qtype=jnp.int8, act_qtype=jnp.int8)
+    qt_model = qwix.quantize_model(model, qwix.QtProvider([qt_rule]))
+    steps = {
+        "ours1": compiled(precision.apply(model.apply, contract=rule)),
+        "ours2": compiled(precision.apply(model.apply, contract=rule)),
+        "qwix": compiled(qt_model.apply),
+    }
+    for f in steps.values():
+        jax.block_until_ready(f(params, x))
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    order, shuffle = list(steps), random.Random(0).shuffle
+    for _ in range(args.rounds):
+        shuffle(order)
+        for k in order:
+            start = time.perf_counter()
+            jax.block_until_ready(steps[k](params, x))
+            times[k].append(time.perf_counter() - start)
+    t = {k: np.asarray(v) for k, v in times.items()}
+    print(
+        f"ours2/ours1 {np.median(t['ours2'] / t['ours1']):.3f}  "
+        f"ours1/qwix {np.median(t['ours1'] / t['qwix']):.3f}  "
+        f"ours2/qwix {np.median(t['ours2'] / t['qwix']):.3f}  "
+        f"(qwix step {1000 * np.median(t['qwix']):.2f} ms, {args.rounds} rounds, "
+        f"jax {jax.__version__}, {jax.devices()[0].device_kind})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
