@@ -6,7 +6,8 @@ the same MLP and nothing else: ours (`Contract("int8", backward_operands="origin
 the same traced and compiled a second time, and Qwix's `QtProvider` W8A8 step;
 each round calls the three in a freshly shuffled order, and it prints the medians
 over rounds of the same-round ratios ours2/ours1 (the floor), ours1/Qwix and
-ours2/Qwix. Run it several times: each process compiles afresh.
+ours2/Qwix, each with its 95% interval (`peers.paired_ratio`). Run it several
+times: each process compiles afresh.
 
     python benchmarks/step_pair.py --rounds 100
 """
@@ -60,13 +61,15 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             jax.block_until_ready(steps[k](params, x))
             times[k].append(time.perf_counter() - start)
-    t = {k: np.asarray(v) for k, v in times.items()}
+    ratios = [
+        f"{a}/{b} {mid:.3f} [{low:.3f}, {high:.3f}]"
+        for a, b in (("ours2", "ours1"), ("ours1", "qwix"), ("ours2", "qwix"))
+        for mid, low, high in [peers.paired_ratio(times[a], times[b])]
+    ]
     print(
-        f"ours2/ours1 {np.median(t['ours2'] / t['ours1']):.3f}  "
-        f"ours1/qwix {np.median(t['ours1'] / t['qwix']):.3f}  "
-        f"ours2/qwix {np.median(t['ours2'] / t['qwix']):.3f}  "
-        f"(qwix step {1000 * np.median(t['qwix']):.2f} ms, {args.rounds} rounds, "
-        f"jax {jax.__version__}, {jax.devices()[0].device_kind})"
+        "  ".join(ratios),
+        f"(qwix step {1000 * np.median(times['qwix']):.2f} ms, {args.rounds} rounds, "
+        f"jax {jax.__version__}, {jax.devices()[0].device_kind})",
     )
     return 0
 
