@@ -9,12 +9,18 @@ over rounds of the same-round ratios ours2/ours1 (the floor), ours1/Qwix and
 ours2/Qwix, each with its 95% interval (`peers.paired_ratio`). Run it several
 times: each process compiles afresh.
 
+`--cpus 0` runs the process on those CPUs alone (Linux; set before JAX starts its
+thread pools): on one core the steps' work is compared without XLA:CPU's
+scheduling of kernels over two threads.
+
     python benchmarks/step_pair.py --rounds 100
+    python benchmarks/step_pair.py --rounds 100 --cpus 0
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import time
 
@@ -32,7 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--batch", type=int, default=256)
+    p.add_argument(
+        "--cpus",
+        type=lambda s: {int(c) for c in s.split(",")},
+        help="comma-separated CPU numbers to run on (Linux), e.g. 0",
+    )
     args = p.parse_args(argv)
+    if args.cpus is not None:  # before the first JAX call creates the client's pools
+        os.sched_setaffinity(0, args.cpus)
     k_init, k_x, k_y = jax.random.split(jax.random.key(0), 3)
     x = jax.random.normal(k_x, (args.batch, 784), jnp.float32)
     labels = jax.random.randint(k_y, (args.batch,), 0, 10)
@@ -69,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "  ".join(ratios),
         f"(qwix step {1000 * np.median(times['qwix']):.2f} ms, {args.rounds} rounds, "
-        f"jax {jax.__version__}, {jax.devices()[0].device_kind})",
+        f"jax {jax.__version__}, {jax.devices()[0].device_kind}, "
+        f"{len(os.sched_getaffinity(0))} CPUs)",
     )
     return 0
 
