@@ -14,6 +14,7 @@ import types
 from typing import Any
 
 import jax
+import numpy as np
 from jax.extend import core as jex
 from jax.extend.core import primitives as prims
 
@@ -37,6 +38,7 @@ __all__ = [
     "closed",
     "inner_jaxpr",
     "is_differentiated",
+    "is_staged",
     "is_tracer",
     "primitive_names",
     "prims",
@@ -89,6 +91,21 @@ def is_differentiated(x: Any) -> bool:
         x = getattr(x, "val", None)
         seen += 1
     return False
+
+
+def is_staged(x: Any) -> bool:
+    """Whether `x` is traced into a program being built (by `jit`, `scan`, `cond`, ...):
+    a tracer whose innermost value, past differentiation's primal and batching's value
+    (see `is_differentiated`), is not a concrete array or number (a `jit` tracer's
+    `val` is a variable of the program). An eager `grad` or `vmap` is not staged."""
+    seen = 0
+    while is_tracer(x) and seen < 64:
+        if hasattr(x, "tangent") and hasattr(x, "primal"):
+            x = x.primal
+        else:
+            x = getattr(x, "val", None)
+        seen += 1
+    return not isinstance(x, jax.Array | np.ndarray | np.generic | int | float | complex)
 
 
 def primitive_names() -> frozenset[str]:
