@@ -14,7 +14,6 @@ import types
 from typing import Any
 
 import jax
-import numpy as np
 from jax.extend import core as jex
 from jax.extend.core import primitives as prims
 
@@ -25,6 +24,7 @@ __all__ = [
     "COND",
     "CUSTOM_JVP",
     "CUSTOM_VJP",
+    "INLINED_AT_LOWERING",
     "JAX_VERSIONS_TESTED",
     "REMAT",
     "SCAN",
@@ -38,7 +38,6 @@ __all__ = [
     "closed",
     "inner_jaxpr",
     "is_differentiated",
-    "is_staged",
     "is_tracer",
     "primitive_names",
     "prims",
@@ -52,6 +51,15 @@ __all__ = [
 # .ci/run runs the suite on both and fails when the JAX it ran is not listed here, so
 # this record cannot go stale unnoticed.
 JAX_VERSIONS_TESTED = ("0.10.2", "0.12.0.1")
+
+# `jax.jit(f, inline=INLINED_AT_LOWERING)`: a `jit` called inside another program is
+# lowered into the caller's function, where this JAX can do that while every jaxpr
+# keeps the call (jax 0.12: `jax.Inline.JAX_LATE`). XLA then compiles and schedules its
+# operations as the caller's own, and anything that evaluates a jaxpr eagerly (an eager
+# `grad`, `checkpoint` or `custom_vjp`) still runs the call compiled. Older JAX inlines
+# only into the jaxpr (`inline=True`), which those evaluators then run operation by
+# operation; there a call stays a call (False).
+INLINED_AT_LOWERING: Any = getattr(getattr(jax, "Inline", None), "JAX_LATE", False)
 
 ClosedJaxpr = jex.ClosedJaxpr
 Jaxpr = jex.Jaxpr
@@ -91,21 +99,6 @@ def is_differentiated(x: Any) -> bool:
         x = getattr(x, "val", None)
         seen += 1
     return False
-
-
-def is_staged(x: Any) -> bool:
-    """Whether `x` is traced into a program being built (by `jit`, `scan`, `cond`, ...):
-    a tracer whose innermost value, past differentiation's primal and batching's value
-    (see `is_differentiated`), is not a concrete array or number (a `jit` tracer's
-    `val` is a variable of the program). An eager `grad` or `vmap` is not staged."""
-    seen = 0
-    while is_tracer(x) and seen < 64:
-        if hasattr(x, "tangent") and hasattr(x, "primal"):
-            x = x.primal
-        else:
-            x = getattr(x, "val", None)
-        seen += 1
-    return not isinstance(x, jax.Array | np.ndarray | np.generic | int | float | complex)
 
 
 def primitive_names() -> frozenset[str]:

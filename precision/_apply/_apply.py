@@ -83,22 +83,11 @@ _Desc = tuple[Any, int]
 class _Entry:
     """One compiled signature: the jitted evaluator and how to rebuild its outputs.
 
-    `fn` and `inlined` are set by `_build`; `out_desc` and `out_tree` when either first
-    traces. Both evaluate the same traced program: `fn` as a call of its own, `inlined`
-    with its operations placed in a caller's program being traced (`jit`, `scan`, ...;
-    `inline=True`: into its jaxpr on jax 0.10, at lowering on 0.12).
-    There the caller's program is what XLA compiles either way, and inlined, XLA:CPU
-    schedules its kernels as it would the caller's own operations: the W8A8 training
-    step of `benchmarks/peers.py`'s MLP took 0.986-1.008x the time, median 0.996, in 14
-    paired comparisons (the same bits).
-    Called eagerly (under an eager `grad` or `vmap` too), `fn` keeps the whole
-    evaluation one compiled call; inlined there, each operation would run alone (the
-    eager gradient of that step: 2x the time).
+    `fn` is set by `_build`; `out_desc` and `out_tree` when `fn` first traces.
     """
 
-    __slots__ = ("fn", "inlined", "out_desc", "out_plain", "out_sig", "out_tree")
+    __slots__ = ("fn", "out_desc", "out_plain", "out_sig", "out_tree")
     fn: Callable[..., Any]
-    inlined: Callable[..., Any]
     out_desc: list[_Desc | None]
     out_sig: Any  # the single result's signature, cached at its first rebuild
     out_plain: tuple[Any, ...] | None  # (format, last, dtype) of an unscaled single result
@@ -223,8 +212,8 @@ def _build(
         flat, entry.out_desc = _tensor_outputs(outs, out_leaves, ctx, diff)
         return flat
 
-    entry.fn = jax.jit(run)
-    entry.inlined = jax.jit(run, inline=True)
+    # (lowered into a caller's program where JAX can: `compat.INLINED_AT_LOWERING`)
+    entry.fn = jax.jit(run, inline=compat.INLINED_AT_LOWERING)
     return entry
 
 
@@ -383,9 +372,8 @@ def _cached_call(
                 and not diff
             ):
                 cache[(_TWO_TENSORS, id(key[1]), id(key[2]))] = entry
-        staged = any(compat.is_staged(x) for x in dyn)
         try:
-            flat = (entry.inlined if staged else entry.fn)(*dyn)
+            flat = entry.fn(*dyn)
         except PrecisionError as err:
             # Raised while tracing, before anything ran: re-raise it plainly,
             # without the JAX-internal frames and notes the trace attached.

@@ -675,18 +675,25 @@ def test_a_cond_branch_of_float32_adopts_the_declared_compute_format():
     np.testing.assert_array_equal(v, np.asarray(x).astype(ml_dtypes.bfloat16).astype(np.float32))
 
 
-def test_the_evaluator_is_inlined_where_a_program_is_traced_and_one_call_eagerly():
-    """Traced into a caller's program, an applied function's operations are lowered into
-    the caller's own function (XLA:CPU then schedules them as it would a plain
-    program's); under an eager transformation its evaluation stays one compiled call,
-    not op by op."""
+def test_the_evaluator_is_one_call_in_every_jaxpr_and_lowered_into_its_caller_where_jax_can():
+    """An applied function's evaluation stays one compiled call wherever a jaxpr is
+    evaluated eagerly (an eager `grad`, `checkpoint`), not op by op; where this JAX
+    lowers a call into its caller while keeping it in the jaxpr
+    (`compat.INLINED_AT_LOWERING`), the caller's compiled program holds its operations
+    (XLA:CPU then schedules them as it would the caller's own)."""
     applied = precision.apply(lambda x, w: jnp.tanh(x @ w), contract="int8")
     x, w = jnp.linspace(-1.0, 1.0, 32).reshape(4, 8), jnp.ones((8, 2))
+
+    def calls(jaxpr):
+        return [e for e in jaxpr.eqns if e.primitive in compat.CALLS]
+
+    _, linear = jax.linearize(lambda x: applied(x, w).sum(), x)
+    assert len(calls(jax.make_jaxpr(linear)(x))) == 1
+    (remat,) = jax.make_jaxpr(jax.checkpoint(applied))(x, w).eqns
+    assert remat.primitive is compat.REMAT
+    assert len(calls(remat.params["jaxpr"])) == 1
     module = jax.jit(applied).lower(x, w).as_text()
     main = module[module.index("func.func public @main") :].split("func.func private")[0]
-    assert "stablehlo.tanh" in main, module
-    _, linear = jax.linearize(lambda x: applied(x, w).sum(), x)
-    calls = [e for e in jax.make_jaxpr(linear)(x).eqns if e.primitive in compat.CALLS]
-    assert len(calls) == 1
+    assert ("stablehlo.tanh" in main) == bool(compat.INLINED_AT_LOWERING), module
     # and the same numbers both ways
     np.testing.assert_array_equal(jax.jit(applied)(x, w), applied(x, w))

@@ -268,14 +268,62 @@ def _float_width(t: str) -> int | None:
     return 8 if elem.startswith("f8") else (4 if elem.startswith("f4") else None)
 
 
+_VALUE = re.compile(r"%\w+")
+_BLOCK_ARGS = re.compile(r"^\s*\^bb\d+\((?P<args>.*)\):")
+
+
+def _scoped_names(text: str) -> str:
+    """`text` with each value defined inside a region (a conditional's branch, a loop's
+    body) renamed apart from the values of other regions: MLIR's printer numbers sibling
+    regions from the same start, so `%65` in one branch and `%65` in the next are two
+    values. A name visible in a region (its own, an enclosing region's, the function's)
+    is never reused there, so a use is the nearest visible definition."""
+    out: list[str] = []
+    scopes: list[list[str]] = []  # the names each open scope defines, innermost last
+    visible: dict[str, str] = {}
+    count = 0
+
+    def rename(m: re.Match[str]) -> str:
+        return visible.get(m.group(0), m.group(0))
+
+    for line in text.splitlines():
+        stripped = line.strip()
+        if _FUNC.search(line):
+            scopes.clear()
+            visible.clear()
+        elif stripped.startswith("}") and scopes:
+            for name in scopes.pop():
+                visible.pop(name, None)
+        d = _DEF.match(line)
+        defined = [d.group(1)] if d else []
+        b = _BLOCK_ARGS.match(line)
+        if b:
+            defined = re.findall(r"(%\w+):", b.group("args"))
+        head, rest = (line[: d.start(2)], line[d.start(2) :]) if d else ("", line)
+        rest = _VALUE.sub(rename, rest)
+        if len(scopes) > 1:  # (inside a region: the function's own body is scope 1)
+            count += 1
+            for name in defined:
+                visible[name] = f"{name}_r{count}"
+                scopes[-1].append(name)
+            head = _VALUE.sub(rename, head)
+            if b:
+                rest = _VALUE.sub(rename, rest)
+        out.append(head + rest)
+        if stripped.endswith("{"):
+            scopes.append([])
+    return "\n".join(out)
+
+
 def _convert_round_trips(text: str) -> list[tuple[str, str]]:
     """Float converts that widen a value a float convert narrowed, followed across the
-    module's function calls (XLA inlines them): XLA:GPU's SimplifyFPConversions pass
-    replaces such a chain with its input where excess precision is allowed, its default,
-    so the widened value would be the unrounded one. (narrow type, wide type) of each."""
+    module's function calls (XLA inlines them) and into the regions of conditionals
+    (`_scoped_names`): XLA:GPU's SimplifyFPConversions pass replaces such a chain with
+    its input where excess precision is allowed, its default, so the widened value would
+    be the unrounded one. (narrow type, wide type) of each."""
     funcs: dict[str, tuple[list[str], list[str]]] = {}
     current = None
-    for line in text.splitlines():
+    for line in _scoped_names(text).splitlines():
         m = _FUNC.search(line)
         if m:
             current = m.group("name")
@@ -345,6 +393,34 @@ def _convert_round_trips(text: str) -> list[tuple[str, str]]:
                             returns[name].add(i)
                             changed = True
     return sorted({(_elem(a), _elem(b)) for _, _, a, b in found})
+
+
+_SIBLING_REGIONS = """
+func.func public @main(%arg0: tensor<4xf32>, %arg1: tensor<4xf16>) -> (tensor<4xf32>) {
+    %0 = "stablehlo.case"(%c) ({
+      %2 = stablehlo.convert %arg0 : (tensor<4xf32>) -> tensor<4xf16>
+      stablehlo.return %2 : tensor<4xf16>
+    }) : (tensor<i32>) -> tensor<4xf16>
+    %1 = "stablehlo.case"(%c) ({
+      %2 = stablehlo.negate %arg1 : tensor<4xf16>
+      %3 = stablehlo.convert %2 : (tensor<4xf16>) -> tensor<4xf32>
+      stablehlo.return %3 : tensor<4xf32>
+    }, {
+      %2 = stablehlo.convert %0 : (tensor<4xf16>) -> tensor<4xf32>
+      stablehlo.return %2 : tensor<4xf32>
+    }) : (tensor<i32>) -> tensor<4xf32>
+    return %1 : tensor<4xf32>
+}
+"""
+
+
+def test_the_round_trip_detector_tells_the_values_of_sibling_regions_apart():
+    """`%2` narrowed in one branch is not the `%2` a sibling branch widens (MLIR numbers
+    sibling regions alike), while a value narrowed outside a region and widened in it
+    is a round trip."""
+    one = _SIBLING_REGIONS.split("    }, {\n")[0]
+    assert _convert_round_trips(one + "    }) : (tensor<i32>) -> tensor<4xf32>\n}") == []
+    assert _convert_round_trips(_SIBLING_REGIONS) == [("f16", "f32")]
 
 
 def test_the_round_trip_detector_sees_a_plain_astype_round_trip():

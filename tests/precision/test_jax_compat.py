@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from precision._jax_compat import is_staged, scan_counts, while_counts
+from precision._jax_compat import scan_counts, while_counts
 
 
 class _FlatInputs:
@@ -40,33 +40,3 @@ def test_the_counts_of_this_jax_s_own_loops():
 
     eqn = next(e for e in jax.make_jaxpr(looped)(jnp.ones(3)).eqns if e.primitive.name == "while")
     assert while_counts(eqn.params) == (1, 1)
-
-
-def test_is_staged_says_which_calls_build_a_program():
-    """Traced into a program (`jit`, `scan`, `checkpoint`, at any depth) against
-    transformed eagerly (`grad`, `vjp`, `jvp`, `vmap` of concrete arrays)."""
-    seen: list[bool] = []
-
-    def f(x):
-        seen.append(is_staged(x))
-        return jnp.sum(jnp.sin(x))
-
-    x, xs = jnp.ones(3), jnp.ones((2, 3))
-    cases = {
-        "eager": (lambda: f(x), False),
-        "grad": (lambda: jax.grad(f)(x), False),
-        "grad of a float": (lambda: jax.grad(f)(1.0), False),
-        "vjp": (lambda: jax.vjp(f, x), False),
-        "jvp": (lambda: jax.jvp(f, (x,), (x,)), False),
-        "vmap": (lambda: jax.vmap(f)(xs), False),
-        "vmap of grad": (lambda: jax.vmap(jax.grad(f))(xs), False),
-        "jit": (lambda: jax.jit(f)(x), True),
-        "jit of grad": (lambda: jax.jit(jax.grad(f))(x), True),
-        "jit of vmap": (lambda: jax.jit(jax.vmap(f))(xs), True),
-        "scan": (lambda: lax.scan(lambda c, r: (c + f(r), None), 0.0, xs), True),
-        "grad of checkpoint": (lambda: jax.grad(jax.checkpoint(f))(x), True),
-    }
-    for name, (call, staged) in cases.items():
-        seen.clear()
-        call()
-        assert seen == [staged], name
