@@ -27,11 +27,11 @@ class E8M0Format(Format):
 
     Byte `b` holds `2**(b - 127)` (from 2**-127 to 2**127); 0xFF is NaN; there
     is no zero, sign or infinity. Encoding rounds to the nearest power of two
-    exactly as `ml_dtypes.float8_e8m0fnu` does (with no mantissa bits a tie,
-    `1.5 * 2**k`, goes up); NaN stays NaN. Zero, negative values, inf and
-    values from 1.5 * 2**127 have no code: given eagerly they are refused
-    (`FormatError`), traced they become NaN. A storage encoding: only `nearest_even`
-    rounding, no scaling.
+    exactly as `ml_dtypes.float8_e8m0fnu` 0.7 does (with no mantissa bits a tie,
+    `1.5 * 2**k`, goes up, in the binade of 2**-127 too); NaN stays NaN. Zero,
+    negative values, inf and values from 1.5 * 2**127 have no code: given eagerly they
+    are refused (`FormatError`), traced they become NaN. A storage encoding: only
+    `nearest_even` rounding, no scaling.
 
     Examples:
         >>> import numpy as np

@@ -68,32 +68,52 @@ round = _codec.storage_round
 @functools.cache
 def _to_e8m0() -> Callable[[jax.Array], jax.Array]:
     """The jitted conversion into E8M0 bytes."""
-    return jax.jit(
-        lambda x: _from_float64(x) if x.dtype == jnp.float64 else x.astype(jnp.float8_e8m0fnu)
-    )
+
+    def convert(x: jax.Array) -> jax.Array:
+        if x.dtype == jnp.float64:
+            return _from_float64(x)
+        return _from_float32(x.astype(jnp.float32))  # (float16, bfloat16: widened exactly)
+
+    return jax.jit(convert)
+
+
+def _from_float32(x: jax.Array) -> jax.Array:
+    """E8M0 bytes of float32 `x`, computed on the bits: the nearest power of two, a tie
+    (a mantissa of exactly 1.5) going up; anything positive below 2**-127 is 2**-127.
+
+    In the binade of 2**-127, float32's subnormals, the tie is 1.5 * 2**-127 as in
+    every other binade (ml_dtypes 0.7 rounds so). XLA's own conversion, and ml_dtypes
+    before 0.7, send every value above 2**-127 there up to 2**-126, and a backend that
+    flushes subnormals would read them as zero: so the bits decide. Zero, negative
+    values, inf and values from 1.5 * 2**127 have no code and become NaN.
+    """
+    bits = lax.bitcast_convert_type(x, jnp.uint32)
+    field = ((bits >> 23) & 0xFF).astype(jnp.int32)  # the biased exponent; 0: subnormal
+    mantissa = bits & jnp.uint32((1 << 23) - 1)
+    # a subnormal is mantissa * 2**-149: 1.5 * 2**-127 is 0x600000 of them
+    up = jnp.where(field == 0, mantissa >= jnp.uint32(0x600000), mantissa >= jnp.uint32(1 << 22))
+    byte = jnp.minimum(field + up.astype(jnp.int32), 255)  # (2**-127: byte 0, field 0)
+    return _bytes(byte, (field == 255) | ((bits << 1) == 0) | ((bits >> 31) != 0))
 
 
 def _from_float64(x: jax.Array) -> jax.Array:
-    """E8M0 bytes of float64 `x` by the float32 rule, computed on the bits.
-
-    XLA's own float64 conversion turns a positive value below 2**-127 into NaN,
-    where every positive float32 below it (subnormals included) becomes 2**-127.
-    Here: the nearest power of two, a tie (a mantissa of exactly 1.5) going up;
-    anything positive below 2**-127 is 2**-127, and in the binade of 2**-127 itself
-    any value above it goes up to 2**-126, as ml_dtypes rounds float32's subnormals
-    (no mantissa bit of the byte to tie on there). Zero, negative values, inf and
-    values from 1.5 * 2**127 have no code and become NaN, as in float32.
-    """
+    """E8M0 bytes of float64 `x` by the float32 rule (`_from_float32`), computed on the
+    bits of the float64 value itself (narrowed to float32 first, a value just below a
+    tie could reach it). XLA's own float64 conversion turns a positive value below
+    2**-127 into NaN, where every positive float32 below it becomes 2**-127."""
     bits = lax.bitcast_convert_type(x, jnp.uint64)
     exponent = ((bits >> 52) & 0x7FF).astype(jnp.int32) - 1023  # unbiased; -1023: subnormal
     mantissa = bits & jnp.uint64((1 << 52) - 1)
-    up = jnp.where(exponent == -127, mantissa != 0, mantissa >= jnp.uint64(1 << 51))
+    up = mantissa >= jnp.uint64(1 << 51)
     byte = jnp.clip(exponent + 127 + up.astype(jnp.int32), 0, 255)
-    # NaN, inf (the top exponent), zero and negative values, told from the bits: a
-    # comparison may read a subnormal as zero (XLA:CPU)
-    nan = (exponent == 1024) | ((bits << 1) == 0) | ((bits >> 63) != 0)
-    byte = jnp.where(nan, 255, byte).astype(jnp.uint8)
-    return lax.bitcast_convert_type(byte, jnp.float8_e8m0fnu)
+    return _bytes(byte, (exponent == 1024) | ((bits << 1) == 0) | ((bits >> 63) != 0))
+
+
+def _bytes(byte: jax.Array, nan: jax.Array) -> jax.Array:
+    """`byte` as E8M0, NaN (0xFF) where `nan`: NaN, inf, zero and negative values, told
+    from the bits (a comparison may read a subnormal as zero: XLA:CPU)."""
+    out = jnp.where(nan, 255, byte).astype(jnp.uint8)
+    return lax.bitcast_convert_type(out, jnp.float8_e8m0fnu)
 
 
 def _refuse_unrepresentable(x: jax.Array) -> None:
