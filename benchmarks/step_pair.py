@@ -75,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         stored = precision.to_reduced_precision(
             params, "int8", scaling=dtypes.PerAxis(-1), where="kernel"
         )
-        rule = qwix.QuantizationRule(module_path=".*", weight_qtype=jnp.int8, act_qtype=jnp.int8)
-        ptq_model = qwix.quantize_model(model, qwix.PtqProvider([rule]))
+        ptq_rule = qwix.QuantizationRule(
+            module_path=".*", weight_qtype=jnp.int8, act_qtype=jnp.int8
+        )
+        ptq_model = qwix.quantize_model(model, qwix.PtqProvider([ptq_rule]))
         abstract = jax.eval_shape(ptq_model.init, k_init, x)
         their_params = {"params": qwix.quantize_params(params["params"], abstract["params"])}
         theirs = ptq_model.apply

@@ -98,9 +98,9 @@ def _from_float32(x: jax.Array) -> jax.Array:
 
 def _from_float64(x: jax.Array) -> jax.Array:
     """E8M0 bytes of float64 `x` by the float32 rule (`_from_float32`), computed on the
-    bits of the float64 value itself (narrowed to float32 first, a value just below a
-    tie could reach it). XLA's own float64 conversion turns a positive value below
-    2**-127 into NaN, where every positive float32 below it becomes 2**-127."""
+    float64 value's own bits: narrowed to float32 first, a value just below a tie
+    could round up onto it. (XLA's own float64 conversion turns a positive value below
+    2**-127 into NaN, where every positive float32 below it becomes 2**-127.)"""
     bits = lax.bitcast_convert_type(x, jnp.uint64)
     exponent = ((bits >> 52) & 0x7FF).astype(jnp.int32) - 1023  # unbiased; -1023: subnormal
     mantissa = bits & jnp.uint64((1 << 52) - 1)

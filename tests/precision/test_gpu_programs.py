@@ -294,12 +294,14 @@ def _scoped_names(text: str) -> str:
         elif stripped.startswith("}") and scopes:
             for name in scopes.pop():
                 visible.pop(name, None)
-        d = _DEF.match(line)
-        defined = [d.group(1)] if d else []
-        b = _BLOCK_ARGS.match(line)
+        d, b = _DEF.match(line), _BLOCK_ARGS.match(line)
+        # (what a line defines, its head, is renamed after its uses, the rest, are read)
         if b:
-            defined = re.findall(r"(%\w+):", b.group("args"))
-        head, rest = (line[: d.start(2)], line[d.start(2) :]) if d else ("", line)
+            defined, head, rest = re.findall(r"(%\w+):", b.group("args")), line, ""
+        elif d:
+            defined, head, rest = [d.group(1)], line[: d.start(2)], line[d.start(2) :]
+        else:
+            defined, head, rest = [], "", line
         rest = _VALUE.sub(rename, rest)
         if len(scopes) > 1:  # (inside a region: the function's own body is scope 1)
             count += 1
@@ -307,8 +309,6 @@ def _scoped_names(text: str) -> str:
                 visible[name] = f"{name}_r{count}"
                 scopes[-1].append(name)
             head = _VALUE.sub(rename, head)
-            if b:
-                rest = _VALUE.sub(rename, rest)
         out.append(head + rest)
         if stripped.endswith("{"):
             scopes.append([])
