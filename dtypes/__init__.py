@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from ._float import FloatFormat as FloatFormat
     from ._format import Format as Format
     from ._from_codes import from_codes as from_codes
+    from ._ieee import astype as astype
     from ._int import IntFormat as IntFormat
     from ._per_group import computed_once as computed_once
     from ._registry import ALIASES as ALIASES
@@ -76,6 +77,7 @@ _HOME = {
     "ScalingError": "_errors",
     "ShapeError": "_errors",
     "FloatFormat": "_float",
+    "astype": "_ieee",
     "Format": "_format",
     "from_codes": "_from_codes",
     "IntFormat": "_int",
@@ -132,6 +134,7 @@ __all__ = [
     "Scaling",
     "ScalingError",
     "ShapeError",
+    "astype",
     "bfloat16",
     "check_rounding",
     "computed_once",

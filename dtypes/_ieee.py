@@ -37,6 +37,7 @@ from ._errors import FormatError
 
 __all__ = [
     "BYTE_FLOATS",
+    "astype",
     "byte_float_codes",
     "convert_nearest",
     "divide",
@@ -297,6 +298,48 @@ def from_float32(x: jax.Array, dtype: Any) -> jax.Array:
     return narrow
 
 
+def astype(x: Any, dtype: Any) -> jax.Array:
+    """`x.astype(dtype)`, with the same bits on every backend and under any XLA flags.
+
+    float32 into bfloat16, float16 or a one-byte float (float8_e4m3fn, float8_e5m2,
+    float8_e4m3, float8_e3m4) rounds to nearest even, as XLA's conversion and ml_dtypes
+    do, and NaN and ±inf are written as bits with their sign (a GPU's conversion may
+    canonicalize a NaN's sign; flags that assume no NaN may drop it). On a CPU the
+    one-byte floats are made from the bits, in less than half the time of XLA's
+    conversion there. Every other conversion is `x.astype(dtype)` itself.
+    Differentiable as `astype` is: the tangent is converted to `dtype`.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> import dtypes
+        >>> x = jnp.array([1.0, 3.3, -0.0, 500.0])
+        >>> dtypes.astype(x, jnp.float8_e4m3fn).tolist()  # (past 464: e4m3fn's NaN)
+        [1.0, 3.25, -0.0, nan]
+        >>> jax.grad(lambda v: dtypes.astype(v, jnp.bfloat16).sum())(x).tolist()
+        [1.0, 1.0, 1.0, 1.0]
+    """
+    x = jnp.asarray(x)
+    dtype = np.dtype(dtype)
+    out: jax.Array
+    if x.dtype != jnp.float32 or dtype not in _NARROW_FLOATS:
+        out = x.astype(dtype)
+    else:
+        out = _narrowed(x, dtype)
+    return out
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _narrowed(x: jax.Array, dtype: np.dtype[Any]) -> jax.Array:
+    return from_float32(x, dtype)
+
+
+@_narrowed.defjvp
+def _narrowed_jvp(
+    dtype: np.dtype[Any], primals: tuple[jax.Array], tangents: tuple[jax.Array]
+) -> tuple[jax.Array, jax.Array]:
+    return _narrowed(primals[0], dtype), tangents[0].astype(dtype)
+
+
 BYTE_FLOATS = tuple(
     np.dtype(t)
     for t in (
@@ -308,6 +351,9 @@ BYTE_FLOATS = tuple(
 )
 """The one-byte floats whose conversion from float32 XLA:CPU takes from `byte_float_codes`:
 IEEE-style layouts with a code of their own for -0, NaN's codes above every finite one."""
+
+
+_NARROW_FLOATS = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), *BYTE_FLOATS)
 
 
 def convert_nearest(x: jax.Array, dtype: Any) -> jax.Array:

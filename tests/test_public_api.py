@@ -53,6 +53,7 @@ DTYPES_ALL = [
     "Scaling",
     "ScalingError",
     "ShapeError",
+    "astype",
     "bfloat16",
     "check_rounding",
     "computed_once",
