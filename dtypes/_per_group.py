@@ -329,7 +329,9 @@ def per_group(make: Callable[..., Any], *inputs: jax.Array) -> Any:
     correctly rounded division (`_ieee.divide`, a few dozen operations) would then
     cost more than all the rest of an encode. So the values are made by
     `computed_once`, in a conditional of their own, and read from its buffers. Values
-    of one element each are made as they are: a loop computes them once anyway. Each
+    of one element each are made as they are: a loop computes them once anyway (not
+    one fused into the first level of a pairwise sum, whose slices keep XLA:CPU from
+    hoisting it: `mean_abs` makes its one value with `computed_once`). Each
     value of one call is made in a kernel of its own there: where one reads another's
     costly making (a zero point reads its reciprocal), make the first in a call of its
     own, or the making is repeated for the second.

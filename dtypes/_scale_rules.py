@@ -23,7 +23,14 @@ from jax import lax
 from . import _ieee
 from ._bit_rounding import round_integer
 from ._ieee import divide, is_finite, is_nan, nan_where, select
-from ._per_group import absmax_made_once, group_absmax, group_sizes, pairwise_sum, per_group
+from ._per_group import (
+    absmax_made_once,
+    computed_once,
+    group_absmax,
+    group_sizes,
+    pairwise_sum,
+    per_group,
+)
 from ._scaling import Scaling
 
 __all__ = [
@@ -74,8 +81,12 @@ def mean_abs(x: jax.Array, scaling: Scaling) -> jax.Array:
     absmax = select(finite, absmax, jnp.float32(0))  # no NaN enters the arithmetic
     positive = finite & (absmax > 0)
     k = jnp.minimum(floor_log2(jnp.where(positive, absmax, jnp.float32(1))), 126)
+    # 2**-k made once, a tensor's one value too: fused into the pairwise sum's first
+    # level, XLA:CPU computed it for every element (per tensor of 2**20 values 2.5 ms
+    # against 1.3, per block of 32 1.4 against 1.2; the same bits)
+    down = computed_once(lambda k: pow2(-k), k)
     # (on the exponent bits: `a * p + b * p` may otherwise become `(a + b) * p`)
-    terms = _ieee.times_pow2(jnp.abs(x), scaling.broadcast(pow2(-k), x.shape))
+    terms = _ieee.times_pow2(jnp.abs(x), scaling.broadcast(down, x.shape))
     total = scaling.group_reduce(terms, pairwise_sum)
     finite = finite & is_finite(total)
     total = select(finite, total, jnp.float32(0))
