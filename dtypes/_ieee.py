@@ -33,7 +33,7 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-from ._errors import FormatError
+from ._errors import FormatError, PrecisionTypeError
 
 __all__ = [
     "BYTE_FLOATS",
@@ -318,14 +318,42 @@ def astype(x: Any, dtype: Any) -> jax.Array:
         >>> jax.grad(lambda v: dtypes.astype(v, jnp.bfloat16).sum())(x).tolist()
         [1.0, 1.0, 1.0, 1.0]
     """
-    x = jnp.asarray(x)
-    dtype = np.dtype(dtype)
+    x, dtype = _astype_arguments(x, dtype)
     out: jax.Array
     if x.dtype != jnp.float32 or dtype not in _NARROW_FLOATS:
         out = x.astype(dtype)
     else:
         out = _narrowed(x, dtype)
     return out
+
+
+def _astype_arguments(x: Any, dtype: Any) -> tuple[jax.Array, np.dtype[Any]]:
+    """`astype`'s arguments as an array of numbers and a numeric dtype, or a refusal."""
+    try:
+        target = np.dtype(dtype)
+    except (TypeError, ValueError) as e:
+        raise PrecisionTypeError(
+            f"astype: {dtype!r:.40} is not a dtype ({e}); pass one such as jnp.float8_e4m3fn"
+        ) from None
+    narrow = target.kind == "V" and target.names is None and target.itemsize <= 2  # (ml_dtypes)
+    if not (target.kind in "biufc" or narrow):
+        raise PrecisionTypeError(
+            f"astype: {target} is not a dtype of numbers; pass a float or integer dtype such "
+            "as jnp.float8_e4m3fn or jnp.int8"
+        )
+    try:
+        a = x if isinstance(x, jax.Array) else jnp.asarray(x)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise PrecisionTypeError(
+            f"astype: x must be an array of numbers, got {type(x).__name__} {x!r:.40} ({e}); "
+            "pass a jax or numpy array"
+        ) from None
+    if not (jnp.issubdtype(a.dtype, jnp.number) or a.dtype == jnp.bool_):
+        raise PrecisionTypeError(
+            f"astype: x must be an array of numbers, got dtype {a.dtype}; pass a jax or "
+            "numpy array of numbers"
+        )
+    return a, target
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))

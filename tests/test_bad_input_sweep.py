@@ -927,6 +927,14 @@ def _computed_once(ctx: Ctx) -> list[Case]:
     )
 
 
+@group("dtypes.astype")
+def _astype(ctx: Ctx) -> list[Case]:
+    return sweep(
+        "astype", dtypes.astype, (np.ones(4, np.float32), jnp.float8_e4m3fn), None,
+        {0: "value", 1: "scalar"},
+    )  # fmt: skip
+
+
 @group("dtypes.from_codes")
 def _from_codes(ctx: Ctx) -> list[Case]:
     codes = np.zeros((2, 4), np.int8)

@@ -75,3 +75,18 @@ def test_gradient_is_astypes(name):
     assert ours.tolist() == plain.tolist()
     _, tangent = jax.jvp(lambda v: dtypes.astype(v, dtype), (x,), (jnp.ones(3),))
     assert tangent.dtype == dtype
+
+
+@pytest.mark.parametrize(
+    ("x", "dtype", "match"),
+    [
+        (np.ones(2, np.float32), "abc", "'abc' is not a dtype"),
+        (np.ones(2, np.float32), object, "not a dtype of numbers"),
+        ("abc", jnp.float16, "x must be an array of numbers"),
+        (np.array(["a"]), jnp.float16, "x must be an array of numbers"),
+    ],
+)
+def test_bad_arguments_are_refused_with_the_fix(x, dtype, match):
+    with pytest.raises(dtypes.PrecisionTypeError, match=match) as e:
+        dtypes.astype(x, dtype)
+    assert isinstance(e.value, TypeError)
