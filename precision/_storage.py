@@ -209,7 +209,8 @@ def encode_on_grid(fmt: dtypes.Format, x: Any) -> dtypes.Encoded:
 def _byte_float(fmt: dtypes.Format, x: Any) -> bool:
     """Whether `fmt` keeps float32 `x` in a one-byte float container of its own (the
     float8 formats), which `dtypes.astype` converts into fastest."""
-    one_byte = np.dtype(fmt.container).itemsize == 1 and np.dtype(fmt.container).kind == "V"
+    container = np.dtype(fmt.container)
+    one_byte = container.itemsize == 1 and container.kind in "fV"  # (ml_dtypes' float8s)
     float32 = np.dtype(getattr(x, "dtype", np.float64)) == np.float32
     return one_byte and float32 and isinstance(fmt, dtypes.FloatFormat) and not fmt.saturate
 

@@ -50,6 +50,18 @@ def test_stored_bytes_are_ml_dtypes_conversion(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_storing_takes_one_conversion_from_the_bits_on_a_cpu(name):
+    """No rounding pass before the conversion, and no conversion of XLA's into the byte
+    (`dtypes.astype` writes it from the bits): the compiled program holds neither."""
+    fmt = dtypes.get(name)
+    store = jax.jit(lambda v: precision.Tensor(v).to_reduced_precision(name).encoded.data)
+    hlo = store.lower(jax.ShapeDtypeStruct((64, 32), jnp.float32)).compile().as_text()
+    native = np.dtype(fmt.container).name.replace("float8_", "f8")
+    assert not [line for line in hlo.splitlines() if f"= {native}[" in line and " convert(" in line]
+    assert hlo.count(" fusion(") <= 1, hlo  # (one pass over the values)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_the_stored_value_keeps_the_straight_through_gradient(name):
     x = jnp.array([0.3, -1.7, 2.5, 7.0], jnp.float32)
     stored = lambda v: precision.Tensor(v).to_reduced_precision(name)
