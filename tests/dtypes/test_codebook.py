@@ -149,6 +149,29 @@ def test_stochastic_rounding_picks_a_neighbour_and_is_unbiased():
     np.testing.assert_array_equal(np.asarray(again.data), np.asarray(enc.data))
 
 
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        NF4,
+        CodebookFormat([-1.0, 0.25, 1.0], name="odd3"),
+        CodebookFormat([-1, -0.5, 0, 0.1, 1], name="five"),
+    ],
+)
+def test_the_unrolled_stochastic_index_is_the_searched_one(fmt):
+    """`stochastic_index` unrolls its search over small tables: the same indices as the
+    search with gathers, at every entry, one float32 step either side of it, past both
+    ends of the table, zeros of both signs, and random values, for the same uniforms."""
+    v = np.asarray(fmt._table(), np.float32)
+    near = np.concatenate([v, np.nextafter(v, np.float32(-2)), np.nextafter(v, np.float32(2))])
+    rng = np.random.default_rng(4)
+    y = np.concatenate([near, [-1.5, 1.5, 0.0, -0.0], rng.uniform(-1.1, 1.1, 1 << 14)])
+    y = jnp.asarray(y.astype(np.float32))
+    u = jax.random.uniform(jax.random.key(5), y.shape, jnp.float32)
+    got = jax.jit(lambda y: _codebook_codec.stochastic_index(fmt, y, u))(y)
+    want = jax.jit(lambda y: _codebook_codec._stochastic_index_searched(v, y, u))(y)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_codebook_errors_are_precise():
     with pytest.raises(dtypes.FormatError, match="2 to 65536"):
         CodebookFormat([1.0])
