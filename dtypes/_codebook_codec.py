@@ -112,7 +112,7 @@ def _upper_with_probability(
 ) -> jax.Array:
     """`i + 1` where `u` lies below `(y - a) / (b - a)` (correctly rounded), else `i`."""
     p = divide(y - a, b - a)
-    return (i + (u < p).astype(jnp.int32)).astype(jnp.int32)
+    return i + (u < p).astype(jnp.int32)
 
 
 # The most thresholds a table's search is unrolled over (`nearest_index`, `stochastic_index`)

@@ -25,9 +25,27 @@ __all__ = [
     "as_float_array",
     "check_finite",
     "is_tracer",
+    "numeric_array",
     "resolve_scaling",
     "special_values_now",
 ]
+
+
+def numeric_array(x: Any, what: str) -> jax.Array:
+    """`x` as a jax array of numbers (bools included), or a refusal naming it as `what`."""
+    try:
+        a = x if isinstance(x, jax.Array) else jnp.asarray(x)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise PrecisionTypeError(
+            f"{what} must be an array of numbers, got {type(x).__name__} {x!r:.40} ({e}); "
+            "pass jax or numpy arrays"
+        ) from None
+    if not (jnp.issubdtype(a.dtype, jnp.number) or a.dtype == jnp.bool_):
+        raise PrecisionTypeError(
+            f"{what} must be an array of numbers, got dtype {a.dtype}; pass jax or numpy "
+            "arrays of numbers"
+        )
+    return a
 
 
 def as_float_array(x: Any) -> jax.Array:

@@ -28,7 +28,7 @@ from ._encode_input_checks import (
 )
 from ._encoded import Encoded
 from ._errors import FormatError, NonFiniteError, ScalingError
-from ._ieee import BYTE_FLOATS, byte_float_codes, from_float32, times_scale
+from ._ieee import converted_on_cpu, from_float32, times_scale
 from ._scale_rules import scales, times_reciprocal
 from ._scaling import Scaling
 
@@ -366,7 +366,7 @@ def _byte_codes(
             # NaN and inf sit only in groups whose reciprocal is 0: their products are
             # NaN, converted to codes above the top one, which become +0
             y = v * scaling.broadcast(r, v.shape)
-            codes = lax.bitcast_convert_type(_converted_cpu(y, native), jnp.uint8)
+            codes = lax.bitcast_convert_type(converted_on_cpu(y, native), jnp.uint8)
             special = (codes & jnp.uint8(0x7F)) >= jnp.uint8(above)
             return lax.bitcast_convert_type(jnp.where(special, jnp.uint8(0), codes), native)
         u = lax.bitcast_convert_type(v, jnp.uint32)
@@ -375,20 +375,12 @@ def _byte_codes(
         y = finite * scaling.broadcast(r, v.shape)
         if clipped:
             y = jnp.clip(y, -top, top)
-        return _converted_cpu(y, native)
+        return converted_on_cpu(y, native)
 
     if pre is not None:  # (no 8-bit float's top needs a prescale: see `needs_prescale`)
         return exact(x, inv)
     codes: jax.Array = lax.platform_dependent(x, inv, cpu=cpu, default=exact)
     return codes
-
-
-def _converted_cpu(y: jax.Array, native: Any) -> jax.Array:
-    """`y.astype(native)` as XLA:CPU computes it fastest: from the bits for the one-byte
-    floats that `byte_float_codes` writes (the same bytes as XLA's conversion)."""
-    if np.dtype(native) in BYTE_FLOATS:
-        return byte_float_codes(y, native)
-    return y.astype(native)
 
 
 @functools.cache

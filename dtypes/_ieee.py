@@ -33,13 +33,14 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
+from ._encode_input_checks import numeric_array
 from ._errors import FormatError, PrecisionTypeError
 
 __all__ = [
     "BYTE_FLOATS",
     "astype",
     "byte_float_codes",
-    "convert_nearest",
+    "converted_on_cpu",
     "divide",
     "flush_subnormals",
     "from_bits",
@@ -275,11 +276,26 @@ def from_float32(x: jax.Array, dtype: Any) -> jax.Array:
     dtype = np.dtype(dtype)
     if dtype == np.float32:
         return x
+    if dtype not in BYTE_FLOATS:
+        return _converted(x, dtype)
+    # XLA:CPU converts into the one-byte floats with a long integer sequence of its own
+    # (0.56-0.64 ms for 2**21 values), `byte_float_codes` in 0.25, the same byte for each
+    # of the 2**32 float32 (`tests/dtypes/test_byte_float_codes.py`), NaN and inf as the
+    # bits below write them. So a CPU (`lax.platform_dependent`: the platform lowered
+    # for) takes it; elsewhere XLA's conversion (a GPU's is an instruction).
+    out: jax.Array = lax.platform_dependent(
+        x, cpu=lambda v: byte_float_codes(v, dtype), default=lambda v: _converted(v, dtype)
+    )
+    return out
+
+
+def _converted(x: jax.Array, dtype: np.dtype[Any]) -> jax.Array:
+    """`from_float32` by XLA's conversion, NaN and inf then written on the bits."""
     nan_codes, inf_codes, width = _special_codes(dtype)
     uint = jnp.uint8 if width == 8 else jnp.uint16
     u = _bits(x)
     sign = (u >> 31) << (width - 1)
-    out = lax.bitcast_convert_type(convert_nearest(x, dtype), uint).astype(jnp.uint32)
+    out = lax.bitcast_convert_type(x.astype(dtype), uint).astype(jnp.uint32)
     if dtype == np.float16:
         # float16 keeps the payload's top bits, made quiet (as XLA:CPU's conversion
         # does; numpy's keeps a signaling NaN signaling)
@@ -341,18 +357,7 @@ def _astype_arguments(x: Any, dtype: Any) -> tuple[jax.Array, np.dtype[Any]]:
             f"astype: {target} is not a dtype of numbers; pass a float or integer dtype such "
             "as jnp.float8_e4m3fn or jnp.int8"
         )
-    try:
-        a = x if isinstance(x, jax.Array) else jnp.asarray(x)
-    except (TypeError, ValueError, OverflowError) as e:
-        raise PrecisionTypeError(
-            f"astype: x must be an array of numbers, got {type(x).__name__} {x!r:.40} ({e}); "
-            "pass a jax or numpy array"
-        ) from None
-    if not (jnp.issubdtype(a.dtype, jnp.number) or a.dtype == jnp.bool_):
-        raise PrecisionTypeError(
-            f"astype: x must be an array of numbers, got dtype {a.dtype}; pass a jax or "
-            "numpy array of numbers"
-        )
+    a = numeric_array(x, "astype: x")
     return a, target
 
 
@@ -389,23 +394,14 @@ IEEE-style layouts with a code of their own for -0, NaN's codes above every fini
 _NARROW_FLOATS = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), *BYTE_FLOATS)
 
 
-def convert_nearest(x: jax.Array, dtype: Any) -> jax.Array:
-    """`x.astype(dtype)` for float32 `x` and a narrower float `dtype`: XLA's conversion,
-    nearest even, with its bits on every backend.
-
-    XLA:CPU converts into the one-byte floats (`BYTE_FLOATS`) with a sequence of integer
-    operations it emits for each element, about 2.3x the time of `byte_float_codes`,
-    which gives the same byte for every one of the 2**32 float32 patterns (NaN and inf
-    included; `tests/dtypes/test_byte_float_codes.py`). So on a CPU
-    (`lax.platform_dependent`: the platform lowered for) those take it; elsewhere, and
-    for other dtypes, XLA's conversion (a GPU's is an instruction)."""
-    dtype = np.dtype(dtype)
-    if dtype not in BYTE_FLOATS:
-        return x.astype(dtype)
-    out: jax.Array = lax.platform_dependent(
-        x, cpu=lambda v: byte_float_codes(v, dtype), default=lambda v: v.astype(dtype)
-    )
-    return out
+def converted_on_cpu(x: jax.Array, dtype: Any) -> jax.Array:
+    """`x.astype(dtype)` for float32 `x` as XLA:CPU computes it fastest: from the bits
+    for the one-byte floats `byte_float_codes` writes (the same bytes as XLA's
+    conversion), else XLA's conversion. For code already on a CPU's branch of
+    `lax.platform_dependent`."""
+    if np.dtype(dtype) in BYTE_FLOATS:
+        return byte_float_codes(x, dtype)
+    return x.astype(dtype)
 
 
 def byte_float_codes(x: jax.Array, dtype: Any) -> jax.Array:

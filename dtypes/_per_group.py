@@ -23,6 +23,7 @@ import numpy as np
 from jax import lax
 
 from . import _ieee
+from ._encode_input_checks import numeric_array
 from ._errors import PrecisionTypeError
 from ._ieee import is_finite, nan_where
 from ._scaling import PerAxis, PerBlock, PerTensor, Scaling
@@ -374,7 +375,7 @@ def computed_once(make: Callable[..., Any], *inputs: jax.Array) -> Any:
             f"computed_once: `make` must be a function of the inputs, got "
             f"{type(make).__name__} {make!r:.40}; for example computed_once(lambda a: a * 2, x)"
         )
-    inputs = tuple(_numeric_array(x, i) for i, x in enumerate(inputs))
+    inputs = tuple(numeric_array(x, f"computed_once: input {i}") for i, x in enumerate(inputs))
     if not any(x.size for x in inputs):  # (nothing to read a predicate from)
         return make(*inputs)
 
@@ -398,23 +399,6 @@ def computed_once(make: Callable[..., Any], *inputs: jax.Array) -> Any:
         return lax.cond(always, once, never, *xs)
 
     return lax.platform_dependent(*inputs, cpu=held, default=make)
-
-
-def _numeric_array(x: Any, i: int) -> jax.Array:
-    """Input `i` of `computed_once` as an array of numbers, or a refusal naming it."""
-    try:
-        a = x if isinstance(x, jax.Array) else jnp.asarray(x)
-    except (TypeError, ValueError, OverflowError) as e:
-        raise PrecisionTypeError(
-            f"computed_once: input {i} must be an array of numbers, got {type(x).__name__} "
-            f"{x!r:.40} ({e}); pass jax or numpy arrays"
-        ) from None
-    if not (jnp.issubdtype(a.dtype, jnp.number) or a.dtype == jnp.bool_):
-        raise PrecisionTypeError(
-            f"computed_once: input {i} must be an array of numbers, got dtype {a.dtype}; "
-            "pass jax or numpy arrays of numbers"
-        )
-    return a
 
 
 _UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}

@@ -2,7 +2,7 @@
 
 XLA:CPU converts float32 into a one-byte float with a long integer sequence of its
 own; `byte_float_codes` writes the same byte in fewer operations, and every fp8
-encode on a CPU uses it (`_ieee.convert_nearest`, `_float_codec._byte_codes`). Here
+encode on a CPU uses it (`_ieee.from_float32`, `_float_codec._byte_codes`). Here
 its bytes are compared with ml_dtypes' conversion (the independent reference) at every
 code's value, at every midpoint between neighbouring codes and one and two float32
 steps either side, at the subnormal, overflow and special patterns, and on random bit
