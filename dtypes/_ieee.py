@@ -295,6 +295,9 @@ def _converted(x: jax.Array, dtype: np.dtype[Any]) -> jax.Array:
     uint = jnp.uint8 if width == 8 else jnp.uint16
     u = _bits(x)
     sign = (u >> 31) << (width - 1)
+    # The codes are chosen in 32-bit lanes, not the narrow ones (half the vectors):
+    # XLA moves a conversion through a select of narrow values, and where it may drop
+    # convert round trips (GPUs, fast-math flags) a round after it then vanishes
     out = lax.bitcast_convert_type(x.astype(dtype), uint).astype(jnp.uint32)
     if dtype == np.float16:
         # float16 keeps the payload's top bits, made quiet (as XLA:CPU's conversion
@@ -308,8 +311,10 @@ def _converted(x: jax.Array, dtype: np.dtype[Any]) -> jax.Array:
     else:
         nan_code = jnp.uint32(nan_codes[0] if nan_codes else 0)
     inf_code = jnp.uint32(inf_codes[0]) if inf_codes else nan_code
-    out = jnp.where(is_inf(x), sign | inf_code, out)
-    out = jnp.where(is_nan(x), sign | nan_code, out)
+    # one select over the values: NaN's or inf's code, chosen between the two codes
+    magnitude = u & jnp.uint32(0x7FFFFFFF)
+    special = jnp.where(magnitude > jnp.uint32(_EXP_ONES), nan_code, inf_code)
+    out = jnp.where(magnitude >= jnp.uint32(_EXP_ONES), sign | special, out)
     narrow: jax.Array = lax.bitcast_convert_type(out.astype(uint), dtype)
     return narrow
 

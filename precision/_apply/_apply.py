@@ -154,6 +154,9 @@ def _storage_of(value: Any, state: State, dtype: np.dtype, ctx: Context) -> dtyp
     fmt = state.format
     if fmt.is_full_precision and np.dtype(value.dtype) != fmt.container:
         return encode_values(full_format(dtype), value, None)
+    if state.rounded is not None and state.rounded.value is value:
+        # converted from what the walk rounded: the same bits, one rounding (`Rounded`)
+        return encode_values(fmt, state.rounded.raw, None)
     return encode_on_grid(fmt, value)  # (a state's format holds its value on its grid)
 
 

@@ -36,9 +36,9 @@ import dtypes
 from .. import _primitives
 from .._errors import PrecisionMismatchError
 from .._jax_compat import bind_eqn
-from .._storage import decode_encoded, full_format, is_float, round_nearest
+from .._storage import converts_by_rounding, decode_encoded, full_format, is_float, round_nearest
 from ._moves import moved_storage
-from ._state import Context, State, Stored, mismatch
+from ._state import Context, Rounded, State, Stored, mismatch
 from ._transposed_operands import transposed
 
 __all__ = [
@@ -128,7 +128,11 @@ def rounded_outputs(op: str, outs: list[Any], state: State) -> list[Val]:
         elif op == "convert_element_type" and np.dtype(o.dtype).itemsize >= 4:
             result.append((o, state))  # widening: every format's grid fits in float32
         else:
-            result.append((round_nearest(state.format, o), state))
+            rounded = round_nearest(state.format, o)
+            if converts_by_rounding(state.format, o):  # (kept for a stored result)
+                result.append((rounded, state._replace(rounded=Rounded(rounded, o))))
+            else:
+                result.append((rounded, state))
     return result
 
 
