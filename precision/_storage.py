@@ -37,6 +37,7 @@ __all__ = [
     "carries_gradient",
     "check_placement",
     "compute_format",
+    "converts_by_rounding",
     "decode_encoded",
     "decode_storage",
     "decoder",

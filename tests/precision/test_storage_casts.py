@@ -171,3 +171,52 @@ def test_the_conversion_is_the_rounding_for_every_float32():
 
     total = sum(np.asarray(wrong(jnp.uint32(c * chunk))) for c in range(1 << 8))
     assert not np.any(total), dict(zip(NAMES, total.tolist(), strict=True))
+
+
+def _operands(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Two square float32 arrays on `name`'s grid whose sums round (ties among them) and
+    overflow; no subnormal sums (XLA:CPU flushes them, numpy does not)."""
+    rng = np.random.default_rng(11)
+    top = float(dtypes.get(name).max)
+    x = (rng.standard_normal((48, 48)) * np.float32(top / 8)).astype(np.float32)
+    x[0, :8] = top
+    grid = lambda v: v.astype(_dtype(name)).astype(np.float32)
+    return grid(x), grid(x[::-1] * np.float32(0.75))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_result_is_stored_by_one_conversion_of_what_the_walk_rounded(name):
+    """`Tensor + Tensor` stores the sum with one conversion (`_compute.Rounded`): the bits
+    of ml_dtypes' conversion of numpy's float32 sum, jitted and eagerly; no rounding pass
+    of XLA's in the program; and a transposed result (the record kept by the move, the
+    value not) the transpose of those bits."""
+    x, y = _operands(name)
+    a = precision.Tensor(x).to_reduced_precision(name)
+    b = precision.Tensor(y).to_reduced_precision(name)
+    with np.errstate(over="ignore"):
+        want = _reference_bits(name, x + y)
+    bits = lambda t: np.asarray(t.encoded.data).view(_bits(_dtype(name)))
+    for add in (lambda p, q: p + q, jax.jit(lambda p, q: p + q)):
+        np.testing.assert_array_equal(bits(add(a, b)), want)
+    moved = precision.apply(lambda p, q: (p + q).T)
+    for run in (moved, jax.jit(moved)):
+        np.testing.assert_array_equal(bits(run(a, b)), want.T)
+    hlo = jax.jit(lambda p, q: p + q).lower(a, b).compile().as_text()
+    assert "reduce-precision(" not in hlo
+
+
+def test_a_rounding_record_serves_its_own_value_alone():
+    """A state keeps its `Rounded` record wherever it goes (a rule may hand it to another
+    value); a result is converted from the record's raw value only when it is that
+    record's very value, else stored as it is."""
+    from precision._apply._apply import _storage_of
+    from precision._compute._state import Context, Rounded, State
+
+    fmt = dtypes.get("bfloat16")
+    raw = jnp.array([1.00390625, 3.0, -2.5], jnp.float32)
+    rounded = fmt.round(raw)
+    other = jnp.array([5.0, 7.0, 0.5], jnp.float32)
+    state = State(fmt, True, rounded=Rounded(rounded, raw))
+    store = lambda v: np.asarray(_storage_of(v, state, np.dtype(np.float32), Context()).data)
+    assert store(rounded).astype(np.float32).tolist() == np.asarray(rounded).tolist()
+    assert store(other).astype(np.float32).tolist() == [5.0, 7.0, 0.5]
