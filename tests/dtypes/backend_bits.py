@@ -26,7 +26,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,6 +39,18 @@ FAST_MATH_FLAGS = (
     "--xla_cpu_fast_math_honor_nans=false --xla_cpu_fast_math_honor_infs=false "
     "--xla_cpu_fast_math_honor_functions=false"
 )
+
+
+def run_under_flags(code: str, flags: str, paths: list[Path]) -> None:
+    """Run `code` in a fresh Python on XLA:CPU under `flags` (JAX reads them once, at its
+    start), with `paths` first on its `sys.path`; raise with its stderr if it fails."""
+    root = Path(__file__).resolve().parents[2]
+    head = f"import sys\nsys.path[:0] = {[str(p) for p in paths]!r}\n"
+    env = dict(os.environ, XLA_FLAGS=flags, PYTHONPATH=str(root), JAX_PLATFORMS="cpu")
+    args = [sys.executable, "-c", head + code]
+    done = subprocess.run(args, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
 
 # int1's mean-absolute scales under these scalings take a pairwise sum, which XLA:CPU's
 # fast-math flags reassociate (one ulp in a few groups); XLA:GPU does not reassociate,

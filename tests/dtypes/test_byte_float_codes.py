@@ -12,9 +12,6 @@ XLA's own conversion on all 2**32 float32 patterns.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -22,7 +19,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from backend_bits import FAST_MATH_FLAGS
+from backend_bits import FAST_MATH_FLAGS, run_under_flags
 from jax import lax
 from sampling import HUNT
 
@@ -74,8 +71,7 @@ def test_codes_are_ml_dtypes_conversion_under_any_flags(flags):
     """The same comparison in a fresh process under XLA's flags: the fast-math ones assume
     no NaN or inf and flush subnormals, and the codes must not move."""
     code = (
-        "import sys, jax, ml_dtypes, numpy as np\n"
-        f"sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]\n"
+        "import jax, ml_dtypes, numpy as np\n"
         "from test_byte_float_codes import NAMES, boundary_patterns, _reference\n"
         "from dtypes import _ieee\n"
         "for name in NAMES:\n"
@@ -85,9 +81,8 @@ def test_codes_are_ml_dtypes_conversion_under_any_flags(flags):
         ".view(np.uint8)\n"
         "    assert (got == _reference(x, dtype)).all(), name\n"
     )
-    env = dict(os.environ, XLA_FLAGS=flags, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    here = Path(__file__).resolve()
+    run_under_flags(code, flags, [here.parent, here.parents[1]])
 
 
 @pytest.mark.parametrize("name", NAMES)

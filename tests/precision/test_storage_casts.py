@@ -11,8 +11,6 @@ the value overflowed) at every one of those values.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,7 +26,7 @@ import dtypes
 import precision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dtypes"))
-from backend_bits import FAST_MATH_FLAGS
+from backend_bits import FAST_MATH_FLAGS, run_under_flags
 
 BYTES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3", "float8_e3m4")
 NAMES = ("bfloat16", "float16", *BYTES)
@@ -103,18 +101,14 @@ def test_stored_bits_are_ml_dtypes_conversion_under_any_flags(flags):
     """The same comparison in a fresh process under XLA's flags: the fast-math ones assume
     no NaN or inf and flush subnormals, and the stored bits must not move."""
     code = (
-        "import sys\n"
-        f"sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]\n"
-        "import numpy as np\n"
         "from test_storage_casts import NAMES, _inputs, _reference_bits, _stored_bits\n"
         "for name in NAMES:\n"
         "    x = _inputs(name)\n"
         "    for got in _stored_bits(name, x):\n"
         "        assert (got == _reference_bits(name, x)).all(), name\n"
     )
-    env = dict(os.environ, XLA_FLAGS=flags, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    here = Path(__file__).resolve()
+    run_under_flags(code, flags, [here.parent, here.parents[1]])
 
 
 @pytest.mark.parametrize("name", NAMES)
