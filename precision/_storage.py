@@ -216,22 +216,14 @@ def converts_by_rounding(fmt: dtypes.Format, x: Any) -> bool:
     float16 1.4x against 1.0x)."""
     container = np.dtype(fmt.container)
     narrow = container.itemsize < 4 and container.kind in "fV"  # (ml_dtypes' kind is V)
-    return narrow and _own_container(fmt, x)
+    float32 = np.dtype(getattr(x, "dtype", np.float64)) == np.float32
+    return narrow and float32 and isinstance(fmt, dtypes.FloatFormat) and not fmt.saturate
 
 
 def _byte_float(fmt: dtypes.Format, x: Any) -> bool:
     """Whether `fmt` keeps float32 `x` in a one-byte float container of its own (the
     float8 formats), which `dtypes.astype` converts into fastest."""
-    container = np.dtype(fmt.container)
-    one_byte = container.itemsize == 1 and container.kind in "fV"  # (ml_dtypes' float8s)
-    return one_byte and _own_container(fmt, x)
-
-
-def _own_container(fmt: dtypes.Format, x: Any) -> bool:
-    """Whether `fmt` holds float32 `x` in its native float container, rounding to
-    nearest even onto the container's own grid (no saturation)."""
-    float32 = np.dtype(getattr(x, "dtype", np.float64)) == np.float32
-    return float32 and isinstance(fmt, dtypes.FloatFormat) and not fmt.saturate
+    return converts_by_rounding(fmt, x) and np.dtype(fmt.container).itemsize == 1
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))

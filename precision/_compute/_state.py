@@ -56,8 +56,8 @@ class View(NamedTuple):
 class Rounded(NamedTuple):
     """`value` is the rounding of `raw` onto its state's format, made by the walk.
 
-    A result stored in a container whose conversion is that rounding (bfloat16, the
-    float8s: `_storage.converts_by_rounding`) is converted from `raw`: the cast of the
+    A result stored in a container whose conversion is that rounding (bfloat16, float16,
+    the float8s: `_storage.converts_by_rounding`) is converted from `raw`: the cast of the
     rounded value would have XLA compute the rounding twice (bfloat16 `Tensor +
     Tensor` 1.3-1.4x the plain expression's time on a CPU). Trusted only while the
     value is that very object: a move or a new state keeps the record but not the
