@@ -38,6 +38,7 @@ __all__ = [
     "max_bits",
     "pairwise_sum",
     "per_group",
+    "traced_once",
 ]
 
 
@@ -106,6 +107,8 @@ def absmax_made_once(x: jax.Array, scaling: Scaling, make: Callable[[jax.Array],
       (`_max_bits_cpu`), which XLA:CPU vectorises: 11-12 us against 23-25 for the
       integer max over 2048 rows.
     """
+
+    make = traced_once(make)
 
     def whole(x: jax.Array) -> Any:
         return per_group(make, group_absmax(x, scaling).astype(jnp.float32))
@@ -340,10 +343,35 @@ def per_group(make: Callable[..., Any], *inputs: jax.Array) -> Any:
     value, as costly as the division itself for 65,536 blocks; int8 per block of 32
     0.82x the time, int2's `round` per block 0.83x, MX 0.9x, the same bits.)
     """
+    make = traced_once(make)
     outputs = jax.eval_shape(make, *inputs)
     if all(leaf.size <= 1 for leaf in jax.tree_util.tree_leaves(outputs)):
         return make(*inputs)
     return computed_once(make, *inputs)
+
+
+def traced_once(make: Callable[..., Any]) -> Callable[..., Any]:
+    """`make`, traced once for all the calls of it with the same argument shapes.
+
+    A per-group computation is asked for its shapes (`jax.eval_shape`), then traced in
+    each branch of `lax.platform_dependent` (`computed_once`: the CPU's conditional and
+    every other platform's plain call): four traces of the same code, and these are
+    the costliest to trace of an encode (a correctly rounded division is a hundred
+    operations, each a `jnp` call). As a `jax.jit` function it is traced at its first
+    call and the others reuse that trace; the program compiled is the same (XLA inlines
+    the call)."""
+    if getattr(make, _MARK, False):
+        return make
+    jitted = jax.jit(make)
+
+    def traced(*args: Any) -> Any:
+        return jitted(*args)
+
+    setattr(traced, _MARK, True)
+    return traced
+
+
+_MARK = "_dtypes_traced_once"  # (set on the functions `traced_once` returns)
 
 
 def computed_once(make: Callable[..., Any], *inputs: jax.Array) -> Any:
@@ -378,6 +406,7 @@ def computed_once(make: Callable[..., Any], *inputs: jax.Array) -> Any:
     inputs = tuple(numeric_array(x, f"computed_once: input {i}") for i, x in enumerate(inputs))
     if not any(x.size for x in inputs):  # (nothing to read a predicate from)
         return make(*inputs)
+    make = traced_once(make)
 
     def held(*xs: jax.Array) -> Any:
         probe = jnp.real(next(x for x in xs if x.size).ravel()[0])

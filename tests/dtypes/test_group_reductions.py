@@ -252,3 +252,48 @@ def test_the_absmax_finished_in_the_conditional_gives_the_same_scales(shape, axi
         bad = ~np.isfinite(flushed).all(axis=1 - axis, keepdims=True)
     want = np.where(bad, np.nan, np.where(amax == 0, np.float32(1), amax / np.float32(127)))
     np.testing.assert_array_equal(np.asarray(enc.scale), want.astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [dtypes.PerTensor(), dtypes.PerAxis(0), dtypes.PerBlock(32)],
+    ids=["tensor", "row", "block"],
+)
+def test_per_group_values_are_traced_once(scaling):
+    """`absmax_made_once` asks its per-group function for its shapes, then `per_group`
+    does, then `computed_once` traces it in the CPU's conditional and again for every
+    other platform (`lax.platform_dependent` traces each branch): one Python trace
+    serves them all (`traced_once`), so a model's first trace does not pay a correctly
+    rounded division four times per quantized operand."""
+    calls: list[tuple[int, ...]] = []
+
+    def made(absmax: jax.Array) -> tuple[jax.Array, jax.Array]:
+        calls.append(absmax.shape)
+        return absmax * 2, absmax + 1
+
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((64, 128)), jnp.float32)
+    jax.jit(lambda v: _per_group.absmax_made_once(v, scaling, made)).lower(x)
+    assert len(calls) == 1, calls
+    calls.clear()  # (shapes not seen above: a trace of the same function is reused)
+    jax.jit(lambda v: _per_group.per_group(made, v)).lower(x[:3, :7])
+    jax.jit(lambda v: dtypes.computed_once(made, v)).lower(x[:5, :9])
+    assert calls == [(3, 7), (5, 9)], calls
+
+
+def test_an_encode_traces_its_division_once_per_quantized_operand(monkeypatch):
+    """The whole chain as an encode uses it: the scales' correctly rounded division is
+    traced once per encode of a new shape (it was four times)."""
+    from dtypes import _ieee, _scale_rules
+
+    traced = []
+    divide = _ieee.divide
+
+    def counted(a, b):
+        traced.append(1)
+        return divide(a, b)
+
+    monkeypatch.setattr(_scale_rules, "divide", counted)
+    x = jnp.ones((48, 96), jnp.float32)
+    jax.jit(lambda v: dtypes.get("int8").encode(v, scaling=dtypes.PerAxis(0))).lower(x)
+    # (int8: one division for the scale, one for the reciprocal)
+    assert len(traced) == 2, traced
