@@ -58,6 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.extend.core import jaxpr_as_fun
 
 import dtypes
 
@@ -293,6 +294,8 @@ class _QuantizedContraction:
     b: _Side
     fast_accumulation: bool = True
     original: bool = False  # the backward dots take the operands as given
+    # each operand's quantization as traced, by (side, shape, dtype): see `_quantized`
+    traced: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False)
 
     def bind_f32(self, x: jax.Array, y: jax.Array) -> jax.Array:
         """The contraction of float operands, accumulated in float32."""
@@ -317,8 +320,26 @@ class _QuantizedContraction:
         once: bool,
     ) -> Any:
         if once and codes is None and own is None:
-            return _computed_once(lambda x: self.operand(x, side, None, None), x)
+            return _computed_once(lambda x: self._quantized(x, side), x)
         return self.operand(x, side, codes, own)
+
+    def _quantized(self, x: jax.Array, side: _Side) -> Any:
+        """`operand(x, side)` for an operand quantized here, traced once per shape.
+
+        JAX traces a custom VJP's function and its forward pass apart, and their traces
+        do not share its cache (the abstract mesh context differs between them), so
+        each operand's encode, the costliest part of a trace, was traced twice. The
+        first trace is kept as a jaxpr and the second replays it."""
+        key = (side is self.a, x.shape, x.dtype, getattr(x, "weak_type", False))
+        if key not in self.traced:
+
+            def quantize(x: jax.Array) -> Any:
+                return self.operand(x, side, None, None)
+
+            closed, shapes = jax.make_jaxpr(quantize, return_shape=True)(x)
+            self.traced[key] = (closed, jax.tree_util.tree_structure(shapes))
+        closed, tree = self.traced[key]
+        return jax.tree_util.tree_unflatten(tree, jaxpr_as_fun(closed)(x))
 
     def operand(
         self, x: jax.Array, side: _Side, codes: _IntOperand | None, own: dtypes.Encoded | None

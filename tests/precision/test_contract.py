@@ -603,6 +603,29 @@ def test_the_default_rule_decodes_each_operand_at_its_gradient_dot():
     assert ours <= theirs + 1.5 * weight, (ours, theirs, weight)
 
 
+def test_each_operand_is_traced_once_for_the_function_and_its_forward_pass(monkeypatch):
+    """JAX traces a custom VJP's function and its forward pass apart, and their traces
+    do not share its cache: the quantization of each operand, the costliest part of a
+    trace, is traced for the first and replayed for the second (`_quantized`), so a
+    model's first step takes about half the time to trace. Shapes no other test uses:
+    an encode of a shape seen before is not traced again at all."""
+    from dtypes import _int_codec
+
+    traced: list[tuple[int, ...]] = []
+    int_codes = _int_codec._int_codes
+
+    def counted(fmt, x, *args, **kwargs):
+        traced.append(tuple(x.shape))
+        return int_codes(fmt, x, *args, **kwargs)
+
+    monkeypatch.setattr(_int_codec, "_int_codes", counted)
+    w = jnp.ones((37, 29), jnp.float32)
+    x = jnp.ones((13, 37), jnp.float32)
+    f = precision.apply(lambda w, x: jnp.tanh(x @ w), contract="int8")
+    jax.jit(jax.grad(lambda w, x: jnp.sum(f(w, x)))).lower(w, x)
+    assert sorted(traced) == [(13, 37), (37, 29)], traced
+
+
 # -- the no-mixing rule, and declarations ------------------------------------
 
 
