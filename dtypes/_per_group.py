@@ -362,11 +362,7 @@ def traced_once(make: Callable[..., Any]) -> Callable[..., Any]:
     the call)."""
     if getattr(make, _MARK, False):
         return make
-    jitted = jax.jit(make)
-
-    def traced(*args: Any) -> Any:
-        return jitted(*args)
-
+    traced = jax.jit(make)
     setattr(traced, _MARK, True)
     return traced
 
