@@ -207,7 +207,7 @@ def divide(a: Any, b: Any) -> jax.Array:
     exponent = lax.sub(lax.sub(lax.add(ea, u32(127 + 256)), eb), one_if_short)
     # estimate: (ma / mb) * 2**23, or 2**24 when short; both significands are exact floats
     ratio = lax.div(_as(ma, jnp.float32), _as(mb, jnp.float32))
-    scaled = lax.select(short, _full(ratio, 2.0**24), _full(ratio, 2.0**23))
+    scaled = lax.select(short, lax.full_like(ratio, 2.0**24), lax.full_like(ratio, 2.0**23))
     estimate = lax.min(lax.max(lax.mul(ratio, scaled), np.float32(2.0**22)), np.float32(2.0**25))
     q = _as(lax.round(estimate, lax.RoundingMethod.TO_NEAREST_EVEN), jnp.int32)
     # remainder (ma << (23 + short)) - q * mb, exact in wrapping 32-bit arithmetic
@@ -222,7 +222,8 @@ def divide(a: Any, b: Any) -> jax.Array:
         step = lax.sub(step, _one(lax.lt(twice, lax.mul(d, i32(-3)))))
         q = lax.add(q, step)
         rem = lax.sub(rem, lax.mul(step, d))
-    # |rem| <= mb / 2 now; exactly half is a tie, settled towards the even q
+    # |rem| <= mb / 2 now; exactly half would be a tie, settled towards the even q (no
+    # quotient of two float32 significands is one: that needs 2**24 to divide mb)
     twice, odd = lax.mul(rem, i32(2)), lax.eq(lax.bitwise_and(q, i32(1)), i32(1))
     tie_up, tie_down = lax.eq(twice, d), lax.eq(twice, minus_d)
     mant = lax.add(q, _one(lax.bitwise_and(tie_up, odd)))
@@ -235,7 +236,8 @@ def divide(a: Any, b: Any) -> jax.Array:
     over = lax.ge(exponent, u32(256 + 255))
     body = lax.shift_left(lax.sub(exponent, u32(256)), u32(23))
     body = lax.bitwise_or(body, lax.bitwise_and(mant, u32(_FRACTION)))
-    bits = lax.select(under, _full(body, 0), lax.select(over, _full(body, _EXP_ONES), body))
+    zero, inf = lax.full_like(body, 0), lax.full_like(body, _EXP_ONES)
+    bits = lax.select(under, zero, lax.select(over, inf, body))
     return lax.bitcast_convert_type(lax.bitwise_or(sign, bits), jnp.float32)
 
 
@@ -245,11 +247,7 @@ def _as(x: jax.Array, dtype: Any) -> jax.Array:
 
 def _one(where: jax.Array) -> jax.Array:
     """int32 1 where `where` holds, else 0."""
-    return lax.convert_element_type(where, jnp.int32)
-
-
-def _full(like: jax.Array, value: float) -> jax.Array:
-    return lax.full_like(like, value)
+    return _as(where, jnp.int32)
 
 
 def to_float32(x: jax.Array) -> jax.Array:
