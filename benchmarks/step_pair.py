@@ -15,17 +15,27 @@ transformer MLP blocks (with `--width 512 --batch 512`, `peers.py`'s).
 thread pools): on one core the steps' work is compared without XLA:CPU's
 scheduling of kernels over two threads.
 
+`--profile 30` also profiles that many calls of ours and of Qwix's (JAX's profiler) and
+prints, per call (medians), the time of the kernels that are dots, of all the other
+kernels, and how long after the call's first kernel its first dot starts: where the two
+programs' work differs, and where XLA:CPU's ordering of it does.
+
     python benchmarks/step_pair.py --rounds 100
     python benchmarks/step_pair.py --rounds 100 --cpus 0
+    python benchmarks/step_pair.py --rounds 20 --profile 30
     python benchmarks/step_pair.py --rounds 100 --row ptq --model block --width 512 --batch 512
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import random
+import re
+import tempfile
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         "--cpus",
         type=lambda s: {int(c) for c in s.split(",")},
         help="comma-separated CPU numbers to run on (Linux), e.g. 0",
+    )
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="CALLS",
+        help="also profile this many calls of ours and of Qwix's",
     )
     args = p.parse_args(argv)
     if args.cpus is not None:  # before the first JAX call creates the client's pools
@@ -117,7 +134,62 @@ def main(argv: list[str] | None = None) -> int:
         f"jax {jax.__version__}, {jax.devices()[0].device_kind}, "
         f"{len(os.sched_getaffinity(0))} CPUs)",
     )
+    for k in ("ours1", "qwix") if args.profile else ():
+        f, params = steps[k]
+        dots, others, first = _profile(f, params, x, args.profile)
+        print(
+            f"  {k}: dots {dots:.2f} ms, other kernels {others:.2f} ms a call; the first dot "
+            f"starts {first:.2f} ms after the call's first kernel (medians of {args.profile})"
+        )
     return 0
+
+
+def _profile(compiled: Any, params: Any, x: jax.Array, calls: int) -> tuple[float, float, float]:
+    """(dot kernels' ms, other kernels' ms, ms from the first kernel to the first dot's
+    start), medians over `calls` profiled calls of `compiled`."""
+    hlo = compiled.as_text()
+    bodies = dict(re.findall(r"\n(%\S+) [^\n]*\{\n(.*?)\n\}", hlo, flags=re.S))
+    kinds: dict[str, str] = {}  # kernel name -> "dot" / "other" (conditionals: neither)
+    for name, opcode, rest in re.findall(r"%(\S+) = \S+ ([\w-]+)\((.*)", hlo):
+        called = re.search(r"calls=(%\S+?)[,\s]", rest)
+        body = bodies.get(called.group(1), "") if called else ""
+        if opcode == "dot" or " dot(" in body:
+            kinds[name] = "dot"
+        elif opcode in ("fusion", "copy", "custom-call", "reduce", "reduce-window", "sort"):
+            kinds[name] = "other"
+    for _ in range(3):
+        jax.block_until_ready(compiled(params, x))
+    with tempfile.TemporaryDirectory() as where:
+        with jax.profiler.trace(where):
+            for _ in range(calls):
+                jax.block_until_ready(compiled(params, x))
+        data = jax.profiler.ProfileData.from_file(
+            glob.glob(f"{where}/**/*.xplane.pb", recursive=True)[0]
+        )
+    calls_at, kernels = [], []
+    for plane in data.planes:
+        for line in plane.lines:
+            for ev in line.events:
+                if ev.name == "CommonPjRtLoadedExecutable::ExecuteHelperOnSingleDevice":
+                    calls_at.append(ev.start_ns)
+                elif ev.name in kinds:
+                    kernels.append((ev.start_ns, ev.duration_ns, kinds[ev.name]))
+    calls_at.sort()
+    per_call = []
+    for start, end in zip(calls_at, [*calls_at[1:], float("inf")], strict=True):
+        mine = sorted(k for k in kernels if start <= k[0] < end)
+        dot_starts = [k[0] for k in mine if k[2] == "dot"]
+        if not mine or not dot_starts:
+            continue
+        per_call.append(
+            (
+                sum(k[1] for k in mine if k[2] == "dot") / 1e6,
+                sum(k[1] for k in mine if k[2] == "other") / 1e6,
+                (dot_starts[0] - mine[0][0]) / 1e6,
+            )
+        )
+    dots, others, first = np.median(np.asarray(per_call), axis=0)
+    return float(dots), float(others), float(first)
 
 
 if __name__ == "__main__":
