@@ -106,6 +106,10 @@ def absmax_made_once(x: jax.Array, scaling: Scaling, make: Callable[[jax.Array],
       forward took 0.98-0.99x the time. The lanes left of a row are compared as floats
       (`_max_bits_cpu`), which XLA:CPU vectorises: 11-12 us against 23-25 for the
       integer max over 2048 rows.
+
+    Both conditionals take their predicate from `x` (`computed_once`'s), one for the two:
+    the W8A8 training step of that MLP traced in 0.81 s of CPU against 0.90 with one
+    each, five kernels fewer, its time and bits the same.
     """
 
     make = traced_once(make)
@@ -144,7 +148,9 @@ def absmax_made_once(x: jax.Array, scaling: Scaling, make: Callable[[jax.Array],
             # (what is left is small: lanes compared as floats, or one plain reduction)
             return make(_absmax_of(_max_bits_cpu(partial, rest).reshape(shape)))
 
-        return computed_once(made, computed_once(stages, x))
+        # (the two conditionals read one predicate: one kernel and one trace fewer)
+        always = _always(x)
+        return _held(traced_once(made), always, _held(traced_once(stages), always, x))
 
     return lax.platform_dependent(x, cpu=cpu, default=whole)
 
@@ -405,25 +411,37 @@ def computed_once(make: Callable[..., Any], *inputs: jax.Array) -> Any:
     make = traced_once(make)
 
     def held(*xs: jax.Array) -> Any:
-        probe = jnp.real(next(x for x in xs if x.size).ravel()[0])
-        bits = lax.bitcast_convert_type(probe.astype(jnp.float32), jnp.uint32)
-        always = (bits | jnp.uint32(1)) != 0  # true for every value; XLA cannot tell
-        made: list[Any] = []
-
-        def once(*xs: jax.Array) -> Any:
-            out = make(*xs)
-            shape = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
-            made.append(jax.tree_util.tree_map(shape, out))
-            return out
-
-        def never(*xs: jax.Array) -> Any:
-            # zeros shaped like `once`'s result, traced first; traced again only if not
-            shapes = made[0] if made else jax.eval_shape(make, *xs)
-            return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-        return lax.cond(always, once, never, *xs)
+        return _held(make, _always(*xs), *xs)
 
     return lax.platform_dependent(*inputs, cpu=held, default=make)
+
+
+def _always(*xs: jax.Array) -> jax.Array:
+    """A predicate true for every value of the inputs that XLA cannot tell is: read from
+    the bits of the first element of the first non-empty input."""
+    probe = jnp.real(next(x for x in xs if x.size).ravel()[0])
+    bits = lax.bitcast_convert_type(probe.astype(jnp.float32), jnp.uint32)
+    always: jax.Array = (bits | jnp.uint32(1)) != 0
+    return always
+
+
+def _held(make: Callable[..., Any], always: jax.Array, *xs: jax.Array) -> Any:
+    """`make(*xs)` inside a conditional whose predicate `always` is true (see
+    `computed_once`), on XLA:CPU."""
+    made: list[Any] = []
+
+    def once(*xs: jax.Array) -> Any:
+        out = make(*xs)
+        shape = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
+        made.append(jax.tree_util.tree_map(shape, out))
+        return out
+
+    def never(*xs: jax.Array) -> Any:
+        # zeros shaped like `once`'s result, traced first; traced again only if not
+        shapes = made[0] if made else jax.eval_shape(make, *xs)
+        return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    return lax.cond(always, once, never, *xs)
 
 
 _UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
