@@ -50,6 +50,7 @@ __all__ = [
     "is_inf",
     "is_nan",
     "nan_where",
+    "quotient_times_pow2",
     "select",
     "times_pow2",
     "times_pow2_down",
@@ -195,7 +196,7 @@ def divide(a: Any, b: Any) -> jax.Array:
     # (in `lax` with literal operands, the program `jnp`'s operators and `where` would
     # make: traced in 31 ms a shape against their 69; a scale rule traces two a shape)
     ua, ub = jnp.broadcast_arrays(_bits(a), _bits(b))
-    u32, i32 = np.uint32, np.int32
+    u32 = np.uint32
     ea = lax.bitwise_and(lax.shift_right_logical(ua, u32(23)), u32(0xFF))
     eb = lax.bitwise_and(lax.shift_right_logical(ub, u32(23)), u32(0xFF))
     ma = lax.bitwise_or(lax.bitwise_and(ua, u32(_FRACTION)), u32(_HIDDEN))
@@ -210,24 +211,9 @@ def divide(a: Any, b: Any) -> jax.Array:
     scaled = lax.select(short, lax.full_like(ratio, 2.0**24), lax.full_like(ratio, 2.0**23))
     estimate = lax.min(lax.max(lax.mul(ratio, scaled), np.float32(2.0**22)), np.float32(2.0**25))
     q = _as(lax.round(estimate, lax.RoundingMethod.TO_NEAREST_EVEN), jnp.int32)
-    # remainder (ma << (23 + short)) - q * mb, exact in wrapping 32-bit arithmetic
+    # the dividend (ma << (23 + short)), whose low 32 bits the remainder needs
     shifted = lax.shift_left(lax.shift_left(ma, u32(23)), one_if_short)
-    rem = lax.bitcast_convert_type(lax.sub(shifted, lax.mul(_as(q, jnp.uint32), mb)), jnp.int32)
-    d = _as(mb, jnp.int32)
-    minus_d = lax.neg(d)
-    for _ in range(2):  # each round moves q by round(rem / d) while |rem| < 2.5 d
-        twice = lax.mul(rem, i32(2))
-        step = lax.add(_one(lax.gt(twice, d)), _one(lax.gt(twice, lax.mul(d, i32(3)))))
-        step = lax.sub(step, _one(lax.lt(twice, minus_d)))
-        step = lax.sub(step, _one(lax.lt(twice, lax.mul(d, i32(-3)))))
-        q = lax.add(q, step)
-        rem = lax.sub(rem, lax.mul(step, d))
-    # |rem| <= mb / 2 now; exactly half would be a tie, settled towards the even q (no
-    # quotient of two float32 significands is one: that needs 2**24 to divide mb)
-    twice, odd = lax.mul(rem, i32(2)), lax.eq(lax.bitwise_and(q, i32(1)), i32(1))
-    tie_up, tie_down = lax.eq(twice, d), lax.eq(twice, minus_d)
-    mant = lax.add(q, _one(lax.bitwise_and(tie_up, odd)))
-    mant = _as(lax.sub(mant, _one(lax.bitwise_and(tie_down, odd))), jnp.uint32)
+    mant = _nearest_quotient(shifted, q, mb)
     carry = lax.shift_right_logical(mant, u32(24))  # rounded up to 2**24: one more exponent
     exponent = lax.add(exponent, carry)
     mant = lax.shift_right_logical(mant, carry)
@@ -239,6 +225,72 @@ def divide(a: Any, b: Any) -> jax.Array:
     zero, inf = lax.full_like(body, 0), lax.full_like(body, _EXP_ONES)
     bits = lax.select(under, zero, lax.select(over, inf, body))
     return lax.bitcast_convert_type(lax.bitwise_or(sign, bits), jnp.float32)
+
+
+def _nearest_quotient(dividend: jax.Array, q: jax.Array, divisor: jax.Array) -> jax.Array:
+    """The integer nearest `n / divisor` (ties to even, uint32), from an estimate `q`
+    (int32) within 4 of it: `dividend` holds the low 32 bits of the integer `n`, and
+    the remainder `n - q * divisor`, a few times `divisor` at most (below 2**26), is
+    exact in wrapping 32-bit arithmetic. Two rounds of correction, each moving `q` by
+    `round(rem / divisor)` while `|rem| < 2.5 divisor`, bring `|rem|` to at most half
+    the divisor; exactly half is a tie, settled towards the even `q`."""
+    i32 = np.int32
+    wrapped = lax.sub(dividend, lax.mul(_as(q, jnp.uint32), divisor))
+    rem = lax.bitcast_convert_type(wrapped, jnp.int32)
+    d = _as(divisor, jnp.int32)
+    minus_d = lax.neg(d)
+    for _ in range(2):
+        twice = lax.mul(rem, i32(2))
+        step = lax.add(_one(lax.gt(twice, d)), _one(lax.gt(twice, lax.mul(d, i32(3)))))
+        step = lax.sub(step, _one(lax.lt(twice, minus_d)))
+        step = lax.sub(step, _one(lax.lt(twice, lax.mul(d, i32(-3)))))
+        q = lax.add(q, step)
+        rem = lax.sub(rem, lax.mul(step, d))
+    twice, odd = lax.mul(rem, i32(2)), lax.eq(lax.bitwise_and(q, i32(1)), i32(1))
+    tie_up, tie_down = lax.eq(twice, d), lax.eq(twice, minus_d)
+    mant = lax.add(q, _one(lax.bitwise_and(tie_up, odd)))
+    return _as(lax.sub(mant, _one(lax.bitwise_and(tie_down, odd))), jnp.uint32)
+
+
+def quotient_times_pow2(a: np.float32, b: jax.Array, shift: jax.Array) -> jax.Array:
+    """`a / b` rounded to nearest even as IEEE arithmetic that keeps subnormals rounds it
+    (numpy's: below 2**-126 on the subnormal grid, multiples of 2**-149), times
+    `2**shift`, exactly, on every backend. For a positive constant `a`, finite normal
+    `b` > 0, and int32 `shift` that makes the result a normal float32.
+
+    A scale rule takes a reciprocal that may be subnormal (int2's `1 / absmax` past
+    2**126) times 2**64, since XLA:CPU flushes subnormals: the scaled value must be the
+    subnormal's, of fewer significant bits than `divide(a * 2**64, b)` keeps, or the
+    products `x * (a / b)` differ from the rule's in their last bit. As `divide`: the
+    significands' quotient estimated by the backend's division, then rounded exactly in
+    integers (`_nearest_quotient`), at the position a subnormal quotient rounds at.
+    """
+    ta = int(np.float32(a).view(np.uint32))
+    ma, ea = (ta & _FRACTION) | _HIDDEN, (ta >> 23) & 0xFF
+    u32, i32 = np.uint32, np.int32
+    ub = lax.bitcast_convert_type(jnp.asarray(b, jnp.float32), jnp.uint32)
+    mb = lax.bitwise_or(lax.bitwise_and(ub, u32(_FRACTION)), u32(_HIDDEN))
+    eb = _as(lax.bitwise_and(lax.shift_right_logical(ub, u32(23)), u32(0xFF)), jnp.int32)
+    short = _one(lax.lt(u32(ma), mb))  # 1 where ma < mb: the quotient's significand is below 1
+    # the quotient's biased exponent (subnormal below 1, where `below` bits are lost)
+    e = lax.sub(lax.sub(i32(ea + 127), eb), short)
+    below = lax.clamp(i32(0), lax.sub(i32(1), e), lax.add(short, i32(23)))
+    # the significand, rounded at its last place: nearest ma * 2**point / mb
+    point = lax.sub(lax.add(short, i32(23)), below)
+    ratio = lax.div(np.float32(ma), _as(mb, jnp.float32))
+    q = _as(lax.round(lax.mul(ratio, _pow2(point)), lax.RoundingMethod.TO_NEAREST_EVEN), jnp.int32)
+    dividend = lax.shift_left(lax.full_like(mb, u32(ma)), _as(point, jnp.uint32))
+    m = _nearest_quotient(dividend, q, mb)
+    # m * 2**(e + below - 150) * 2**shift, the power of two applied on the bits
+    k = lax.add(lax.add(e, below), lax.sub(shift, i32(150)))
+    return times_pow2(_as(m, jnp.float32), _pow2(k))
+
+
+def _pow2(k: jax.Array) -> jax.Array:
+    """2**k (int32 `k`, clamped to float32's normal exponents) built from its bits."""
+    k = lax.clamp(np.int32(-126), k, np.int32(127))
+    bits = lax.shift_left(_as(lax.add(k, np.int32(127)), jnp.uint32), np.uint32(23))
+    return lax.bitcast_convert_type(bits, jnp.float32)
 
 
 def _as(x: jax.Array, dtype: Any) -> jax.Array:

@@ -22,7 +22,7 @@ from jax import lax
 
 from . import _ieee
 from ._bit_rounding import round_integer
-from ._ieee import divide, is_finite, is_nan, nan_where, select
+from ._ieee import divide, is_finite, is_nan, nan_where, quotient_times_pow2, select
 from ._per_group import (
     absmax_made_once,
     computed_once,
@@ -41,6 +41,7 @@ __all__ = [
     "nearest_steps_cpu",
     "needs_prescale",
     "pow2",
+    "prescaled_reciprocal",
     "scales",
     "times_reciprocal",
 ]
@@ -203,13 +204,11 @@ def _scales(
             # take the scale one ulp lower there, so every code decodes finite.
             over = scale >= _overflows_times(top32)
             scale = jnp.where(over, jnp.nextafter(scale, jnp.float32(0)), scale)
-        # For absmax beyond 2**100 the reciprocal top / absmax would be a
-        # subnormal, which XLA on CPU flushes to zero: divide x and absmax by
-        # 2**64 first (exact), which gives the very same codes.
+        # For absmax beyond 2**100 the reciprocal top / absmax can be a float32
+        # subnormal, which XLA on CPU flushes to zero: it is taken times 2**64, x
+        # times 2**-64 (exact), and the codes are the same (`prescaled_reciprocal`).
         if prescale:
-            big = absmax > np.float32(2.0**100)
-            pre = jnp.where(big, jnp.float32(2.0**-64), jnp.float32(1))
-            inv = divide(top32, absmax * pre)
+            pre, inv = prescaled_reciprocal(top32, absmax)
         else:
             inv = divide(top32, absmax)
         # absmax / top below the smallest normal (the comparison is exact)
@@ -217,6 +216,18 @@ def _scales(
         scale = jnp.where(tiny, TINY, scale)
         inv = jnp.where(tiny, jnp.float32(2.0**126), inv)
     return scale, inv, pre
+
+
+def prescaled_reciprocal(top: np.float32, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(prescale, reciprocal) of finite, normal `b` > 0 whose `top / b` may lie below
+    float32's normal range (`needs_prescale`): past 2**100 the prescale is 2**-64 and the
+    reciprocal `top / b` times 2**64, so that `(x * prescale) * reciprocal` is `x * (top
+    / b)` with a normal reciprocal (XLA:CPU flushes subnormals). The reciprocal is
+    rounded where numpy rounds `top / b`, a float32 subnormal past `top * 2**126`
+    (`quotient_times_pow2`): the products are then the rule's in every rounding mode."""
+    big = b > np.float32(2.0**100)
+    pre = jnp.where(big, jnp.float32(2.0**-64), jnp.float32(1))
+    return pre, quotient_times_pow2(top, b, jnp.where(big, np.int32(64), np.int32(0)))
 
 
 @functools.cache

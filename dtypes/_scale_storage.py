@@ -50,6 +50,7 @@ from jax import lax
 
 from ._ieee import divide, from_float32, is_finite, is_nan, nan_where, select, to_float32
 from ._per_group import group_absmax, per_group
+from ._scale_rules import prescaled_reciprocal
 from ._scaling import Scaling, scale_dtype
 
 __all__ = ["narrow", "widen"]
@@ -107,13 +108,11 @@ def narrow(
         finite = is_finite(s32)
         s32 = select(finite, s32, jnp.float32(1))  # no NaN enters the arithmetic
         pre = None
-        if prescale:
-            big = s32 > np.float32(2.0**100)  # keep the reciprocal a normal float32
-            pre = jnp.where(big, jnp.float32(2.0**-64), jnp.float32(1))
-            s32 = s32 * pre
-        # (without a prescale the stored scale is below 2**126: its reciprocal is normal)
-        inv = select(finite, divide(jnp.float32(1), s32), jnp.float32(0))
-        return stored, inv, pre
+        if prescale:  # (the reciprocal kept a normal float32, `prescaled_reciprocal`)
+            pre, inv = prescaled_reciprocal(np.float32(1), s32)
+        else:  # (without a prescale the stored scale is below 2**126: its reciprocal is normal)
+            inv = divide(jnp.float32(1), s32)
+        return stored, select(finite, inv, jnp.float32(0)), pre
 
     stored, inv, pre = per_group(made, scale)
     return stored, None, inv, pre

@@ -97,6 +97,35 @@ def test_divide_is_correctly_rounded_under_any_flags(flags, tmp_path):
 
 
 @pytest.mark.parametrize("flags", ["", FAST_MATH_FLAGS], ids=["default", "fast-math"])
+def test_prescaled_quotients_are_numpys_under_any_flags(flags, tmp_path):
+    """`_ieee.quotient_times_pow2(a, b, shift)` (a reciprocal as numpy rounds it, on
+    float32's subnormal grid below 2**-126, times 2**shift: 64 past 2**100) against
+    numpy, which keeps subnormals: every float32 `b` whose `1 / b` is subnormal (int2's
+    and the code books' top, 2**24 values), 2**20 others across the range of each top."""
+    _passes_under(
+        flags,
+        tmp_path / "below.py",
+        "import numpy as np, jax\n"
+        "from dtypes._ieee import quotient_times_pow2\n"
+        "f = jax.jit(quotient_times_pow2, static_argnums=0)\n"
+        "rng = np.random.default_rng(5)\n"
+        "top_bits = int(np.float32(np.finfo(np.float32).max).view(np.uint32))\n"
+        "for a in np.float32([1, 0.5, 1.75, 3.5, 7, 127]):\n"
+        "    low = int(np.float32(max(a, 1) * np.float32(2.0**-126)).view(np.uint32))\n"
+        "    u = rng.integers(low, top_bits + 1, 1 << 20)\n"
+        "    if a == 1:\n"
+        "        u = np.concatenate([u, np.arange(0x7E800001, top_bits + 1)])\n"
+        "    b = np.concatenate([u.astype(np.uint32).view(np.float32), np.float32([2.0**100])])\n"
+        "    shift = np.where(b > np.float32(2.0**100), 64, 0).astype(np.int32)\n"
+        "    with np.errstate(under='ignore'):\n"
+        "        want = (np.float64(a) / b.astype(np.float64)).astype(np.float32)\n"
+        "    got = np.asarray(f(a, b, shift)).astype(np.float64)\n"
+        "    same = got == want.astype(np.float64) * np.exp2(shift)\n"
+        "    assert same.all(), (a, b[~same][:5], got[~same][:5], want[~same][:5])\n",
+    )
+
+
+@pytest.mark.parametrize("flags", ["", FAST_MATH_FLAGS], ids=["default", "fast-math"])
 def test_wide_group_scales_under_any_flags(flags, tmp_path):
     """int8 scales of rows and columns wider than the 32 lanes the absmax is staged in (the
     lanes finished as floats, `absmax_made_once`), against numpy, with NaN, inf, zero,

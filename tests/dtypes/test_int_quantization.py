@@ -6,6 +6,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from checks import assert_covers, fid, params_of, registry
@@ -479,13 +480,13 @@ def test_power_of_two_scale_at_the_top_of_float32():
 
 
 def _huge_groups(width: int, seed: int = 3) -> np.ndarray:
-    """Rows whose absmax lies between 2**90 and 2**126 (past 2**100 an absmax scale's
-    reciprocal is taken in two steps), each holding +-absmax/2 and its float32
-    neighbours (int2's ties) and values spread below. (Past 2**126 the reference's
-    one-step reciprocal is subnormal and loses the bits the two steps keep.)"""
+    """Rows whose absmax lies between 2**90 and float32's top (past 2**100 an absmax
+    scale's reciprocal is taken in two steps; past 2**126 it is a float32 subnormal, of
+    fewer significant bits), each holding +-absmax/2 and its float32 neighbours (int2's
+    ties) and values spread below."""
     rng = np.random.default_rng(seed)
     rows = []
-    for k in range(90, 126):
+    for k in range(90, 128):
         top = np.float32(2.0**k * rng.uniform(1.0, 1.99))
         half = np.float32(top / np.float32(2))
         near = [np.nextafter(half, np.float32(np.inf)), np.nextafter(half, np.float32(0))]
@@ -495,7 +496,7 @@ def _huge_groups(width: int, seed: int = 3) -> np.ndarray:
     return np.stack(rows)
 
 
-@pytest.mark.parametrize("mode", ["nearest_even", "nearest_away", "toward_zero"])
+@pytest.mark.parametrize("mode", ["nearest_even", "nearest_away", "toward_zero", "up", "down"])
 @pytest.mark.parametrize(
     ("scaling", "ref_kw"),
     [
@@ -518,3 +519,38 @@ def test_int2_codes_of_groups_near_float32s_top_match_numpy(scaling, ref_kw, mod
     np.testing.assert_array_equal(scale, ref_scale)
     rounded = eager_and_jit(lambda v: fmt.round(v, scaling=scaling, rounding=mode))(jnp.asarray(x))
     np.testing.assert_array_equal(np.asarray(rounded), ref_codes * ref_scale)
+
+
+def test_int2_keeps_the_top_of_a_group_past_2_to_the_126():
+    """The reported case: past 2**126 the rule's reciprocal `1 / absmax` is a float32
+    subnormal, and `absmax * (1 / absmax)` is then 1.0000001 in numpy: code 1 in every
+    mode. A reciprocal with the bits a subnormal cannot hold gave 0.99999994, and the
+    group's largest values were rounded to 0 toward zero."""
+    a = np.float32(1.6841544e38)
+    x = jnp.array([a, -a])
+    for mode, want in [("toward_zero", [a, -a]), ("up", [a, -a]), ("down", [a, -a])]:
+        np.testing.assert_array_equal(np.asarray(dtypes.int2.round(x, rounding=mode)), want)
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [PerAxis(0, scale_format="bfloat16"), PerBlock(32, scale_format="bfloat16")],
+    ids=["rows", "blocks"],
+)
+@pytest.mark.parametrize("mode", ["nearest_even", "toward_zero", "up"])
+def test_int2_with_bfloat16_scales_near_float32s_top(scaling, mode, eager_and_jit):
+    """A bfloat16 scale past 2**126 has a subnormal reciprocal too: codes are `x * (1 /
+    stored scale)` as numpy computes them, the stored scale the absmax rounded to
+    bfloat16 (ml_dtypes), read back exactly."""
+    fmt = dtypes.int2
+    x = _huge_groups(64)
+    enc = _encode(eager_and_jit, fmt, jnp.asarray(x), scaling, mode)
+    codes, _ = _codes_and_scale(enc)
+    groups = x.reshape(x.shape[0], -1, 32) if isinstance(scaling, PerBlock) else x[:, None, :]
+    absmax = np.abs(groups).max(axis=-1, keepdims=True)
+    stored = absmax.astype(ml_dtypes.bfloat16).astype(np.float32)
+    with np.errstate(under="ignore"):
+        inv = (np.float64(1) / stored.astype(np.float64)).astype(np.float32)
+    rnd = {"nearest_even": np.rint, "toward_zero": np.trunc, "up": np.ceil}[mode]
+    want = np.clip(rnd(groups * inv), -1, 1).reshape(x.shape)
+    np.testing.assert_array_equal(codes.reshape(x.shape), want)
