@@ -148,8 +148,9 @@ class Format:
 
         Raises:
             RoundingError: bad rounding mode or missing key (a `ValueError`).
-            NonFiniteError: NaN/inf given eagerly to a scaled encoding, or NaN
-                to a format without a NaN code (a `ValueError`).
+            NonFiniteError: given eagerly, NaN/inf to a scaled encoding, NaN to
+                a format without a NaN code, or ±inf to one with neither inf nor
+                NaN that does not saturate (a `ValueError`).
             ScalingError: a scaling that does not fit `x` (a `ValueError`).
             PrecisionTypeError: complex, string or object input (a `TypeError`).
         """
@@ -179,15 +180,18 @@ class Format:
     ) -> jax.Array:
         """Snap `x` onto this format's grid (quantize-dequantize).
 
-        Equals `decode(encode(x))`. The result has `x`'s dtype whenever that
-        dtype holds every value the rounding can produce, so it is exact; an
-        input dtype that cannot (bfloat16 or float16 input to a format whose
-        grid it does not contain, any narrow input to a scaled or integer
-        encoding, float32 input to a saturating float64 format) is computed
-        and returned in float32 (float64 for float64 formats) instead of being
-        rounded a second time. See `result_dtype`. The gradient is
-        straight-through: 1 where the value is representable, 0 where it was
-        clipped to the format's range.
+        Equals `decode(encode(x))` but where `encode` has no code to store: ±inf
+        into a format with neither inf nor NaN gives ±max (`encode` refuses it
+        eagerly), and NaN into a format without a NaN code stays NaN under `jit`
+        (`encode` stores code 0 there; eagerly both refuse it). The result has
+        `x`'s dtype whenever that dtype holds every value the rounding can
+        produce, so it is exact; an input dtype that cannot (bfloat16 or float16
+        input to a format whose grid it does not contain, any narrow input to a
+        scaled or integer encoding, float32 input to a saturating float64
+        format) is computed and returned in float32 (float64 for float64
+        formats) instead of being rounded a second time. See `result_dtype`. The
+        gradient is straight-through: 1 where the value is representable, 0
+        where it was clipped to the format's range.
 
         Examples:
             >>> import jax.numpy as jnp
