@@ -89,6 +89,13 @@ def check_decodable(fmt: Format, enc: Any, dtype: Any = np.float32) -> None:
             f"call enc.decode() or {enc.format.name}.decode(enc)"
         )
     _check_arrays(fmt, enc)
+    if enc.data.dtype == jax.dtypes.float0:
+        raise PrecisionTypeError(
+            f"this {fmt.name} encoding holds float0 data: it is a gradient that "
+            "jax.grad(..., allow_int=True) made for stored integer codes, which have none. "
+            "Differentiate float32 values instead: those the codes were made from, or the "
+            "decoded ones (precision.to_full_precision of a Tensor)"
+        )
     if np.dtype(enc.data.dtype) != fmt.container:
         raise PrecisionTypeError(
             f"a {fmt.name} encoding holds {fmt.container} data, got {enc.data.dtype}; "

@@ -437,9 +437,16 @@ class Tensor:
         except TypeError:
             logical = None
         if logical is None or logical not in LOGICAL_DTYPES:
+            # (a dtype names its format as the registry does: jnp.bfloat16 is "bfloat16")
+            name = logical.name if logical is not None else str(dtype)
+            call = f"t.to_reduced_precision({name!r})"
+            try:
+                dtypes.get(name)
+            except (KeyError, ValueError, TypeError):
+                call = "t.to_reduced_precision(name) with a format of dtypes.REGISTRY"
             raise PrecisionTypeError(
                 f"Tensor.astype changes the logical dtype (float32 or float64), got {dtype!r}; "
-                f"to store the values in a format, call t.to_reduced_precision({str(dtype)!r})"
+                f"to store the values in a format, call {call}"
             )
         return Tensor(self, dtype=logical)
 

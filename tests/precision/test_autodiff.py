@@ -50,6 +50,20 @@ def test_value_and_grad_of_a_loss_through_apply():
     assert _rel(grad, ref_grad) < 3e-2
 
 
+def test_a_gradient_of_stored_integer_codes_says_what_to_differentiate():
+    """`allow_int=True` makes float0 gradients for int8 codes, a Tensor of no values:
+    reading it names the cause and what to differentiate, not a dtype mismatch."""
+    params = precision.to_reduced_precision({"w": jnp.ones((4, 2))}, "int8")
+
+    def loss(p):
+        y = precision.apply(lambda p, x: x @ p["w"])(p, jnp.ones((3, 4)))
+        return jnp.sum(to_full_precision(y) ** 2)
+
+    grads = jax.grad(loss, allow_int=True)(params)
+    with pytest.raises(TypeError, match=r"gradient that jax\.grad.*Differentiate float32"):
+        np.asarray(grads["w"])
+
+
 # Smooth activations: with ReLU a bf16 forward pass flips a few units near their
 # kink, and the f32 gradients of those units differ by far more than rounding
 # (an emulation with lax.reduce_precision after every op shows the same gap);

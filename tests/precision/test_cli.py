@@ -903,6 +903,9 @@ def _data_error_cases(tmp_path, checkpoint):
     safetensors.numpy.save_file({"w": np.array([1.0, np.nan], np.float32)}, str(nan_input))
     inf_input = tmp_path / "inf.safetensors"
     safetensors.numpy.save_file({"w": np.array([np.inf, 1.0], np.float32)}, str(inf_input))
+    npz, npy = tmp_path / "arrays.npz", tmp_path / "array.npy"
+    np.savez(npz, w=np.ones(3, np.float32))
+    np.save(npy, np.ones(3, np.float32))
     out = str(tmp_path / "out.safetensors")
     return {
         "missing input": (["convert", str(tmp_path / "absent"), "-o", out, "--to", "int8"],
@@ -924,6 +927,11 @@ def _data_error_cases(tmp_path, checkpoint):
                          "positive powers of two"),
         "report corrupt": (["report", str(checkpoint), str(corrupt)], "truncated"),
         "not safetensors": (["report", str(existing), str(checkpoint)], "not a safetensors file"),
+        # the formats most often mistaken for it are named, with the conversion to run
+        "npz input": (["convert", str(npz), "-o", out, "--to", "bf16"],
+                      "not a safetensors file but a zip archive: a numpy .npz"),
+        "npy input": (["convert", str(npy), "-o", out, "--to", "bf16"],
+                      "but a numpy .npy array. Save it as safetensors first"),
     }  # fmt: skip
 
 

@@ -222,6 +222,10 @@ def test_astype_changes_the_logical_dtype_only():
     assert same.dtype == np.float32
     with pytest.raises(TypeError, match=r"to_reduced_precision\('bf16'\)"):
         r.astype("bf16")  # a storage format is not a dtype: the error names the call
+    with pytest.raises(TypeError, match=r"to_reduced_precision\('bfloat16'\)"):
+        r.astype(jnp.bfloat16)  # (a dtype is named as the registry names its format)
+    with pytest.raises(TypeError, match=r"with a format of dtypes\.REGISTRY"):
+        r.astype(jnp.int32)  # (no format of that name: no call that would fail again)
 
 
 @pytest.mark.parametrize(
