@@ -11,6 +11,7 @@ the compiled encodes with their statistics, is in `_convert_engine`.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import errno
 import math
@@ -414,8 +415,15 @@ def _summary(
 ) -> None:
     converted = [p for p in plans if p.reason is None]
     kept = len(plans) - len(converted)
-    where = f" ({scaling})" if scaling is not None else ""
     verb = ("would convert", "keep") if dry else ("converted", "kept")
+    # the scalings the tensors were given (a layout may move some: GGUF's Conv1D blocks)
+    given = collections.Counter(str(p.out.scaling) for p in converted if p.out.scaling)
+    if len(given) > 1:
+        where = " (" + "; ".join(f"{n} {s}" for s, n in given.most_common()) + ")"
+    elif given:
+        where = f" ({next(iter(given))})"
+    else:
+        where = f" ({scaling})" if scaling is not None and not converted else ""
     tail = "" if dry else f"; wrote {dst}"
     print(
         f"{verb[0]} {len(converted)} tensor(s) to {fmt.name}{where}, {verb[1]} {kept} "

@@ -420,6 +420,21 @@ def test_calibrated_codes_are_written_as_they_are(tmp_path, arch, fmt):
     assert not np.array_equal(np.asarray(rtn), np.asarray(tree[hf]))  # (not rounding's)
 
 
+def test_the_summary_names_the_axis_conv1d_weights_were_blocked_on(tmp_path, capsys):
+    """GPT-2's Conv1D weights are quantized with their blocks along the inputs (axis 0) for
+    ggml's rows: the summary line names that axis, not the run's own (axis -1)."""
+    pytest.importorskip("tokenizers")
+    from hf_tiny import write_gpt2
+
+    write_gpt2(tmp_path / "hf", layers=1)
+    flags = ["--layout", "gguf", "--preset", "q4_0"]
+    assert main(["convert", str(tmp_path / "hf"), "-o", str(tmp_path / "m.gguf"), *flags]) == 0
+    out = capsys.readouterr().out
+    assert "blocks along the inputs: 4 weight(s)" in out
+    assert "tensor(s) to int4 (per-block 32 on axis 0, float16 scales)" in out
+    assert "axis -1" not in out
+
+
 def test_stored_codes_are_not_rounded_again(tmp_path, capsys):
     """Codes that never reach 7 (rounding them again would rescale every block)."""
     pytest.importorskip("tokenizers")
