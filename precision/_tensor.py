@@ -34,8 +34,8 @@ from ._storage import (
     straight_through,
 )
 from ._tensor_checks import (
-    LOGICAL_DTYPES,
     as_array,
+    astype_dtype,
     check_new_shape,
     check_static_index,
     logical_dtype,
@@ -432,22 +432,7 @@ class Tensor:
         Raises:
             TypeError: `dtype` is not float32 or float64 (e.g. a format name).
         """
-        try:
-            logical = np.dtype(dtype)
-        except TypeError:
-            logical = None
-        if logical is None or logical not in LOGICAL_DTYPES:
-            # (a dtype names its format as the registry does: jnp.bfloat16 is "bfloat16")
-            name = logical.name if logical is not None else str(dtype)
-            call = f"t.to_reduced_precision({name!r})"
-            try:
-                dtypes.get(name)
-            except (KeyError, ValueError, TypeError):
-                call = "t.to_reduced_precision(name) with a format of dtypes.REGISTRY"
-            raise PrecisionTypeError(
-                f"Tensor.astype changes the logical dtype (float32 or float64), got {dtype!r}; "
-                f"to store the values in a format, call {call}"
-            )
+        logical = astype_dtype(dtype)
         return Tensor(self, dtype=logical)
 
     def to_device(self, device_or_sharding: Any) -> Tensor:

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import dtypes
 from dtypes import NonFiniteError, PrecisionTypeError, ShapeError
 
 from ._errors import TensorIndexError
@@ -22,6 +23,7 @@ from ._jax_compat import is_tracer
 __all__ = [
     "LOGICAL_DTYPES",
     "as_array",
+    "astype_dtype",
     "check_new_shape",
     "check_static_index",
     "logical_dtype",
@@ -155,3 +157,25 @@ def _check_in_bounds(p: Any, dim: int, shape: tuple[int, ...]) -> None:
             f"index {bad} is out of bounds for axis {dim} with size {n} (a Tensor of "
             f"shape {shape}); JAX would clamp it silently, so it is refused"
         )
+
+
+def astype_dtype(dtype: Any) -> np.dtype[Any]:
+    """The logical dtype `Tensor.astype(dtype)` asks for, or a `PrecisionTypeError`
+    naming the call that stores values in a format (a format is not a dtype)."""
+    try:
+        logical: np.dtype[Any] | None = np.dtype(dtype)
+    except TypeError:
+        logical = None
+    if logical is not None and logical in LOGICAL_DTYPES:
+        return logical
+    # (a dtype names its format as the registry does: jnp.bfloat16 is "bfloat16")
+    name = logical.name if logical is not None else str(dtype)
+    call = f"t.to_reduced_precision({name!r})"
+    try:
+        dtypes.get(name)
+    except (KeyError, ValueError, TypeError):
+        call = "t.to_reduced_precision(name) with a format of dtypes.REGISTRY"
+    raise PrecisionTypeError(
+        f"Tensor.astype changes the logical dtype (float32 or float64), got {dtype!r}; "
+        f"to store the values in a format, call {call}"
+    )

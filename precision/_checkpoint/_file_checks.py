@@ -1,6 +1,7 @@
 """What a checkpoint file must be before its header is trusted: a regular file,
 strict JSON (no duplicate keys, no NaN constants, a bounded number of values),
-and data that fits the memory there is.
+and data that fits the memory there is; a file of another format is named by its
+first bytes (`other_format`).
 """
 
 from __future__ import annotations
@@ -80,3 +81,36 @@ def open_regular(path: str) -> Any:
     except BaseException:
         os.close(fd)
         raise
+
+
+#: The first bytes of the files people most often mistake for safetensors, and what to do.
+_MAGIC = (
+    (
+        b"PK\x03\x04",
+        "a zip archive: a numpy .npz, or a PyTorch .bin/.pt checkpoint. Save its arrays "
+        "as safetensors first: safetensors.numpy.save_file(dict(np.load(path)), "
+        "'model.safetensors'), or for PyTorch's "
+        "safetensors.torch.save_file(torch.load(path), 'model.safetensors')",
+    ),
+    (
+        b"\x93NUMPY",
+        "a numpy .npy array. Save it as safetensors first: "
+        "safetensors.numpy.save_file({'name': np.load(path)}, 'model.safetensors')",
+    ),
+    (b"GGUF", "a GGUF file (llama.cpp's), which is written here, not read"),
+    (
+        b"\x89HDF",
+        "an HDF5 file (Keras .h5). Save its arrays as safetensors first",
+    ),
+)
+
+
+def other_format(head: bytes) -> str | None:
+    """What a file starting with `head` is, if it is a format mistaken for safetensors."""
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return (
+            "a Python pickle (a PyTorch checkpoint of the old format). Save its tensors as "
+            "safetensors first: safetensors.torch.save_file(torch.load(path), "
+            "'model.safetensors')"
+        )
+    return next((what for magic, what in _MAGIC if head.startswith(magic)), None)

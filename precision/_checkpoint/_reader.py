@@ -27,7 +27,7 @@ import dtypes
 from dtypes import Format
 
 from .._errors import CheckpointError
-from ._file_checks import json_tokens, open_regular, parse_json, physical_memory
+from ._file_checks import json_tokens, open_regular, other_format, parse_json, physical_memory
 from ._invariants import encoding_problem, tensor_scale_shape, violation
 from ._layout import (
     _DTYPE_NAMES,
@@ -189,7 +189,7 @@ class Reader:
         head = self._file.read(8)
         n = int.from_bytes(head, "little")
         if n > MAX_HEADER_BYTES:
-            other = _other_format(head)
+            other = other_format(head)
             if other is not None:
                 raise self.error(f"not a safetensors file but {other}")
             raise self.error(
@@ -594,36 +594,3 @@ class Reader:
             for (name, _, _), role in zip(leaf.arrays(), leaf.roles(), strict=True)
         }
         return LeafArrays(**arrays)
-
-
-#: The first bytes of the files people most often mistake for safetensors, and what to do.
-_MAGIC = (
-    (
-        b"PK\x03\x04",
-        "a zip archive: a numpy .npz, or a PyTorch .bin/.pt checkpoint. Save its arrays "
-        "as safetensors first: safetensors.numpy.save_file(dict(np.load(path)), "
-        "'model.safetensors'), or for PyTorch's "
-        "safetensors.torch.save_file(torch.load(path), 'model.safetensors')",
-    ),
-    (
-        b"\x93NUMPY",
-        "a numpy .npy array. Save it as safetensors first: "
-        "safetensors.numpy.save_file({'name': np.load(path)}, 'model.safetensors')",
-    ),
-    (b"GGUF", "a GGUF file (llama.cpp's), which is written here, not read"),
-    (
-        b"\x89HDF",
-        "an HDF5 file (Keras .h5). Save its arrays as safetensors first",
-    ),
-)
-
-
-def _other_format(head: bytes) -> str | None:
-    """What a file starting with `head` is, if it is a format mistaken for safetensors."""
-    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
-        return (
-            "a Python pickle (a PyTorch checkpoint of the old format). Save its tensors as "
-            "safetensors first: safetensors.torch.save_file(torch.load(path), "
-            "'model.safetensors')"
-        )
-    return next((what for magic, what in _MAGIC if head.startswith(magic)), None)
