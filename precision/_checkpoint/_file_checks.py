@@ -97,7 +97,11 @@ _MAGIC = (
         "a numpy .npy array. Save it as safetensors first: "
         "safetensors.numpy.save_file({'name': np.load(path)}, 'model.safetensors')",
     ),
-    (b"GGUF", "a GGUF file (llama.cpp's), which is written here, not read"),
+    (
+        b"GGUF",
+        "a GGUF file (llama.cpp's): precision.load and `precision report` read it, "
+        "`precision convert` writes it but takes safetensors",
+    ),
     (
         b"\x89HDF",
         "an HDF5 file (Keras .h5). Save its arrays as safetensors first",

@@ -906,6 +906,8 @@ def _data_error_cases(tmp_path, checkpoint):
     npz, npy = tmp_path / "arrays.npz", tmp_path / "array.npy"
     np.savez(npz, w=np.ones(3, np.float32))
     np.save(npy, np.ones(3, np.float32))
+    ggml = tmp_path / "model.gguf"
+    ggml.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(64))
     out = str(tmp_path / "out.safetensors")
     return {
         "missing input": (["convert", str(tmp_path / "absent"), "-o", out, "--to", "int8"],
@@ -932,6 +934,8 @@ def _data_error_cases(tmp_path, checkpoint):
                       "not a safetensors file but a zip archive: a numpy .npz"),
         "npy input": (["convert", str(npy), "-o", out, "--to", "bf16"],
                       "but a numpy .npy array. Save it as safetensors first"),
+        "gguf input": (["convert", str(ggml), "-o", out, "--to", "bf16"],
+                       "a GGUF file (llama.cpp's): precision.load and `precision report` read it"),
     }  # fmt: skip
 
 
