@@ -50,6 +50,7 @@ __all__ = [
     "is_inf",
     "is_nan",
     "nan_where",
+    "pow2",
     "quotient_times_pow2",
     "select",
     "times_pow2",
@@ -278,19 +279,18 @@ def quotient_times_pow2(a: np.float32, b: jax.Array, shift: jax.Array) -> jax.Ar
     # the significand, rounded at its last place: nearest ma * 2**point / mb
     point = lax.sub(lax.add(short, i32(23)), below)
     ratio = lax.div(np.float32(ma), _as(mb, jnp.float32))
-    q = _as(lax.round(lax.mul(ratio, _pow2(point)), lax.RoundingMethod.TO_NEAREST_EVEN), jnp.int32)
+    q = _as(lax.round(lax.mul(ratio, pow2(point)), lax.RoundingMethod.TO_NEAREST_EVEN), jnp.int32)
     dividend = lax.shift_left(lax.full_like(mb, u32(ma)), _as(point, jnp.uint32))
     m = _nearest_quotient(dividend, q, mb)
     # m * 2**(e + below - 150) * 2**shift, the power of two applied on the bits
     k = lax.add(lax.add(e, below), lax.sub(shift, i32(150)))
-    return times_pow2(_as(m, jnp.float32), _pow2(k))
+    return times_pow2(_as(m, jnp.float32), pow2(k))
 
 
-def _pow2(k: jax.Array) -> jax.Array:
-    """2**k (int32 `k`, clamped to float32's normal exponents) built from its bits."""
-    k = lax.clamp(np.int32(-126), k, np.int32(127))
-    bits = lax.shift_left(_as(lax.add(k, np.int32(127)), jnp.uint32), np.uint32(23))
-    return lax.bitcast_convert_type(bits, jnp.float32)
+def pow2(k: jax.Array) -> jax.Array:
+    """2**k as float32 built from bits (no arithmetic to flush); k clamped to normals."""
+    k = jnp.clip(k, -126, 127)
+    return lax.bitcast_convert_type(((k + 127).astype(jnp.uint32)) << 23, jnp.float32)
 
 
 def _as(x: jax.Array, dtype: Any) -> jax.Array:

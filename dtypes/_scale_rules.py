@@ -22,7 +22,7 @@ from jax import lax
 
 from . import _ieee
 from ._bit_rounding import round_integer
-from ._ieee import divide, is_finite, is_nan, nan_where, quotient_times_pow2, select
+from ._ieee import divide, is_finite, is_nan, nan_where, pow2, quotient_times_pow2, select
 from ._per_group import (
     absmax_made_once,
     computed_once,
@@ -57,12 +57,6 @@ def floor_log2(a: jax.Array) -> jax.Array:
     mant = u & jnp.uint32(0x7FFFFF)
     sub = (31 - lax.clz(mant).astype(jnp.int32)) - 149
     return jnp.where(biased > 0, biased - 127, sub)
-
-
-def pow2(k: jax.Array) -> jax.Array:
-    """2**k as float32 built from bits (no arithmetic to flush); k clamped to normals."""
-    k = jnp.clip(k, -126, 127)
-    return lax.bitcast_convert_type(((k + 127).astype(jnp.uint32)) << 23, jnp.float32)
 
 
 def mean_abs(x: jax.Array, scaling: Scaling) -> jax.Array:
