@@ -64,6 +64,7 @@ __all__ = [
     "Model",
     "Module",
     "config_of",
+    "conv1d",
     "decompressed_in_bfloat16",
     "from_words",
     "ignore_list",
@@ -122,6 +123,17 @@ class Model:
         return cls(model_type if isinstance(model_type, str) else "", tie is not False)
 
 
+def conv1d(name: str, model: Model) -> bool:
+    """Whether tensor `name` is the weight of one of `model`'s Conv1D modules, stored
+    (in, out) where a Linear layer's weight is (out, in)."""
+    module = name.removesuffix(".weight")
+    return (
+        module != name
+        and model.model_type in _CONV1D_TYPES
+        and module.rsplit(".", 1)[-1] in _CONV1D_MODULES
+    )
+
+
 def not_linear(name: str, shape: tuple[int, ...], model: Model) -> str | None:
     """Why the readers would not quantize tensor `name` as a Linear layer's weight, or None.
 
@@ -133,7 +145,7 @@ def not_linear(name: str, shape: tuple[int, ...], model: Model) -> str | None:
     module = name[: -len(".weight")]
     if _EMBEDDING.search(module):
         return "an embedding (by its name): compressed-tensors' readers quantize Linear layers only"
-    if model.model_type in _CONV1D_TYPES and module.rsplit(".", 1)[-1] in _CONV1D_MODULES:
+    if conv1d(name, model):
         return (
             f"a Conv1D weight of {model.model_type}, (in, out): compressed-tensors' readers "
             "quantize Linear layers only"

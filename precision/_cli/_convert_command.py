@@ -14,6 +14,7 @@ import argparse
 import collections
 import dataclasses
 import errno
+import json
 import math
 import os
 import re
@@ -23,13 +24,14 @@ import numpy as np
 
 import dtypes
 
+from .._checkpoint import _compressed_tensors as ct
 from .._checkpoint import _q4_0
 from .._checkpoint._io import write
 from .._checkpoint._layout import Leaf
 from .._checkpoint._source import Source
 from .._errors import UsageError
 from .._kept_in_float32 import KEEP
-from ._arguments import _check_pair, _format, _scaling, resolve_preset
+from ._arguments import _check_pair, _format, _scaling, cli_text, resolve_preset
 from ._convert_engine import _Converter, _Engine, _no_specials
 from ._convert_modes import _HOW, _NUMPY_MODES, _mode, _Plan, _raw
 from ._convert_stats import _widened as _widened
@@ -91,6 +93,43 @@ def _fits(scaling: dtypes.Scaling, shape: tuple[int, ...]) -> bool:
     return True
 
 
+def _model_beside(source: Source) -> ct.Model | None:
+    """What the `config.json` beside the tensors (in the model's directory, or beside the
+    one file given) says of the model, or None where there is none."""
+    home = source.path if os.path.isdir(source.path) else os.path.dirname(source.path)
+    try:
+        with open(os.path.join(home or ".", "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return ct.Model.of(config) if isinstance(config, dict) else None
+
+
+def _on_conv1d(scaling: dtypes.Scaling) -> dtypes.Scaling:
+    """The default `scaling` of a Conv1D weight, stored (in, out): a scale per output
+    channel (axis 1), blocks along the inputs (axis 0), as a Linear layer's (out, in)
+    weight gets them from per-axis:0 and per-block on axis -1."""
+    if isinstance(scaling, dtypes.PerAxis) and scaling.axes == (0,):
+        return dataclasses.replace(scaling, axis=1)
+    if isinstance(scaling, dtypes.PerBlock) and scaling.axis in (-1, 1):
+        return dataclasses.replace(scaling, axis=0)
+    return scaling
+
+
+def _default_scaling(
+    whole: dtypes.Scaling | None, leaf: Leaf, model: ct.Model | None
+) -> dtypes.Scaling | None:
+    """A tensor's scaling when none is given: per tensor for fewer than two axes where the
+    default is per axis (a scale per value would hold more bytes than the float32
+    values); a Conv1D weight's turned to its outputs (`_on_conv1d`) where it fits."""
+    if isinstance(whole, dtypes.PerAxis) and len(leaf.shape) < 2:
+        return dtypes.PerTensor(scale_format=whole.scale_format)
+    if whole is None or model is None or len(leaf.shape) != 2 or not ct.conv1d(leaf.name, model):
+        return whole
+    turned = _on_conv1d(whole)
+    return turned if _fits(turned, leaf.shape) else whole
+
+
 def _plan(
     source: Source,
     fmt: dtypes.Format,
@@ -100,15 +139,13 @@ def _plan(
     *,
     default: bool = False,
 ) -> list[_Plan]:
-    """What each tensor becomes, and why. With the `default` scaling, a tensor of
-    fewer than two axes is scaled per tensor where the default is per axis (a
-    scale per value would hold more bytes than the float32 values)."""
+    """What each tensor becomes, and why. With the `default` scaling, each tensor's is
+    `_default_scaling`'s, read with the model's `config.json` where there is one."""
     plans = []
     whole = scaling
+    model = _model_beside(source) if default else None
     for reader, leaf in source.items:
-        scaling = whole
-        if default and isinstance(whole, dtypes.PerAxis) and len(leaf.shape) < 2:
-            scaling = dtypes.PerTensor(scale_format=whole.scale_format)
+        scaling = _default_scaling(whole, leaf, model) if default else whole
         reason = None
         if rules.include is not None and not rules.include.search(leaf.name):
             reason = "not included (--include)"
@@ -134,6 +171,25 @@ def _plan(
         plan.mode, plan.note = _mode(plan, rounding)
         plans.append(plan)
     return plans
+
+
+def _say_turned(plans: list[_Plan], scaling: dtypes.Scaling | None, source: Source) -> None:
+    """Say how many Conv1D weights the default `scaling` turned to their outputs, and the
+    `--scaling` that keeps theirs as every other tensor's."""
+    turned = collections.Counter(
+        p.out.scaling
+        for p in plans
+        if p.reason is None and len(p.leaf.shape) == 2 and p.out.scaling != scaling
+    )
+    model = _model_beside(source)
+    for how, count in turned.items():
+        blocks = isinstance(how, dtypes.PerBlock)
+        what = "blocks along the inputs" if blocks else "a scale per output channel"
+        other = "blocks their outputs" if blocks else "scales each input"
+        print(
+            f"{what}: {count} Conv1D weight(s) of {model.model_type if model else 'the model'}, "
+            f"stored inputs x outputs, take {how} (--scaling {cli_text(scaling)} {other})"
+        )
 
 
 # --------------------------------------------------------------------------
@@ -238,7 +294,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             _warn(line)
         _check_paths(src, dst, args.overwrite)
     with Source(src) as source:
-        plans = _plan(source, fmt, scaling, rules, args.rounding, default=scaling_text is None)
+        default = scaling_text is None and args.layout == "precision"
+        plans = _plan(source, fmt, scaling, rules, args.rounding, default=default)
+        _say_turned(plans, scaling, source)
         _warn_rules(plans, args, rules)
         plans, notes = fit(args.layout, plans, source, dst, args)
         prepared = _prepare_gguf(plans, source, args) if args.layout == "gguf" else None

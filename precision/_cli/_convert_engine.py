@@ -352,19 +352,20 @@ class _Converter:
         absmax: np.floating | np.ndarray | None = None
         if plan.mode in ("twopass", "twolevel", "intcast"):  # the absmax first (a maximum)
             absmax = self._absmax(plan, blocks, per_block)
-        elif plan.mode == "columns":  # every group's absmax first, as a slab of one row
+        elif plan.mode in ("columns", "intcols"):  # each group's absmax, as a slab of one row
             absmax = self._slab(plan, blocks, per_block)
-        if plan.mode == "intcast":
+        if plan.mode in ("intcast", "intcols"):
             assert isinstance(out.format, dtypes.IntFormat)
+            assert absmax is not None
             if out.format.host_absmax(absmax):
-                yield from self._int_blocks(plan, blocks, np.float32(absmax), extras)
+                yield from self._int_blocks(plan, blocks, absmax, per_block, extras)
                 return
             import_jax()  # the library's special scales: its compiled encode
         stats = _SignalNoise()
         done = 0
         # per-group arrays of each block, or (a per-tensor or per-axis scale
         # computed from the absmax given) one copy shared by every block
-        shared = plan.mode in ("twopass", "intcast", "columns")
+        shared = plan.mode in ("twopass", "intcast", "columns", "intcols")
         for block in blocks.blocks(per_block, pad=True):
             check_interrupt()
             n = min(per_block, total - done)
@@ -398,15 +399,24 @@ class _Converter:
         return absmax
 
     def _int_blocks(
-        self, plan: _Plan, blocks: _Blocks, absmax: np.float32, extras: dict[str, list[np.ndarray]]
+        self,
+        plan: _Plan,
+        blocks: _Blocks,
+        absmax: np.floating | np.ndarray,
+        per_block: int,
+        extras: dict[str, list[np.ndarray]],
     ) -> Iterator[np.ndarray]:
-        """Integer codes of one scale for the whole tensor, block by block in numpy."""
+        """Integer codes of one scale for the whole tensor (`absmax` a number: blocks of
+        any length) or one per column (a row of the columns' absmaxes: blocks of
+        `per_block` values, whole rows), block by block in numpy."""
         fmt = plan.out.format
         assert isinstance(fmt, dtypes.IntFormat)
-        extras["scale"][:] = [fmt.host_scales(absmax).reshape(-1)]
-        encode = functools.partial(_int_part, (fmt, absmax))
-        int8 = np.dtype(np.int8)
-        yield from self._numpy_blocks(plan, blocks.blocks(_modes._BLOCK), int8, encode, scratches=2)
+        top = np.asarray(absmax, np.float32)
+        extras["scale"][:] = [fmt.host_scales(top).reshape(-1)]
+        row = top.size if top.ndim else 1
+        encode = functools.partial(_int_part, (fmt, top, row))
+        flat = blocks.blocks(_modes._BLOCK if row == 1 else per_block)
+        yield from self._numpy_blocks(plan, flat, np.dtype(np.int8), encode, 2, row)
 
     def _int_row_blocks(
         self,
@@ -505,7 +515,7 @@ def _block_shape(plan: _Plan, per_block: int) -> tuple[int, ...]:
     """The shape a block of `per_block` values is encoded in: whole rows, whole scale
     groups, or flat."""
     out = plan.out
-    if plan.mode in ("rows", "columns", "introws"):
+    if plan.mode in ("rows", "columns", "introws", "intcols"):
         return (per_block // math.prod(out.shape[1:]), *out.shape[1:])
     if isinstance(out.scaling, dtypes.PerBlock):
         size = int(out.scaling.size)
@@ -541,8 +551,10 @@ def _block_multiple(plan: _Plan) -> int:
     g = 8 if fmt.packed else 1
     if isinstance(out.scaling, dtypes.PerBlock):
         g = math.lcm(g, int(out.scaling.size))
-    if plan.mode in ("rows", "columns", "introws"):
+    if plan.mode in ("rows", "columns", "introws", "intcols"):
         g = math.prod(out.shape[1:])
+        if isinstance(out.scaling, dtypes.PerBlock):  # blocks down the rows: whole blocks
+            g *= int(out.scaling.size)
     return g
 
 

@@ -17,7 +17,9 @@ only one block of it:
   one pass reads it, the second encodes each block with one more scaling
   block holding it, which gives every block the whole tensor's float32
   tensor scale;
-* **rows** — per-axis scaling along the first axis: blocks of whole rows;
+* **rows** — per-axis scaling along the first axis, or blocks down it (`PerBlock` on
+  axis 0 of a matrix, a Conv1D weight's default): blocks of whole rows (of whole
+  scale blocks);
 * **introws** — int8 with one float32 scale per row (`PerAxis(0)`, the
   default), nearest even: numpy blocks of whole rows, each row's absmax
   read in its block, its codes `dtypes`' own rule on the host
@@ -26,6 +28,10 @@ only one block of it:
   the rows mode;
 * **columns** — per-axis scaling along another axis: one pass for every
   group's absmax, then row blocks encoded with one more row holding them;
+* **intcols** — int8 with one float32 scale per column of a matrix (`PerAxis(1)`, the
+  default of a Conv1D weight, stored inputs x outputs), nearest even: the columns'
+  absmax pass, then numpy blocks of rows (`IntFormat.host_codes`), nothing compiled;
+  absmaxes the host rule does not take are the columns mode's;
 * **cast** — unscaled nearest-even conversion into a format with an
   ml_dtypes type: a numpy cast in blocks, nothing compiled;
 * **intcast** — int8 with one float32 scale for the tensor, nearest even:
@@ -59,7 +65,7 @@ from .._checkpoint._reader import Reader
 _BLOCK = 1 << 20  # values per block of a streamed conversion (4 MiB of float32)
 
 #: The modes that run in numpy: a conversion of nothing else imports no JAX.
-_NUMPY_MODES = ("cast", "intcast", "introws", "q4_0")
+_NUMPY_MODES = ("cast", "intcast", "introws", "intcols", "q4_0")
 
 # Input containers whose float32 value is their logical value (an exact cast).
 _RAW_FLOATS = {np.dtype(t) for t in ("float32", "float16", "bfloat16")} | {
@@ -116,7 +122,7 @@ def _castable(fmt: dtypes.Format, scaling: dtypes.Scaling | None, rounding: str)
 
 
 def _numpy_int(fmt: dtypes.Format, scaling: dtypes.Scaling, rounding: str) -> bool:
-    """Whether an integer encode with one scale per tensor or per row may run in numpy
+    """Whether an integer encode with one scale per tensor, row or column may run in numpy
     (`_Converter._int_blocks`, `_Converter._int_row_blocks`): int8, whose codes are
     written as they are, under a scaling and rounding for which `dtypes` computes
     its rule on the host (`IntFormat.host_rule`, `host_codes`)."""
@@ -169,12 +175,16 @@ def _mode(plan: _Plan, rounding: str) -> tuple[str, str]:
         return "whole", "blocks do not tile the rows"
     if scaling.two_level:
         return "whole", "two-level scales across the tensor"
+    if isinstance(scaling, dtypes.PerBlock) and ndim == 2 and scaling.axis % ndim == 0:
+        size = int(scaling.size)
+        if shape[0] % size == 0 and _per_byte_ok(fmt, last) and size * last <= _BLOCK:
+            return "rows", ""
     if isinstance(scaling, dtypes.PerAxis) and len(scaling.axes) > 1:
         return "whole", "scales along several axes"
     if isinstance(scaling, dtypes.PerAxis) and scaling.kept(ndim) == (0,) and ndim >= 2:
         return ("introws" if _numpy_int(fmt, scaling, rounding) else "rows"), ""
     if isinstance(scaling, dtypes.PerAxis) and ndim >= 2 and not ranged:
-        return "columns", ""
+        return ("intcols" if ndim == 2 and _numpy_int(fmt, scaling, rounding) else "columns"), ""
     return "whole", "groups across rows"
 
 
@@ -189,5 +199,6 @@ _HOW = {
     "rows": "streamed by rows",
     "introws": "numpy blocks of rows",
     "columns": "group absmax pass, then rows",
+    "intcols": "column absmax pass, then numpy blocks of rows",
     "whole": "whole tensor",
 }

@@ -193,21 +193,23 @@ def _cast_part(
 
 
 def _int_part(
-    top: tuple[dtypes.IntFormat, np.float32],
+    top: tuple[dtypes.IntFormat, np.ndarray, int],
     x: np.ndarray,
     codes: np.ndarray,
     scratch: tuple[np.ndarray, ...],
     stats: bool,
     p: slice,
 ) -> tuple[float, float] | None:
-    """Part `p` of a block's integer codes into `codes` (`top`: the format and the
-    tensor's absmax), and its energies against the decoded codes if `stats`."""
-    (fmt, absmax), (d, y) = top, scratch
-    np.copyto(codes[p], fmt.host_codes(x[p], absmax, y[p]), casting="unsafe")  # exact
+    """Part `p` (whole rows) of a block's integer codes into `codes` (`top`: the format,
+    the absmax of the tensor or a row of each column's, values per row), and its
+    energies against the decoded codes if `stats`."""
+    (fmt, absmax, row), (d, y) = top, scratch
+    xr, yr, cr = x[p].reshape(-1, row), y[p].reshape(-1, row), codes[p].reshape(-1, row)
+    np.copyto(cr, fmt.host_codes(xr, absmax, yr), casting="unsafe")  # exact
     if not stats:
         return None
-    decoded = np.multiply(codes[p], fmt.host_scales(absmax), out=y[p], dtype=np.float32)
-    return _numpy_energy(x[p], decoded, d[p])
+    decoded = np.multiply(cr, fmt.host_scales(absmax), out=yr, dtype=np.float32)
+    return _numpy_energy(x[p], decoded.reshape(-1), d[p])
 
 
 def _int_rows_part(

@@ -257,7 +257,9 @@ def _parser() -> argparse.ArgumentParser:
         "per-block:128:bf16, per-block:32:pow2:e8m0); default: per-block:32 for 4-bit and "
         "narrower integer formats, per-axis:0 for int8 and uint8 (a scale per output channel; "
         "per-tensor for tensors of one axis), the format's own default (scale format "
-        "included) for float formats and named encodings",
+        "included) for float formats and named encodings; a Conv1D weight stored inputs x "
+        "outputs (GPT-2's, by the config.json beside the tensors) gets per-axis:1 and blocks "
+        "along its inputs (axis 0)",
     )
     p.add_argument(
         "--rounding",

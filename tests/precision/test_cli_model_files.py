@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 import os
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
+import safetensors.numpy
 from gpt2_like import SIDE_FILES, write_gpt2_like
 
+import dtypes
 import precision
-from precision._cli import _convert_command, _output_layouts, main
+from precision._cli import _convert_command, _convert_engine, _convert_modes, _output_layouts, main
 
 SHAPE = {"n_embd": 32, "n_layer": 1, "vocab": 64, "n_ctx": 16}
 
@@ -120,3 +123,97 @@ def test_compressed_tensors_writes_the_config_it_quantized(hub, tmp_path):
     assert config == source
     for name in SIDE_FILES:
         assert (tmp_path / "out" / name).read_text() == SIDE_FILES[name]
+
+
+# --------------------------------------------------------------------------
+# the default scaling of a Conv1D weight (GPT-2's, stored inputs x outputs)
+
+CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+
+
+def scalings(path) -> dict[str, object]:
+    return {n: t.encoded.scaling for n, t in precision.load(path).items() if t.encoded is not None}
+
+
+@pytest.mark.parametrize(
+    ("to", "linear", "conv1d"),
+    [
+        ("int8", dtypes.PerAxis(0), dtypes.PerAxis(1)),  # a scale per output channel
+        ("int4", dtypes.PerBlock(32), dtypes.PerBlock(32, axis=0)),  # blocks along inputs
+    ],
+)
+def test_conv1d_weights_get_their_output_channels_by_default(
+    hub, tmp_path, capsys, to, linear, conv1d
+):
+    # config.json says gpt2: its Conv1D weights are (in, out), so the default that gives a
+    # Linear layer's (out, in) weight a scale per output channel gives them axis 1
+    argv = ["convert", str(hub), "-o", str(tmp_path / "out"), "--to", to, "--keep", "none"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "4 Conv1D weight(s) of gpt2, stored inputs x outputs, take" in out
+    assert f"(--scaling {'per-axis:0' if to == 'int8' else 'per-block:32'} " in out
+    got = scalings(tmp_path / "out")
+    for module in CONV1D:
+        assert got[f"h.0.{module}.weight"] == conv1d, module
+    assert got["lm_head.weight"] == linear  # a Linear layer: (vocab, n_embd)
+    assert got["wte.weight"] == linear  # an embedding, (vocab, n_embd)
+    # a scaling given is every tensor's, as typed
+    text = "per-axis:0" if to == "int8" else "per-block:32"
+    assert main([*argv, "--scaling", text, "--overwrite"]) == 0
+    assert "Conv1D" not in capsys.readouterr().out
+    assert {s for n, s in scalings(tmp_path / "out").items() if n.endswith("weight")} == {linear}
+
+
+def test_a_single_file_reads_the_config_beside_it(hub, tmp_path, capsys):
+    one = hub / "model-00001-of-00003.safetensors"  # h.0.attn.c_attn.weight among others
+    assert convert(one, tmp_path / "one.safetensors", "--keep", "none") == 0
+    assert scalings(tmp_path / "one.safetensors")["h.0.attn.c_attn.weight"] == dtypes.PerAxis(1)
+    # without a config.json (or with another model type) the names alone say nothing
+    (hub / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert convert(one, tmp_path / "two.safetensors", "--keep", "none") == 0
+    assert scalings(tmp_path / "two.safetensors")["h.0.attn.c_attn.weight"] == dtypes.PerAxis(0)
+    (hub / "config.json").unlink()
+    assert convert(hub, tmp_path / "three", "--keep", "none") == 0
+    assert scalings(tmp_path / "three")["h.0.attn.c_attn.weight"] == dtypes.PerAxis(0)
+
+
+def test_conv1d_codes_are_the_library_encode_of_the_output_channels(hub, tmp_path):
+    # an independent reading: each output column's scale is its absmax / 127
+    assert convert(hub, tmp_path / "out", "--keep", "none") == 0
+    shard = safetensors.numpy.load_file(str(hub / "model-00001-of-00003.safetensors"))
+    w = shard["h.0.attn.c_attn.weight"]
+    got = precision.load(tmp_path / "out")["h.0.attn.c_attn.weight"]
+    scale = np.asarray(got.encoded.scale, np.float32).reshape(-1)
+    np.testing.assert_array_equal(scale, np.max(np.abs(w), axis=0) / np.float32(127))
+    np.testing.assert_allclose(np.asarray(got.numpy()), w, atol=float(np.max(scale)) / 2 * 1.0001)
+
+
+def test_blocks_down_the_rows_stream_as_the_library_encodes(hub, tmp_path, monkeypatch, capsys):
+    # int4's default on a Conv1D weight, blocks of 32 down its inputs, streamed in blocks
+    # of whole scale blocks of rows: mlp.c_proj (128 x 32) in two of 96 rows, the last
+    # padded; the codes and scales are those of the library's encode of the whole tensor
+    monkeypatch.setattr(_convert_modes, "_BLOCK", 3500)  # 96 rows of 32: whole blocks
+    shapes = []
+    block = _convert_engine._Engine.block
+    monkeypatch.setattr(
+        _convert_engine._Engine,
+        "block",
+        lambda self, x, *a, **k: shapes.append(x.shape) or block(self, x, *a, **k),
+    )
+    argv = ["convert", str(hub), "-o", str(tmp_path / "out"), "--to", "int4", "--keep", "none"]
+    assert main([*argv, "--dry-run"]) == 0
+    assert "h.0.mlp.c_proj.weight   128x32" in capsys.readouterr().out
+    one = ["--include", "mlp.c_proj.weight", "-o", str(tmp_path / "one")]
+    assert main([*argv, *one]) == 0
+    assert shapes == [(96, 32), (96, 32)]
+    assert main(argv) == 0
+    tensors = {}
+    for shard in sorted(hub.glob("*.safetensors")):
+        tensors |= safetensors.numpy.load_file(str(shard))
+    loaded = precision.load(tmp_path / "out")
+    for module in CONV1D:
+        name = f"h.0.{module}.weight"
+        enc = loaded[name].encoded
+        want = dtypes.int4.encode(jnp.asarray(tensors[name]), scaling=dtypes.PerBlock(32, axis=0))
+        np.testing.assert_array_equal(np.asarray(enc.data), np.asarray(want.data), err_msg=name)
+        assert np.asarray(enc.scale).tobytes() == np.asarray(want.scale).tobytes(), name

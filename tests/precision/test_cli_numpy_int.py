@@ -250,3 +250,59 @@ def test_per_row_int8_refuses_nan_and_inf_as_the_rows_mode(tmp_path, monkeypatch
     monkeypatch.setattr(_cli_modes, "_numpy_int", lambda *a: False)  # the rows mode
     assert _cli.main(argv) == 1
     assert capsys.readouterr().err == err
+
+
+# --------------------------------------------------------------------------
+# one scale per column (`per-axis:1`, a Conv1D weight's default): the intcols mode
+
+
+def test_per_column_int8_gives_the_library_bytes(tmp_path, monkeypatch, capsys):
+    # Each matrix of the per-row case transposed: numpy blocks of 12 rows in parts on
+    # worker threads with every column's absmax read first; `mixed`, whose columns
+    # hold absmaxes outside the host rule's range, is the compiled columns mode's.
+    monkeypatch.setattr(_cli_modes, "_BLOCK", 1024)
+    monkeypatch.setattr(_cli_stats, "_PART", 64)
+    monkeypatch.setattr(_cli_stats, "_WORKERS", 3)
+    compiled = []
+    block = _cli_engine._Engine.block
+    monkeypatch.setattr(
+        _cli_engine._Engine,
+        "block",
+        lambda self, x, *a, **k: compiled.append(x.shape) or block(self, x, *a, **k),
+    )
+    sqnr = {}
+    monkeypatch.setattr(_cli_convert, "_report_sqnr", lambda s, args: sqnr.update(s))
+    tensors = {n: np.ascontiguousarray(v.T) for n, v in per_row_tensors().items() if v.ndim == 2}
+    src, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    safetensors.numpy.save_file(tensors, str(src))
+    argv = ["convert", str(src), "--to", "int8", "--scaling", "per-axis:1"]
+    assert _cli.main([*argv, "--dry-run"]) == 0
+    how = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:]}
+    assert all(how[n].endswith("column absmax pass, then numpy blocks of rows") for n in tensors)
+    assert _cli.main([*argv, "-o", str(out), "--keep", "none"]) == 0
+    assert compiled
+    assert set(compiled) == {(1024 // 40, 40)}  # mixed's blocks alone
+    loaded = precision.load(out)
+    for name, value in tensors.items():
+        x = np.asarray(value, np.float32)
+        enc = loaded[name].encoded
+        assert enc.scaling == dtypes.PerAxis(1)
+        want = dtypes.int8.encode(jnp.asarray(x), scaling=dtypes.PerAxis(1))
+        np.testing.assert_array_equal(np.asarray(enc.data), np.asarray(want.data), err_msg=name)
+        got_scale = np.asarray(enc.scale, np.float32).reshape(-1)
+        assert got_scale.tobytes() == np.asarray(want.scale, np.float32).reshape(-1).tobytes()
+        x64, y64 = x.astype(np.float64), np.asarray(loaded[name].numpy(), np.float64)
+        expected = 10 * np.log10(np.sum(x64 * x64) / np.sum((x64 - y64) ** 2))
+        assert sqnr[name] == pytest.approx(expected, abs=1e-3), name
+
+
+@pytest.mark.parametrize("bad", [np.nan, -np.inf])
+def test_per_column_int8_refuses_nan_and_inf(tmp_path, capsys, bad):
+    x = np.random.default_rng(2).standard_normal((40, 83)).astype(np.float32)
+    x[27, 5] = bad
+    src, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    safetensors.numpy.save_file({"w": x}, str(src))
+    argv = ["convert", str(src), "-o", str(out), "--to", "int8", "--scaling", "per-axis:1"]
+    assert _cli.main([*argv, "-q"]) == 1
+    assert "holds NaN or inf, which a scaled int8 encoding cannot hold" in capsys.readouterr().err
+    assert not out.exists()
