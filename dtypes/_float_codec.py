@@ -89,29 +89,29 @@ _FLOAT16_GRID = Grid(10, -14, 65504.0, True, True, False)
 
 def _round_float16_cpu(x: jax.Array) -> jax.Array:
     """`_round_ieee_nearest` onto float16's grid as XLA:CPU computes it fastest: its
-    conversion into float16 (the same conversion every encode into float16 makes),
-    widened back on the bits, with NaN and the overflow to inf written on the bits
-    (float32's quiet NaN or inf, sign kept, as the bit rounding writes them), so flags
-    that assume no NaN or inf change nothing. The widening is no conversion from
-    float16: a normal half's exponent moved from bias 15 to 127, a subnormal's integer
-    significand `m` converted and scaled (`m * 2**-24`, exact), so no pair of
-    conversions is left for XLA or LLVM to take for a round trip and delete (under the
-    fast-math flags on an AVX2 processor LLVM saw through a select between the two).
-    Subnormal float32 inputs, which the CPU reads as zeros, lie far below float16's
-    smallest subnormal and round to zeros of their sign either way.
-    `tests/dtypes/test_backend_forms.py` compares the two forms."""
+    conversion of |x| into float16 (the same conversion every encode into float16 makes)
+    and back, NaN written on the bits (float32's quiet NaN, sign kept, as the bit
+    rounding writes it), so flags that assume no NaN change nothing. Between the two
+    conversions the half gets x's sign bit with an integer OR, which no simplifier can
+    read as a no-op: XLA, which deletes a bare round trip where excess precision is
+    allowed, and LLVM under the fast-math flags (which saw through a select between
+    two conversions on an AVX2 processor) see none to delete. The widening is
+    exact: every half, subnormals included, is a normal float32. Subnormal float32
+    inputs, which the CPU reads as zeros, lie far below float16's smallest subnormal and
+    round to zeros of their sign either way. `tests/dtypes/test_backend_forms.py`
+    compares the two forms; the fast-math bit-identity test runs this one."""
     u = lax.bitcast_convert_type(x, jnp.uint32)
     mag = u & jnp.uint32(0x7FFFFFFF)
     a = lax.bitcast_convert_type(mag, jnp.float32)  # |x|: the half has no sign bit
-    half = lax.bitcast_convert_type(a.astype(jnp.float16), jnp.uint16).astype(jnp.uint32)
-    normal = (half << 13) + jnp.uint32((127 - 15) << 23)
-    sub = half.astype(jnp.int32).astype(jnp.float32) * np.float32(2.0**-24)
-    wide = jnp.where(half < 0x400, lax.bitcast_convert_type(sub, jnp.uint32), normal)
-    nan = mag > jnp.uint32(0x7F800000)
-    special = jnp.where(nan, jnp.uint32(0x7FC00000), jnp.uint32(0x7F800000))
-    overflow = mag >= jnp.uint32(np.float32(65520.0).view(np.uint32))  # (rounds to inf)
-    wide = jnp.where(overflow, special, wide) | (u & jnp.uint32(0x80000000))
-    out: jax.Array = lax.bitcast_convert_type(wide, jnp.float32)
+    sign = ((u >> 16) & jnp.uint32(0x8000)).astype(jnp.uint16)
+    half = lax.bitcast_convert_type(a.astype(jnp.float16), jnp.uint16) | sign
+    wide = lax.bitcast_convert_type(
+        lax.bitcast_convert_type(half, jnp.float16).astype(jnp.float32), jnp.uint32
+    )
+    nan = (u & jnp.uint32(0x80000000)) | jnp.uint32(0x7FC00000)
+    out: jax.Array = lax.bitcast_convert_type(
+        jnp.where(mag > jnp.uint32(0x7F800000), nan, wide), jnp.float32
+    )
     return out
 
 
